@@ -1,0 +1,144 @@
+"""Standalone NVFP4 quantize kernel: bit-exactness and bandwidth.
+
+Bytes for [M, K] bf16: read 2·M·K, write M·K/2 (packed) + M·K/16 (scales) = 2.5625·M·K bytes.
+Floor at the 4.24 TB/s copy ceiling: 122 µs at [37810, 5376], 17.7 µs at [2048, 14336].
+The arithmetic (~25 integer/fp32 ops per element) is far under the ALU limit, so the kernel
+should be memory-bound; Comfy Kitchen's CUDA kernel took ~1.3 ms at [37810, 5376] (about 10x
+the floor, h200-anchors.md). Baselines in the same run: a copy of the same bytes, and the torch
+reference numerics.nvfp4.quantize on the GPU.
+"""
+from __future__ import annotations
+
+import torch
+
+from experiments._common import need_gpu, parser, progress, run_main
+from workbench import results as R
+from workbench.timing import COPY_CEILING_BPS, bench
+
+SHAPES = [(37810, 5376), (2048, 14336), (128, 5376)]
+NOTES = {
+    "prediction": "one thread per 16-element block, 2 blocks in flight per thread, 16-byte loads: "
+                  ">= 0.8 of the copy ceiling on both large shapes (<= 150 µs at [37810, 5376], "
+                  "<= 22 µs at [2048, 14336]); the 128-row shape is launch-bound.",
+}
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv)
+
+
+def _check_exact(M, K, dtype, gen, kinds=("normal", "lognormal", "ties", "special")):
+    """Kernel vs the CUDA reference on fresh data of every kind; poisoned outputs; guard rows."""
+    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from numerics import nvfp4
+    from validators.tiles import make_tile, tensor_scale_for
+
+    out = {}
+    for i, kind in enumerate(kinds):
+        seed = int(torch.randint(0, 2**30, (1,), generator=gen, device="cuda"))
+        x = make_tile(kind, M, K, dtype, seed, device="cuda")
+        g = tensor_scale_for(x)
+        gd = torch.tensor([g], device="cuda")
+        q_ref, s_ref = nvfp4.quantize(x, g, pad_16x=True)
+        # poisoned caller buffers with 16 guard rows before and after
+        guard = 16
+        Mp = q_ref.shape[0]
+        q_buf = torch.full((Mp + 2 * guard, K // 2), 0xAB, dtype=torch.uint8, device="cuda")
+        s_buf = torch.full(nvfp4.scale_shape(Mp + 2 * guard, K), 0xCD, dtype=torch.uint8,
+                           device="cuda")
+        quantize_nvfp4(x, gd, out=(q_buf, s_buf), row_offset=guard)
+        q_k = q_buf[guard:guard + M]
+        s_valid = nvfp4.from_blocked(s_buf, Mp + 2 * guard, K // 16)[guard:guard + M]
+        s_ref_valid = nvfp4.from_blocked(s_ref.view(torch.uint8), Mp, K // 16)[:M]
+        packed_bad = int((q_k != q_ref[:M]).sum())
+        scale_bad = int((s_valid != s_ref_valid).sum())
+        guard_ok = bool((q_buf[:guard] == 0xAB).all() and (q_buf[guard + M:] == 0xAB).all())
+        s_all = nvfp4.from_blocked(s_buf, Mp + 2 * guard, K // 16)
+        guard_ok &= bool((s_all[:guard] == 0xCD).all() and (s_all[guard + M:] == 0xCD).all())
+        # the allocating path, twice (deterministic)
+        q1, s1 = quantize_nvfp4(x, gd, pad_16x=True)
+        q2, s2 = quantize_nvfp4(x, gd, pad_16x=True)
+        alloc_ok = (torch.equal(q1, q_ref) and torch.equal(s1.view(torch.uint8),
+                                                           s_ref.view(torch.uint8))
+                    and torch.equal(q1, q2) and torch.equal(s1.view(torch.uint8),
+                                                            s2.view(torch.uint8)))
+        out[kind] = {"packed_mismatches": packed_bad, "scale_mismatches": scale_bad,
+                     "guards_untouched": guard_ok, "allocating_path_exact_and_repeatable": alloc_ok,
+                     "elements": M * K}
+    return out
+
+
+def _main(argv) -> int:
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    need_gpu("quantize-kernel")
+    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from numerics import nvfp4
+
+    shapes = SHAPES[:1] + SHAPES[2:] if args.quick else SHAPES
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    rows, gates, headline_frac, headline_gbps = [], {}, {}, {}
+    for (M, K) in shapes:
+        name = f"{M}x{K}"
+        progress(f"quantize {name}: exactness (4 kinds, poisoned buffers, guard rows)")
+        exact = _check_exact(M, K, torch.bfloat16, gen)
+        ok = all(v["packed_mismatches"] == 0 and v["scale_mismatches"] == 0 and
+                 v["guards_untouched"] and v["allocating_path_exact_and_repeatable"]
+                 for v in exact.values())
+        gates[f"exact:{name}"] = R.gate(ok, "; ".join(
+            f"{k}: {v['packed_mismatches']}+{v['scale_mismatches']} bytes differ, guards "
+            f"{'ok' if v['guards_untouched'] else 'TOUCHED'}" for k, v in exact.items()))
+        nbytes = int(M * K * (2 + 0.5 + 1 / 16))
+        n_sets = max(1, -(-3 * 60 * 2**20 // nbytes))
+        xs = [torch.randn(M, K, device="cuda", generator=gen).to(torch.bfloat16)
+              for _ in range(n_sets)]
+        gs = [nvfp4.global_scale(x).reshape(1) for x in xs]
+        Mp = -(-M // 16) * 16
+        outs = [(torch.zeros(Mp, K // 2, dtype=torch.uint8, device="cuda"),
+                 torch.zeros(nvfp4.scale_shape(Mp, K), dtype=torch.uint8, device="cuda"))
+                for _ in range(n_sets)]
+        progress(f"quantize {name}: timing over {n_sets} buffer sets")
+        t_k = bench(lambda x, g, o: quantize_nvfp4(x, g, out=o), list(zip(xs, gs, outs)))
+        # a copy that reads and writes nbytes in total, the same traffic as the kernel
+        dst = [torch.empty(nbytes // 4, dtype=torch.bfloat16, device="cuda") for _ in xs]
+        src = [x.view(-1)[: nbytes // 4] for x in xs]
+        t_c = bench(lambda d, s: d.copy_(s), list(zip(dst, src)))
+        ref_fn = (lambda x, g: nvfp4.quantize(x, g, pad_16x=True))
+        t_r = bench(ref_fn, [(xs[0], gs[0])], rep_ms=50, repeat=False) if M * K <= 2**28 \
+            else None
+        gbps = nbytes / (t_k.median_us * 1e-6) / 1e9
+        frac = gbps * 1e9 / COPY_CEILING_BPS
+        headline_frac[name] = round(frac, 3)
+        headline_gbps[name] = round(gbps, 1)
+        rows.append({"shape": [M, K], "dtype": "bfloat16", "bytes_moved": nbytes,
+                     "floor_us": nbytes / COPY_CEILING_BPS * 1e6, "kernel": t_k.as_dict(),
+                     "copy_same_bytes": t_c.as_dict(),
+                     "torch_reference": t_r.as_dict() if t_r else None,
+                     "gbps": gbps, "fraction_of_copy_ceiling": frac, "exactness": exact})
+        if M >= 2048:
+            gates[f"bandwidth>=0.8:{name}"] = R.gate(frac >= 0.8, f"{frac:.3f} of 4.24 TB/s")
+        del xs, gs, outs, dst, src
+        torch.cuda.empty_cache()
+    big = rows[0]
+    notes = dict(NOTES, outcome="; ".join(
+        f"{r['shape'][0]}x{r['shape'][1]}: {r['kernel']['median_us']:.1f} µs = {r['gbps']:.0f} "
+        f"GB/s ({r['fraction_of_copy_ceiling']:.2f} of ceiling)" for r in rows))
+    summary = R.make_summary(
+        "quantize-kernel", parameters={"shapes": shapes, "quick": args.quick,
+                                       "threads": 256, "blocks_per_thread": 2},
+        measurements=rows,
+        headline={"fraction_of_copy_ceiling": headline_frac, "gbps": headline_gbps,
+                  "elements_checked": sum(v["elements"] for r in rows
+                                          for v in r["exactness"].values())},
+        gates=gates, seeds={"torch": args.seed}, notes=notes)
+    path = R.write(summary, args.results_dir)
+    print(R.format_table([[f"{r['shape'][0]}x{r['shape'][1]}", r["kernel"]["median_us"],
+                           r["floor_us"], r["gbps"], r["fraction_of_copy_ceiling"],
+                           sum(v["packed_mismatches"] + v["scale_mismatches"]
+                               for v in r["exactness"].values())] for r in rows],
+                         ["shape", "kernel_us", "floor_us", "GB/s", "of_ceiling", "bad_bytes"]))
+    print(f"wrote {path} (verdict {summary['verdict']}; big shape {big['gbps']:.0f} GB/s)")
+    return 0 if summary["verdict"] == "pass" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

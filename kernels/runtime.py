@@ -1,0 +1,87 @@
+"""Host-side glue between torch tensors and compiled CuTe DSL kernels.
+
+Compiled kernels are cached per static configuration (:func:`cached_compile`); tensors are wrapped
+with DLPack with their alignment declared, and launches go on torch's current stream.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+from workbench import WorkbenchError
+
+_CACHE: dict = {}
+
+
+def cute_modules():
+    """Import cutlass with an arch set when there is no GPU to detect (compile-only machines)."""
+    if "CUTE_DSL_ARCH" not in os.environ:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+        except ImportError:
+            os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+    try:
+        import cutlass
+        import cutlass.cute as cute
+    except ImportError as e:  # pragma: no cover - environment problem
+        raise WorkbenchError(f"CuTe DSL is not importable ({e}); install nvidia-cutlass-dsl==4.8.1") \
+            from None
+    return cutlass, cute
+
+
+def cached_compile(key, build):
+    """Return the compiled kernel for ``key``, building it with ``build()`` on first use."""
+    if key not in _CACHE:
+        _CACHE[key] = build()
+    return _CACHE[key]
+
+
+def to_cute(t, assumed_align: int = 16):
+    from cutlass.cute.runtime import from_dlpack
+
+    return from_dlpack(t.detach(), assumed_align=assumed_align)
+
+
+def current_stream():
+    import torch
+    from cuda.bindings import driver
+
+    return driver.CUstream(torch.cuda.current_stream().cuda_stream)
+
+
+def check_cuda_tensor(name: str, t, *, dtypes=None, contiguous=True, align=16):
+    """One clear error per problem with an input tensor, before anything launches."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected {names}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} is on {t.device}; this kernel needs a CUDA tensor")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+    if align and t.data_ptr() % align:
+        raise ValueError(f"{name} data pointer is not {align}-byte aligned "
+                         f"(offset {t.data_ptr() % align}); pass a fresh or .clone()d tensor")
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count() -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def require_hopper():
+    import torch
+
+    if not torch.cuda.is_available():
+        raise WorkbenchError("no CUDA GPU is visible; this kernel runs on Hopper (sm_90)")
+    major, minor = torch.cuda.get_device_capability(0)
+    if (major, minor) != (9, 0):
+        raise WorkbenchError(f"this kernel is built for sm_90a (Hopper); the GPU is sm_{major}{minor}")
