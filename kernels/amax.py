@@ -32,9 +32,10 @@ class TensorAbsMax:
         self.ctas_per_sm = ctas_per_sm
 
     @cute.jit
-    def __call__(self, mX: cute.Tensor, mOut: cute.Tensor, n: Int32, grid_x: Int32,
+    def __call__(self, x_ptr: cute.Pointer, out_ptr: cute.Pointer, n: Int32, grid_x: Int32,
                  stream):
-        # mX: (n,) raw 16-bit patterns; mOut: (1,) uint32, zero on entry
+        mX = cute.make_tensor(x_ptr, cute.make_layout(n))  # raw 16-bit patterns
+        mOut = cute.make_tensor(out_ptr, cute.make_layout(1))  # uint32, zero on entry
         self.kernel(mX, mOut, n).launch(grid=[grid_x, 1, 1], block=[self.threads, 1, 1],
                                         stream=stream)
 
@@ -72,21 +73,22 @@ class TensorAbsMax:
             cute.arch.atomic_max(mOut.iterator, best)
 
 
-def _wrap(x16, out32):
-    from cutlass.cute.runtime import from_dlpack
+def _ptrs(x, out):
+    from cutlass.cute.runtime import make_ptr
 
-    return (from_dlpack(x16, assumed_align=16).mark_layout_dynamic(),
-            from_dlpack(out32, assumed_align=4))
+    gmem = cute.AddressSpace.gmem
+    return (make_ptr(Uint16, x.data_ptr(), gmem, assumed_align=16),
+            make_ptr(Uint32, out.data_ptr(), gmem, assumed_align=4))
 
 
-def compile_args(device="cpu"):
-    """Arguments for cute.compile; CPU tensors work offline since nothing runs."""
-    import torch
-    from cutlass.cute.runtime import make_fake_stream
+def compile_args():
+    """Arguments for cute.compile offline (pointer values are never dereferenced)."""
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
 
-    x = torch.zeros(64, dtype=torch.uint16, device=device)
-    out = torch.zeros(1, dtype=torch.int32, device=device).view(torch.uint32)
-    return (*_wrap(x, out), Int32(0), Int32(1), make_fake_stream())
+    gmem = cute.AddressSpace.gmem
+    return (make_ptr(Uint16, 1 << 20, gmem, assumed_align=16),
+            make_ptr(Uint32, 1 << 21, gmem, assumed_align=4), Int32(0), Int32(1),
+            make_fake_stream())
 
 
 class AmaxRunner:
@@ -100,9 +102,9 @@ class AmaxRunner:
         self.x = x
         self.n = x.numel()
         self.out = torch.zeros(1, dtype=torch.int32, device=x.device)
-        self.cx, self.cout = _wrap(x.view(-1).view(torch.uint16), self.out.view(torch.uint32))
+        self.ptrs = _ptrs(x, self.out)
         self.compiled = cached_compile(("amax", self._key()), lambda: cute.compile(
-            self.config, self.cx, self.cout, Int32(0), Int32(1), current_stream()))
+            self.config, *self.ptrs, Int32(0), Int32(1), current_stream()))
         nvec = max(1, self.n // VEC)
         per_cta = self.config.threads * self.config.unroll
         self.grid = max(1, min(-(-nvec // per_cta), sm_count() * self.config.ctas_per_sm))
@@ -115,7 +117,7 @@ class AmaxRunner:
         import torch
 
         self.out.zero_()
-        self.compiled(self.cx, self.cout, Int32(self.n), Int32(self.grid), current_stream())
+        self.compiled(*self.ptrs, Int32(self.n), Int32(self.grid), current_stream())
         return self.out.to(torch.int16).view(self.x.dtype).reshape(())
 
 

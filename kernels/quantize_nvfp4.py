@@ -17,8 +17,10 @@ synchronises with the host.
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import (FLT_MAX, RN_ONE_SIXTH, e2m1_pair, e4m3_satfinite, e4m3_to_f32,
-                                  fmax_abs, fmin_nan_ignoring, fmul_ftz, rcp_approx_ftz)
+from kernels.nvfp4_device import (FLT_MAX, RN_ONE_SIXTH, absmax_u16x2, bf16_hi, bf16_lo,
+                                  e2m1_pair, e2m1_pair_fast, e4m3_satfinite, e4m3_to_f32,
+                                  f16_hi, f16_lo, fmax_abs, fmin_nan_ignoring, fmul_ftz,
+                                  rcp_approx_ftz)
 from kernels.runtime import cached_compile, check_cuda_tensor, cute_modules, current_stream, \
     require_hopper
 
@@ -29,89 +31,131 @@ BLOCK = 16
 
 
 class QuantizeNvfp4Kernel:
-    """Static config: threads per CTA and 16-element blocks per thread."""
+    """Static config: input dtype (bf16/fp16), threads per CTA, 16-element blocks per thread.
 
-    def __init__(self, threads: int = 256, blocks_per_thread: int = 2):
+    Per block: the 8 input words are loaded with two 16-byte loads; the block amax is an
+    integer max over sign-cleared 16-bit patterns (``max.u16x2``), which also says whether the
+    block holds a NaN. Ordinary blocks take the fast E2M1 path (one FFMA per element); blocks
+    with a NaN or a zero encode factor (the only ways an element can become NaN) take the exact
+    threshold path with Comfy's NaN-ignoring amax. Both paths give the bytes of
+    ``numerics.nvfp4.quantize(mode="cuda")``.
+    """
+
+    def __init__(self, dtype_name: str = "bfloat16", threads: int = 256,
+                 blocks_per_thread: int = 2):
+        if dtype_name not in ("bfloat16", "float16"):
+            raise ValueError(f"dtype {dtype_name!r}: the kernel takes bfloat16 or float16")
+        self.is_bf16 = dtype_name == "bfloat16"
         self.threads = threads
         self.blocks_per_thread = blocks_per_thread
 
     @cute.jit
-    def __call__(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, mG: cute.Tensor,
-                 n_blocks: Int32, k_blocks: Int32, row_offset: Int32, grid_x: Int32, stream):
-        # mX: (M*K,) bf16/fp16; mQ: (M*K/8,) uint32 = packed bytes; mS: (rows_buf*cols_buf,)
-        # uint8 swizzled scales; mG: (1,) fp32 tensor scale
+    def __call__(self, x_ptr: cute.Pointer, q_ptr: cute.Pointer, s_ptr: cute.Pointer,
+                 g_ptr: cute.Pointer, n_blocks: Int32, k_blocks: Int32, row_offset: Int32,
+                 s_bytes: Int32, grid_x: Int32, stream):
+        mX = cute.make_tensor(x_ptr, cute.make_layout(n_blocks * 8))  # 16-bit pairs as words
+        mQ = cute.make_tensor(q_ptr, cute.make_layout(n_blocks * 2))  # 8 packed bytes per block
+        mS = cute.make_tensor(s_ptr, cute.make_layout(s_bytes))  # swizzled scale bytes
+        mG = cute.make_tensor(g_ptr, cute.make_layout(1))
         self.kernel(mX, mQ, mS, mG, n_blocks, k_blocks, row_offset).launch(
             grid=[grid_x, 1, 1], block=[self.threads, 1, 1], stream=stream)
+
+    @cute.jit
+    def _to_f32(self, word: Uint32, hi: cutlass.Constexpr):
+        if cutlass.const_expr(self.is_bf16):
+            return bf16_hi(word) if cutlass.const_expr(hi) else bf16_lo(word)
+        return f16_hi(word) if cutlass.const_expr(hi) else f16_lo(word)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, mG: cute.Tensor,
                n_blocks: Int32, k_blocks: Int32, row_offset: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        gX = cute.zipped_divide(mX, (BLOCK,))  # ((16), n_blocks)
+        gX = cute.zipped_divide(mX, (8,))  # ((8 words = 16 elements), n_blocks)
         gQ = cute.zipped_divide(mQ, (2,))  # ((2 words = 8 bytes), n_blocks)
         g = mG[0]
         rcp_g = rcp_approx_ftz(g)
-        scale_cols_groups = (k_blocks + 3) // 4  # Cb: 4-column groups per 128-row tile
+        nan_bits = Uint32(0x7F80) if cutlass.const_expr(self.is_bf16) else Uint32(0x7C00)
+        scale_col_groups = (k_blocks + 3) // 4  # Cb: 4-column groups per 128-row tile
         first = (bidx * self.threads + tidx) * self.blocks_per_thread
-        frgs = [cute.make_rmem_tensor((BLOCK,), mX.element_type)
-                for _ in range(self.blocks_per_thread)]
+        frgs = [cute.make_rmem_tensor((8,), Uint32) for _ in range(self.blocks_per_thread)]
         for j in cutlass.range_constexpr(self.blocks_per_thread):
             if first + j < n_blocks:
                 cute.autovec_copy(gX[(None, first + j)], frgs[j])
         for j in cutlass.range_constexpr(self.blocks_per_thread):
             b = first + j
             if b < n_blocks:
-                xf = cute.make_rmem_tensor((BLOCK,), Float32)
-                xf.store(frgs[j].load().to(Float32))
-                # block amax in the input type (exact), NaN ignored unless all 16 are NaN
-                amax = fmax_abs(xf[0], xf[0])
-                for i in cutlass.range_constexpr(1, BLOCK):
-                    amax = fmax_abs(amax, xf[i])
+                w = frgs[j]
+                acc = Uint32(0)
+                for i in cutlass.range_constexpr(8):
+                    acc = absmax_u16x2(acc, w[i])
+                amax_bits = cutlass.max(acc & Uint32(0xFFFF), acc >> Uint32(16))
+                has_nan = amax_bits > nan_bits
+                xf = cute.make_rmem_tensor((16,), Float32)
+                for i in cutlass.range_constexpr(8):
+                    xf[2 * i] = self._to_f32(w[i], False)
+                    xf[2 * i + 1] = self._to_f32(w[i], True)
+                amax = Float32(0.0)
+                if cutlass.const_expr(self.is_bf16):
+                    amax = bf16_lo(amax_bits)
+                else:
+                    amax = f16_lo(amax_bits)
+                if has_nan:  # Comfy's amax ignores NaN unless all 16 are NaN
+                    amax = fmax_abs(xf[0], xf[0])
+                    for i in cutlass.range_constexpr(1, BLOCK):
+                        amax = fmax_abs(amax, xf[i])
                 d = fmul_ftz(fmul_ftz(amax, Float32(RN_ONE_SIXTH)), rcp_g)
                 d = fmin_nan_ignoring(d, Float32(448.0))
                 s8 = e4m3_satfinite(d)
                 enc = fmin_nan_ignoring(rcp_approx_ftz(fmul_ftz(g, e4m3_to_f32(s8))),
                                         Float32(FLT_MAX))
                 words = cute.make_rmem_tensor((2,), Uint32)
-                for w in cutlass.range_constexpr(2):
-                    word = Uint32(0)
-                    for p in cutlass.range_constexpr(4):
-                        e = w * 8 + p * 2
-                        byte = e2m1_pair(fmul_ftz(xf[e], enc), fmul_ftz(xf[e + 1], enc))
-                        word = word | (byte << Uint32(8 * p))
-                    words[w] = word
+                if has_nan or enc == Float32(0.0):  # the only blocks that can produce NaN
+                    for q in cutlass.range_constexpr(2):
+                        word = Uint32(0)
+                        for p in cutlass.range_constexpr(4):
+                            e = q * 8 + p * 2
+                            byte = e2m1_pair(fmul_ftz(xf[e], enc), fmul_ftz(xf[e + 1], enc))
+                            word = word | (byte << Uint32(8 * p))
+                        words[q] = word
+                else:
+                    for q in cutlass.range_constexpr(2):
+                        word = Uint32(0)
+                        for p in cutlass.range_constexpr(4):
+                            e = q * 8 + p * 2
+                            byte = e2m1_pair_fast(fmul_ftz(xf[e], enc),
+                                                  fmul_ftz(xf[e + 1], enc))
+                            word = word | (byte << Uint32(8 * p))
+                        words[q] = word
                 cute.autovec_copy(words, gQ[(None, b)])
                 r = b // k_blocks + row_offset
                 c = b % k_blocks
-                off = ((((r // 128) * scale_cols_groups + c // 4) * 32 + r % 32) * 16
+                off = ((((r // 128) * scale_col_groups + c // 4) * 32 + r % 32) * 16
                        + ((r % 128) // 32) * 4 + c % 4)
                 mS[off] = Uint8(s8)
 
 
-def _wrap(x1d, q32, s8, g):
-    from cutlass.cute.runtime import from_dlpack
+def _ptrs(x, q, s, g):
+    """Raw device pointers with their alignment (cheap to build on every call)."""
+    from cutlass.cute.runtime import make_ptr
 
-    return (from_dlpack(x1d, assumed_align=16).mark_layout_dynamic(),
-            from_dlpack(q32, assumed_align=8).mark_layout_dynamic(),
-            from_dlpack(s8, assumed_align=4).mark_layout_dynamic(),
-            from_dlpack(g, assumed_align=4))
+    gmem = cute.AddressSpace.gmem
+    return (make_ptr(Uint32, x.data_ptr(), gmem, assumed_align=16),
+            make_ptr(Uint32, q.data_ptr(), gmem, assumed_align=8),
+            make_ptr(Uint8, s.data_ptr(), gmem, assumed_align=4),
+            make_ptr(Float32, g.data_ptr(), gmem, assumed_align=4))
 
 
-def compile_args(dtype, M: int = 256, K: int = 512, device="cpu"):
-    """Arguments for cute.compile (CPU tensors work: nothing runs)."""
-    import torch
+def compile_args(dtype=None):
+    """Arguments for cute.compile offline (pointer values are never dereferenced)."""
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
 
-    from numerics.nvfp4 import scale_shape
-
-    x = torch.zeros(M * K, dtype=dtype, device=device)
-    q = torch.zeros(M * K // 8, dtype=torch.int32, device=device).view(torch.uint32)
-    s = torch.zeros(scale_shape(M, K)[0] * scale_shape(M, K)[1], dtype=torch.uint8,
-                    device=device)
-    g = torch.ones(1, dtype=torch.float32, device=device)
-    from cutlass.cute.runtime import make_fake_stream
-
-    return (*_wrap(x, q, s, g), Int32(0), Int32(0), Int32(0), Int32(1), make_fake_stream())
+    gmem = cute.AddressSpace.gmem
+    return (make_ptr(Uint32, 1 << 20, gmem, assumed_align=16),
+            make_ptr(Uint32, 1 << 21, gmem, assumed_align=8),
+            make_ptr(Uint8, 1 << 22, gmem, assumed_align=4),
+            make_ptr(Float32, 1 << 23, gmem, assumed_align=4),
+            Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), make_fake_stream())
 
 
 def _validate(x, g, out, row_offset):
@@ -171,14 +215,18 @@ def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0
         s = torch.zeros(scale_shape(Mp, K), dtype=torch.uint8, device=x.device)
     else:
         q, s = out
-    config = config or QuantizeNvfp4Kernel()
-    q_rows = q[row_offset:row_offset + M].view(-1).view(torch.uint32)
-    args = _wrap(x.view(-1), q_rows, s.view(-1).view(torch.uint8), g.view(1))
-    key = ("quantize_nvfp4", x.dtype, config.threads, config.blocks_per_thread)
+    dtype_name = str(x.dtype).replace("torch.", "")
+    config = config or QuantizeNvfp4Kernel(dtype_name)
+    if (config.is_bf16) != (x.dtype == torch.bfloat16):
+        raise ValueError(f"config is for {'bfloat16' if config.is_bf16 else 'float16'}, x is "
+                         f"{dtype_name}")
+    q_rows = q[row_offset:row_offset + M]
+    ptrs = _ptrs(x, q_rows, s, g)
+    key = ("quantize_nvfp4", dtype_name, config.threads, config.blocks_per_thread)
     compiled = cached_compile(key, lambda: cute.compile(
-        config, *args, Int32(0), Int32(0), Int32(0), Int32(1), current_stream()))
+        config, *ptrs, Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), current_stream()))
     n_blocks = M * K // BLOCK
     per_cta = config.threads * config.blocks_per_thread
-    compiled(*args, Int32(n_blocks), Int32(K // BLOCK), Int32(row_offset),
+    compiled(*ptrs, Int32(n_blocks), Int32(K // BLOCK), Int32(row_offset), Int32(s.numel()),
              Int32(-(-n_blocks // per_cta)), current_stream())
     return q, s.view(torch.float8_e4m3fn)

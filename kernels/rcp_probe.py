@@ -21,7 +21,10 @@ class RcpProbe:
         self.threads = threads
 
     @cute.jit
-    def __call__(self, mX: cute.Tensor, mY: cute.Tensor, n: Int32, grid_x: Int32, stream):
+    def __call__(self, x_ptr: cute.Pointer, y_ptr: cute.Pointer, n: Int32, grid_x: Int32,
+                 stream):
+        mX = cute.make_tensor(x_ptr, cute.make_layout(n))
+        mY = cute.make_tensor(y_ptr, cute.make_layout(n))
         self.kernel(mX, mY, n).launch(grid=[grid_x, 1, 1], block=[self.threads, 1, 1],
                                       stream=stream)
 
@@ -34,27 +37,32 @@ class RcpProbe:
             mY[i] = rcp_approx_ftz(Float32(mX[i]))
 
 
-def compile_args(device="cpu"):
-    import torch
-    from cutlass.cute.runtime import from_dlpack, make_fake_stream
+def _ptrs(x, y):
+    from cutlass.cute.runtime import make_ptr
 
-    x = torch.zeros(64, dtype=torch.float32, device=device)
-    return (from_dlpack(x, assumed_align=4).mark_layout_dynamic(),
-            from_dlpack(x.clone(), assumed_align=4).mark_layout_dynamic(), Int32(0), Int32(1),
+    gmem = cute.AddressSpace.gmem
+    return (make_ptr(Float32, x.data_ptr(), gmem, assumed_align=4),
+            make_ptr(Float32, y.data_ptr(), gmem, assumed_align=4))
+
+
+def compile_args():
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+    gmem = cute.AddressSpace.gmem
+    return (make_ptr(Float32, 1 << 20, gmem, assumed_align=4),
+            make_ptr(Float32, 1 << 21, gmem, assumed_align=4), Int32(0), Int32(1),
             make_fake_stream())
 
 
 def rcp_approx_device(x):
     """MUFU.RCP of every element of a contiguous fp32 CUDA tensor (returns a new tensor)."""
     import torch
-    from cutlass.cute.runtime import from_dlpack
 
     require_hopper()
     check_cuda_tensor("x", x, dtypes=(torch.float32,), align=4)
     y = torch.empty_like(x)
     cfg = RcpProbe()
-    args = (from_dlpack(x.view(-1), assumed_align=4).mark_layout_dynamic(),
-            from_dlpack(y.view(-1), assumed_align=4).mark_layout_dynamic())
+    args = _ptrs(x, y)
     compiled = cached_compile(("rcp_probe",), lambda: cute.compile(
         cfg, *args, Int32(0), Int32(1), current_stream()))
     n = x.numel()

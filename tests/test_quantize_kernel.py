@@ -11,7 +11,7 @@ def test_quantize_compiles_with_the_instructions_we_meant(dtype):
     from kernels import quantize_nvfp4 as Q
     from workbench.compile import compile_report
 
-    r = compile_report(Q.QuantizeNvfp4Kernel(), *Q.compile_args(dtype), arch="sm_90a")
+    r = compile_report(Q.QuantizeNvfp4Kernel(str(dtype)[6:]), *Q.compile_args(), arch="sm_90a")
     assert r.census["ld.global.v4"] >= 2, "16-byte loads of each block"
     assert r.census["rcp.approx.ftz.f32"] >= 2 and r.census["cvt.e4m3x2"] >= 1
     assert "st.global.v2.b32" in r.ptx, "packed bytes stored 8 at a time"
@@ -103,3 +103,31 @@ def test_rcp_probe_matches_shipped_table_on_a_slice():
     m = torch.arange(0, 1 << 23, 97, dtype=torch.int32, device="cuda")
     x = ((127 << 23) | m).view(torch.float32)
     assert torch.equal(rcp_approx_device(x).view(torch.int32), rcp_approx(x).view(torch.int32))
+
+
+def _e2m1_fast_model(v: torch.Tensor) -> torch.Tensor:
+    """The fast path's arithmetic (kernels/nvfp4_device.py::_E2M1_FAST), modelled exactly."""
+    from numerics.formats import FP32, round_to_format
+
+    b = v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    a_bits = b & 0x7FFFFFFF
+    j = torch.clamp((a_bits >> 23) - 127, 0, 2)
+    a = a_bits.to(torch.int32).view(torch.float32).to(torch.float64)
+    m = torch.exp2(1.0 - j.to(torch.float64))
+    r = round_to_format(a * m + 12582912.0, FP32)  # FFMA: one rounding of the exact a*m + C
+    r_bits = r.to(torch.float32).view(torch.int32).to(torch.int64)
+    code = torch.clamp(r_bits - 0x4B400000 + 2 * j, max=7)
+    return (code | ((b >> 28) & 8)).to(torch.uint8)
+
+
+def test_fast_e2m1_path_equals_the_reference_encoder():
+    from numerics.formats import e2m1_encode
+
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 2.0, 4.0, 6.0, 7.0, 1.0, 0.5])
+    near = torch.cat([ties, torch.nextafter(ties, torch.zeros_like(ties)),
+                      torch.nextafter(ties, torch.full_like(ties, 100.0))])
+    rnd = torch.rand(2_000_000, generator=torch.Generator().manual_seed(0)) * 8
+    wide = torch.exp2(torch.linspace(-126, 127, 50_000))
+    v = torch.cat([near, rnd, wide, torch.tensor([0.0, float("inf"), 3e38, 1e-30])])
+    v = torch.cat([v, -v]).to(torch.float32)
+    assert torch.equal(_e2m1_fast_model(v), e2m1_encode(v))
