@@ -16,7 +16,7 @@ from workbench import results as R
 from workbench.timing import COPY_CEILING_BPS, bench
 
 SHAPES = [(37810, 5376), (2048, 14336), (128, 5376)]
-CONFIGS = [(256, 1), (256, 2), (256, 4), (128, 2), (512, 2)]  # (threads, blocks per thread)
+CONFIGS = [(8, 1), (8, 2), (4, 2), (16, 1), (4, 4)]  # (rows per CTA, rows per thread)
 NOTES = {
     "prediction": "v1 (threshold compares, ~39 SASS instructions per element) measured 347 µs at "
                   "[37810, 5376]: ALU-bound (7.9 G thread-instructions ~ 240 µs at 1.98 GHz) and "
@@ -107,11 +107,11 @@ def _main(argv) -> int:
                 kc = QuantizeNvfp4Kernel("bfloat16", *cfg)
                 t = bench(lambda x, g, o: quantize_nvfp4(x, g, out=o, config=kc), sets,
                           graph=True, repeat=False)
-                sweep.append({"threads": cfg[0], "blocks_per_thread": cfg[1],
+                sweep.append({"rows_per_cta": cfg[0], "rows_per_thread": cfg[1],
                               "median_us": t.median_us})
                 progress(f"config {cfg}: {t.median_us:.1f} µs")
             b = min(sweep, key=lambda r: r["median_us"])
-            best = QuantizeNvfp4Kernel("bfloat16", b["threads"], b["blocks_per_thread"])
+            best = QuantizeNvfp4Kernel("bfloat16", b["rows_per_cta"], b["rows_per_thread"])
         progress(f"quantize {name}: timing over {n_sets} buffer sets")
         t_k = bench(lambda x, g, o: quantize_nvfp4(x, g, out=o, config=best), sets, graph=True)
         t_host = bench(lambda x, g, o: quantize_nvfp4(x, g, out=o, config=best), sets)
@@ -141,8 +141,11 @@ def _main(argv) -> int:
         f"{r['shape'][0]}x{r['shape'][1]}: {r['kernel']['median_us']:.1f} µs = {r['gbps']:.0f} "
         f"GB/s ({r['fraction_of_copy_ceiling']:.2f} of ceiling)" for r in rows))
     summary = R.make_summary(
-        "quantize-kernel", parameters={"shapes": shapes, "quick": args.quick,
-                                       "threads": 256, "blocks_per_thread": 2},
+        "quantize-kernel",
+        parameters={"shapes": shapes, "quick": args.quick, "config_sweep": sweep,
+                    "rows_per_cta": best.rows_per_cta, "rows_per_thread": best.rows_per_thread,
+                    "timing": "kernel: CUDA-graph replay (device time); host_path_per_call: "
+                              "events around each Python call"},
         measurements=rows,
         headline={"fraction_of_copy_ceiling": headline_frac, "gbps": headline_gbps,
                   "elements_checked": sum(v["elements"] for r in rows

@@ -96,25 +96,28 @@ def e2m1_pair(v_first: Float32, v_second: Float32, *, loc=None, ip=None) -> Uint
 
 
 # --- fast paths -----------------------------------------------------------------------------
-# RNE onto the E2M1 grid with one FFMA: in the binade j = clamp(exponent(|v|), 0, 2) the grid
-# step is 2^(j-1), so rint(|v| · 2^(1-j)) + 2j is the magnitude code; FFMA(|v|, 2^(1-j), 1.5·2^23)
-# rounds exactly once, to nearest-even, at the integer position, and the code sits in the low
-# bits of the result. Values >= 7 saturate to code 7 (6.0), inf too. v is never denormal (it
-# comes from an FTZ multiply). NaN is NOT handled (its sign bit would be kept): callers route
-# blocks that can produce NaN to :func:`e2m1_pair`.
+# RNE onto the E2M1 grid with one FFMA. In the binade j = clamp(exponent(|v|), 0, 2) the grid step
+# is 2^(j-1), so the magnitude code is rint(|v|·2^(1-j)) + 2j. With e = the biased exponent of
+# clamp(|v|, 1, 4) = j + 127: m = 2^(128-e) has exponent field 255 - e, and FFMA(|v|, m, C - 254) with
+# C = 1.5·2^23 rounds exactly once, to nearest-even, at the integer position (ulp 1 there), so
+# bits(r) + 2e = bits(C) + code. A min against bits(C) + 7 saturates (|v| >= 7 and inf give 6.0),
+# and the code is the low 3 bits (bits(C) ends in zeros). v is never denormal (it comes from an
+# FTZ multiply). NaN is NOT handled (its sign bit would be kept): callers route blocks that can
+# produce NaN to :func:`e2m1_pair`. tests/test_quantize_kernel.py models this bit for bit.
 _E2M1_FAST = (
-    "mov.b32 b, {v}; and.b32 a, b, 0x7FFFFFFF; shr.u32 j, a, 23; sub.s32 j, j, 127; "
-    "max.s32 j, j, 0; min.s32 j, j, 2; mad.lo.s32 m, j, -8388608, 0x40000000; "
-    "mov.b32 af, a; mov.b32 mf, m; fma.rn.f32 rf, af, mf, 0f4B400000; mov.b32 c, rf; "
-    "sub.s32 c, c, 0x4B400000; shl.b32 j, j, 1; add.s32 c, c, j; min.u32 c, c, 7; "
-    "shr.u32 b, b, 28; and.b32 b, b, 8; or.b32 {out}, c, b; "
+    "mov.b32 b, {v}; abs.f32 af, {v}; max.f32 tf, af, 0f3F800000; min.f32 tf, tf, 0f40800000; "
+    "mov.b32 e, tf; shr.u32 e, e, 23; "  # e = clamp(biased exponent of |v|, 127, 129)
+    "mad.lo.u32 m, e, -8388608, 0x7F800000; mov.b32 mf, m; "  # m = 2^(128 - e)
+    "fma.rn.f32 rf, af, mf, 0f4B3FFF02; mov.b32 c, rf; mad.lo.u32 c, e, 2, c; "
+    "min.u32 c, c, 0x4B400007; shr.u32 b, b, 28; and.b32 b, b, 8; and.b32 c, c, 7; "
+    "or.b32 {out}, c, b; "
 )
 
 
 @dsl_user_op
 def e2m1_pair_fast(v_first: Float32, v_second: Float32, *, loc=None, ip=None) -> Uint32:
     """Same byte as :func:`e2m1_pair` for non-NaN inputs, in about a third of the instructions."""
-    text = ("{ .reg .b32 a, b, c, j, m, hi; .reg .f32 af, mf, rf; "
+    text = ("{ .reg .b32 b, c, e, m, hi; .reg .f32 af, tf, mf, rf; "
             + _E2M1_FAST.format(v="$1", out="hi")
             + _E2M1_FAST.format(v="$2", out="c")
             + "shl.b32 hi, hi, 4; or.b32 $0, hi, c; }")

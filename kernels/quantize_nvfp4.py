@@ -4,13 +4,11 @@ Bit-exact with ``numerics.nvfp4.quantize(x, g, mode="cuda")`` (Comfy Kitchen's C
 It writes into caller-owned buffers at a row offset, so it is also P2's ``_into`` producer, and it
 never touches memory outside them (Comfy's kernel runs past its buffers when M·K % 512 == 256).
 
-Work split: one thread per 16-element block. A row-major [M, K] tensor with K % 16 == 0 is a flat
-sequence of blocks, block b = (row, c) = (b // (K/16), b % (K/16)) covering elements
-[16b, 16b + 16); a thread loads them with two 16-byte loads, writes 8 packed bytes with one 8-byte
-store and its scale byte at the cuBLAS 128x4 swizzle offset. Consecutive threads take consecutive
-blocks of a row, so loads and packed stores are fully coalesced; the scale bytes of a warp fall in
-a few 512-byte swizzle tiles and merge in L2. ``blocks_per_thread`` > 1 puts several blocks'
-loads in flight before the first use.
+Work split: one thread per 16-element block (row r, block column c), elements [16(r·K/16 + c), +16)
+of the row-major input: two 16-byte loads, one 8-byte store of packed codes, one scale byte at the
+cuBLAS 128x4 swizzle offset. A warp takes 32 consecutive blocks of one row, so loads and packed
+stores are fully coalesced; its scale bytes fall in 4-byte runs that merge in L2.
+``rows_per_thread`` > 1 puts several blocks' loads in flight before the first use.
 
 The tensor scale g is read from device memory (it comes from the on-device amax), so nothing
 synchronises with the host.
@@ -31,34 +29,43 @@ BLOCK = 16
 
 
 class QuantizeNvfp4Kernel:
-    """Static config: input dtype (bf16/fp16), threads per CTA, 16-element blocks per thread.
+    """Static config: input dtype (bf16/fp16), CTA shape and rows per thread.
 
-    Per block: the 8 input words are loaded with two 16-byte loads; the block amax is an
-    integer max over sign-cleared 16-bit patterns (``max.u16x2``), which also says whether the
-    block holds a NaN. Ordinary blocks take the fast E2M1 path (one FFMA per element); blocks
-    with a NaN or a zero encode factor (the only ways an element can become NaN) take the exact
-    threshold path with Comfy's NaN-ignoring amax. Both paths give the bytes of
-    ``numerics.nvfp4.quantize(mode="cuda")``.
+    Thread (tx, ty) of CTA (bx, by) quantizes block column c = bx·32 + tx of rows
+    r = (by·rows_per_thread + i)·rows_per_cta + ty: a warp covers 32 consecutive blocks of one
+    row (1 KB of input, 256 packed bytes), and no thread divides. Per block: the 8 input words
+    are loaded with two 16-byte loads; the block amax is an integer max over sign-cleared 16-bit
+    patterns (``max.u16x2``), which also says whether the block holds a NaN. Ordinary blocks take
+    the fast E2M1 path (one FFMA per element); blocks with a NaN or a zero encode factor (the
+    only ways an element can become NaN) take the exact threshold path with Comfy's NaN-ignoring
+    amax. Both give the bytes of ``numerics.nvfp4.quantize(mode="cuda")``.
     """
 
-    def __init__(self, dtype_name: str = "bfloat16", threads: int = 256,
-                 blocks_per_thread: int = 2):
+    COLS = 32  # block columns per CTA: one warp-wide run of a row
+
+    def __init__(self, dtype_name: str = "bfloat16", rows_per_cta: int = 8,
+                 rows_per_thread: int = 1):
         if dtype_name not in ("bfloat16", "float16"):
             raise ValueError(f"dtype {dtype_name!r}: the kernel takes bfloat16 or float16")
         self.is_bf16 = dtype_name == "bfloat16"
-        self.threads = threads
-        self.blocks_per_thread = blocks_per_thread
+        self.rows_per_cta = rows_per_cta
+        self.rows_per_thread = rows_per_thread
+
+    def grid(self, rows: int, k_blocks: int) -> tuple[int, int]:
+        return (-(-k_blocks // self.COLS),
+                -(-rows // (self.rows_per_cta * self.rows_per_thread)))
 
     @cute.jit
     def __call__(self, x_ptr: cute.Pointer, q_ptr: cute.Pointer, s_ptr: cute.Pointer,
-                 g_ptr: cute.Pointer, n_blocks: Int32, k_blocks: Int32, row_offset: Int32,
-                 s_bytes: Int32, grid_x: Int32, stream):
+                 g_ptr: cute.Pointer, rows: Int32, k_blocks: Int32, row_offset: Int32,
+                 s_bytes: Int32, grid_x: Int32, grid_y: Int32, stream):
+        n_blocks = rows * k_blocks
         mX = cute.make_tensor(x_ptr, cute.make_layout(n_blocks * 8))  # 16-bit pairs as words
         mQ = cute.make_tensor(q_ptr, cute.make_layout(n_blocks * 2))  # 8 packed bytes per block
         mS = cute.make_tensor(s_ptr, cute.make_layout(s_bytes))  # swizzled scale bytes
         mG = cute.make_tensor(g_ptr, cute.make_layout(1))
-        self.kernel(mX, mQ, mS, mG, n_blocks, k_blocks, row_offset).launch(
-            grid=[grid_x, 1, 1], block=[self.threads, 1, 1], stream=stream)
+        self.kernel(mX, mQ, mS, mG, rows, k_blocks, row_offset).launch(
+            grid=[grid_x, grid_y, 1], block=[self.COLS, self.rows_per_cta, 1], stream=stream)
 
     @cute.jit
     def _to_f32(self, word: Uint32, hi: cutlass.Constexpr):
@@ -68,33 +75,37 @@ class QuantizeNvfp4Kernel:
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, mG: cute.Tensor,
-               n_blocks: Int32, k_blocks: Int32, row_offset: Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
+               rows: Int32, k_blocks: Int32, row_offset: Int32):
+        tx, ty, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
         gX = cute.zipped_divide(mX, (8,))  # ((8 words = 16 elements), n_blocks)
         gQ = cute.zipped_divide(mQ, (2,))  # ((2 words = 8 bytes), n_blocks)
         g = mG[0]
         rcp_g = rcp_approx_ftz(g)
         nan_bits = Uint32(0x7F80) if cutlass.const_expr(self.is_bf16) else Uint32(0x7C00)
         scale_col_groups = (k_blocks + 3) // 4  # Cb: 4-column groups per 128-row tile
-        first = (bidx * self.threads + tidx) * self.blocks_per_thread
-        frgs = [cute.make_rmem_tensor((8,), Uint32) for _ in range(self.blocks_per_thread)]
-        for j in cutlass.range_constexpr(self.blocks_per_thread):
-            if first + j < n_blocks:
-                cute.autovec_copy(gX[(None, first + j)], frgs[j])
-        for j in cutlass.range_constexpr(self.blocks_per_thread):
-            b = first + j
-            if b < n_blocks:
-                w = frgs[j]
+        c = bx * self.COLS + tx
+        r0 = by * (self.rows_per_cta * self.rows_per_thread) + ty
+        nrt = self.rows_per_thread
+        frgs = [cute.make_rmem_tensor((8,), Uint32) for _ in range(nrt)]
+        for i in cutlass.range_constexpr(nrt):  # every load in flight before the first use
+            r = r0 + i * self.rows_per_cta
+            if c < k_blocks and r < rows:
+                cute.autovec_copy(gX[(None, r * k_blocks + c)], frgs[i])
+        for i in cutlass.range_constexpr(nrt):
+            r = r0 + i * self.rows_per_cta
+            if c < k_blocks and r < rows:
+                b = r * k_blocks + c
+                w = frgs[i]
                 acc = Uint32(0)
-                for i in cutlass.range_constexpr(8):
-                    acc = absmax_u16x2(acc, w[i])
+                for e in cutlass.range_constexpr(8):
+                    acc = absmax_u16x2(acc, w[e])
                 amax_bits = cutlass.max(acc & Uint32(0xFFFF), acc >> Uint32(16))
                 has_nan = amax_bits > nan_bits
                 xf = cute.make_rmem_tensor((16,), Float32)
-                for i in cutlass.range_constexpr(8):
-                    xf[2 * i] = self._to_f32(w[i], False)
-                    xf[2 * i + 1] = self._to_f32(w[i], True)
+                for e in cutlass.range_constexpr(8):
+                    xf[2 * e] = self._to_f32(w[e], False)
+                    xf[2 * e + 1] = self._to_f32(w[e], True)
                 amax = Float32(0.0)
                 if cutlass.const_expr(self.is_bf16):
                     amax = bf16_lo(amax_bits)
@@ -102,8 +113,8 @@ class QuantizeNvfp4Kernel:
                     amax = f16_lo(amax_bits)
                 if has_nan:  # Comfy's amax ignores NaN unless all 16 are NaN
                     amax = fmax_abs(xf[0], xf[0])
-                    for i in cutlass.range_constexpr(1, BLOCK):
-                        amax = fmax_abs(amax, xf[i])
+                    for e in cutlass.range_constexpr(1, BLOCK):
+                        amax = fmax_abs(amax, xf[e])
                 d = fmul_ftz(fmul_ftz(amax, Float32(RN_ONE_SIXTH)), rcp_g)
                 d = fmin_nan_ignoring(d, Float32(448.0))
                 s8 = e4m3_satfinite(d)
@@ -128,11 +139,13 @@ class QuantizeNvfp4Kernel:
                             word = word | (byte << Uint32(8 * p))
                         words[q] = word
                 cute.autovec_copy(words, gQ[(None, b)])
-                r = b // k_blocks + row_offset
-                c = b % k_blocks
-                off = ((((r // 128) * scale_col_groups + c // 4) * 32 + r % 32) * 16
-                       + ((r % 128) // 32) * 4 + c % 4)
-                mS[off] = Uint8(s8)
+                # cuBLAS 128x4 swizzle, in shifts and masks (rows and columns are >= 0)
+                rs = Uint32(r + row_offset)
+                cu = Uint32(c)
+                tile = (rs >> Uint32(7)) * Uint32(scale_col_groups) + (cu >> Uint32(2))
+                off = ((tile << Uint32(9)) | ((rs & Uint32(31)) << Uint32(4))
+                       | (((rs >> Uint32(5)) & Uint32(3)) << Uint32(2)) | (cu & Uint32(3)))
+                mS[Int32(off)] = Uint8(s8)
 
 
 def _ptrs(x, q, s, g):
@@ -155,7 +168,7 @@ def compile_args(dtype=None):
             make_ptr(Uint32, 1 << 21, gmem, assumed_align=8),
             make_ptr(Uint8, 1 << 22, gmem, assumed_align=4),
             make_ptr(Float32, 1 << 23, gmem, assumed_align=4),
-            Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), make_fake_stream())
+            Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1), make_fake_stream())
 
 
 def _validate(x, g, out, row_offset):
@@ -222,11 +235,14 @@ def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0
                          f"{dtype_name}")
     q_rows = q[row_offset:row_offset + M]
     ptrs = _ptrs(x, q_rows, s, g)
-    key = ("quantize_nvfp4", dtype_name, config.threads, config.blocks_per_thread)
+    key = ("quantize_nvfp4", dtype_name, config.rows_per_cta, config.rows_per_thread)
     compiled = cached_compile(key, lambda: cute.compile(
-        config, *ptrs, Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), current_stream()))
-    n_blocks = M * K // BLOCK
-    per_cta = config.threads * config.blocks_per_thread
-    compiled(*ptrs, Int32(n_blocks), Int32(K // BLOCK), Int32(row_offset), Int32(s.numel()),
-             Int32(-(-n_blocks // per_cta)), current_stream())
+        config, *ptrs, Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1),
+        current_stream()))
+    gx, gy = config.grid(M, K // BLOCK)
+    if gy > 65535:
+        raise ValueError(f"M = {M} needs {gy} CTAs along grid y (> 65535); quantize in row "
+                         "chunks with out= and row_offset=")
+    compiled(*ptrs, Int32(M), Int32(K // BLOCK), Int32(row_offset), Int32(s.numel()),
+             Int32(gx), Int32(gy), current_stream())
     return q, s.view(torch.float8_e4m3fn)

@@ -111,13 +111,13 @@ def _e2m1_fast_model(v: torch.Tensor) -> torch.Tensor:
 
     b = v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     a_bits = b & 0x7FFFFFFF
-    j = torch.clamp((a_bits >> 23) - 127, 0, 2)
+    e = torch.clamp(a_bits >> 23, 127, 129)
+    m = ((255 - e) << 23).to(torch.int32).view(torch.float32).to(torch.float64)
     a = a_bits.to(torch.int32).view(torch.float32).to(torch.float64)
-    m = torch.exp2(1.0 - j.to(torch.float64))
-    r = round_to_format(a * m + 12582912.0, FP32)  # FFMA: one rounding of the exact a*m + C
+    r = round_to_format(a * m + 12582658.0, FP32)  # FFMA: one rounding of the exact a*m + C'
     r_bits = r.to(torch.float32).view(torch.int32).to(torch.int64)
-    code = torch.clamp(r_bits - 0x4B400000 + 2 * j, max=7)
-    return (code | ((b >> 28) & 8)).to(torch.uint8)
+    c = torch.clamp(r_bits + 2 * e, max=0x4B400007) & 7
+    return (c | ((b >> 28) & 8)).to(torch.uint8)
 
 
 def test_fast_e2m1_path_equals_the_reference_encoder():
