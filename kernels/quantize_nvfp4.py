@@ -44,7 +44,7 @@ class QuantizeNvfp4Kernel:
     COLS = 32  # block columns per CTA: one warp-wide run of a row
 
     def __init__(self, dtype_name: str = "bfloat16", rows_per_cta: int = 8,
-                 rows_per_thread: int = 1):
+                 rows_per_thread: int = 2):
         if dtype_name not in ("bfloat16", "float16"):
             raise ValueError(f"dtype {dtype_name!r}: the kernel takes bfloat16 or float16")
         self.is_bf16 = dtype_name == "bfloat16"
