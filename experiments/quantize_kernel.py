@@ -29,7 +29,12 @@ NOTES = {
                   "~290 SASS instructions per 16-element block on the fast path, predicted "
                   "~150 µs (0.8). v3 measured 150.9 µs (0.81) and 23.8 µs (0.75). v4 (this run): "
                   "the launch shape swept per shape (rows per CTA, rows per thread), predicted "
-                  "~21 µs at [2048, 14336] where wave tails and the launch gap weigh more.",
+                  "~21 µs at [2048, 14336] where wave tails and the launch gap weigh more. "
+                  "v4 measured 152 µs / 24.2 µs: the launch shape does not matter (all within "
+                  "5%), so the kernel is still issue-bound. v5 (this run): blocks whose scale is "
+                  "normal and unsaturated (the usual case) skip the saturating min and take signs "
+                  "from the input words with PRMT, ~150 instead of ~186 fast-path instructions "
+                  "per block: predicted ~135 µs (0.9) and ~21.5 µs (0.82).",
 }
 
 

@@ -16,7 +16,8 @@ synchronises with the host.
 from __future__ import annotations
 
 from kernels.nvfp4_device import (FLT_MAX, RN_ONE_SIXTH, absmax_u16x2, bf16_hi, bf16_lo,
-                                  e2m1_pair, e2m1_pair_fast, e4m3_satfinite, e4m3_to_f32,
+                                  e2m1_pair, e2m1_pair_fast, e2m1_word_fast,
+                                  e4m3_satfinite, e4m3_to_f32,
                                   f16_hi, f16_lo, fmax_abs, fmin_nan_ignoring, fmul_ftz,
                                   rcp_approx_ftz)
 from kernels.runtime import cached_compile, check_cuda_tensor, cute_modules, current_stream, \
@@ -35,10 +36,14 @@ class QuantizeNvfp4Kernel:
     r = (by·rows_per_thread + i)·rows_per_cta + ty: a warp covers 32 consecutive blocks of one
     row (1 KB of input, 256 packed bytes), and no thread divides. Per block: the 8 input words
     are loaded with two 16-byte loads; the block amax is an integer max over sign-cleared 16-bit
-    patterns (``max.u16x2``), which also says whether the block holds a NaN. Ordinary blocks take
-    the fast E2M1 path (one FFMA per element); blocks with a NaN or a zero encode factor (the
-    only ways an element can become NaN) take the exact threshold path with Comfy's NaN-ignoring
-    amax. Both give the bytes of ``numerics.nvfp4.quantize(mode="cuda")``.
+    patterns (``max.u16x2``), which also says whether the block holds a NaN. Three paths, all
+    giving the bytes of ``numerics.nvfp4.quantize(mode="cuda")``:
+    * ordinary blocks (normal, unsaturated scale): one FFMA per element rounds onto the E2M1
+      grid, no saturation needed, signs taken from the input words (``e2m1_word_fast``);
+    * other finite blocks (subnormal or saturated scales, odd g): the same rounding with
+      saturation and the sign of v (``e2m1_pair_fast``);
+    * blocks with a NaN or a zero encode factor (the only ways an element becomes NaN): the
+      exact threshold path with Comfy's NaN-ignoring amax (``e2m1_pair``).
     """
 
     COLS = 32  # block columns per CTA: one warp-wide run of a row
@@ -115,13 +120,23 @@ class QuantizeNvfp4Kernel:
                     amax = fmax_abs(xf[0], xf[0])
                     for e in cutlass.range_constexpr(1, BLOCK):
                         amax = fmax_abs(amax, xf[e])
-                d = fmul_ftz(fmul_ftz(amax, Float32(RN_ONE_SIXTH)), rcp_g)
-                d = fmin_nan_ignoring(d, Float32(448.0))
+                d_raw = fmul_ftz(fmul_ftz(amax, Float32(RN_ONE_SIXTH)), rcp_g)
+                d = fmin_nan_ignoring(d_raw, Float32(448.0))
                 s8 = e4m3_satfinite(d)
                 enc = fmin_nan_ignoring(rcp_approx_ftz(fmul_ftz(g, e4m3_to_f32(s8))),
                                         Float32(FLT_MAX))
                 words = cute.make_rmem_tensor((2,), Uint32)
-                if has_nan or enc == Float32(0.0):  # the only blocks that can produce NaN
+                # No code can saturate when the scale is normal and unsaturated and enc is the
+                # reciprocal of a normal g·s: then |v| <= 6·(1 + 2^-4)·(1 + 2^-21) < 7.
+                unsaturated = ((not has_nan) and s8 >= Uint32(8) and d_raw <= Float32(448.0)
+                               and enc > Float32(0.0) and enc <= Float32(2.0**126))
+                if unsaturated:
+                    for q in cutlass.range_constexpr(2):
+                        e = q * 8
+                        words[q] = e2m1_word_fast(
+                            *[fmul_ftz(xf[e + k], enc) for k in range(8)],
+                            w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3])
+                elif has_nan or enc == Float32(0.0):  # the only blocks that can produce NaN
                     for q in cutlass.range_constexpr(2):
                         word = Uint32(0)
                         for p in cutlass.range_constexpr(4):
