@@ -1,0 +1,164 @@
+"""Discrete-event model of a depth-frame schedule: critical path, its split, ring stalls.
+
+Every CTA runs its task list in order. A task starts when
+  * the CTA finished its previous task,
+  * its global counter is complete (the last signaller's end) plus the handoff latency,
+  * its cluster-local dependency finished (plus a DSMEM hop), and
+  * its weight tile has landed: issued at the start of task ``issue_before`` (or, with a producer
+    warp, as soon as the ring pages are free) and streamed at the per-SM share of bandwidth.
+It then runs for a fixed per-type latency plus its MMA/epilogue work. With ``per_chunk_waits`` a
+projection starts each K chunk as soon as the producer tiles of that chunk are done.
+
+Costs are per-task constants, calibrated (``SEED_COSTS``) from the seed's measured frame at 64
+rows: 470-480 µs of handoffs and 1620-1700 µs of phase-slowest tasks over 432 phases, 2218 µs in
+all. Later calibration replaces them with the kernel's own timestamps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schedules.depth_frame import (ATTN, EMBED, LOCAL_NONE, TYPE_NAMES, Schedule,
+                                   topological_order)
+
+
+@dataclass(frozen=True)
+class Costs:
+    handoff_us: float = 1.1  # counter signal -> spinning waiter sees it -> task begins
+    dsmem_us: float = 0.3  # rank 1's partial visible to rank 0
+    bytes_per_us_per_sm: float = 4.24e12 / 132 / 1e6  # the copy ceiling shared by 132 SMs
+    tma_latency_us: float = 0.6
+    fixed_us: dict = field(default_factory=lambda: {
+        "proj": 1.75, "qkv": 1.75, "o": 1.75, "gateup": 1.75, "down": 1.75, "head": 1.75,
+        "attn": 3.9, "embed": 3.9})
+
+
+SEED_COSTS = Costs()
+
+
+@dataclass
+class SimOptions:
+    producer_warp: bool = False  # copies issued as soon as ring pages free, not at task starts
+    per_chunk_waits: bool = False
+    chunks: int = 4
+
+
+@dataclass
+class SimResult:
+    makespan_us: float
+    critical_path: dict  # category -> µs along the critical path
+    ring_stall_us: float  # summed over tasks: time spent waiting for weights after other waits
+    phase_end_us: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"makespan_us": self.makespan_us, "critical_path_us": self.critical_path,
+                "ring_stall_us": self.ring_stall_us}
+
+
+def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = None) -> SimResult:
+    opt = opt or SimOptions()
+    order = topological_order(s)
+    if order is None:
+        raise ValueError("schedule has a dependency cycle; validate it first")
+    ends: dict = {}
+    starts: dict = {}
+    binding: dict = {}  # node -> (category, predecessor node or None, waited µs)
+    counter_done = [0.0] * len(s.counter_expect)
+    counter_last = [None] * len(s.counter_expect)
+    counter_left = list(s.counter_expect)
+    signal_ends: dict = {}  # counter -> list of (end, tile) for per-chunk waits
+    ring_stall = 0.0
+    bw = costs.bytes_per_us_per_sm
+    for node in order:
+        c, i = node
+        t = s.ctas[c][i]
+        name = TYPE_NAMES[t.type]
+        body = costs.fixed_us[name]
+        cands = [(ends.get((c, i - 1), 0.0), "program", (c, i - 1) if i else None)]
+        if t.wait >= 0:
+            ready = counter_done[t.wait] + costs.handoff_us
+            if opt.per_chunk_waits and t.type not in (ATTN, EMBED) and signal_ends.get(t.wait):
+                # chunk j of the K loop needs the producers of chunk j; the task's last chunk
+                # can start only after the slowest chunk arrives: shift by the work remaining
+                ev = sorted(signal_ends[t.wait])
+                n = len(ev)
+                per = body / opt.chunks
+                ready = max(ev[min(n - 1, (j + 1) * n // opt.chunks - 1)][0] + costs.handoff_us
+                            - j * per for j in range(opt.chunks))
+            cands.append((ready, "handoff", counter_last[t.wait]))
+        if t.local_wait != LOCAL_NONE and t.local_dep is not None:
+            cands.append((ends[t.local_dep] + costs.dsmem_us, "dsmem", t.local_dep))
+        start_wo_weights, cat, pred = max(cands, key=lambda x: x[0])
+        if t.n_pages:
+            if opt.producer_warp:
+                issue = ends.get((c, t.issue_before - 1), 0.0) if t.issue_before > 0 else 0.0
+            else:
+                issue = starts.get((c, t.issue_before), start_wo_weights) \
+                    if t.issue_before < i else start_wo_weights
+            landed = issue + costs.tma_latency_us + t.weight_bytes / bw
+            if landed > start_wo_weights:
+                ring_stall += landed - start_wo_weights
+                start, cat = landed, ("weight+" + cat)
+            else:
+                start = start_wo_weights
+        else:
+            start = start_wo_weights
+        starts[node] = start
+        ends[node] = start + body
+        binding[node] = (cat, pred, start)
+        if t.signal >= 0:
+            if ends[node] >= counter_done[t.signal]:
+                counter_done[t.signal] = ends[node]
+                counter_last[t.signal] = node
+            counter_left[t.signal] -= 1
+            signal_ends.setdefault(t.signal, []).append((ends[node], t.tile))
+    last = max(ends, key=ends.get)
+    cp = _critical_path(s, last, starts, ends, binding, costs)
+    return SimResult(ends[last], cp, ring_stall)
+
+
+def _critical_path(s, node, starts, ends, binding, costs) -> dict:
+    """Walk back along binding constraints; gaps split into handoff / dsmem / weight time."""
+    split: dict = {}
+
+    def add(k, v):
+        if v > 0:
+            split[k] = split.get(k, 0.0) + v
+
+    while node is not None:
+        c, i = node
+        t = s.ctas[c][i]
+        add(TYPE_NAMES[t.type], ends[node] - starts[node])
+        cat, pred, start = binding[node]
+        gap = start - (ends.get(pred, 0.0) if pred is not None else 0.0)
+        base = cat.replace("weight+", "")
+        fixed = {"handoff": costs.handoff_us, "dsmem": costs.dsmem_us}.get(base, 0.0)
+        add(base if base != "program" else "weight", min(gap, fixed) if fixed else 0.0)
+        add("weight", gap - min(gap, fixed) if cat.startswith("weight") else 0.0)
+        node = pred
+    return {k: round(v, 1) for k, v in sorted(split.items(), key=lambda kv: -kv[1])}
+
+
+def task_time(cp: dict) -> float:
+    """Critical-path time inside tasks (bodies + weight landing), the seed's 'slowest tasks'."""
+    return sum(v for k, v in cp.items() if k not in ("handoff", "dsmem"))
+
+
+def calibrate(s: Schedule, *, handoff_total_us: float = 475.0, task_total_us: float = 1660.0,
+              base: Costs = SEED_COSTS) -> Costs:
+    """Costs reproducing a measured split: handoff per phase from the handoff total, and the
+    fixed per-task latencies scaled so the critical path's task time matches ``task_total_us``
+    (weights stream at the measured copy ceiling's per-SM share)."""
+    import dataclasses
+
+    handoff = handoff_total_us / len(s.phases)
+    lo, hi = 0.0, 4.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        c = dataclasses.replace(base, handoff_us=handoff,
+                                fixed_us={k: v * mid for k, v in base.fixed_us.items()})
+        if task_time(simulate(s, c).critical_path) > task_total_us:
+            hi = mid
+        else:
+            lo = mid
+    return dataclasses.replace(base, handoff_us=handoff,
+                               fixed_us={k: round(v * lo, 4) for k, v in base.fixed_us.items()})

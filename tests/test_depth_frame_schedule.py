@@ -1,0 +1,139 @@
+"""Depth-frame schedule: every validate() rule holds for generated schedules, and each rule has a
+deliberately broken schedule that validate() rejects. Plus encoding round trip and the simulator's
+calibration against the seed's measured frame."""
+import copy
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.codepredictor_config import CodePredictorConfig
+from schedules import depth_frame as D
+from schedules import frame_sim as F
+
+SMALL = st.builds(CodePredictorConfig, layers=st.integers(1, 2), positions=st.integers(2, 4),
+                  kv_heads=st.sampled_from([2, 4, 8]), q_heads=st.just(16),
+                  intermediate=st.sampled_from([1024, 3072]))
+
+
+@st.composite
+def schedules(draw):
+    cfg = draw(SMALL)
+    opt = D.FrameOptions(rows=draw(st.integers(1, 128)), grid=draw(st.sampled_from(
+        [2, 8, 32, 66, 132])), ring_pages=draw(st.sampled_from([32, 33, 35])),
+        per_head_waits=draw(st.booleans()), split_o_down=draw(st.booleans()),
+        combine_slots=draw(st.sampled_from([1, 2, 3])), max_tasks_per_cta=100_000)
+    return D.build(cfg, opt)
+
+
+@settings(max_examples=25, deadline=None)
+@given(schedules())
+def test_generated_schedules_validate(s):
+    assert D.violations(s) == []
+    table, counts = D.encode(s)
+    back = D.decode(table, counts)
+    assert [len(x) for x in back] == [len(x) for x in s.ctas]
+    t = s.ctas[0][0]
+    assert back[0][0]["type"] == t.type and back[0][0]["signal"] == t.signal
+
+
+def _tasks(s, pred):
+    return [(c, i, t) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst) if pred(t)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(schedules(), st.randoms(use_true_random=False))
+def test_broken_wait_counts_are_rejected(s, rnd):
+    bad = copy.deepcopy(s)
+    c, i, t = rnd.choice(_tasks(bad, lambda t: t.wait >= 0))
+    t.wait_expect += 1
+    assert any("waits for" in v for v in D.violations(bad))
+    bad = copy.deepcopy(s)
+    c, i, t = rnd.choice(_tasks(bad, lambda t: t.signal >= 0))
+    t.signal = -1
+    assert any("signals but expects" in v for v in D.violations(bad))
+
+
+@settings(max_examples=15, deadline=None)
+@given(schedules(), st.randoms(use_true_random=False))
+def test_weight_copy_over_live_pages_is_rejected(s, rnd):
+    bad = copy.deepcopy(s)
+    cands = _tasks(bad, lambda t: t.n_pages and t.issue_before > 0)
+    if not cands:
+        return
+    c, i, t = rnd.choice(cands)
+    t.issue_before = 0  # issue the copy before tasks that still read those pages ran
+    assert any("overwrites page" in v for v in D.violations(bad))
+
+
+@settings(max_examples=15, deadline=None)
+@given(schedules(), st.randoms(use_true_random=False))
+def test_split_halves_off_cluster_are_rejected(s, rnd):
+    if s.options.grid < 4 or not s.options.split_o_down:
+        return
+    bad = copy.deepcopy(s)
+    c, i, t = rnd.choice(_tasks(bad, lambda t: t.half == 1))
+    bad.ctas[c].pop(i)
+    other = (c + 2) % bad.options.grid
+    bad.ctas[other].append(t)
+    assert any("not on ranks 0/1" in v or "different orders" in v for v in D.violations(bad))
+
+
+@settings(max_examples=15, deadline=None)
+@given(schedules(), st.randoms(use_true_random=False))
+def test_combine_buffer_overwrite_is_rejected(s, rnd):
+    bad = copy.deepcopy(s)
+    cands = _tasks(bad, lambda t: t.local_wait == D.LOCAL_SLOT)
+    if not cands:
+        return
+    c, i, t = rnd.choice(cands)
+    t.local_wait, t.local_dep = D.LOCAL_NONE, None
+    assert any("may overwrite slot" in v for v in D.violations(bad))
+
+
+@settings(max_examples=10, deadline=None)
+@given(schedules(), st.randoms(use_true_random=False))
+def test_deadlocks_are_rejected(s, rnd):
+    bad = copy.deepcopy(s)
+    c = rnd.randrange(len(bad.ctas))
+    lst = bad.ctas[c]
+    later = [j for j, t in enumerate(lst) if t.signal >= 0 and j > 0]
+    if not later:
+        return
+    j = rnd.choice(later)
+    first = lst[0]  # the CTA's first task now waits on a counter its own later task signals
+    first.wait, first.wait_expect = lst[j].signal, bad.counter_expect[lst[j].signal]
+    assert any("deadlock" in v for v in D.violations(bad))
+
+
+def test_grids_that_cannot_run_are_refused():
+    with pytest.raises(D.ScheduleError, match="co-residency"):
+        D.build(options=D.FrameOptions(grid=134))
+    with pytest.raises(D.ScheduleError, match="even"):
+        D.build(options=D.FrameOptions(grid=63))
+    s = D.build(options=D.FrameOptions(grid=32))  # fits in hardware, not in the task table
+    assert any("grid too small" in v for v in D.violations(s))
+    with pytest.raises(D.ScheduleError):
+        D.encode(s)
+    with pytest.raises(D.ScheduleError, match="227 KB"):
+        D.build(options=D.FrameOptions(ring_pages=40))
+
+
+def test_seed_design_has_432_phases_and_validates():
+    s = D.validate(D.build())
+    assert len(s.phases) == 432
+    attn = [t for lst in s.ctas for t in lst if t.type == D.ATTN]
+    assert all(s.counter_expect[t.wait] == 16 for t in attn)  # its kv head's 16 qkv tiles
+    assert max(len(x) for x in s.ctas) <= s.options.max_tasks_per_cta
+
+
+@pytest.mark.slow
+def test_simulator_calibrated_on_the_seed_lands_within_10pct():
+    s = D.build()
+    costs = F.calibrate(s)
+    r = F.simulate(s, costs)
+    assert abs(r.makespan_us - 2218) / 2218 <= 0.10
+    assert 460 <= r.critical_path["handoff"] <= 490
+    fast = F.simulate(s, costs, F.SimOptions(producer_warp=True))
+    assert fast.makespan_us < r.makespan_us
