@@ -63,8 +63,10 @@ def git_state() -> tuple[str, bool]:
     if env_commit:
         return env_commit, os.environ.get("WB_GIT_DIRTY", "0") not in ("0", "", "false")
     commit = _git("rev-parse", "HEAD") or "unknown"
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return commit, bool(status)
+    status = _git("status", "--porcelain", "--untracked-files=normal") or ""
+    # summaries being written are not code: only changes elsewhere make the run "dirty"
+    dirty = [ln for ln in status.splitlines() if not ln[3:].startswith("results/")]
+    return commit, bool(dirty)
 
 
 def provenance(seeds: dict | None = None) -> dict:
