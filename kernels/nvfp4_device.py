@@ -165,10 +165,24 @@ def e2m1_word_fast(v0: Float32, v1: Float32, v2: Float32, v3: Float32, v4: Float
 
 
 @dsl_user_op
-def absmax_u16x2(acc: Uint32, word: Uint32, *, loc=None, ip=None) -> Uint32:
-    """Per-half max of |16-bit float| bit patterns (sign cleared): NaN patterns sort above inf."""
-    text = "{ .reg .b32 t; and.b32 t, $2, 0x7FFF7FFF; max.u16x2 $0, $1, t; }"
-    return Uint32(_asm(T.i32(), [Uint32(acc), Uint32(word)], text, "=r,r,r", loc, ip))
+def absmax16_words(w0: Uint32, w1: Uint32, w2: Uint32, w3: Uint32, w4: Uint32, w5: Uint32,
+                   w6: Uint32, w7: Uint32, *, bf16: bool = True, loc=None, ip=None) -> Uint32:
+    """max |x| over the 16 halves of 8 words, as a sign-cleared 16-bit pattern; NaN anywhere
+    gives the canonical NaN (0x7FFF), which sorts above every finite value and inf.
+
+    ``max.NaN.xorsign.abs`` takes |·| for free (the xor-ed sign is discarded at the end) and
+    keeps denormals (no .ftz), so the result is the exact block amax when no NaN is present.
+    """
+    t = "bf16x2" if bf16 else "f16x2"
+    s = "bf16" if bf16 else "f16"
+    text = ("{ .reg .b32 a, b, c, d; .reg .b16 lo, hi, m; "
+            f"max.NaN.xorsign.abs.{t} a, $1, $2; max.NaN.xorsign.abs.{t} b, $3, $4; "
+            f"max.NaN.xorsign.abs.{t} c, $5, $6; max.NaN.xorsign.abs.{t} d, $7, $8; "
+            f"max.NaN.xorsign.abs.{t} a, a, b; max.NaN.xorsign.abs.{t} c, c, d; "
+            f"max.NaN.xorsign.abs.{t} a, a, c; mov.b32 {{lo, hi}}, a; "
+            f"max.NaN.xorsign.abs.{s} m, lo, hi; cvt.u32.u16 $0, m; and.b32 $0, $0, 0x7FFF; }}")
+    return Uint32(_asm(T.i32(), [Uint32(w) for w in (w0, w1, w2, w3, w4, w5, w6, w7)], text,
+                       "=r," + ",".join(["r"] * 8), loc, ip))
 
 
 @dsl_user_op

@@ -15,7 +15,7 @@ synchronises with the host.
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import (FLT_MAX, RN_ONE_SIXTH, absmax_u16x2, bf16_hi, bf16_lo,
+from kernels.nvfp4_device import (FLT_MAX, RN_ONE_SIXTH, absmax16_words, bf16_hi, bf16_lo,
                                   e2m1_pair, e2m1_pair_fast, e2m1_word_fast,
                                   e4m3_satfinite, e4m3_to_f32,
                                   f16_hi, f16_lo, fmax_abs, fmin_nan_ignoring, fmul_ftz,
@@ -36,7 +36,8 @@ class QuantizeNvfp4Kernel:
     r = (by·rows_per_thread + i)·rows_per_cta + ty: a warp covers 32 consecutive blocks of one
     row (1 KB of input, 256 packed bytes), and no thread divides. Per block: the 8 input words
     are loaded with two 16-byte loads; the block amax is an integer max over sign-cleared 16-bit
-    patterns (``max.u16x2``), which also says whether the block holds a NaN. Three paths, all
+    magnitudes (``max.NaN.xorsign.abs`` on bf16x2 / f16x2), which also says whether the block
+    holds a NaN. Three paths, all
     giving the bytes of ``numerics.nvfp4.quantize(mode="cuda")``:
     * ordinary blocks (normal, unsaturated scale): one FFMA per element rounds onto the E2M1
       grid, no saturation needed, signs taken from the input words (``e2m1_word_fast``);
@@ -102,10 +103,7 @@ class QuantizeNvfp4Kernel:
             if c < k_blocks and r < rows:
                 b = r * k_blocks + c
                 w = frgs[i]
-                acc = Uint32(0)
-                for e in cutlass.range_constexpr(8):
-                    acc = absmax_u16x2(acc, w[e])
-                amax_bits = cutlass.max(acc & Uint32(0xFFFF), acc >> Uint32(16))
+                amax_bits = absmax16_words(*[w[e] for e in range(8)], bf16=self.is_bf16)
                 has_nan = amax_bits > nan_bits
                 xf = cute.make_rmem_tensor((16,), Float32)
                 for e in cutlass.range_constexpr(8):

@@ -96,11 +96,11 @@ def test_kernel_rejects_bad_input_before_launch():
 
 
 @pytest.mark.gpu
-def test_rcp_probe_matches_shipped_table_on_a_slice():
+def test_shipped_rcp_table_equals_the_hardware():
     from kernels.rcp_probe import rcp_approx_device
     from numerics.rcp import rcp_approx
 
-    m = torch.arange(0, 1 << 23, 97, dtype=torch.int32, device="cuda")
+    m = torch.arange(0, 1 << 23, dtype=torch.int32, device="cuda")  # every mantissa
     x = ((127 << 23) | m).view(torch.float32)
     assert torch.equal(rcp_approx_device(x).view(torch.int32), rcp_approx(x).view(torch.int32))
 
