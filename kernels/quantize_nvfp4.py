@@ -21,7 +21,7 @@ from kernels.nvfp4_device import (FLT_MAX, RN_ONE_SIXTH, absmax16_words, bf16_hi
                                   f16_hi, f16_lo, fmax_abs, fmin_nan_ignoring, fmul_ftz,
                                   rcp_approx_ftz)
 from kernels.runtime import cached_compile, check_cuda_tensor, cute_modules, current_stream, \
-    require_hopper
+    pointer_args, require_hopper
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint8, Uint32  # noqa: E402
@@ -161,27 +161,15 @@ class QuantizeNvfp4Kernel:
                 mS[Int32(off)] = Uint8(s8)
 
 
-def _ptrs(x, q, s, g):
-    """Raw device pointers with their alignment (cheap to build on every call)."""
-    from cutlass.cute.runtime import make_ptr
-
-    gmem = cute.AddressSpace.gmem
-    return (make_ptr(Uint32, x.data_ptr(), gmem, assumed_align=16),
-            make_ptr(Uint32, q.data_ptr(), gmem, assumed_align=8),
-            make_ptr(Uint8, s.data_ptr(), gmem, assumed_align=4),
-            make_ptr(Float32, g.data_ptr(), gmem, assumed_align=4))
+PTRS = ((Uint32, 16), (Uint32, 8), (Uint8, 4), (Float32, 4))  # x words, packed, scales, g
 
 
 def compile_args(dtype=None):
-    """Arguments for cute.compile offline (pointer values are never dereferenced)."""
-    from cutlass.cute.runtime import make_fake_stream, make_ptr
+    """Arguments for cute.compile offline."""
+    from cutlass.cute.runtime import make_fake_stream
 
-    gmem = cute.AddressSpace.gmem
-    return (make_ptr(Uint32, 1 << 20, gmem, assumed_align=16),
-            make_ptr(Uint32, 1 << 21, gmem, assumed_align=8),
-            make_ptr(Uint8, 1 << 22, gmem, assumed_align=4),
-            make_ptr(Float32, 1 << 23, gmem, assumed_align=4),
-            Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1), make_fake_stream())
+    return (*pointer_args(PTRS), Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1),
+            make_fake_stream())
 
 
 def _validate(x, g, out, row_offset):
@@ -247,7 +235,7 @@ def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0
         raise ValueError(f"config is for {'bfloat16' if config.is_bf16 else 'float16'}, x is "
                          f"{dtype_name}")
     q_rows = q[row_offset:row_offset + M]
-    ptrs = _ptrs(x, q_rows, s, g)
+    ptrs = pointer_args(PTRS, (x, q_rows, s, g))
     key = ("quantize_nvfp4", dtype_name, config.rows_per_cta, config.rows_per_thread)
     compiled = cached_compile(key, lambda: cute.compile(
         config, *ptrs, Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1),

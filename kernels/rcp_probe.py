@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kernels.nvfp4_device import rcp_approx_ftz
 from kernels.runtime import cached_compile, check_cuda_tensor, cute_modules, current_stream, \
-    require_hopper
+    pointer_args, require_hopper
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32  # noqa: E402
@@ -37,21 +37,13 @@ class RcpProbe:
             mY[i] = rcp_approx_ftz(Float32(mX[i]))
 
 
-def _ptrs(x, y):
-    from cutlass.cute.runtime import make_ptr
-
-    gmem = cute.AddressSpace.gmem
-    return (make_ptr(Float32, x.data_ptr(), gmem, assumed_align=4),
-            make_ptr(Float32, y.data_ptr(), gmem, assumed_align=4))
+PTRS = ((Float32, 4), (Float32, 4))  # x, y
 
 
 def compile_args():
-    from cutlass.cute.runtime import make_fake_stream, make_ptr
+    from cutlass.cute.runtime import make_fake_stream
 
-    gmem = cute.AddressSpace.gmem
-    return (make_ptr(Float32, 1 << 20, gmem, assumed_align=4),
-            make_ptr(Float32, 1 << 21, gmem, assumed_align=4), Int32(0), Int32(1),
-            make_fake_stream())
+    return (*pointer_args(PTRS), Int32(0), Int32(1), make_fake_stream())
 
 
 def rcp_approx_device(x):
@@ -62,7 +54,7 @@ def rcp_approx_device(x):
     check_cuda_tensor("x", x, dtypes=(torch.float32,), align=4)
     y = torch.empty_like(x)
     cfg = RcpProbe()
-    args = _ptrs(x, y)
+    args = pointer_args(PTRS, (x, y))
     compiled = cached_compile(("rcp_probe",), lambda: cute.compile(
         cfg, *args, Int32(0), Int32(1), current_stream()))
     n = x.numel()

@@ -1,7 +1,7 @@
 """Host-side glue between torch tensors and compiled CuTe DSL kernels.
 
 Compiled kernels are cached per static configuration (:func:`cached_compile`); tensors are wrapped
-with DLPack with their alignment declared, and launches go on torch's current stream.
+as raw pointers with their alignment declared, and launches go on torch's current stream.
 """
 from __future__ import annotations
 
@@ -39,10 +39,17 @@ def cached_compile(key, build):
     return _CACHE[key]
 
 
-def to_cute(t, assumed_align: int = 16):
-    from cutlass.cute.runtime import from_dlpack
+def pointer_args(specs, tensors=None) -> tuple:
+    """Raw global-memory pointers for a kernel: ``specs`` = [(cutlass dtype, alignment)], one per
+    pointer; ``tensors`` the torch tensors they point into, or None for offline compiles (the
+    addresses are then placeholders that are never dereferenced)."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
 
-    return from_dlpack(t.detach(), assumed_align=assumed_align)
+    gmem = cute.AddressSpace.gmem
+    addrs = [t.data_ptr() for t in tensors] if tensors is not None else \
+        [(k + 1) << 20 for k in range(len(specs))]
+    return tuple(make_ptr(dt, a, gmem, assumed_align=al) for (dt, al), a in zip(specs, addrs))
 
 
 def current_stream():
