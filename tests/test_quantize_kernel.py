@@ -1,6 +1,8 @@
 """The CuTe DSL NVFP4 quantize kernel: offline compile checks and bit-exactness on the GPU."""
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from numerics import nvfp4
 
@@ -131,3 +133,22 @@ def test_fast_e2m1_path_equals_the_reference_encoder():
     v = torch.cat([near, rnd, wide, torch.tensor([0.0, float("inf"), 3e38, 1e-30])])
     v = torch.cat([v, -v]).to(torch.float32)
     assert torch.equal(_e2m1_fast_model(v), e2m1_encode(v))
+
+
+@pytest.mark.gpu
+@given(kind=st.sampled_from(["normal", "lognormal", "ties", "special"]),
+       dtype=st.sampled_from([torch.bfloat16, torch.float16]), rows=st.integers(1, 512),
+       kb=st.integers(1, 128), seed=st.integers(0, 2**30), pad=st.booleans())
+def test_kernel_matches_reference_on_drawn_tiles(kind, dtype, rows, kb, seed, pad):
+    """Rung 2 on the GPU, hypothesis-driven: the `ci` profile draws 40 tiles, `deep`
+    (HYPOTHESIS_PROFILE=deep) 2000 tiles, tens of millions of 16-element blocks."""
+    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from validators.tiles import make_tile, tensor_scale_for
+
+    rows = rows if pad else -(-rows // 16) * 16
+    x = make_tile(kind, rows, 16 * kb, dtype, seed, device="cuda")
+    g = tensor_scale_for(x)
+    q, s = quantize_nvfp4(x, torch.tensor([g], device="cuda"), pad_16x=pad)
+    qr, sr = nvfp4.quantize(x, g, pad_16x=pad)
+    assert torch.equal(q, qr), f"{int((q != qr).sum())} packed bytes differ"
+    assert torch.equal(s.view(torch.uint8), sr.view(torch.uint8))
