@@ -10,7 +10,7 @@ from __future__ import annotations
 from kernels.runtime import cute_modules
 
 cutlass, cute = cute_modules()
-from cutlass import Float32, Int16, Uint32  # noqa: E402
+from cutlass import Float32, Uint32  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 

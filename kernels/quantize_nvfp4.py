@@ -164,7 +164,7 @@ class QuantizeNvfp4Kernel:
 PTRS = ((Uint32, 16), (Uint32, 8), (Uint8, 4), (Float32, 4))  # x words, packed, scales, g
 
 
-def compile_args(dtype=None):
+def compile_args():
     """Arguments for cute.compile offline."""
     from cutlass.cute.runtime import make_fake_stream
 

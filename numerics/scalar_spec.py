@@ -81,13 +81,17 @@ def e2m1_code(v: float) -> int:
     return code | (8 if math.copysign(1.0, v) < 0 else 0)
 
 
+def block_scale(amax: float, g: float) -> tuple[int, float]:
+    """The block's E4M3 scale (code, value) from its NaN-ignoring amax and the tensor scale g."""
+    d = fmul(fmul(amax, float(_F32(1.0) / _F32(6.0))), rcp(g))
+    d = 448.0 if math.isnan(d) else min(d, 448.0)
+    return e4m3_round(d)
+
+
 def quantize_block(xs: list[float], g: float) -> tuple[int, list[int]]:
     """One 16-element block (values already exact in fp32) -> (scale code, 16 E2M1 codes)."""
     finite = [abs(x) for x in xs if not math.isnan(x)]
-    a = max(finite) if finite else math.nan
-    d = fmul(fmul(a, float(_F32(1.0) / _F32(6.0))), rcp(g))
-    d = 448.0 if math.isnan(d) else min(d, 448.0)
-    s8, sf = e4m3_round(d)
+    s8, sf = block_scale(max(finite) if finite else math.nan, g)
     enc = rcp(fmul(g, sf))
     enc = _FLT_MAX if math.isnan(enc) else min(enc, _FLT_MAX)
     return s8, [e2m1_code(fmul(x, enc)) for x in xs]

@@ -36,7 +36,6 @@ for rank 1's partial k; rank 1's split task k waits until rank 0 has consumed pa
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -439,7 +438,3 @@ def decode(table: np.ndarray, counts: np.ndarray) -> list[list[dict]]:
     """Task lists back from the table (for tests): one dict of FIELDS per task."""
     return [[dict(zip(FIELDS, map(int, table[c, i]))) for i in range(int(counts[c]))]
             for c in range(table.shape[0])]
-
-
-def with_options(s_opts: FrameOptions, **kw) -> FrameOptions:
-    return dataclasses.replace(s_opts, **kw)

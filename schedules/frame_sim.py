@@ -47,7 +47,6 @@ class SimResult:
     makespan_us: float
     critical_path: dict  # category -> µs along the critical path
     ring_stall_us: float  # summed over tasks: time spent waiting for weights after other waits
-    phase_end_us: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"makespan_us": self.makespan_us, "critical_path_us": self.critical_path,
@@ -64,7 +63,6 @@ def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = No
     binding: dict = {}  # node -> (category, predecessor node or None, waited µs)
     counter_done = [0.0] * len(s.counter_expect)
     counter_last = [None] * len(s.counter_expect)
-    counter_left = list(s.counter_expect)
     signal_ends: dict = {}  # counter -> list of (end, tile) for per-chunk waits
     ring_stall = 0.0
     bw = costs.bytes_per_us_per_sm
@@ -109,7 +107,6 @@ def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = No
             if ends[node] >= counter_done[t.signal]:
                 counter_done[t.signal] = ends[node]
                 counter_last[t.signal] = node
-            counter_left[t.signal] -= 1
             signal_ends.setdefault(t.signal, []).append((ends[node], t.tile))
     last = max(ends, key=ends.get)
     cp = _critical_path(s, last, starts, ends, binding, costs)

@@ -2,7 +2,6 @@
 deliberately broken schedule that validate() rejects. Plus encoding round trip and the simulator's
 calibration against the seed's measured frame."""
 import copy
-import dataclasses
 
 import pytest
 from hypothesis import given, settings

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numerics import nvfp4
-from numerics.formats import (BF16, E4M3, FP16, Format, e2m1_decode, e2m1_encode, e4m3_decode,
+from numerics.formats import (BF16, FP16, Format, e2m1_decode, e2m1_encode, e4m3_decode,
                               e4m3_encode, fmul_ftz, round_to_format)
 from numerics.rcp import correction_table, rcp_approx
 

@@ -13,7 +13,7 @@ import math
 import torch
 
 from numerics import nvfp4, scalar_spec
-from numerics.formats import RN_ONE_SIXTH, Format, e2m1_encode, round_to_format
+from numerics.formats import Format, e2m1_encode, round_to_format
 from validators.base import RungResult, check, mismatch_detail
 
 NAME = "adversarial"
@@ -140,13 +140,7 @@ def sweep_scales(dtype, device="cpu", quantize=nvfp4.quantize,
 
 
 def _scalar_scales(amaxes, g) -> torch.Tensor:
-    r = scalar_spec.rcp(g)
-    res = []
-    for a in amaxes:
-        d = scalar_spec.fmul(scalar_spec.fmul(a, RN_ONE_SIXTH), r)
-        d = 448.0 if math.isnan(d) else min(d, 448.0)
-        res.append(scalar_spec.e4m3_round(d)[0])
-    return torch.tensor(res, dtype=torch.uint8)
+    return torch.tensor([scalar_spec.block_scale(a, g)[0] for a in amaxes], dtype=torch.uint8)
 
 
 def mufu_stress(device="cpu", quantize=nvfp4.quantize, n_g=24, seed=0) -> dict:

@@ -217,9 +217,10 @@ def list_summaries(directory: Path | None = None) -> list[Path]:
 
 
 def _flatten(obj, prefix=""):
+    """Nested headline dicts as dotted keys: {"a": {"b": 1}} -> ("a.b", 1)."""
     if isinstance(obj, dict):
         for k, v in obj.items():
-            yield from _flatten(v, f"{prefix}{k}." if not isinstance(v, (dict,)) else f"{prefix}{k}.")
+            yield from _flatten(v, f"{prefix}{k}.")
     else:
         yield prefix.rstrip("."), obj
 
