@@ -208,3 +208,60 @@ def f16_lo(word: Uint32, *, loc=None, ip=None) -> Float32:
 def f16_hi(word: Uint32, *, loc=None, ip=None) -> Float32:
     return Float32(_asm(T.f32(), [Uint32(word)], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; "
                         "cvt.f32.f16 $0, h; }", "=f,r", loc, ip))
+
+
+# ---- dequantisation (P0 consumer): E2M1 codes x E4M3 scale -> exact f16 -------------------------
+# An E2M1 code s.e1e0.m placed as the E4M3 byte s.00e1e0.m00 is worth exactly 2^-6 times the
+# E2M1 value (subnormal m/2 maps to the E4M3 subnormal m·2^-7), and Hopper converts E4M3 pairs to
+# f16 in one instruction. Multiplying by 64·scale (exact in f16, <= 28672) then yields e2m1·scale
+# exactly: at most 6 significant bits, between 2^-10 and 2688, always an f16 normal or zero.
+
+@dsl_user_op
+def prmt(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
+    """``prmt.b32``: bytes of {b, a} picked by the four selector nibbles."""
+    return Uint32(_asm(T.i32(), [Uint32(a), Uint32(b)], f"prmt.b32 $0, $1, $2, {selector:#x};",
+                       "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def e2m1_bytes_as_e4m3(w: Uint32, *, loc=None, ip=None) -> Uint32:
+    """The high nibble of each byte of ``w`` (sign at bit 7) as an E4M3 byte worth 2^-6·e2m1."""
+    return Uint32(_asm(T.i32(), [Uint32(w)],
+                       "{ .reg .b32 t; shr.b32 t, $1, 2; and.b32 t, t, 0x1C1C1C1C; "
+                       "lop3.b32 $0, $1, 0x80808080, t, 0xEA; }", "=r,r", loc, ip))
+
+
+@dsl_user_op
+def e4m3x2_times_f16x2(word: Uint32, high_half: bool, scale: Uint32, *, loc=None,
+                       ip=None) -> Uint32:
+    """Two E4M3 bytes (the low or high 16 bits of ``word``) as f16x2, times the f16x2 ``scale``."""
+    pick = "hi" if high_half else "lo"
+    text = ("{ .reg .b16 lo, hi; .reg .b32 h; mov.b32 {lo, hi}, $1; "
+            f"cvt.rn.f16x2.e4m3x2 h, {pick}; mul.rn.f16x2 $0, h, $2; }}")
+    return Uint32(_asm(T.i32(), [Uint32(word), Uint32(scale)], text, "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def e4m3x2_scales_x64(pair: Uint32, *, loc=None, ip=None) -> Uint32:
+    """Two E4M3 scale bytes (low 16 bits) as f16x2 (s0·64, s1·64), exact."""
+    text = ("{ .reg .b16 lo, hi; .reg .b32 h, k; mov.b32 {lo, hi}, $1; mov.b32 k, 0x54005400; "
+            "cvt.rn.f16x2.e4m3x2 h, lo; mul.rn.f16x2 $0, h, k; }")
+    return Uint32(_asm(T.i32(), [Uint32(pair)], text, "=r,r", loc, ip))
+
+
+def dequant_e2m1_word(w, scale_x64):
+    """Eight packed E2M1 codes (``hi_first``: element 2j in the high nibble of byte j) times one
+    block scale -> four f16x2 words in element order. ``scale_x64``: f16x2 (64·s, 64·s)."""
+    even = e2m1_bytes_as_e4m3(w)  # elements 0, 2, 4, 6
+    odd = e2m1_bytes_as_e4m3(w << Uint32(4))  # elements 1, 3, 5, 7
+    lo = prmt(even, odd, 0x5140)  # bytes of elements 0..3
+    hi = prmt(even, odd, 0x7362)  # elements 4..7
+    return (e4m3x2_times_f16x2(lo, False, scale_x64), e4m3x2_times_f16x2(lo, True, scale_x64),
+            e4m3x2_times_f16x2(hi, False, scale_x64), e4m3x2_times_f16x2(hi, True, scale_x64))
+
+
+@dsl_user_op
+def bf16x2_rn(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
+    """``cvt.rn.bf16x2.f32``: two fp32 values rounded to nearest-even bf16, ``lo`` in bits 0-15."""
+    return Uint32(_asm(T.i32(), [Float32(hi), Float32(lo)], "cvt.rn.bf16x2.f32 $0, $1, $2;",
+                       "=r,f,f", loc, ip))

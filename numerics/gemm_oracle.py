@@ -28,13 +28,15 @@ U32 = 2.0**-23
 
 
 def operand_integers(packed: torch.Tensor, scales: torch.Tensor, rows: int, K: int,
-                     hi_first: bool = True) -> torch.Tensor:
-    """int64 [rows, K]: (e2m1 · s) · 2^10, exact. Raises on NaN scales."""
+                     hi_first: bool = True, row_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [rows, K] (or [len(row_ids), K]): (e2m1 · s) · 2^10, exact, on the operands'
+    device. Raises on NaN scales."""
     from numerics.formats import e2m1_decode
 
-    codes = unpack_codes(packed[:rows].cpu(), hi_first)[:, :K]
+    sel = torch.arange(rows, device=packed.device) if row_ids is None else row_ids.to(packed.device)
+    codes = unpack_codes(packed[sel], hi_first)[:, :K]
     two_e = (e2m1_decode(codes, torch.float64) * 2).to(torch.int64)
-    s8 = from_blocked(scales.view(torch.uint8).cpu(), scales.shape[0], scales.shape[1])[:rows]
+    s8 = from_blocked(scales.view(torch.uint8), scales.shape[0], scales.shape[1])[sel]
     sv = e4m3_decode(s8[:, : K // BLOCK]).to(torch.float64)
     if torch.isnan(sv).any():
         raise ValueError("scales hold NaN (0x7F/0xFF): the GEMM output is NaN, not checkable")
@@ -43,12 +45,24 @@ def operand_integers(packed: torch.Tensor, scales: torch.Tensor, rows: int, K: i
 
 
 def exact_sums(a_int: torch.Tensor, b_int: torch.Tensor) -> torch.Tensor:
-    """I [M, N] int64 with Σ_k a_k b_k = I · 2^-20 exactly."""
-    return a_int @ b_int.T
+    """I [M, N] int64 with Σ_k a_k b_k = I · 2^-20 exactly, on the operands' device.
+
+    |a_int|, |b_int| < 2^22. Splitting b = b_hi·2^11 + b_lo (|b_hi|, |b_lo| <= 2^11) keeps every
+    partial sum of a·b_hi and a·b_lo an integer below 2^33·K < 2^53 for K < 2^20, so two float64
+    matmuls are exact in any summation order (GPU tensor cores included); int64 recombines them.
+    """
+    if a_int.shape[1] >= 2**20:
+        raise ValueError("K >= 2^20: the float64 split is no longer exact")
+    b_lo = torch.remainder(b_int, 2048)
+    b_hi = (b_int - b_lo) // 2048
+    a64 = a_int.to(torch.float64)
+    s_hi = (a64 @ b_hi.to(torch.float64).T).to(torch.int64)
+    s_lo = (a64 @ b_lo.to(torch.float64).T).to(torch.int64)
+    return s_hi * 2048 + s_lo
 
 
 def abs_sums(a_int: torch.Tensor, b_int: torch.Tensor) -> torch.Tensor:
-    return a_int.abs() @ b_int.abs().T
+    return exact_sums(a_int.abs(), b_int.abs())
 
 
 def _round_fraction_bf16(q: Fraction) -> float:
@@ -108,9 +122,10 @@ def fp32_error_bound(I: torch.Tensor, I_abs: torch.Tensor, alpha: float, K: int)
     return pre_round + ulp / 2 + exact * 2.0**-50  # last term: float64 slack of `exact`
 
 
-def reference_gemm(a_q, a_s, b_q, b_s, g_a, g_b, M: int, N: int, K: int):
-    """(D_exact bf16-valued float32 [M, N], alpha·S as float64, bound float64) for checking."""
-    a_int = operand_integers(a_q, a_s, M, K)
+def reference_gemm(a_q, a_s, b_q, b_s, g_a, g_b, M: int, N: int, K: int, row_ids=None):
+    """(D_exact bf16-valued float32 [M, N], alpha·S as float64, bound float64) for checking;
+    only rows ``row_ids`` of A when given. Runs on the operands' device."""
+    a_int = operand_integers(a_q, a_s, M, K, row_ids=row_ids)
     b_int = operand_integers(b_q, b_s, N, K)
     I = exact_sums(a_int, b_int)
     alpha = float(torch.tensor(float(g_a), dtype=torch.float32)

@@ -70,11 +70,22 @@ class CompileReport:
         local_ops = len(re.findall(r"\b(LDL|STL)\b", self.sass)) if self.sass else 0
         return frame + local_ops
 
+    @property
+    def spill_loads(self) -> int:
+        """LDL instructions in SASS: a spilled register must be reloaded, while a stack frame that
+        only holds ``printf`` arguments (e.g. a timeout message) is written with STL, never read."""
+        return len(re.findall(r"\bLDL\b", self.sass)) if self.sass else 0
+
+    @property
+    def frame_bytes(self) -> int:
+        return sum(k.frame_bytes for k in self.kernels)
+
     def summary(self) -> dict:
         return {
             "arch": self.arch,
             "registers": self.registers,
             "spill_bytes": self.spill_bytes,
+            "spill_loads": self.spill_loads,
             "static_smem_bytes": max((k.static_smem_bytes for k in self.kernels), default=0),
             "kernels": [k.__dict__ for k in self.kernels],
             "census": self.census,

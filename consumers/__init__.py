@@ -1,0 +1,1 @@
+"""consumers: modules that turn a producer stage into MMA work."""

@@ -1,0 +1,206 @@
+"""P0: persistent, warp-specialised block-scaled NVFP4 GEMM for sm_90a, composed of modules.
+
+    D[m, n] = RN_bf16(alpha · Σ_k a[m,k] b[n,k]),  a = e2m1·sA, b = e2m1·sB,  alpha = gA·gB (fp32)
+
+The shell owns the CTA: shared storage, mbarriers, the persistent tile loop and warp roles. The
+work is done by three modules passed in (each documents its contract):
+
+* producer (:class:`producers.tma_prepacked.TmaPrepackedProducer`): warp 0 streams packed
+  operands and scales by TMA into a ring of ``stages`` stages (``full``/``empty`` mbarriers);
+* consumer (:class:`consumers.dequant_wgmma.DequantWgmmaConsumer`): warpgroups 1-2 expand each
+  stage to exact f16 tiles in smem and run wgmma into fp32 accumulators;
+* epilogue (:class:`epilogues.alpha_bf16.AlphaBf16Epilogue`): alpha, one bf16 rounding, store.
+
+Roles (384 threads): warpgroup 0 drops to 40 registers (only its warp 0 works); warpgroups 1-2
+raise to 232. Pipelines:
+  packed ring  TMA warp -> consumers   full[s]: 1 arrive + stage bytes; empty[s]: 8 warp arrives
+  f16 buffers  consumers -> wgmma      writer fence.proxy.async + named barrier 1 (256 threads)
+Tiles are visited by CUTLASS's static persistent scheduler (grid = min(tiles, SMs)); every role
+walks the same sequence. All mbarrier waits are bounded (:mod:`kernels.sync_sm90`).
+"""
+from __future__ import annotations
+
+from consumers.dequant_wgmma import F16_BUFFERS, TILE_K, DequantWgmmaConsumer
+from epilogues.alpha_bf16 import AlphaBf16Epilogue
+from kernels.runtime import cute_modules
+from kernels.sync_sm90 import ring_position, wait_parity
+from producers.tma_prepacked import TmaPrepackedProducer
+
+cutlass, cute = cute_modules()
+import cutlass.utils as utils  # noqa: E402
+from cutlass import Float16, Float32, Int32, Int64, Uint8, Uint16, Uint32  # noqa: E402
+from cutlass.cute.nvgpu import cpasync  # noqa: E402
+
+WARPGROUP = 128
+PRODUCER_REGS, CONSUMER_REGS = 40, 232
+SMEM_CAPACITY = 232448  # sm_90 opt-in maximum per CTA
+
+
+class BlockscaledGemmSm90:
+    """Static config: tile_n (128 or 256; tile_m is 128), packed ring depth, the three modules."""
+
+    def __init__(self, tile_n: int = 256, stages: int = 4, producer=None, consumer=None,
+                 epilogue=None, raster_along_m: bool = True, swizzle: int = 1):
+        self.tile_m, self.tile_n, self.stages = 128, tile_n, stages
+        self.producer = producer or TmaPrepackedProducer(self.tile_m, tile_n)
+        self.consumer = consumer or DequantWgmmaConsumer(self.tile_m, tile_n)
+        self.epilogue = epilogue or AlphaBf16Epilogue()
+        self.raster_along_m, self.swizzle = raster_along_m, swizzle
+        self.threads = WARPGROUP + self.consumer.threads
+        f16_bytes = (self.tile_m + tile_n) * TILE_K * 2 * F16_BUFFERS
+        self.smem_bytes = stages * self.producer.stage_bytes + f16_bytes + 2048
+        if self.smem_bytes > SMEM_CAPACITY:
+            raise ValueError(f"tile_n={tile_n}, stages={stages} needs {self.smem_bytes} B of "
+                             f"shared memory (> {SMEM_CAPACITY})")
+
+    def describe(self) -> dict:
+        return {"tile": [self.tile_m, self.tile_n, TILE_K], "stages": self.stages,
+                "f16_buffers": F16_BUFFERS, "threads": self.threads,
+                "smem_bytes": self.smem_bytes, "raster_along_m": self.raster_along_m,
+                "swizzle": self.swizzle}
+
+    @cute.jit
+    def __call__(self, a_ptr: cute.Pointer, sfa_ptr: cute.Pointer, b_ptr: cute.Pointer,
+                 sfb_ptr: cute.Pointer, ga_ptr: cute.Pointer, gb_ptr: cute.Pointer,
+                 d_ptr: cute.Pointer, M: Int32, N: Int32, k32: Int32, max_ctas: Int32, stream):
+        mA, mB, mSFA, mSFB = self.producer.global_views(a_ptr, sfa_ptr, b_ptr, sfb_ptr, M, N, k32)
+        n2 = N // 2  # D as uint32 column pairs (N is a multiple of 8)
+        mD = cute.make_tensor(cute.recast_ptr(d_ptr, dtype=Uint32),
+                              cute.make_layout((M, n2), stride=(n2, 1)))
+        mG = (cute.make_tensor(ga_ptr, cute.make_layout(1)),
+              cute.make_tensor(gb_ptr, cute.make_layout(1)))
+        tma = self.producer.make_tma(mA, mB, mSFA, mSFB, self.stages)
+        tiled_mma = self.consumer.tiled_mma()
+        lay_fa, lay_fb = self.consumer.smem_layouts()
+        lay_qa, lay_qb, lay_sa, lay_sb = self.producer.smem_layouts(self.stages)
+        stages = self.stages
+
+        @cute.struct
+        class SharedStorage:
+            full: cute.struct.MemRange[Int64, stages]
+            empty: cute.struct.MemRange[Int64, stages]
+            f16_a: cute.struct.Align[cute.struct.MemRange[Float16, cute.cosize(lay_fa)], 1024]
+            f16_b: cute.struct.Align[cute.struct.MemRange[Float16, cute.cosize(lay_fb)], 1024]
+            q_a: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(lay_qa)], 128]
+            q_b: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(lay_qb)], 128]
+            s_a: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(lay_sa)], 128]
+            s_b: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(lay_sb)], 128]
+
+        self.shared_storage = SharedStorage
+        m_tiles = (M + self.tile_m - 1) // self.tile_m
+        n_tiles = (N + self.tile_n - 1) // self.tile_n
+        sched = utils.PersistentTileSchedulerParams((m_tiles, n_tiles, 1), (1, 1, 1),
+                                                    swizzle_size=self.swizzle,
+                                                    raster_along_m=self.raster_along_m)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_ctas)
+        self.kernel(tma, tiled_mma, mD, mG, sched, (k32 + 1) // 2).launch(
+            grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma, tiled_mma: cute.TiledMma, mD: cute.Tensor, mG, sched_params,
+               k_tiles: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        full = storage.full.data_ptr()
+        empty = storage.empty.data_ptr()
+        if warp == 0:
+            for atom, _ in tma:
+                cpasync.prefetch_descriptor(atom)
+            with cute.arch.elect_one():
+                for s in cutlass.range_constexpr(self.stages):
+                    cute.arch.mbarrier_init(full + s, 1)
+                    cute.arch.mbarrier_init(empty + s, self.consumer.threads // 32)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        q_a, q_b, s_a, s_b = self.producer.smem_layouts(self.stages)
+        sQA = storage.q_a.get_tensor(q_a)
+        sQB = storage.q_b.get_tensor(q_b)
+        sSA = storage.s_a.get_tensor(s_a)
+        sSB = storage.s_b.get_tensor(s_b)
+        f16_a, f16_b = self.consumer.smem_layouts()
+        sA = storage.f16_a.get_tensor(f16_a.outer, swizzle=f16_a.inner)
+        sB = storage.f16_b.get_tensor(f16_b.outer, swizzle=f16_b.inner)
+
+        tile_sched = utils.StaticPersistentTileScheduler.create(
+            sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = tile_sched.initial_work_tile_info()
+
+        if warp < 4:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp == 0:
+                parts = self.producer.partition(tma, (sQA, sQB, sSA, sSB))
+                count = Int32(0)
+                while work.is_valid_tile:
+                    m_idx, n_idx, _ = work.tile_idx
+                    count = self.producer.load_tile(parts, full, empty, m_idx, n_idx, k_tiles,
+                                                    count, self.stages)
+                    tile_sched.advance_to_next_work()
+                    work = tile_sched.get_current_work()
+        else:
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            ct = tidx - WARPGROUP
+            wg = ct // WARPGROUP
+            lane = tidx % 32
+            thr_mma = tiled_mma.get_slice(wg * WARPGROUP)
+            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            tile_mn = (self.tile_m, self.tile_n)
+            acc = cute.make_rmem_tensor(
+                thr_mma.partition_C(cute.make_identity_tensor(tile_mn)).shape, Float32)
+            alpha = mG[0][0] * mG[1][0]
+            # raw word views for the dequant loads and swizzled stores
+            q_words_a = self._word_view(storage.q_a.data_ptr(), cute.cosize(q_a))
+            q_words_b = self._word_view(storage.q_b.data_ptr(), cute.cosize(q_b))
+            sf_a = cute.make_tensor(cute.recast_ptr(storage.s_a.data_ptr(), dtype=Uint16),
+                                    cute.make_layout(cute.cosize(s_a) // 2))
+            sf_b = cute.make_tensor(cute.recast_ptr(storage.s_b.data_ptr(), dtype=Uint16),
+                                    cute.make_layout(cute.cosize(s_b) // 2))
+            f_words_a = self._word_view(storage.f16_a.data_ptr(), cute.cosize(f16_a) * 2)
+            f_words_b = self._word_view(storage.f16_b.data_ptr(), cute.cosize(f16_b) * 2)
+            count = Int32(0)
+            while work.is_valid_tile:
+                m_idx, n_idx, _ = work.tile_idx
+                acc.fill(0.0)
+                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                for kt in cutlass.range(k_tiles, unroll=1):
+                    s, ph = ring_position(count, self.stages)
+                    buf = count % F16_BUFFERS
+                    wait_parity(full + s, ph, "full (consumer)", s)
+                    self.consumer.dequant_rows(ct, self.tile_m, q_words_a, sf_a, f_words_a, s, buf)
+                    self.consumer.dequant_rows(ct, self.tile_n, q_words_b, sf_b, f_words_b, s, buf)
+                    # our f16 stores -> wgmma (async proxy); our packed reads -> the next TMA
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(empty + s)
+                    cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer.threads)
+                    self.consumer.mma(tiled_mma, acc, tCrA, tCrB, buf)
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    count = count + 1
+                cute.nvgpu.warpgroup.wait_group(0)
+                self.epilogue.store(acc, alpha, thr_mma, tile_mn, mD, m_idx * self.tile_m,
+                                    n_idx * self.tile_n)
+                tile_sched.advance_to_next_work()
+                work = tile_sched.get_current_work()
+
+    @staticmethod
+    def _word_view(byte_ptr, nbytes: int):
+        """(4 words, 16-byte chunk) view of a 16-byte-aligned smem byte range."""
+        words = cute.recast_ptr(byte_ptr, dtype=Uint32)
+        return cute.make_tensor(words, cute.make_layout((4, nbytes // 16), stride=(1, 4)))
+
+
+PTRS = ((Uint8, 16), (Uint8, 16), (Uint8, 16), (Uint8, 16), (Float32, 4), (Float32, 4),
+        (cutlass.BFloat16, 16))  # a, sfa, b, sfb, gA, gB, d
+
+
+def compile_args(M: int = 256, N: int = 512, K: int = 256):
+    """Arguments for cute.compile offline (placeholder addresses, never dereferenced)."""
+    from cutlass.cute.runtime import make_fake_stream
+
+    from kernels.runtime import pointer_args
+
+    return (*pointer_args(PTRS), Int32(M), Int32(N), Int32(K // 32), Int32(132),
+            make_fake_stream())

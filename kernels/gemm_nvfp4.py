@@ -1,0 +1,119 @@
+"""``gemm_nvfp4``: the P0 block-scaled NVFP4 GEMM from torch, every input checked before launch.
+
+Operands are Comfy Kitchen's prepacked NVFP4 (``numerics.nvfp4.quantize`` / the quantize kernel):
+packed codes uint8 [rows, K/2] (element 2i in the high nibble), E4M3 scales in the cuBLAS 128x4
+swizzle [roundup(rows, 128), roundup(K/16, 4)], and an fp32 tensor scale per operand.
+"""
+from __future__ import annotations
+
+from kernels.blockscaled_gemm_sm90 import PTRS, BlockscaledGemmSm90
+from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
+                             pointer_args, require_hopper, sm_count)
+
+cutlass, cute = cute_modules()
+from cutlass import Int32  # noqa: E402
+
+ROW_TILE = 128  # rows of a scale tile; a row slice must start on one
+
+
+def default_config(M: int, N: int) -> BlockscaledGemmSm90:
+    """tile_n 256 when there are enough tiles to fill the GPU, else 128 (twice the CTAs)."""
+    tiles_256 = -(-M // ROW_TILE) * -(-N // 256)
+    if tiles_256 >= 2 * sm_count():
+        return BlockscaledGemmSm90(tile_n=256, stages=4)
+    return BlockscaledGemmSm90(tile_n=128, stages=8)
+
+
+def _scale_shape(rows: int, K: int) -> tuple[int, int]:
+    return (-(-rows // ROW_TILE) * ROW_TILE, -(-(K // 16) // 4) * 4)
+
+
+def _check_operand(name: str, q, s, device):
+    import torch
+
+    check_cuda_tensor(f"{name}_q", q, dtypes=(torch.uint8,))
+    check_cuda_tensor(f"{name}_s", s, dtypes=(torch.float8_e4m3fn, torch.uint8))
+    if q.dim() != 2:
+        raise ValueError(f"{name}_q must be 2-D [rows, K/2]; got shape {tuple(q.shape)}")
+    if q.device != device or s.device != device:
+        raise ValueError(f"{name}_q and {name}_s must be on {device} with the other operands")
+    rows, kh = q.shape
+    if rows == 0:
+        raise ValueError(f"{name}_q has no rows")
+    if kh % 16:
+        raise ValueError(f"{name}_q has K/2 = {kh} bytes per row; K must be a multiple of 32 "
+                         "(rows are fetched by TMA in 16-byte units)")
+    need = _scale_shape(rows, 2 * kh)
+    if tuple(s.shape) != need:
+        raise ValueError(f"{name}_s has shape {tuple(s.shape)}; {name}_q [{rows}, {kh}] needs "
+                         f"the swizzled scale shape {list(need)}")
+    return rows, 2 * kh
+
+
+def _tensor_scale(name: str, g, device):
+    import torch
+
+    if isinstance(g, (int, float)):
+        return torch.tensor([float(g)], dtype=torch.float32, device=device)
+    check_cuda_tensor(name, g, dtypes=(torch.float32,), align=4)
+    if g.numel() != 1:
+        raise ValueError(f"{name} must hold one fp32 value; it has {g.numel()}")
+    if g.device != device:
+        raise ValueError(f"{name} is on {g.device}; the operands are on {device}")
+    return g
+
+
+def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows):
+    """All checks, in order; returns (M, N, K, r0, r1, g_a, g_b). Raises before any launch."""
+    import torch
+
+    require_hopper()
+    if not isinstance(a_q, torch.Tensor):
+        raise TypeError(f"a_q must be a torch.Tensor, got {type(a_q).__name__}")
+    device = a_q.device
+    M, K = _check_operand("a", a_q, a_s, device)
+    N, Kb = _check_operand("b", b_q, b_s, device)
+    if K != Kb:
+        raise ValueError(f"K mismatch: a_q holds K = {K}, b_q holds K = {Kb}")
+    if N % 8:
+        raise ValueError(f"N = {N} must be a multiple of 8 (16-byte output rows)")
+    r0, r1 = (0, M) if rows is None else (int(rows[0]), int(rows[1]))
+    if not 0 <= r0 < r1 <= M:
+        raise ValueError(f"rows = ({r0}, {r1}) must satisfy 0 <= r0 < r1 <= M = {M}")
+    if r0 % ROW_TILE:
+        raise ValueError(f"rows start r0 = {r0} must be a multiple of {ROW_TILE} "
+                         "(scales are swizzled in 128-row tiles)")
+    if (r1 - r0) * N // 2 >= 2**31 or M * K // 2 >= 2**40:
+        raise ValueError("problem too large for the kernel's 32-bit output indexing")
+    g_a = _tensor_scale("g_a", g_a, device)
+    g_b = _tensor_scale("g_b", g_b, device)
+    if out is not None:
+        check_cuda_tensor("out", out, dtypes=(torch.bfloat16,))
+        if tuple(out.shape) != (r1 - r0, N):
+            raise ValueError(f"out has shape {tuple(out.shape)}; need [{r1 - r0}, {N}]")
+        if out.device != device:
+            raise ValueError(f"out is on {out.device}; the operands are on {device}")
+    return M, N, K, r0, r1, g_a, g_b
+
+
+def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
+               config: BlockscaledGemmSm90 | None = None):
+    """D = RN_bf16(g_a·g_b · Σ_k a_k b_k) for rows [r0, r1) of A (all rows by default): bf16
+    [r1 - r0, N]. ``rows`` slices A without a copy (r0 a multiple of 128); ``out`` receives D.
+    Compiled kernels are cached per (tile_n, stages)."""
+    import torch
+
+    M, N, K, r0, r1, g_a, g_b = validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows)
+    m = r1 - r0
+    if out is None:
+        out = torch.empty(m, N, dtype=torch.bfloat16, device=a_q.device)
+    config = config or default_config(m, N)
+    a_rows = a_q[r0:r1]
+    a_scales = a_s.view(torch.uint8)[r0:]  # whole 128-row tiles from r0 on
+    ptrs = pointer_args(PTRS, (a_rows, a_scales, b_q, b_s.view(torch.uint8), g_a, g_b, out))
+    key = ("gemm_nvfp4_sm90", config.tile_n, config.stages, config.raster_along_m,
+           config.swizzle)
+    compiled = cached_compile(key, lambda: cute.compile(
+        config, *ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream()))
+    compiled(*ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream())
+    return out

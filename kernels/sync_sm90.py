@@ -1,0 +1,50 @@
+"""Bounded waits for warp-specialised kernels: no spin-wait may hang the GPU.
+
+Every wait on an mbarrier goes through :func:`wait_parity`: ``mbarrier.try_wait.parity`` (which
+already suspends the thread for a hardware-chosen time) in a loop that reads ``%globaltimer`` and,
+after ``TIMEOUT_NS``, prints which barrier, stage and phase it was waiting for, then traps. A trap
+kills the launch with an error the host sees (cudaErrorLaunchFailure) instead of a hung process.
+
+Phase convention (CUTLASS's): each role counts its uses of a ring; use ``n`` is stage ``n % S``
+with parity ``(n // S) & 1``. A consumer waits on "full" for that parity; a producer waits on
+"empty" for the opposite parity, which a fresh barrier satisfies at once.
+"""
+from __future__ import annotations
+
+from kernels.runtime import cute_modules
+
+cutlass, cute = cute_modules()
+from cutlass import Int32, Int64  # noqa: E402
+from cutlass._mlir.dialects import llvm  # noqa: E402
+from cutlass.cutlass_dsl import dsl_user_op  # noqa: E402
+
+TIMEOUT_NS = 2_000_000_000  # 2 s: far beyond any legitimate wait in these kernels
+
+
+@dsl_user_op
+def trap(*, loc=None, ip=None) -> None:
+    llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@cute.jit
+def wait_parity(mbar: cute.Pointer, parity: Int32, what: cutlass.Constexpr[str], stage: Int32):
+    """Wait until the mbarrier at ``mbar`` completes the phase with ``parity``, or trap."""
+    done = cute.arch.mbarrier_try_wait(mbar, parity)
+    if not done:
+        start = cute.arch.globaltimer()
+        while not done:
+            done = cute.arch.mbarrier_try_wait(mbar, parity)
+            if not done:
+                if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
+                    tid, _, _ = cute.arch.thread_idx()
+                    bid, _, _ = cute.arch.block_idx()
+                    cute.printf("TIMEOUT: CTA %d thread %d waited 2 s on " + what
+                                + " barrier, stage %d, parity %d", bid, tid, stage, parity)
+                    trap()
+
+
+
+def ring_position(count: Int32, stages: int):
+    """(stage index, phase parity) of the ``count``-th use of a ring of ``stages`` buffers."""
+    return count % stages, (count // stages) & 1
