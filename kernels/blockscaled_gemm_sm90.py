@@ -62,13 +62,15 @@ class BlockscaledGemmSm90:
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, sfa_ptr: cute.Pointer, b_ptr: cute.Pointer,
                  sfb_ptr: cute.Pointer, ga_ptr: cute.Pointer, gb_ptr: cute.Pointer,
-                 d_ptr: cute.Pointer, M: Int32, N: Int32, k32: Int32, max_ctas: Int32, stream):
+                 d_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, M: Int32, N: Int32, k32: Int32,
+                 max_ctas: Int32, stream):
         mA, mB, mSFA, mSFB = self.producer.global_views(a_ptr, sfa_ptr, b_ptr, sfb_ptr, M, N, k32)
         n2 = N // 2  # D as uint32 column pairs (N is a multiple of 8)
         mD = cute.make_tensor(cute.recast_ptr(d_ptr, dtype=Uint32),
                               cute.make_layout((M, n2), stride=(n2, 1)))
         mG = (cute.make_tensor(ga_ptr, cute.make_layout(1)),
               cute.make_tensor(gb_ptr, cute.make_layout(1)))
+        mailbox = cute.make_tensor(mailbox_ptr, cute.make_layout(8))
         tma = self.producer.make_tma(mA, mB, mSFA, mSFB, self.stages)
         tiled_mma = self.consumer.tiled_mma()
         lay_fa, lay_fb = self.consumer.smem_layouts()
@@ -93,12 +95,12 @@ class BlockscaledGemmSm90:
                                                     swizzle_size=self.swizzle,
                                                     raster_along_m=self.raster_along_m)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_ctas)
-        self.kernel(tma, tiled_mma, mD, mG, sched, (k32 + 1) // 2).launch(
+        self.kernel(tma, tiled_mma, mD, mG, mailbox, sched, (k32 + 1) // 2).launch(
             grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     @cute.kernel
-    def kernel(self, tma, tiled_mma: cute.TiledMma, mD: cute.Tensor, mG, sched_params,
-               k_tiles: Int32):
+    def kernel(self, tma, tiled_mma: cute.TiledMma, mD: cute.Tensor, mG, mailbox: cute.Tensor,
+               sched_params, k_tiles: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
@@ -135,7 +137,7 @@ class BlockscaledGemmSm90:
                 while work.is_valid_tile:
                     m_idx, n_idx, _ = work.tile_idx
                     count = self.producer.load_tile(parts, full, empty, m_idx, n_idx, k_tiles,
-                                                    count, self.stages)
+                                                    count, self.stages, mailbox)
                     tile_sched.advance_to_next_work()
                     work = tile_sched.get_current_work()
         else:
@@ -143,9 +145,10 @@ class BlockscaledGemmSm90:
             ct = tidx - WARPGROUP
             wg = ct // WARPGROUP
             lane = tidx % 32
-            thr_mma = tiled_mma.get_slice(wg * WARPGROUP)
-            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            wg_mma = tiled_mma.get_slice(wg * WARPGROUP)  # smem descriptors: one per warpgroup
+            thr_mma = tiled_mma.get_slice(ct)  # accumulator registers: one per thread
+            tCrA = tiled_mma.make_fragment_A(wg_mma.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(wg_mma.partition_B(sB))
             tile_mn = (self.tile_m, self.tile_n)
             acc = cute.make_rmem_tensor(
                 thr_mma.partition_C(cute.make_identity_tensor(tile_mn)).shape, Float32)
@@ -167,7 +170,7 @@ class BlockscaledGemmSm90:
                 for kt in cutlass.range(k_tiles, unroll=1):
                     s, ph = ring_position(count, self.stages)
                     buf = count % F16_BUFFERS
-                    wait_parity(full + s, ph, "full (consumer)", s)
+                    wait_parity(full + s, ph, 0, s, mailbox)
                     self.consumer.dequant_rows(ct, self.tile_m, q_words_a, sf_a, f_words_a, s, buf)
                     self.consumer.dequant_rows(ct, self.tile_n, q_words_b, sf_b, f_words_b, s, buf)
                     # our f16 stores -> wgmma (async proxy); our packed reads -> the next TMA
@@ -193,7 +196,7 @@ class BlockscaledGemmSm90:
 
 
 PTRS = ((Uint8, 16), (Uint8, 16), (Uint8, 16), (Uint8, 16), (Float32, 4), (Float32, 4),
-        (cutlass.BFloat16, 16))  # a, sfa, b, sfb, gA, gB, d
+        (cutlass.BFloat16, 16), (Int32, 4))  # a, sfa, b, sfb, gA, gB, d, diagnostics mailbox
 
 
 def compile_args(M: int = 256, N: int = 512, K: int = 256):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kernels.blockscaled_gemm_sm90 import PTRS, BlockscaledGemmSm90
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                             pointer_args, require_hopper, sm_count)
+                             diagnostics_mailbox, pointer_args, require_hopper, sm_count)
 
 cutlass, cute = cute_modules()
 from cutlass import Int32  # noqa: E402
@@ -110,7 +110,8 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     config = config or default_config(m, N)
     a_rows = a_q[r0:r1]
     a_scales = a_s.view(torch.uint8)[r0:]  # whole 128-row tiles from r0 on
-    ptrs = pointer_args(PTRS, (a_rows, a_scales, b_q, b_s.view(torch.uint8), g_a, g_b, out))
+    ptrs = pointer_args(PTRS, (a_rows, a_scales, b_q, b_s.view(torch.uint8), g_a, g_b, out,
+                               diagnostics_mailbox()))
     key = ("gemm_nvfp4_sm90", config.tile_n, config.stages, config.raster_along_m,
            config.swizzle)
     compiled = cached_compile(key, lambda: cute.compile(

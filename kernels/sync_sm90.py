@@ -1,9 +1,13 @@
 """Bounded waits for warp-specialised kernels: no spin-wait may hang the GPU.
 
 Every wait on an mbarrier goes through :func:`wait_parity`: ``mbarrier.try_wait.parity`` (which
-already suspends the thread for a hardware-chosen time) in a loop that reads ``%globaltimer`` and,
-after ``TIMEOUT_NS``, prints which barrier, stage and phase it was waiting for, then traps. A trap
-kills the launch with an error the host sees (cudaErrorLaunchFailure) instead of a hung process.
+already suspends the thread for a hardware-chosen time) in a loop that reads ``%globaltimer``.
+After ``TIMEOUT_NS`` it writes what it was waiting for — barrier id, stage, parity, CTA, thread —
+into the diagnostics mailbox (pinned host memory, so it survives the dead context) and traps.
+The host turns the mailbox into a message (:func:`kernels.runtime.synchronize`).
+
+No ``printf`` here: a call in the kernel makes ptxas serialise every wgmma (each one followed by
+``WARPGROUP.DEPBAR``), which halves the GEMM's speed.
 
 Phase convention (CUTLASS's): each role counts its uses of a ring; use ``n`` is stage ``n % S``
 with parity ``(n // S) & 1``. A consumer waits on "full" for that parity; a producer waits on
@@ -28,8 +32,10 @@ def trap(*, loc=None, ip=None) -> None:
 
 
 @cute.jit
-def wait_parity(mbar: cute.Pointer, parity: Int32, what: cutlass.Constexpr[str], stage: Int32):
-    """Wait until the mbarrier at ``mbar`` completes the phase with ``parity``, or trap."""
+def wait_parity(mbar: cute.Pointer, parity: Int32, barrier_id: cutlass.Constexpr[int],
+                stage: Int32, mailbox: cute.Tensor):
+    """Wait until the mbarrier at ``mbar`` completes the phase with ``parity``, or report
+    (``BARRIER_NAMES[barrier_id]``, stage, parity, CTA, thread) in ``mailbox`` and trap."""
     done = cute.arch.mbarrier_try_wait(mbar, parity)
     if not done:
         start = cute.arch.globaltimer()
@@ -39,11 +45,17 @@ def wait_parity(mbar: cute.Pointer, parity: Int32, what: cutlass.Constexpr[str],
                 if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
                     tid, _, _ = cute.arch.thread_idx()
                     bid, _, _ = cute.arch.block_idx()
-                    cute.printf("TIMEOUT: CTA %d thread %d waited 2 s on " + what
-                                + " barrier, stage %d, parity %d", bid, tid, stage, parity)
+                    for i, v in enumerate((Int32(barrier_id), stage, parity, bid, tid)):
+                        mailbox[i + 1] = v
+                    cute.arch.fence_acq_rel_sys()
+                    mailbox[0] = Int32(MAILBOX_MAGIC)
+                    cute.arch.fence_acq_rel_sys()
                     trap()
 
 
+MAILBOX_MAGIC = 0x7130E007
+BARRIER_NAMES = {0: "full (consumer waiting for the producer's stage)",
+                 1: "empty (producer waiting for consumers to release a stage)"}
 
 def ring_position(count: Int32, stages: int):
     """(stage index, phase parity) of the ``count``-th use of a ring of ``stages`` buffers."""

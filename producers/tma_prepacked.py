@@ -98,12 +98,12 @@ class TmaPrepackedProducer:
 
     @cute.jit
     def load_tile(self, parts, full, empty, m_idx: Int32, n_idx: Int32, k_tiles: Int32,
-                  count: Int32, stages: cutlass.Constexpr[int]) -> Int32:
+                  count: Int32, stages: cutlass.Constexpr[int], mailbox: cute.Tensor) -> Int32:
         """Issue every k-block of one output tile; returns the ring use count after it."""
         (a_atom, a_g, a_s), (b_atom, b_g, b_s), (sa_atom, sa_g, sa_s), (sb_atom, sb_g, sb_s) = parts
         for kt in cutlass.range(k_tiles, unroll=1):
             s, ph = ring_position(count, stages)
-            wait_parity(empty + s, ph ^ 1, "empty (producer)", s)
+            wait_parity(empty + s, ph ^ 1, 1, s, mailbox)
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(full + s, self.stage_bytes)
             bar = full + s

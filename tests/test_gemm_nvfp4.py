@@ -49,8 +49,9 @@ def test_p0_compiles_with_the_instructions_we_meant(tile_n, stages):
     assert r.census["setmaxnreg"] == 2 and r.census["fence.proxy.async"] >= 1
     assert r.ptx.count("cvt.rn.f16x2.e4m3x2") >= 16 and "ld.shared.v4" in r.ptx
     assert r.ptx.count("st.shared.v4") >= 4 and "st.global.b32" in r.ptx
-    # the only stack is the bounded waits' printf argument buffer: no register is spilled
-    assert r.sass and r.spill_loads == 0 and r.frame_bytes <= 32
+    assert r.sass and r.spill_bytes == 0
+    # no call in the kernel: ptxas would serialise every wgmma (a DEPBAR after each HGMMA)
+    assert "CALL" not in r.sass and r.sass.count("WARPGROUP.DEPBAR") <= 2
     assert r.registers <= 232
     if r.sass:
         assert f"HGMMA.64x{tile_n}x16.F32" in r.sass
