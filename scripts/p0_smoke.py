@@ -17,7 +17,7 @@ def check(M, N, K, tile_n, kinds=("normal", "normal")):
           f"bad={int((~(err <= bound)).sum())} exact={float((out.double()==d.double()).float().mean()):.4f} "
           f"({time.time()-t:.1f}s)", flush=True)
 
-for args in [(128, 256, 64, 256), (130, 264, 96, 128), (256, 512, 1024, 256), (300, 520, 1056, 128)]:
+for args in [(130, 264, 96, 128), (300, 520, 1056, 256)]:
     check(*args)
 
 def bench(fn, iters=20):
@@ -34,6 +34,7 @@ def bench(fn, iters=20):
 
 for M, N, K in [(128, 5376, 5376), (128, 21504, 5376), (2048, 21504, 5376), (2048, 5376, 14336), (8192, 21504, 5376)]:
     a = make_operand("normal", M, K, 1, "cuda"); b = make_operand("normal", N, K, 2, "cuda")
+    a = (a[0], a[1], torch.tensor([a[2]], device="cuda")); b = (b[0], b[1], torch.tensor([b[2]], device="cuda"))
     out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16); w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     tb = bench(lambda: torch.nn.functional.linear(x, w))
