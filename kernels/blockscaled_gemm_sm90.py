@@ -39,8 +39,16 @@ SMEM_CAPACITY = 232448  # sm_90 opt-in maximum per CTA
 class BlockscaledGemmSm90:
     """Static config: tile_n (128 or 256; tile_m is 128), packed ring depth, the three modules."""
 
+    ABLATIONS = (None, "no_dequant", "no_mma")
+
     def __init__(self, tile_n: int = 256, stages: int = 4, producer=None, consumer=None,
-                 epilogue=None, raster_along_m: bool = True, swizzle: int = 1):
+                 epilogue=None, raster_along_m: bool = True, swizzle: int = 1,
+                 ablate: str | None = None):
+        """``ablate`` (measurement only, wrong results): "no_dequant" skips the f16 expansion,
+        "no_mma" skips the wgmmas, to time each half of the mainloop on its own."""
+        if ablate not in self.ABLATIONS:
+            raise ValueError(f"ablate={ablate!r}; choose from {self.ABLATIONS}")
+        self.ablate = ablate
         self.tile_m, self.tile_n, self.stages = 128, tile_n, stages
         self.producer = producer or TmaPrepackedProducer(self.tile_m, tile_n)
         self.consumer = consumer or DequantWgmmaConsumer(self.tile_m, tile_n)
@@ -55,6 +63,7 @@ class BlockscaledGemmSm90:
 
     def describe(self) -> dict:
         return {"tile": [self.tile_m, self.tile_n, TILE_K], "stages": self.stages,
+                "ablate": self.ablate,
                 "f16_buffers": F16_BUFFERS, "threads": self.threads,
                 "smem_bytes": self.smem_bytes, "raster_along_m": self.raster_along_m,
                 "swizzle": self.swizzle}
@@ -171,16 +180,20 @@ class BlockscaledGemmSm90:
                     s, ph = ring_position(count, self.stages)
                     buf = count % F16_BUFFERS
                     wait_parity(full + s, ph, 0, s, mailbox)
-                    self.consumer.dequant_rows(ct, self.tile_m, q_words_a, sf_a, f_words_a, s, buf)
-                    self.consumer.dequant_rows(ct, self.tile_n, q_words_b, sf_b, f_words_b, s, buf)
+                    if cutlass.const_expr(self.ablate != "no_dequant"):
+                        self.consumer.dequant_rows(ct, self.tile_m, q_words_a, sf_a, f_words_a, s,
+                                                   buf)
+                        self.consumer.dequant_rows(ct, self.tile_n, q_words_b, sf_b, f_words_b, s,
+                                                   buf)
                     # our f16 stores -> wgmma (async proxy); our packed reads -> the next TMA
                     cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.sync_warp()
                     if lane == 0:
                         cute.arch.mbarrier_arrive(empty + s)
                     cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer.threads)
-                    self.consumer.mma(tiled_mma, acc, tCrA, tCrB, buf)
-                    cute.nvgpu.warpgroup.wait_group(1)
+                    if cutlass.const_expr(self.ablate != "no_mma"):
+                        self.consumer.mma(tiled_mma, acc, tCrA, tCrB, buf)
+                        cute.nvgpu.warpgroup.wait_group(1)
                     count = count + 1
                 cute.nvgpu.warpgroup.wait_group(0)
                 self.epilogue.store(acc, alpha, thr_mma, tile_mn, mD, m_idx * self.tile_m,
