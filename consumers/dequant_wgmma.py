@@ -34,13 +34,15 @@ ROW_WORDS = TILE_K * 2 // 4  # one 64-element f16 row = 128 B = 32 words = 8 swi
 
 
 class DequantWgmmaConsumer:
-    """Static config: CTA tile (tile_m = 128: two warpgroups of 64 rows; tile_n in 64..256)."""
+    """Static config: CTA tile (tile_m, tile_n) in {(128, 128), (128, 256), (256, 128)}: the two
+    warpgroups split M in 64-row slabs (128 accumulator registers per thread at most), and every
+    tile covers whole 128-row scale tiles."""
+
+    TILES = ((128, 128), (128, 256), (256, 128))
 
     def __init__(self, tile_m: int, tile_n: int):
-        if tile_m != 128:
-            raise ValueError("tile_m must be 128 (two consumer warpgroups of 64 rows)")
-        if tile_n not in (128, 256):
-            raise ValueError("tile_n must be 128 or 256 (whole 128-row scale tiles per B tile)")
+        if (tile_m, tile_n) not in self.TILES:
+            raise ValueError(f"tile ({tile_m}, {tile_n}) not supported; choose from {self.TILES}")
         self.tile_m, self.tile_n = tile_m, tile_n
         self.threads = CONSUMER_THREADS
 

@@ -37,11 +37,12 @@ SMEM_CAPACITY = 232448  # sm_90 opt-in maximum per CTA
 
 
 class BlockscaledGemmSm90:
-    """Static config: tile_n (128 or 256; tile_m is 128), packed ring depth, the three modules."""
+    """Static config: CTA tile (tile_m, tile_n), packed ring depth, the three modules."""
 
     ABLATIONS = (None, "no_dequant", "no_mma")
 
-    def __init__(self, tile_n: int = 256, stages: int = 4, producer=None, consumer=None,
+    def __init__(self, tile_n: int = 256, stages: int = 4, tile_m: int = 128, producer=None,
+                 consumer=None,
                  epilogue=None, raster_along_m: bool = True, swizzle: int = 1,
                  ablate: str | None = None):
         """``ablate`` (measurement only, wrong results): "no_dequant" skips the f16 expansion,
@@ -49,7 +50,7 @@ class BlockscaledGemmSm90:
         if ablate not in self.ABLATIONS:
             raise ValueError(f"ablate={ablate!r}; choose from {self.ABLATIONS}")
         self.ablate = ablate
-        self.tile_m, self.tile_n, self.stages = 128, tile_n, stages
+        self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
         self.producer = producer or TmaPrepackedProducer(self.tile_m, tile_n)
         self.consumer = consumer or DequantWgmmaConsumer(self.tile_m, tile_n)
         self.epilogue = epilogue or AlphaBf16Epilogue()

@@ -14,11 +14,17 @@ def run(M, N, K, configs):
     for kw in configs:
         cfg = BlockscaledGemmSm90(**kw)
         t = bench(lambda: gemm_nvfp4(*a, *b, out=out, config=cfg), graph=True).median_us
-        kb = -(-K // 64); tiles = -(-M // 128) * -(-N // cfg.tile_n)
+        kb = -(-K // 64); tiles = -(-M // cfg.tile_m) * -(-N // cfg.tile_n)
         per_kb = t / (-(-tiles // 132) * kb)
         print(f"M={M} N={N} K={K} {kw}: {t:.1f} us (cuBLAS {tb:.1f}, ratio {tb/t:.2f}); "
               f"{per_kb*1e3:.0f} ns per k-block per CTA", flush=True)
 
-for M, N, K in [(128, 5376, 5376), (2048, 21504, 5376)]:
-    run(M, N, K, [dict(tile_n=tn, stages=st, ablate=ab) for tn, st in ((128, 8), (256, 4))
-                  for ab in (None, "no_dequant", "no_mma")])
+import sys
+if "--tiles" in sys.argv:  # tile-shape sweep at compute-bound sizes
+    for M, N, K in [(2048, 21504, 5376), (2048, 5376, 14336), (8192, 14336, 5376)]:
+        run(M, N, K, [dict(tile_m=tm, tile_n=tn, stages=st) for tm, tn, st in
+                      ((128, 256, 4), (256, 128, 4), (256, 128, 3))])
+else:
+    for M, N, K in [(128, 5376, 5376), (2048, 21504, 5376)]:
+        run(M, N, K, [dict(tile_n=tn, stages=st, ablate=ab) for tn, st in ((128, 8), (256, 4))
+                      for ab in (None, "no_dequant", "no_mma")])

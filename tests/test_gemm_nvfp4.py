@@ -37,13 +37,14 @@ def test_odd_nibble_path_shifts_into_place():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("tile_n,stages", [(256, 4), (128, 8)])
-def test_p0_compiles_with_the_instructions_we_meant(tile_n, stages):
+@pytest.mark.parametrize("tile_m,tile_n,stages", [(128, 256, 4), (128, 128, 8), (256, 128, 4)])
+def test_p0_compiles_with_the_instructions_we_meant(tile_m, tile_n, stages):
     from kernels.blockscaled_gemm_sm90 import BlockscaledGemmSm90, compile_args
     from workbench.compile import compile_report
 
-    r = compile_report(BlockscaledGemmSm90(tile_n=tile_n, stages=stages), *compile_args())
-    assert r.census["wgmma.mma_async"] == 4, "4 k16 wgmmas per 64-wide k-block"
+    r = compile_report(BlockscaledGemmSm90(tile_n=tile_n, stages=stages, tile_m=tile_m),
+                       *compile_args())
+    assert r.census["wgmma.mma_async"] == 4 * tile_m // 128, "4 k16 per 64-row slab and k-block"
     assert f"m64n{tile_n}k16.f32.f16.f16" in r.ptx
     assert r.census["cp.async.bulk.tensor"] == 4, "TMA for codes A, B and scales A, B"
     assert r.census["setmaxnreg"] == 2 and r.census["fence.proxy.async"] >= 1
@@ -82,14 +83,14 @@ def _check(out, a, b, M, N, K, row_ids=None):
                                    ("cancel", "cancel")])
 @pytest.mark.parametrize("shape", [(1, 8, 32), (130, 264, 96), (300, 520, 1056),
                                    (256, 1024, 5376)])
-@pytest.mark.parametrize("tile_n", [128, 256])
-def test_p0_within_fp32_bound_and_deterministic(kinds, shape, tile_n):
+@pytest.mark.parametrize("tile", [(128, 128), (128, 256), (256, 128)])
+def test_p0_within_fp32_bound_and_deterministic(kinds, shape, tile):
     from kernels.blockscaled_gemm_sm90 import BlockscaledGemmSm90
     from kernels.gemm_nvfp4 import gemm_nvfp4
 
     M, N, K = shape
-    a, b = _operands(*kinds, M, N, K, seed=M * 7 + N + K + tile_n)
-    cfg = BlockscaledGemmSm90(tile_n=tile_n, stages=4)
+    a, b = _operands(*kinds, M, N, K, seed=M * 7 + N + K + tile[1] + tile[0] // 2)
+    cfg = BlockscaledGemmSm90(tile_m=tile[0], tile_n=tile[1], stages=4)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
     gemm_nvfp4(*a, *b, out=out, config=cfg)
     _check(out, a, b, M, N, K)
