@@ -41,6 +41,11 @@ NOTES = {
                   "limit. Predicted 0.65-0.8 of cuBLAS bf16 at M >= 2048, and at M = 128 a "
                   "latency-bound 1.3-1.6 µs per k-block on 42-84 CTAs (no split-K), i.e. slower "
                   "than cuBLAS on out/fc2 and about even on qkv/fc1.",
+    "outcome": "v1 measured 0.67-0.80 of cuBLAS bf16 at M = 2048, 0.74-0.75 at M = 37810 and "
+               "0.33-0.73 at M = 128 (out/fc2 worst); e2e vs Comfy 1.39-2.99x / 1.01-1.13x / "
+               "0.84-1.06x. Ablations (notes/p0-gemm.md): without the dequant the shell runs at "
+               "1.10x cuBLAS; the dequant alone takes ~94 % of the MMA time and overlaps it only "
+               "partly (shared issue slots and smem bandwidth). 256x128 tiles: 5-7 % slower.",
 }
 
 
