@@ -22,7 +22,7 @@ RUNG_TITLES = {
 # what each phase's rungs exercise beyond the numerics reference, and which issue builds it
 PENDING = {
     "numerics": {},
-    "p0": {2: "P0 block-scaled GEMM not built yet (issue #4)"},
+    "p0": {3: "real projections need the H3 model's weights and activations (P3)"},
     "p1": {2: "P1 software A producer not built yet (depends on P0, issue #4)"},
     "p2": {2: "P2 ring producer not built yet (depends on P0/P1)"},
     "frame": {1: "depth frame kernel not built yet (issues #5, #6)"},
@@ -65,6 +65,10 @@ def _rungs(phase: str, quick: bool, device: str):
                         quantize=lambda x, g: kernel(x, _gtensor(g))))
         elif rung == 2:
             yield lambda: rung2_randomized.run(quick=quick, device=device, kernel=kernel)
+            if phase == "p0":
+                from validators import rung2_p0_gemm
+
+                yield lambda: rung2_p0_gemm.run(quick=quick)
 
 
 def _gtensor(g):
