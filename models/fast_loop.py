@@ -1,0 +1,230 @@
+"""The fast depth loop: the baseline a fused frame must beat (issue #5).
+
+Same semantics as :func:`models.codepredictor.depth_loop` (codes equal under teacher forcing,
+logits within bf16 noise), restructured for speed:
+
+* pre-projected embedding tables: P·E[i][g] + b is a row gather from a [vocab, 1024] table
+  computed once, not a 2048 -> 1024 GEMV per step (and the same for the Talker's E_t[g0]);
+* fused projections: one [4096, 1024] QKV weight and one [6144, 1024] gate/up weight per layer;
+* a static KV cache [layers, R, kv_heads, 16, head_dim] written in place at the position, with
+  attention over all 16 slots under a position mask, so every step has the same shapes;
+* one position per pass: the reference's pass 0 (positions 0 and 1 together) becomes two
+  single-position passes, which is the same causal computation (one extra weight read per frame,
+  1/15 more traffic, in exchange for a single compiled step);
+* ``torch.compile`` of the per-position step (RMSNorm, q/k norm, RoPE, KV append, attention,
+  SwiGLU fused into Triton kernels around cuBLAS GEMMs) and of the draw (Philox, Gumbel, argmax,
+  top-k by ``topk`` instead of a full sort);
+* the whole frame captured as one CUDA graph per row bucket (1, 2, 4, ..., 128).
+
+On a CPU (tests) everything runs eagerly.
+"""
+from __future__ import annotations
+
+import torch
+
+from models.codepredictor import CodePredictorWeights, LoopOutput, rms_norm, rope_tables
+from models.philox import uniform
+from models.sampler import Sampler
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def bucket_for(rows: int) -> int:
+    for b in BUCKETS:
+        if rows <= b:
+            return b
+    raise ValueError(f"{rows} rows exceed the largest bucket ({BUCKETS[-1]})")
+
+
+class FastWeights:
+    """Weights rearranged for the fast loop (built once from CodePredictorWeights)."""
+
+    def __init__(self, w: CodePredictorWeights):
+        cfg = w.config
+        self.config = cfg
+        self.qkv = [torch.cat([lw.wq, lw.wk, lw.wv], 0).contiguous() for lw in w.layers]
+        self.gate_up = [torch.cat([lw.gate, lw.up], 0).contiguous() for lw in w.layers]
+        self.wo = [lw.wo for lw in w.layers]
+        self.down = [lw.down for lw in w.layers]
+        self.in_norm = [lw.in_norm for lw in w.layers]
+        self.post_norm = [lw.post_norm for lw in w.layers]
+        self.q_norm = [lw.q_norm for lw in w.layers]
+        self.k_norm = [lw.k_norm for lw in w.layers]
+        self.final_norm = w.final_norm
+        self.proj_w, self.proj_b = w.proj_w, w.proj_b
+        self.embed_proj = torch.stack([e @ w.proj_w.T + w.proj_b for e in w.embeds])
+        self.talker_embed_proj = w.talker_embed @ w.proj_w.T + w.proj_b
+        self.embeds = torch.stack(w.embeds)  # raw Talker-space rows for the Talker sum
+        self.talker_embed = w.talker_embed
+        self.heads = w.heads
+        dev, dt = w.final_norm.device, w.final_norm.dtype
+        cos, sin = rope_tables(cfg, torch.arange(cfg.positions, device=dev), dt, dev)
+        self.cos, self.sin = cos, sin  # [16, head_dim]
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def position_step(x, pos, k_cache, v_cache, fw_lists, cos, sin, final_norm, cfg_tuple):
+    """All layers for one position: x [R, hidden] -> (x, final-normed x). Writes K/V at ``pos``
+    (int64 [1]) into the caches [layers, R, kv_heads, 16, head_dim]."""
+    qkv_w, wo, gate_up, down, in_norm, post_norm, q_norm, k_norm = fw_lists
+    q_heads, kv_heads, head_dim, eps, inter = cfg_tuple
+    R = x.shape[0]
+    slots = k_cache.shape[3]
+    c = cos.index_select(0, pos).view(1, 1, head_dim)
+    s = sin.index_select(0, pos).view(1, 1, head_dim)
+    valid = (torch.arange(slots, device=x.device) <= pos).view(1, 1, 1, slots)
+    rep = q_heads // kv_heads
+    for li in range(len(qkv_w)):
+        a = rms_norm(x, in_norm[li], eps)
+        qkv = a @ qkv_w[li].T
+        q = qkv[:, : q_heads * head_dim].view(R, q_heads, head_dim)
+        k = qkv[:, q_heads * head_dim: (q_heads + kv_heads) * head_dim].view(R, kv_heads, head_dim)
+        v = qkv[:, (q_heads + kv_heads) * head_dim:].view(R, kv_heads, head_dim)
+        q = rms_norm(q, q_norm[li], eps)
+        k = rms_norm(k, k_norm[li], eps)
+        q = q * c + _rotate_half(q) * s
+        k = k * c + _rotate_half(k) * s
+        k_cache[li].index_copy_(2, pos, k.view(R, kv_heads, 1, head_dim))
+        v_cache[li].index_copy_(2, pos, v.view(R, kv_heads, 1, head_dim))
+        K = k_cache[li].to(torch.float32)  # [R, kv, slots, d]
+        qg = q.view(R, kv_heads, rep, head_dim).to(torch.float32)
+        scores = (qg @ K.transpose(-1, -2)) * head_dim ** -0.5  # [R, kv, rep, slots]
+        scores = scores.masked_fill(~valid, float("-inf"))
+        p = torch.softmax(scores, dim=-1).to(x.dtype)
+        attn = (p @ v_cache[li]).reshape(R, q_heads * head_dim)
+        x = x + attn @ wo[li].T
+        a = rms_norm(x, post_norm[li], eps)
+        gu = a @ gate_up[li].T
+        x = x + (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]) @ down[li].T
+    return x, rms_norm(x, final_norm, eps)
+
+
+def draw_topk(logits, temperature, top_k, seed, offset, kmax: int):
+    """The reference sampler's draw (T, top-k with ties, Philox Gumbel-max; top-p off) with the
+    k-th value from ``topk(kmax)`` instead of a full sort: the same value, so the same codes."""
+    s = logits.to(torch.float32)
+    V = s.shape[1]
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).view(-1, 1)
+    s = s / t
+    k = torch.clamp(top_k, 0, V)
+    k = torch.where(k == 0, torch.full_like(k, V), k)
+    top = torch.topk(s, kmax, dim=-1).values
+    kth = top.gather(1, (torch.clamp(k, max=kmax) - 1).view(-1, 1))
+    s = torch.where(s < kth, torch.full_like(s, float("-inf")), s)
+    u = uniform(seed, offset, V)
+    noisy = s.to(torch.float64) - torch.log(-torch.log(u))
+    sampled = torch.argmax(noisy, dim=-1)
+    greedy = torch.argmax(s, dim=-1)
+    return torch.where(temperature > 0, sampled, greedy)
+
+
+class FastLoop:
+    """One frame for a fixed row bucket; ``compile`` and ``graph`` on a CUDA device.
+
+    ``sampler``: a :class:`Sampler` whose ``fused_draw_args()`` is not None and whose top-p is
+    off, or None for greedy. Call with (h [R, talker_hidden], g0 [R]) and optionally ``codes``
+    [R, 15] (teacher forcing; only when built with ``teacher_forced=True``).
+    """
+
+    def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
+                 compile: bool | None = None, graph: bool | None = None,
+                 teacher_forced: bool = False):
+        cfg = fw.config
+        dev = fw.final_norm.device
+        cuda = dev.type == "cuda"
+        self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
+        self.teacher_forced = teacher_forced
+        if sampler is not None:
+            args = sampler.fused_draw_args()
+            if args is None or sampler.uses["top_p"]:
+                raise ValueError("the fast loop draws T / top-k only: this sampler needs the plain "
+                                 "path (penalty, min-p, top-p, logprobs, eager or CPU)")
+            self.kmax = int(sampler.top_k.max().item()) or cfg.vocab
+            self.kmax = min(self.kmax, cfg.vocab)
+        dt = fw.final_norm.dtype
+        L, H, D = cfg.layers, cfg.kv_heads, cfg.head_dim
+        self.k_cache = torch.zeros(L, rows, H, cfg.positions, D, device=dev, dtype=dt)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.h = torch.zeros(rows, cfg.talker_hidden, device=dev, dtype=dt)
+        self.g0 = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.codes_in = torch.zeros(rows, cfg.heads_drawn, dtype=torch.int64, device=dev)
+        self.codes = torch.zeros(rows, cfg.heads_drawn, dtype=torch.int64, device=dev)
+        self.logits = torch.zeros(rows, cfg.heads_drawn, cfg.vocab, device=dev)
+        self.used = torch.zeros(rows, cfg.groups, cfg.talker_hidden, device=dev, dtype=dt)
+        self.talker_sum = torch.zeros(rows, cfg.talker_hidden, device=dev, dtype=dt)
+        self.positions = [torch.tensor([p], device=dev) for p in range(cfg.positions)]
+        self.lists = (fw.qkv, fw.wo, fw.gate_up, fw.down, fw.in_norm, fw.post_norm, fw.q_norm,
+                      fw.k_norm)
+        self.cfg_tuple = (cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.intermediate)
+        use_compile = cuda if compile is None else compile
+        self.step = torch.compile(position_step) if use_compile else position_step
+        self.draw = torch.compile(draw_topk) if use_compile else draw_topk
+        self.graph = None
+        if cuda if graph is None else graph:
+            self._capture()
+
+    # ---- one frame, eagerly (also what the graph captures) -------------------------------------
+    def _frame(self):
+        fw, cfg = self.fw, self.cfg
+        R = self.rows
+        x0 = self.h @ fw.proj_w.T + fw.proj_b
+        e0 = fw.talker_embed.index_select(0, self.g0)
+        self.used[:, 0].copy_(e0)
+        inputs = [x0, fw.talker_embed_proj.index_select(0, self.g0)]
+        for p in range(cfg.positions):
+            x = inputs[p] if p < 2 else fw.embed_proj[p - 2].index_select(0, g)
+            _, normed = self.step(x, self.positions[p], self.k_cache, self.v_cache, self.lists,
+                                  fw.cos, fw.sin, fw.final_norm, self.cfg_tuple)
+            if p == 0:
+                continue
+            s = p - 1  # this position predicts g_{s+1}
+            logits = (normed @ fw.heads[s].T).to(torch.float32)
+            self.logits[:, s].copy_(logits)
+            if self.teacher_forced:
+                g = self.codes_in[:, s]
+            elif self.sampler is not None:
+                smp = self.sampler
+                g = self.draw(logits, smp.temperature, smp.top_k, smp.seed, smp.offset, self.kmax)
+                smp.advance_offsets(1)
+            else:
+                g = torch.argmax(logits, dim=-1)
+            self.codes[:, s].copy_(g)
+            self.used[:, s + 1].copy_(fw.embeds[s].index_select(0, g))
+        self.talker_sum.copy_(self.used.sum(1))
+        del R
+
+    def _capture(self):
+        offset0 = self.sampler.offset.clone() if self.sampler is not None else None
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile and warm up outside the graph
+                self._frame()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._frame()
+        if self.sampler is not None:
+            self.sampler.offset.copy_(offset0)
+
+    def __call__(self, h: torch.Tensor, g0: torch.Tensor, codes: torch.Tensor | None = None
+                 ) -> LoopOutput:
+        if h.shape[0] != self.rows or g0.shape[0] != self.rows:
+            raise ValueError(f"this loop is for {self.rows} rows, got h {tuple(h.shape)}, "
+                             f"g0 {tuple(g0.shape)}")
+        if (codes is not None) != self.teacher_forced:
+            raise ValueError("pass codes exactly when the loop was built with teacher_forced=True")
+        self.h.copy_(h)
+        self.g0.copy_(g0)
+        if codes is not None:
+            self.codes_in.copy_(codes)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._frame()
+        kv = [(self.k_cache[i], self.v_cache[i]) for i in range(self.cfg.layers)]
+        return LoopOutput(self.codes, self.talker_sum, kv, self.logits)

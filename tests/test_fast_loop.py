@@ -1,0 +1,96 @@
+"""The fast depth loop against the reference loop: same codes, logits within rounding noise."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.codepredictor import depth_loop, random_weights
+from models.codepredictor_config import QWEN3_TTS_1P7B, CodePredictorConfig
+from models.fast_loop import FastLoop, FastWeights, bucket_for, draw_topk
+from models.sampler import Sampler, SamplerSettings, draw, filtered_scores
+
+TINY = CodePredictorConfig(hidden=64, intermediate=128, layers=2, q_heads=4, kv_heads=2,
+                           head_dim=16, talker_hidden=48, vocab=32)
+
+
+def _inputs(cfg, R, seed=0, device="cpu", dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(R, cfg.talker_hidden, generator=g).to(device=device, dtype=dtype)
+    return h, torch.randint(0, 3072, (R,), generator=g).to(device)
+
+
+def test_fast_loop_greedy_equals_reference_fp64():
+    w = random_weights(TINY, seed=1, dtype=torch.float64)
+    h, g0 = _inputs(TINY, 3, seed=5, dtype=torch.float64)
+    ref = depth_loop(w, h, g0)
+    fast = FastLoop(FastWeights(w), 3)(h, g0)
+    assert torch.equal(fast.codes, ref.codes)
+    # attention scores and softmax are fp32 in both loops (HF's rule), summed in other orders
+    assert torch.allclose(fast.logits, ref.logits, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(fast.talker_sum, ref.talker_sum, rtol=1e-12, atol=1e-12)
+    for (kf, vf), (kr, vr) in zip(fast.kv, ref.kv):
+        assert torch.allclose(kf, kr, atol=1e-5) and torch.allclose(vf, vr, atol=1e-5)
+
+
+def test_fast_loop_teacher_forced_bf16_within_rounding_noise():
+    w32 = random_weights(TINY, seed=2, dtype=torch.float32)
+    h, g0 = _inputs(TINY, 4, seed=6)
+    ref32 = depth_loop(w32, h, g0)
+    w16 = w32.to(dtype=torch.bfloat16)
+    ref16 = depth_loop(w16, h, g0, codes=ref32.codes)
+    fast = FastLoop(FastWeights(w16), 4, teacher_forced=True)(h.to(torch.bfloat16), g0,
+                                                              codes=ref32.codes)
+    assert torch.equal(fast.codes, ref32.codes)
+    noise = (ref16.logits - ref32.logits).norm()
+    assert (fast.logits - ref32.logits).norm() <= 2 * noise + 1e-6
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(0, 40), T=st.sampled_from([0.0, 0.7, 1.3]))
+def test_draw_topk_equals_the_reference_draw(seed, k, T):
+    g = torch.Generator().manual_seed(seed)
+    V, R = 32, 4
+    logits = torch.randn(R, V, generator=g).round(decimals=1)  # ties at the k-th value
+    smp = Sampler(R, SamplerSettings(temperature=T, top_k=k), seeds=[seed % 1000 + i
+                                                                       for i in range(R)])
+    smp.offset += seed % 17
+    ref = draw(filtered_scores(logits, smp.temperature, smp.top_k), smp.temperature, smp.seed,
+               smp.offset)
+    kmax = min(max(k, 1) if k else V, V)
+    got = draw_topk(logits, smp.temperature, smp.top_k, smp.seed, smp.offset, kmax)
+    assert torch.equal(got, ref)
+
+
+def test_bucket_for():
+    assert [bucket_for(r) for r in (1, 3, 64, 65, 128)] == [1, 4, 64, 128, 128]
+    with pytest.raises(ValueError):
+        bucket_for(129)
+
+
+def test_fast_loop_refuses_what_it_cannot_draw():
+    w = random_weights(TINY, seed=3, dtype=torch.float32)
+    with pytest.raises(ValueError):
+        FastLoop(FastWeights(w), 2, Sampler(2))  # a CPU sampler: no fused draw
+    with pytest.raises(ValueError):
+        FastLoop(FastWeights(w), 2)(*_inputs(TINY, 3))  # wrong row count
+
+
+@pytest.mark.gpu
+def test_fast_loop_on_h200_matches_reference_1p7b():
+    w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(w)
+    for R in (1, 5):
+        h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
+        seeds = list(range(100, 100 + R))
+        ref = depth_loop(w, h, g0, sampler=Sampler(R, seeds=seeds, device="cuda"))
+        loop = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"))
+        out = loop(h, g0)
+        # sampled codes agree unless bf16 noise moves a near-tie; most rows/groups must agree
+        agree = float((out.codes == ref.codes).float().mean())
+        assert agree >= 0.8, agree
+        forced = FastLoop(fw, R, teacher_forced=True)(h, g0, codes=ref.codes)
+        w32 = w.to(dtype=torch.float32)
+        ref32 = depth_loop(w32, h.float(), g0, codes=ref.codes)
+        noise = (ref.logits - ref32.logits).norm()
+        assert torch.equal(forced.codes, ref.codes)
+        assert (forced.logits - ref32.logits).norm() <= 2 * noise
