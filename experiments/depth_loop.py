@@ -3,11 +3,15 @@
 Floor: a frame (15 passes, HF schedule) reads 2.486 GB of weights: 518 µs at 4.8 TB/s, 586 µs at
 the 4.24 TB/s copy ceiling, at any row count up to ~190 rows (memory-bound). Each figure here is
 one frame of 15 sampled code groups (T 0.9, top-k 50, counter-based draws), random weights at
-realistic scales, bf16. The "fast loop" of issue #5 (small-M projection kernels, fused norm /
-RoPE / KV append, fused sampling) is not built yet: ``fast_loop_us`` reports the best loop that
-exists, the captured reference, and the targets are judged against it.
+realistic scales, bf16. Three loops in one run: the eager reference, the reference captured as
+one CUDA graph, and the fast loop (models/fast_loop.py: pre-projected embeddings, fused QKV and
+gate/up GEMMs, static KV cache, compiled position step and top-k draw, one graph per bucket).
+The fast loop's weight traffic per frame is 2.486 GB plus one extra layer-stack read (pass 0 split
+into two single-position passes): ~2.63 GB, 620 µs at 4.24 TB/s.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -27,9 +31,11 @@ def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("depth-loop")
     from models.codepredictor import CapturedLoop, depth_loop, random_weights
+    from models.fast_loop import FastLoop, FastWeights
     from models.sampler import Sampler
 
     w = random_weights(seed=args.seed, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(w)
     rows_out, fast = [], {}
     for R_ in (ROWS[:2] if args.quick else ROWS):
         g = torch.Generator(device="cuda").manual_seed(R_)
@@ -40,33 +46,50 @@ def _main(argv) -> int:
                         repeat=False)
         loop = CapturedLoop(w, R_, Sampler(R_, seeds=list(range(R_)), device="cuda"))
         t_graph = bench(lambda: loop(h, g0), warmup_ms=100, rep_ms=500)
-        fast[str(R_)] = round(t_graph.median_us, 1)
+        del loop
+        t0 = time.time()
+        fl = FastLoop(fw, R_, Sampler(R_, seeds=list(range(R_)), device="cuda"))
+        build_s = time.time() - t0
+        t_fast = bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=500)
+        # same frame, same seeds: how often the fast loop draws the reference's code
+        ref = depth_loop(w, h, g0, sampler=Sampler(R_, seeds=list(range(R_)), device="cuda"))
+        fl.sampler.offset.zero_()
+        agree = float((fl(h, g0).codes == ref.codes).float().mean())
+        fast[str(R_)] = round(t_fast.median_us, 1)
         rows_out.append({"rows": R_, "eager": t_eager.as_dict(), "captured": t_graph.as_dict(),
+                         "fast": t_fast.as_dict(), "fast_build_s": build_s,
+                         "fast_codes_equal_reference": agree,
+                         "fast_gbps": FRAME_BYTES / t_fast.median_us / 1e3,
                          "captured_gbps": FRAME_BYTES / t_graph.median_us / 1e3,
                          "eager_gbps": FRAME_BYTES / t_eager.median_us / 1e3})
         progress(f"{R_} rows: eager {t_eager.median_us:.0f} µs, captured "
-                 f"{t_graph.median_us:.0f} µs")
-        del loop
+                 f"{t_graph.median_us:.0f} µs, fast {t_fast.median_us:.0f} µs "
+                 f"(built in {build_s:.0f} s; codes equal {agree:.3f})")
+        del fl
         torch.cuda.empty_cache()
     gates = {}
     if "64" in fast:
         gates["fast_loop<=2000us@64"] = R.gate(fast["64"] <= 2000,
-                                               f"{fast['64']:.0f} µs (captured reference)")
+                                               f"{fast['64']:.0f} µs (fast loop)")
     gates["fast_loop<=1500us@1"] = R.gate(fast["1"] <= 1500, f"{fast['1']:.0f} µs")
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "not built: captured reference reported"},
+                                  "fast_loop": "models/fast_loop.py v1 (torch.compile + graph)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "captured reference ~12-13 ms per frame (a plain captured torch "
-                             "loop measured 11.8-13.4 ms, h200-anchors.md); eager 10x slower.",
-               "outcome": ", ".join(f"{r['rows']} rows {r['captured']['median_us']:.0f} µs"
+        notes={"prediction": "fast loop v1: ~40 kernels per position (cuBLAS GEMMs + inductor "
+                             "fusions + the draw), 16 positions: ~650 kernels at ~2-3 µs plus "
+                             "~0.9 ms of weight streaming at cuBLAS's small-M efficiency: "
+                             "~2-2.5 ms at 1 row, ~2.5-3 ms at 64 rows (targets 1.5 / 2.0 ms).",
+               "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
+                                    f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})
     path = R.write(summary, args.results_dir)
     print(R.format_table([[r["rows"], r["eager"]["median_us"], r["captured"]["median_us"],
-                           r["captured_gbps"]] for r in rows_out],
-                         ["rows", "eager_us", "captured_us", "captured_GB/s"]))
+                           r["fast"]["median_us"], r["fast_gbps"], r["fast_codes_equal_reference"]]
+                          for r in rows_out],
+                         ["rows", "eager_us", "captured_us", "fast_us", "fast_GB/s", "codes="]))
     print(f"wrote {path}")
     return 0
 
