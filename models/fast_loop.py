@@ -11,6 +11,7 @@ logits within bf16 noise), restructured for speed:
 * one position per pass: the reference's pass 0 (positions 0 and 1 together) becomes two
   single-position passes, which is the same causal computation (one extra weight read per frame,
   1/15 more traffic, in exchange for a single compiled step);
+* the CuTe DSL small-M GEMV (kernels/gemv_small_m.py) for every projection at <= 8 rows;
 * ``torch.compile`` of the per-position step (RMSNorm, q/k norm, RoPE, KV append, attention,
   SwiGLU fused into Triton kernels around cuBLAS GEMMs) and of the draw (Philox, Gumbel, argmax,
   top-k by ``topk`` instead of a full sort);
@@ -67,7 +68,15 @@ def _rotate_half(x):
     return torch.cat([-b, a], dim=-1)
 
 
-def position_step(x, pos, k_cache, v_cache, fw_lists, cos, sin, final_norm, cfg_tuple):
+def _mm(a, w, small_m: bool):
+    """a @ w.T: the small-M CuTe DSL GEMV (kernels/gemv_small_m.py) for <= 8 rows on CUDA."""
+    if small_m:
+        return torch.ops.wb.gemv_small_m(a, w)
+    return a @ w.T
+
+
+def position_step(x, pos, k_cache, v_cache, fw_lists, cos, sin, final_norm, cfg_tuple,
+                  small_m: bool = False):
     """All layers for one position: x [R, hidden] -> (x, final-normed x). Writes K/V at ``pos``
     (int64 [1]) into the caches [layers, R, kv_heads, 16, head_dim]."""
     qkv_w, wo, gate_up, down, in_norm, post_norm, q_norm, k_norm = fw_lists
@@ -80,7 +89,7 @@ def position_step(x, pos, k_cache, v_cache, fw_lists, cos, sin, final_norm, cfg_
     rep = q_heads // kv_heads
     for li in range(len(qkv_w)):
         a = rms_norm(x, in_norm[li], eps)
-        qkv = a @ qkv_w[li].T
+        qkv = _mm(a, qkv_w[li], small_m)
         q = qkv[:, : q_heads * head_dim].view(R, q_heads, head_dim)
         k = qkv[:, q_heads * head_dim: (q_heads + kv_heads) * head_dim].view(R, kv_heads, head_dim)
         v = qkv[:, (q_heads + kv_heads) * head_dim:].view(R, kv_heads, head_dim)
@@ -99,10 +108,10 @@ def position_step(x, pos, k_cache, v_cache, fw_lists, cos, sin, final_norm, cfg_
         p = torch.softmax(scores, dim=-1).to(x.dtype).to(torch.float32)
         V = v_cache[li].to(torch.float32).unsqueeze(2)  # [R, kv, 1, slots, d]
         attn = (p.unsqueeze(-1) * V).sum(3).to(x.dtype).reshape(R, q_heads * head_dim)
-        x = x + attn @ wo[li].T
+        x = x + _mm(attn, wo[li], small_m)
         a = rms_norm(x, post_norm[li], eps)
-        gu = a @ gate_up[li].T
-        x = x + (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]) @ down[li].T
+        gu = _mm(a, gate_up[li], small_m)
+        x = x + _mm(torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:], down[li], small_m)
     return x, rms_norm(x, final_norm, eps)
 
 
@@ -135,7 +144,7 @@ class FastLoop:
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  compile: bool | None = None, graph: bool | None = None,
-                 teacher_forced: bool = False):
+                 teacher_forced: bool = False, small_m: bool = True):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -163,6 +172,13 @@ class FastLoop:
         self.lists = (fw.qkv, fw.wo, fw.gate_up, fw.down, fw.in_norm, fw.post_norm, fw.q_norm,
                       fw.k_norm)
         self.cfg_tuple = (cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.intermediate)
+        # the CuTe DSL small-M GEMV for <= 8 rows on the GPU (cuBLAS streams these weights at
+        # 0.4-1.6 TB/s); cuBLAS above, and everywhere on a CPU
+        self.small_m = cuda and rows <= 8 and small_m
+        if self.small_m:
+            from kernels.gemv_small_m import register_torch_op
+
+            register_torch_op()
         use_compile = cuda if compile is None else compile
         self.step = torch.compile(position_step) if use_compile else position_step
         self.draw = torch.compile(draw_topk) if use_compile else draw_topk
@@ -181,11 +197,11 @@ class FastLoop:
         for p in range(cfg.positions):
             x = inputs[p] if p < 2 else fw.embed_proj[p - 2].index_select(0, g)
             _, normed = self.step(x, self.positions[p], self.k_cache, self.v_cache, self.lists,
-                                  fw.cos, fw.sin, fw.final_norm, self.cfg_tuple)
+                                  fw.cos, fw.sin, fw.final_norm, self.cfg_tuple, self.small_m)
             if p == 0:
                 continue
             s = p - 1  # this position predicts g_{s+1}
-            logits = (normed @ fw.heads[s].T).to(torch.float32)
+            logits = _mm(normed, fw.heads[s], self.small_m).to(torch.float32)
             self.logits[:, s].copy_(logits)
             if self.teacher_forced:
                 g = self.codes_in[:, s]

@@ -94,3 +94,32 @@ def test_fast_loop_on_h200_matches_reference_1p7b():
         noise = (ref.logits - ref32.logits).norm()
         assert torch.equal(forced.codes, ref.codes)
         assert (forced.logits - ref32.logits).norm() <= 2 * noise
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("M,K", [(1, 1024), (8, 3072)])
+def test_gemv_compiles_to_16_byte_loads_and_shuffles(M, K):
+    from kernels.gemv_small_m import GemvSmallM, compile_args
+    from workbench.compile import compile_report
+
+    r = compile_report(GemvSmallM(M, K), *compile_args(M, K))
+    assert r.census["ld.global.v4"] == (K // 256) * (M + 1)  # W once, x per row
+    assert r.ptx.count("shfl.sync.bfly") == 5 * M and r.spill_bytes == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("N,K", [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072),
+                                 (2048, 1024), (40, 256)])
+def test_gemv_small_m_matches_fp64(M, N, K):
+    from kernels.gemv_small_m import gemv_small_m
+
+    g = torch.Generator(device="cuda").manual_seed(M * N + K)
+    x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)
+    w = (torch.randn(N, K, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemv_small_m(x, w, out=out)
+    exact = x.double() @ w.double().T
+    # fp32 sums of exact products, one bf16 rounding: |err| <= K·2^-23·Σ|xw| + half a bf16 ulp
+    bound = K * 2.0**-23 * (x.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
+    assert ((out.double() - exact).abs() <= bound).all()
