@@ -116,8 +116,9 @@ def register_torch_op():
     if hasattr(torch.ops, "wb") and hasattr(torch.ops.wb, "gemv_small_m"):
         return torch.ops.wb.gemv_small_m
 
-    @torch.library.custom_op("wb::gemv_small_m", mutates_args=())
-    def _op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    @torch.library.custom_op("wb::gemv_small_m", mutates_args=(),
+                             schema="(Tensor x, Tensor w) -> Tensor")
+    def _op(x, w):
         return gemv_small_m(x.contiguous(), w)
 
     @_op.register_fake
