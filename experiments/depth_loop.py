@@ -78,10 +78,9 @@ def _main(argv) -> int:
                                   "fast_loop": "models/fast_loop.py v1 (torch.compile + graph)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "fast loop v1: ~40 kernels per position (cuBLAS GEMMs + inductor "
-                             "fusions + the draw), 16 positions: ~650 kernels at ~2-3 µs plus "
-                             "~0.9 ms of weight streaming at cuBLAS's small-M efficiency: "
-                             "~2-2.5 ms at 1 row, ~2.5-3 ms at 64 rows (targets 1.5 / 2.0 ms).",
+        notes={"prediction": "fast loop v3: the CuTe DSL small-M GEMV replaces cuBLAS at <= 8 "
+                             "rows: ~2.5 ms of GEMM time at 1 row becomes ~1 ms, so ~3.8 ms "
+                             "(v2 measured 5.21 ms; v1 5.56). History in notes/fast-loop.md.",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})
