@@ -13,9 +13,12 @@ through :func:`kernels.nvfp4_device.dequant_e2m1_word` (~17 instructions per 8 c
 ``st.shared.v4`` at swizzled addresses (conflict-free: the 8 lanes of a store phase hit 8
 different 16-byte columns).
 
-Buffering: f16 tiles are triple-buffered so one named barrier per k-block suffices. Iteration j
-writes buffer j % 3 while wgmma j-1 runs; buffer j % 3 was last read by wgmma j-3, which each
-warpgroup retired (``wait_group(1)`` in iteration j-2) before the barrier of iteration j-1.
+Buffering: B f16 buffers (B >= 3) and one named barrier per k-block. Each warpgroup keeps
+``B - 2`` commit groups in flight (``wait_group(B - 2)`` after issuing). Iteration j writes
+buffer j % B, last read by wgmma j-B; every warpgroup retired that group at the end of iteration
+j-2 (it allows at most B-2 outstanding there) and then arrived at the barrier of iteration j-1,
+which the writer passed. With B = 3 the expansion of k-block j+1 waits for wgmma j-1 to finish;
+with B = 4 it only waits for j-2, so expansion and MMA overlap more, at 1.33x the f16 smem.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.utils import hopper_helpers as sm90_utils  # noqa: E402
 
 TILE_K = 64
-F16_BUFFERS = 3
+F16_BUFFERS = 3  # default
 CONSUMER_THREADS = 256
 ROW_WORDS = TILE_K * 2 // 4  # one 64-element f16 row = 128 B = 32 words = 8 swizzle chunks
 
@@ -40,9 +43,13 @@ class DequantWgmmaConsumer:
 
     TILES = ((128, 128), (128, 256), (256, 128))
 
-    def __init__(self, tile_m: int, tile_n: int):
+    def __init__(self, tile_m: int, tile_n: int, buffers: int = F16_BUFFERS):
         if (tile_m, tile_n) not in self.TILES:
             raise ValueError(f"tile ({tile_m}, {tile_n}) not supported; choose from {self.TILES}")
+        if buffers < 3:
+            raise ValueError(f"buffers = {buffers}: at least 3 f16 buffers (see the module doc)")
+        self.buffers = buffers
+        self.mma_in_flight = buffers - 2
         self.tile_m, self.tile_n = tile_m, tile_n
         self.threads = CONSUMER_THREADS
 
@@ -53,9 +60,9 @@ class DequantWgmmaConsumer:
                                                  (2, 1, 1), tiler_mn=(64, self.tile_n))
 
     def smem_layouts(self):
-        """f16 (A, B) layouts [rows, 64, F16_BUFFERS], 128-byte swizzle, K-major."""
+        """f16 (A, B) layouts [rows, 64, buffers], 128-byte swizzle, K-major."""
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, Float16)
-        return tuple(cute.tile_to_shape(atom, (rows, TILE_K, F16_BUFFERS), order=(0, 1, 2))
+        return tuple(cute.tile_to_shape(atom, (rows, TILE_K, self.buffers), order=(0, 1, 2))
                      for rows in (self.tile_m, self.tile_n))
 
     # ---- device side ----------------------------------------------------------------------

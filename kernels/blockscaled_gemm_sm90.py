@@ -14,13 +14,14 @@ work is done by three modules passed in (each documents its contract):
 Roles (384 threads): warpgroup 0 drops to 40 registers (only its warp 0 works); warpgroups 1-2
 raise to 232. Pipelines:
   packed ring  TMA warp -> consumers   full[s]: 1 arrive + stage bytes; empty[s]: 8 warp arrives
-  f16 buffers  consumers -> wgmma      writer fence.proxy.async + named barrier 1 (256 threads)
+  f16 buffers  consumers -> wgmma      writer fence.proxy.async + named barrier 1 (256 threads);
+               buffers - 2 wgmma commit groups in flight per warpgroup
 Tiles are visited by CUTLASS's static persistent scheduler (grid = min(tiles, SMs)); every role
 walks the same sequence. All mbarrier waits are bounded (:mod:`kernels.sync_sm90`).
 """
 from __future__ import annotations
 
-from consumers.dequant_wgmma import F16_BUFFERS, TILE_K, DequantWgmmaConsumer
+from consumers.dequant_wgmma import TILE_K, DequantWgmmaConsumer
 from epilogues.alpha_bf16 import AlphaBf16Epilogue
 from kernels.runtime import cute_modules
 from kernels.sync_sm90 import ring_position, wait_parity
@@ -41,8 +42,8 @@ class BlockscaledGemmSm90:
 
     ABLATIONS = (None, "no_dequant", "no_mma")
 
-    def __init__(self, tile_n: int = 256, stages: int = 4, tile_m: int = 128, producer=None,
-                 consumer=None,
+    def __init__(self, tile_n: int = 256, stages: int = 4, tile_m: int = 128, buffers: int = 3,
+                 producer=None, consumer=None,
                  epilogue=None, raster_along_m: bool = True, swizzle: int = 1,
                  ablate: str | None = None):
         """``ablate`` (measurement only, wrong results): "no_dequant" skips the f16 expansion,
@@ -52,11 +53,11 @@ class BlockscaledGemmSm90:
         self.ablate = ablate
         self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
         self.producer = producer or TmaPrepackedProducer(self.tile_m, tile_n)
-        self.consumer = consumer or DequantWgmmaConsumer(self.tile_m, tile_n)
+        self.consumer = consumer or DequantWgmmaConsumer(self.tile_m, tile_n, buffers)
         self.epilogue = epilogue or AlphaBf16Epilogue()
         self.raster_along_m, self.swizzle = raster_along_m, swizzle
         self.threads = WARPGROUP + self.consumer.threads
-        f16_bytes = (self.tile_m + tile_n) * TILE_K * 2 * F16_BUFFERS
+        f16_bytes = (self.tile_m + tile_n) * TILE_K * 2 * self.consumer.buffers
         self.smem_bytes = stages * self.producer.stage_bytes + f16_bytes + 2048
         if self.smem_bytes > SMEM_CAPACITY:
             raise ValueError(f"tile_n={tile_n}, stages={stages} needs {self.smem_bytes} B of "
@@ -65,7 +66,7 @@ class BlockscaledGemmSm90:
     def describe(self) -> dict:
         return {"tile": [self.tile_m, self.tile_n, TILE_K], "stages": self.stages,
                 "ablate": self.ablate,
-                "f16_buffers": F16_BUFFERS, "threads": self.threads,
+                "f16_buffers": self.consumer.buffers, "threads": self.threads,
                 "smem_bytes": self.smem_bytes, "raster_along_m": self.raster_along_m,
                 "swizzle": self.swizzle}
 
@@ -179,7 +180,7 @@ class BlockscaledGemmSm90:
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 for kt in cutlass.range(k_tiles, unroll=1):
                     s, ph = ring_position(count, self.stages)
-                    buf = count % F16_BUFFERS
+                    buf = count % self.consumer.buffers
                     wait_parity(full + s, ph, 0, s, mailbox)
                     if cutlass.const_expr(self.ablate != "no_dequant"):
                         self.consumer.dequant_rows(ct, self.tile_m, q_words_a, sf_a, f_words_a, s,
@@ -194,7 +195,7 @@ class BlockscaledGemmSm90:
                     cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer.threads)
                     if cutlass.const_expr(self.ablate != "no_mma"):
                         self.consumer.mma(tiled_mma, acc, tCrA, tCrB, buf)
-                        cute.nvgpu.warpgroup.wait_group(1)
+                        cute.nvgpu.warpgroup.wait_group(self.consumer.mma_in_flight)
                     count = count + 1
                 cute.nvgpu.warpgroup.wait_group(0)
                 self.epilogue.store(acc, alpha, thr_mma, tile_mn, mD, m_idx * self.tile_m,

@@ -112,8 +112,8 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     a_scales = a_s.view(torch.uint8)[r0:]  # whole 128-row tiles from r0 on
     ptrs = pointer_args(PTRS, (a_rows, a_scales, b_q, b_s.view(torch.uint8), g_a, g_b, out,
                                diagnostics_mailbox()))
-    key = ("gemm_nvfp4_sm90", config.tile_m, config.tile_n, config.stages, config.raster_along_m,
-           config.swizzle, config.ablate)
+    key = ("gemm_nvfp4_sm90", config.tile_m, config.tile_n, config.stages,
+           config.consumer.buffers, config.raster_along_m, config.swizzle, config.ablate)
     compiled = cached_compile(key, lambda: cute.compile(
         config, *ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream()))
     compiled(*ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream())

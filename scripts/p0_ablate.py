@@ -20,7 +20,11 @@ def run(M, N, K, configs):
               f"{per_kb*1e3:.0f} ns per k-block per CTA", flush=True)
 
 import sys
-if "--tiles" in sys.argv:  # tile-shape sweep at compute-bound sizes
+if "--buffers" in sys.argv:  # f16 buffer depth: 4 lets expansion run two wgmma groups ahead
+    for M, N, K in [(128, 5376, 5376), (2048, 21504, 5376), (8192, 14336, 5376)]:
+        run(M, N, K, [dict(tile_n=tn, stages=st, buffers=b) for tn, st, b in
+                      ((256, 4, 3), (256, 2, 4), (128, 8, 3), (128, 6, 4))])
+elif "--tiles" in sys.argv:  # tile-shape sweep at compute-bound sizes
     for M, N, K in [(2048, 21504, 5376), (2048, 5376, 14336), (8192, 14336, 5376)]:
         run(M, N, K, [dict(tile_m=tm, tile_n=tn, stages=st) for tm, tn, st in
                       ((128, 256, 4), (256, 128, 4), (256, 128, 3))])
