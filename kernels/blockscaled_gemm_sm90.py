@@ -40,14 +40,16 @@ SMEM_CAPACITY = 232448  # sm_90 opt-in maximum per CTA
 class BlockscaledGemmSm90:
     """Static config: CTA tile (tile_m, tile_n), packed ring depth, the three modules."""
 
-    ABLATIONS = (None, "no_dequant", "no_mma")
+    ABLATIONS = (None, "no_dequant", "no_mma", "stall_producer")
 
     def __init__(self, tile_n: int = 256, stages: int = 4, tile_m: int = 128, buffers: int = 3,
                  producer=None, consumer=None,
                  epilogue=None, raster_along_m: bool = True, swizzle: int = 1,
                  ablate: str | None = None):
         """``ablate`` (measurement only, wrong results): "no_dequant" skips the f16 expansion,
-        "no_mma" skips the wgmmas, to time each half of the mainloop on its own."""
+        "no_mma" skips the wgmmas, to time each half of the mainloop on its own;
+        "stall_producer" (fault injection for the timeout test) announces 16 bytes more than
+        the TMA delivers, so the first "full" barrier never completes and the kernel traps."""
         if ablate not in self.ABLATIONS:
             raise ValueError(f"ablate={ablate!r}; choose from {self.ABLATIONS}")
         self.ablate = ablate
@@ -148,7 +150,8 @@ class BlockscaledGemmSm90:
                 while work.is_valid_tile:
                     m_idx, n_idx, _ = work.tile_idx
                     count = self.producer.load_tile(parts, full, empty, m_idx, n_idx, k_tiles,
-                                                    count, self.stages, mailbox)
+                                                    count, self.stages, mailbox,
+                                                    16 if self.ablate == "stall_producer" else 0)
                     tile_sched.advance_to_next_work()
                     work = tile_sched.get_current_work()
         else:

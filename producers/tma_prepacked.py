@@ -98,14 +98,16 @@ class TmaPrepackedProducer:
 
     @cute.jit
     def load_tile(self, parts, full, empty, m_idx: Int32, n_idx: Int32, k_tiles: Int32,
-                  count: Int32, stages: cutlass.Constexpr[int], mailbox: cute.Tensor) -> Int32:
-        """Issue every k-block of one output tile; returns the ring use count after it."""
+                  count: Int32, stages: cutlass.Constexpr[int], mailbox: cute.Tensor,
+                  extra_tx: cutlass.Constexpr[int] = 0) -> Int32:
+        """Issue every k-block of one output tile; returns the ring use count after it.
+        ``extra_tx`` > 0 only for fault-injection tests (the stage then never completes)."""
         (a_atom, a_g, a_s), (b_atom, b_g, b_s), (sa_atom, sa_g, sa_s), (sb_atom, sb_g, sb_s) = parts
         for kt in cutlass.range(k_tiles, unroll=1):
             s, ph = ring_position(count, stages)
             wait_parity(empty + s, ph ^ 1, 1, s, mailbox)
             with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full + s, self.stage_bytes)
+                cute.arch.mbarrier_arrive_and_expect_tx(full + s, self.stage_bytes + extra_tx)
             bar = full + s
             cute.copy(a_atom, a_g[(None, m_idx, kt)], a_s[(None, s)], tma_bar_ptr=bar)
             cute.copy(b_atom, b_g[(None, n_idx, kt)], b_s[(None, s)], tma_bar_ptr=bar)

@@ -171,3 +171,31 @@ def test_p0_rejects_bad_input_before_launch():
         with pytest.raises((ValueError, TypeError)):
             gemm_nvfp4(*args, **kw)
         torch.cuda.synchronize()
+
+
+_STALL = """
+import torch
+from kernels.blockscaled_gemm_sm90 import BlockscaledGemmSm90
+from kernels.gemm_nvfp4 import gemm_nvfp4
+from kernels.runtime import synchronize
+from validators.gemm_operands import make_operand
+a = make_operand("normal", 128, 256, 1, "cuda")
+b = make_operand("normal", 256, 256, 2, "cuda")
+gemm_nvfp4(*a, *b, config=BlockscaledGemmSm90(tile_n=128, ablate="stall_producer"))
+synchronize()
+"""
+
+
+@pytest.mark.gpu
+def test_p0_stalled_barrier_traps_with_a_message_naming_it():
+    """A wait that can never complete must end the kernel (not hang) and say which barrier."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", _STALL], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode != 0
+    assert "timed out after 2 s waiting on the" in r.stderr and "barrier (stage" in r.stderr, \
+        r.stderr[-2000:]
