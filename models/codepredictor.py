@@ -154,7 +154,7 @@ def rope_tables(cfg: CodePredictorConfig, positions: torch.Tensor, dtype, device
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate_half(x):
+def rotate_half(x):
     a, b = x.chunk(2, dim=-1)
     return torch.cat([-b, a], dim=-1)
 
@@ -176,8 +176,8 @@ def _layer(x, lw: LayerWeights, cfg, cos, sin, kv_cache, li):
     q = rms_norm(q, lw.q_norm, cfg.rms_eps)
     k = rms_norm(k, lw.k_norm, cfg.rms_eps)
     c, s = cos.view(1, T, 1, -1), sin.view(1, T, 1, -1)
-    q = q * c + _rotate_half(q) * s
-    k = k * c + _rotate_half(k) * s
+    q = q * c + rotate_half(q) * s
+    k = k * c + rotate_half(k) * s
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [R, heads, T, d]
     if kv_cache[li] is None:
         kv_cache[li] = (k, v)

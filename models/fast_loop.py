@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from models.codepredictor import CodePredictorWeights, LoopOutput, rms_norm, rope_tables
+from models.codepredictor import (CodePredictorWeights, LoopOutput, rms_norm, rope_tables,
+                                  rotate_half)
 from models.philox import uniform
 from models.sampler import Sampler
 
@@ -63,11 +64,6 @@ class FastWeights:
         self.cos, self.sin = cos, sin  # [16, head_dim]
 
 
-def _rotate_half(x):
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
 def _mm(a, w, small_m: bool):
     """a @ w.T: the small-M CuTe DSL GEMV (kernels/gemv_small_m.py) for <= 8 rows on CUDA."""
     if small_m:
@@ -95,8 +91,8 @@ def position_step(x, pos, k_cache, v_cache, fw_lists, cos, sin, final_norm, cfg_
         v = qkv[:, (q_heads + kv_heads) * head_dim:].view(R, kv_heads, head_dim)
         q = rms_norm(q, q_norm[li], eps)
         k = rms_norm(k, k_norm[li], eps)
-        q = q * c + _rotate_half(q) * s
-        k = k * c + _rotate_half(k) * s
+        q = q * c + rotate_half(q) * s
+        k = k * c + rotate_half(k) * s
         k_cache[li].index_copy_(2, pos, k.view(R, kv_heads, 1, head_dim))
         v_cache[li].index_copy_(2, pos, v.view(R, kv_heads, 1, head_dim))
         # 16 slots x 128: products and sums written out so the compiler fuses them (as matmuls
