@@ -17,7 +17,9 @@ raise to 232. Pipelines:
   f16 buffers  consumers -> wgmma      writer fence.proxy.async + named barrier 1 (256 threads);
                buffers - 2 wgmma commit groups in flight per warpgroup
 Tiles are visited by CUTLASS's static persistent scheduler (grid = min(tiles, SMs)); every role
-walks the same sequence. All mbarrier waits are bounded (:mod:`kernels.sync_sm90`).
+walks the same sequence. No CTA ever waits on another, so the persistent grid needs no
+co-residency guarantee (a CTA that is not resident yet simply starts later). All mbarrier waits
+are bounded (:mod:`kernels.sync_sm90`): a stalled barrier traps with a report naming it.
 """
 from __future__ import annotations
 
