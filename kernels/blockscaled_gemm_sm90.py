@@ -24,7 +24,7 @@ are bounded (:mod:`kernels.sync_sm90`): a stalled barrier traps with a report na
 from __future__ import annotations
 
 from consumers.dequant_wgmma import TILE_K, DequantWgmmaConsumer
-from epilogues.alpha_bf16 import AlphaBf16Epilogue
+from epilogues.alpha_bf16 import AlphaBf16Epilogue, SplitKAlphaBf16Epilogue
 from kernels.runtime import cute_modules
 from kernels.sync_sm90 import ring_position, wait_parity
 from producers.tma_prepacked import TmaPrepackedProducer
@@ -45,7 +45,7 @@ class BlockscaledGemmSm90:
     ABLATIONS = (None, "no_dequant", "no_mma", "stall_producer")
 
     def __init__(self, tile_n: int = 256, stages: int = 4, tile_m: int = 128, buffers: int = 3,
-                 producer=None, consumer=None,
+                 splits: int = 1, producer=None, consumer=None,
                  epilogue=None, raster_along_m: bool = True, swizzle: int = 1,
                  ablate: str | None = None):
         """``ablate`` (measurement only, wrong results): "no_dequant" skips the f16 expansion,
@@ -58,7 +58,11 @@ class BlockscaledGemmSm90:
         self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
         self.producer = producer or TmaPrepackedProducer(self.tile_m, tile_n)
         self.consumer = consumer or DequantWgmmaConsumer(self.tile_m, tile_n, buffers)
-        self.epilogue = epilogue or AlphaBf16Epilogue()
+        if not 1 <= splits <= 16:
+            raise ValueError(f"splits = {splits}: choose 1..16")
+        self.splits = splits
+        self.epilogue = epilogue or (AlphaBf16Epilogue() if splits == 1
+                                     else SplitKAlphaBf16Epilogue(splits))
         self.raster_along_m, self.swizzle = raster_along_m, swizzle
         self.threads = WARPGROUP + self.consumer.threads
         f16_bytes = (self.tile_m + tile_n) * TILE_K * 2 * self.consumer.buffers
@@ -72,13 +76,13 @@ class BlockscaledGemmSm90:
                 "ablate": self.ablate,
                 "f16_buffers": self.consumer.buffers, "threads": self.threads,
                 "smem_bytes": self.smem_bytes, "raster_along_m": self.raster_along_m,
-                "swizzle": self.swizzle}
+                "swizzle": self.swizzle, "splits": self.splits}
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, sfa_ptr: cute.Pointer, b_ptr: cute.Pointer,
                  sfb_ptr: cute.Pointer, ga_ptr: cute.Pointer, gb_ptr: cute.Pointer,
-                 d_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, M: Int32, N: Int32, k32: Int32,
-                 max_ctas: Int32, stream):
+                 d_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, work_ptr: cute.Pointer,
+                 count_ptr: cute.Pointer, M: Int32, N: Int32, k32: Int32, max_ctas: Int32, stream):
         mA, mB, mSFA, mSFB = self.producer.global_views(a_ptr, sfa_ptr, b_ptr, sfb_ptr, M, N, k32)
         n2 = N // 2  # D as uint32 column pairs (N is a multiple of 8)
         mD = cute.make_tensor(cute.recast_ptr(d_ptr, dtype=Uint32),
@@ -86,6 +90,11 @@ class BlockscaledGemmSm90:
         mG = (cute.make_tensor(ga_ptr, cute.make_layout(1)),
               cute.make_tensor(gb_ptr, cute.make_layout(1)))
         mailbox = cute.make_tensor(mailbox_ptr, cute.make_layout(8))
+        # split-K partial sums [splits, M, N] fp32 and one arrival counter per output tile
+        mWork = cute.make_tensor(work_ptr, cute.make_layout((self.splits, M, N),
+                                                            stride=(M * N, N, 1)))
+        mCount = cute.make_tensor(count_ptr, cute.make_layout(
+            ((M + self.tile_m - 1) // self.tile_m) * ((N + self.tile_n - 1) // self.tile_n)))
         tma = self.producer.make_tma(mA, mB, mSFA, mSFB, self.stages)
         tiled_mma = self.consumer.tiled_mma()
         lay_fa, lay_fb = self.consumer.smem_layouts()
@@ -102,20 +111,25 @@ class BlockscaledGemmSm90:
             q_b: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(lay_qb)], 128]
             s_a: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(lay_sa)], 128]
             s_b: cute.struct.Align[cute.struct.MemRange[Uint8, cute.cosize(lay_sb)], 128]
+            last_flag: cute.struct.MemRange[Int32, 1]
 
         self.shared_storage = SharedStorage
         m_tiles = (M + self.tile_m - 1) // self.tile_m
         n_tiles = (N + self.tile_n - 1) // self.tile_n
-        sched = utils.PersistentTileSchedulerParams((m_tiles, n_tiles, 1), (1, 1, 1),
+        sched = utils.PersistentTileSchedulerParams((m_tiles, n_tiles, self.splits), (1, 1, 1),
                                                     swizzle_size=self.swizzle,
                                                     raster_along_m=self.raster_along_m)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_ctas)
-        self.kernel(tma, tiled_mma, mD, mG, mailbox, sched, (k32 + 1) // 2).launch(
+        k_tiles = (k32 + 1) // 2
+        k_per_split = (k_tiles + self.splits - 1) // self.splits
+        self.kernel(tma, tiled_mma, mD, mG, mailbox, mWork, mCount, sched, k_tiles,
+                    k_per_split).launch(
             grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     @cute.kernel
     def kernel(self, tma, tiled_mma: cute.TiledMma, mD: cute.Tensor, mG, mailbox: cute.Tensor,
-               sched_params, k_tiles: Int32):
+               mWork: cute.Tensor, mCount: cute.Tensor, sched_params, k_tiles: Int32,
+               k_per_split: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
@@ -150,8 +164,10 @@ class BlockscaledGemmSm90:
                 parts = self.producer.partition(tma, (sQA, sQB, sSA, sSB))
                 count = Int32(0)
                 while work.is_valid_tile:
-                    m_idx, n_idx, _ = work.tile_idx
-                    count = self.producer.load_tile(parts, full, empty, m_idx, n_idx, k_tiles,
+                    m_idx, n_idx, split = work.tile_idx
+                    kb0 = split * k_per_split
+                    kb1 = cutlass.min(kb0 + k_per_split, k_tiles)
+                    count = self.producer.load_tile(parts, full, empty, m_idx, n_idx, kb0, kb1,
                                                     count, self.stages, mailbox,
                                                     16 if self.ablate == "stall_producer" else 0)
                     tile_sched.advance_to_next_work()
@@ -180,10 +196,12 @@ class BlockscaledGemmSm90:
             f_words_b = self._word_view(storage.f16_b.data_ptr(), cute.cosize(f16_b) * 2)
             count = Int32(0)
             while work.is_valid_tile:
-                m_idx, n_idx, _ = work.tile_idx
+                m_idx, n_idx, split = work.tile_idx
+                kb0 = split * k_per_split
+                kb1 = cutlass.min(kb0 + k_per_split, k_tiles)
                 acc.fill(0.0)
                 tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-                for kt in cutlass.range(k_tiles, unroll=1):
+                for kt in cutlass.range(kb0, kb1, unroll=1):
                     s, ph = ring_position(count, self.stages)
                     buf = count % self.consumer.buffers
                     wait_parity(full + s, ph, 0, s, mailbox)
@@ -203,8 +221,14 @@ class BlockscaledGemmSm90:
                         cute.nvgpu.warpgroup.wait_group(self.consumer.mma_in_flight)
                     count = count + 1
                 cute.nvgpu.warpgroup.wait_group(0)
-                self.epilogue.store(acc, alpha, thr_mma, tile_mn, mD, m_idx * self.tile_m,
-                                    n_idx * self.tile_n)
+                if cutlass.const_expr(self.splits == 1):
+                    self.epilogue.store(acc, alpha, thr_mma, tile_mn, mD, m_idx * self.tile_m,
+                                        n_idx * self.tile_n)
+                else:
+                    tile_id = m_idx * ((mD.shape[1] * 2 + self.tile_n - 1) // self.tile_n) + n_idx
+                    self.epilogue.store(acc, alpha, thr_mma, tile_mn, mD, m_idx * self.tile_m,
+                                        n_idx * self.tile_n, mWork, mCount, tile_id, split, ct,
+                                        storage.last_flag.data_ptr())
                 tile_sched.advance_to_next_work()
                 work = tile_sched.get_current_work()
 
@@ -216,7 +240,8 @@ class BlockscaledGemmSm90:
 
 
 PTRS = ((Uint8, 16), (Uint8, 16), (Uint8, 16), (Uint8, 16), (Float32, 4), (Float32, 4),
-        (cutlass.BFloat16, 16), (Int32, 4))  # a, sfa, b, sfb, gA, gB, d, diagnostics mailbox
+        (cutlass.BFloat16, 16), (Int32, 4), (Float32, 16), (Int32, 4))
+# a, sfa, b, sfb, gA, gB, d, diagnostics mailbox, split-K workspace, split-K tile counters
 
 
 def compile_args(M: int = 256, N: int = 512, K: int = 256):

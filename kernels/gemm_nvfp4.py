@@ -16,12 +16,17 @@ from cutlass import Int32  # noqa: E402
 ROW_TILE = 128  # rows of a scale tile; a row slice must start on one
 
 
-def default_config(M: int, N: int) -> BlockscaledGemmSm90:
-    """tile_n 256 when there are enough tiles to fill the GPU, else 128 (twice the CTAs)."""
+def default_config(M: int, N: int, K: int) -> BlockscaledGemmSm90:
+    """tile_n 256 when there are enough tiles to fill the GPU, else 128 (twice the CTAs); below
+    one wave of 128-wide tiles, split K (each split keeps >= 16 k-blocks) to reach the SMs."""
+    sms = sm_count()
     tiles_256 = -(-M // ROW_TILE) * -(-N // 256)
-    if tiles_256 >= 2 * sm_count():
+    if tiles_256 >= 2 * sms:
         return BlockscaledGemmSm90(tile_n=256, stages=4)
-    return BlockscaledGemmSm90(tile_n=128, stages=8)
+    tiles_128 = -(-M // ROW_TILE) * -(-N // 128)
+    k_blocks = -(-K // 64)
+    splits = max(1, min(4, sms // tiles_128, k_blocks // 16))
+    return BlockscaledGemmSm90(tile_n=128, stages=8, splits=splits)
 
 
 def _scale_shape(rows: int, K: int) -> tuple[int, int]:
@@ -100,19 +105,28 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
                config: BlockscaledGemmSm90 | None = None):
     """D = RN_bf16(g_a·g_b · Σ_k a_k b_k) for rows [r0, r1) of A (all rows by default): bf16
     [r1 - r0, N]. ``rows`` slices A without a copy (r0 a multiple of 128); ``out`` receives D.
-    Compiled kernels are cached per (tile_n, stages)."""
+    Compiled kernels are cached per static config (tile, stages, buffers, splits)."""
     import torch
 
     M, N, K, r0, r1, g_a, g_b = validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows)
     m = r1 - r0
     if out is None:
         out = torch.empty(m, N, dtype=torch.bfloat16, device=a_q.device)
-    config = config or default_config(m, N)
+    config = config or default_config(m, N, K)
     a_rows = a_q[r0:r1]
     a_scales = a_s.view(torch.uint8)[r0:]  # whole 128-row tiles from r0 on
+    if config.splits * m * N >= 2**31:
+        raise ValueError(f"split-K workspace of {config.splits} x {m} x {N} exceeds 32-bit "
+                         "indexing; use fewer splits (splits only pay below one wave of tiles)")
+    if config.splits > 1:  # fp32 partials and zeroed per-tile counters (the kernel re-arms them)
+        work = torch.empty(config.splits, m, N, dtype=torch.float32, device=a_q.device)
+        tiles = -(-m // config.tile_m) * -(-N // config.tile_n)
+        counters = torch.zeros(tiles, dtype=torch.int32, device=a_q.device)
+    else:  # never dereferenced
+        work, counters = out, diagnostics_mailbox()
     ptrs = pointer_args(PTRS, (a_rows, a_scales, b_q, b_s.view(torch.uint8), g_a, g_b, out,
-                               diagnostics_mailbox()))
-    key = ("gemm_nvfp4_sm90", config.tile_m, config.tile_n, config.stages,
+                               diagnostics_mailbox(), work, counters))
+    key = ("gemm_nvfp4_sm90", config.tile_m, config.tile_n, config.stages, config.splits,
            config.consumer.buffers, config.raster_along_m, config.swizzle, config.ablate)
     compiled = cached_compile(key, lambda: cute.compile(
         config, *ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream()))

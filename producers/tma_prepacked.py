@@ -97,13 +97,13 @@ class TmaPrepackedProducer:
         return parts
 
     @cute.jit
-    def load_tile(self, parts, full, empty, m_idx: Int32, n_idx: Int32, k_tiles: Int32,
+    def load_tile(self, parts, full, empty, m_idx: Int32, n_idx: Int32, kb0: Int32, kb1: Int32,
                   count: Int32, stages: cutlass.Constexpr[int], mailbox: cute.Tensor,
                   extra_tx: cutlass.Constexpr[int] = 0) -> Int32:
-        """Issue every k-block of one output tile; returns the ring use count after it.
+        """Issue k-blocks [kb0, kb1) of one output tile; returns the ring use count after it.
         ``extra_tx`` > 0 only for fault-injection tests (the stage then never completes)."""
         (a_atom, a_g, a_s), (b_atom, b_g, b_s), (sa_atom, sa_g, sa_s), (sb_atom, sb_g, sb_s) = parts
-        for kt in cutlass.range(k_tiles, unroll=1):
+        for kt in cutlass.range(kb0, kb1, unroll=1):
             s, ph = ring_position(count, stages)
             wait_parity(empty + s, ph ^ 1, 1, s, mailbox)
             with cute.arch.elect_one():

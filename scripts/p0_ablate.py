@@ -14,13 +14,16 @@ def run(M, N, K, configs):
     for kw in configs:
         cfg = BlockscaledGemmSm90(**kw)
         t = bench(lambda: gemm_nvfp4(*a, *b, out=out, config=cfg), graph=True).median_us
-        kb = -(-K // 64); tiles = -(-M // cfg.tile_m) * -(-N // cfg.tile_n)
-        per_kb = t / (-(-tiles // 132) * kb)
+        kb = -(-K // 64); tiles = -(-M // cfg.tile_m) * -(-N // cfg.tile_n) * cfg.splits
+        per_kb = t / (-(-tiles // 132) * -(-kb // cfg.splits))
         print(f"M={M} N={N} K={K} {kw}: {t:.1f} us (cuBLAS {tb:.1f}, ratio {tb/t:.2f}); "
               f"{per_kb*1e3:.0f} ns per k-block per CTA", flush=True)
 
 import sys
-if "--buffers" in sys.argv:  # f16 buffer depth: 4 lets expansion run two wgmma groups ahead
+if "--splitk" in sys.argv:  # M = 128: split K so every SM works (default_config's choice)
+    for M, N, K in [(128, 5376, 5376), (128, 5376, 14336), (128, 14336, 5376), (128, 21504, 5376)]:
+        run(M, N, K, [dict(tile_n=128, stages=8, splits=sp) for sp in (1, 2, 3, 4)])
+elif "--buffers" in sys.argv:  # f16 buffer depth: 4 lets expansion run two wgmma groups ahead
     for M, N, K in [(128, 5376, 5376), (2048, 21504, 5376), (8192, 14336, 5376)]:
         run(M, N, K, [dict(tile_n=tn, stages=st, buffers=b) for tn, st, b in
                       ((256, 4, 3), (256, 2, 4), (128, 8, 3), (128, 6, 4))])

@@ -37,14 +37,18 @@ def test_odd_nibble_path_shifts_into_place():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("tile_m,tile_n,stages,buffers", [(128, 256, 4, 3), (128, 128, 8, 3),
-                                                          (256, 128, 4, 3), (128, 256, 2, 4)])
-def test_p0_compiles_with_the_instructions_we_meant(tile_m, tile_n, stages, buffers):
+@pytest.mark.parametrize("tile_m,tile_n,stages,buffers,splits", [
+    (128, 256, 4, 3, 1), (128, 128, 8, 3, 1), (256, 128, 4, 3, 1), (128, 256, 2, 4, 1),
+    (128, 128, 8, 3, 3)])
+def test_p0_compiles_with_the_instructions_we_meant(tile_m, tile_n, stages, buffers, splits):
     from kernels.blockscaled_gemm_sm90 import BlockscaledGemmSm90, compile_args
     from workbench.compile import compile_report
 
     r = compile_report(BlockscaledGemmSm90(tile_n=tile_n, stages=stages, tile_m=tile_m,
-                                           buffers=buffers), *compile_args())
+                                           buffers=buffers, splits=splits), *compile_args())
+    # split-K: one acq_rel arrival per tile, partials read back coherently
+    assert r.census["atom"] == (1 if splits > 1 else 0)
+    assert ("ld.relaxed.gpu" in r.ptx) == (splits > 1)
     assert r.census["wgmma.mma_async"] == 4 * tile_m // 128, "4 k16 per 64-row slab and k-block"
     assert f"m64n{tile_n}k16.f32.f16.f16" in r.ptx
     assert r.census["cp.async.bulk.tensor"] == 4, "TMA for codes A, B and scales A, B"
@@ -85,15 +89,16 @@ def _check(out, a, b, M, N, K, row_ids=None):
                                    ("cancel", "cancel")])
 @pytest.mark.parametrize("shape", [(1, 8, 32), (130, 264, 96), (300, 520, 1056),
                                    (256, 1024, 5376)])
-@pytest.mark.parametrize("tile", [(128, 128, 3), (128, 256, 3), (256, 128, 3), (128, 256, 4),
-                                  (128, 128, 4)])
+@pytest.mark.parametrize("tile", [(128, 128, 3, 1), (128, 256, 3, 1), (256, 128, 3, 1),
+                                  (128, 256, 4, 1), (128, 128, 4, 1), (128, 128, 3, 3),
+                                  (128, 256, 3, 2)])
 def test_p0_within_fp32_bound_and_deterministic(kinds, shape, tile):
     from kernels.blockscaled_gemm_sm90 import BlockscaledGemmSm90
     from kernels.gemm_nvfp4 import gemm_nvfp4
 
     M, N, K = shape
     a, b = _operands(*kinds, M, N, K, seed=M * 7 + N + K + tile[1] + tile[0] // 2)
-    cfg = BlockscaledGemmSm90(tile_m=tile[0], tile_n=tile[1], buffers=tile[2],
+    cfg = BlockscaledGemmSm90(tile_m=tile[0], tile_n=tile[1], buffers=tile[2], splits=tile[3],
                               stages=2 if tile[2] == 4 and tile[1] == 256 else 4)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
     gemm_nvfp4(*a, *b, out=out, config=cfg)
