@@ -1,0 +1,85 @@
+"""P0 compile report: registers, spills, shared memory and instruction census per configuration.
+
+Compiles every P0 configuration the entry point can choose (and the variants the notes measured)
+for sm_90a without a GPU and records what ptxas produced: registers per thread (the consumer
+warpgroups may raise to 232 with setmaxnreg), stack frame and local loads (spills), dynamic
+shared memory the configuration asks for, and the instructions that make the design (wgmma
+shape, TMA loads, E4M3 conversions, f16 multiplies, wgmma groups kept in flight). Also the
+small-M GEMV. CPU only: these are compiler facts, not timings.
+"""
+from __future__ import annotations
+
+import re
+
+from experiments._common import parser, progress, run_main
+from workbench import results as R
+
+P0_CONFIGS = [dict(tile_n=256, stages=4), dict(tile_n=128, stages=8),
+              dict(tile_n=128, stages=8, splits=3), dict(tile_m=256, tile_n=128, stages=4),
+              dict(tile_n=256, stages=2, buffers=4)]
+GEMV_CONFIGS = [(1, 1024), (8, 1024), (1, 2048), (1, 3072), (8, 3072)]
+
+
+def _count(pattern: str, text: str) -> int:
+    return len(re.findall(pattern, text or ""))
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv)
+
+
+def _main(argv) -> int:
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    from workbench.compile import ensure_arch_env, compile_report
+
+    ensure_arch_env()
+    from kernels import blockscaled_gemm_sm90 as P0
+    from kernels import gemv_small_m as GV
+
+    rows, gates = [], {}
+    for kw in P0_CONFIGS:
+        cfg = P0.BlockscaledGemmSm90(**kw)
+        progress(f"P0 {kw}")
+        r = compile_report(cfg, *P0.compile_args())
+        rows.append({"kernel": "p0", "config": cfg.describe(), "registers": r.registers,
+                     "frame_bytes": r.frame_bytes, "spill_loads": r.spill_loads,
+                     "smem_bytes": cfg.smem_bytes,
+                     "wgmma_shape": sorted(set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", r.sass or ""))),
+                     "hgmma": _count(r"\bHGMMA\b", r.sass), "tma_loads": _count(r"UTMALDG", r.sass),
+                     "e4m3_to_f16x2": _count(r"F2FP\.F16\.E4M3", r.sass),
+                     "hmul2": _count(r"\bHMUL2\b", r.sass),
+                     "wgmma_groups_in_flight": cfg.consumer.mma_in_flight,
+                     "calls": _count(r"CALL\.ABS", r.sass)})
+        ok = r.spill_bytes == 0 and r.registers <= 232 and rows[-1]["calls"] == 0
+        gates[f"p0 {kw}: no spills, <= 232 registers, no calls"] = R.gate(
+            ok, f"{r.registers} registers, frame {r.frame_bytes} B, {r.spill_loads} LDL")
+    for M, K in GEMV_CONFIGS:
+        progress(f"GEMV M={M} K={K}")
+        r = compile_report(GV.GemvSmallM(M, K), *GV.compile_args(M, K))
+        rows.append({"kernel": "gemv_small_m", "config": {"M": M, "K": K},
+                     "registers": r.registers, "frame_bytes": r.frame_bytes,
+                     "spill_loads": r.spill_loads, "ld_global_v4": r.census["ld.global.v4"]})
+        gates[f"gemv M={M} K={K}: no spills"] = R.gate(r.spill_bytes == 0,
+                                                        f"{r.registers} registers")
+    summary = R.make_summary(
+        "p0-compile", parameters={"arch": "sm_90a", "p0_configs": P0_CONFIGS,
+                                  "gemv_configs": GEMV_CONFIGS},
+        measurements=rows, headline={"p0_registers": {str(r["config"].get("tile")) + (
+            f" splits={r['config']['splits']}" if r["config"].get("splits", 1) > 1 else "")
+            + (f" buffers={r['config']['f16_buffers']}" if r["config"].get("f16_buffers") == 4
+               else ""): r["registers"] for r in rows if r["kernel"] == "p0"}},
+        gates=gates, seeds={}, notes={
+            "source": "compiler output on a CPU machine (no GPU)",
+            "registers": "P0's 168 is the per-thread allocation at launch (65536 / 384 threads, "
+                         "rounded to 8); setmaxnreg then gives the producer warpgroup 40 and the "
+                         "two consumer warpgroups 232 each (40·128 + 232·256 = 64512)."})
+    path = R.write(summary, args.results_dir)
+    print(R.format_table([[r["kernel"], str(r["config"])[:60], r["registers"], r["frame_bytes"],
+                           r["spill_loads"]] for r in rows],
+                         ["kernel", "config", "regs", "frame B", "LDL"]))
+    print(f"wrote {path} (verdict {summary['verdict']})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
