@@ -16,10 +16,11 @@ from cutlass import Int32  # noqa: E402
 ROW_TILE = 128  # rows of a scale tile; a row slice must start on one
 
 
-def default_config(M: int, N: int, K: int) -> BlockscaledGemmSm90:
+def default_config(M: int, N: int, K: int, sms: int | None = None) -> BlockscaledGemmSm90:
     """tile_n 256 when there are enough tiles to fill the GPU, else 128 (twice the CTAs); below
-    one wave of 128-wide tiles, split K (each split keeps >= 16 k-blocks) to reach the SMs."""
-    sms = sm_count()
+    one wave of 128-wide tiles, split K (each split keeps >= 16 k-blocks) to reach the SMs.
+    Measured on the H200 (notes/p0-gemm.md): 3 splits for out/fc2 at M = 128, none for qkv/fc1."""
+    sms = sms or sm_count()
     tiles_256 = -(-M // ROW_TILE) * -(-N // 256)
     if tiles_256 >= 2 * sms:
         return BlockscaledGemmSm90(tile_n=256, stages=4)

@@ -204,3 +204,16 @@ def test_p0_stalled_barrier_traps_with_a_message_naming_it():
     assert r.returncode != 0
     assert "timed out after 2 s waiting on the" in r.stderr and "barrier (stage" in r.stderr, \
         r.stderr[-2000:]
+
+
+@pytest.mark.compile
+def test_default_config_matches_the_h200_measurements():
+    from kernels.gemm_nvfp4 import default_config
+
+    def pick(M, N, K):
+        c = default_config(M, N, K, sms=132)
+        return c.tile_n, c.splits
+
+    assert pick(128, 5376, 5376) == (128, 3) and pick(128, 5376, 14336) == (128, 3)  # out, fc2
+    assert pick(128, 21504, 5376) == (128, 1) and pick(128, 14336, 5376) == (128, 1)  # qkv, fc1
+    assert pick(2048, 21504, 5376) == (256, 1) and pick(37810, 5376, 14336) == (256, 1)
