@@ -58,8 +58,10 @@ def _comfy():
 
 
 def _global_scale_from_amax(amax_value: torch.Tensor) -> torch.Tensor:
-    """g = amax / (448·6) in the activation dtype (Comfy's rule), as a one-element fp32 tensor."""
-    return (amax_value / 2688.0).to(torch.float32).reshape(1)
+    """numerics.nvfp4's g (Comfy's rule) as the one-element fp32 tensor the kernels read."""
+    from numerics.nvfp4 import global_scale_from_amax
+
+    return global_scale_from_amax(amax_value).reshape(1)
 
 
 def _time(fn, arg_sets, quick):

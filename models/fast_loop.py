@@ -25,8 +25,7 @@ import torch
 
 from models.codepredictor import (CodePredictorWeights, LoopOutput, rms_norm, rope_tables,
                                   rotate_half)
-from models.philox import uniform
-from models.sampler import Sampler
+from models.sampler import Sampler, draw, filtered_scores
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -113,22 +112,9 @@ def position_step(x, pos, k_cache, v_cache, fw_lists, cos, sin, final_norm, cfg_
 
 def draw_topk(logits, temperature, top_k, seed, offset, kmax: int):
     """The reference sampler's draw (T, top-k with ties, Philox Gumbel-max; top-p off) with the
-    k-th value from ``topk(kmax)`` instead of a full sort: the same value, so the same codes."""
-    s = logits.to(torch.float32)
-    V = s.shape[1]
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).view(-1, 1)
-    s = s / t
-    k = torch.clamp(top_k, 0, V)
-    k = torch.where(k == 0, torch.full_like(k, V), k)
-    top = torch.topk(s, kmax, dim=-1).values
-    kth = top.gather(1, (torch.clamp(k, max=kmax) - 1).view(-1, 1))
-    s = torch.where(s < kth, torch.full_like(s, float("-inf")), s)
-    u = uniform(seed, offset, V)
-    noisy = s.to(torch.float64) - torch.log(-torch.log(u))
-    sampled = torch.argmax(noisy, dim=-1)
-    greedy = torch.argmax(s, dim=-1)
-    return torch.where(temperature > 0, sampled, greedy)
-
+    k-th value taken from ``topk(kmax)``: the same value as the full sort, so the same codes."""
+    s = filtered_scores(logits, temperature, top_k, kmax=kmax)
+    return draw(s, temperature, seed, offset)
 
 class FastLoop:
     """One frame for a fixed row bucket; ``compile`` and ``graph`` on a CUDA device.
@@ -190,6 +176,7 @@ class FastLoop:
         e0 = fw.talker_embed.index_select(0, self.g0)
         self.used[:, 0].copy_(e0)
         inputs = [x0, fw.talker_embed_proj.index_select(0, self.g0)]
+        g = self.g0  # the code drawn at the previous position (set from position 1 on)
         for p in range(cfg.positions):
             x = inputs[p] if p < 2 else fw.embed_proj[p - 2].index_select(0, g)
             _, normed = self.step(x, self.positions[p], self.k_cache, self.v_cache, self.lists,

@@ -97,9 +97,10 @@ class Sampler:
 
 
 def filtered_scores(logits, temperature, top_k, top_p=None, min_p=None, penalty=None,
-                    history=None) -> torch.Tensor:
+                    history=None, kmax: int | None = None) -> torch.Tensor:
     """fp32 scores after penalty, temperature, top-k (ties kept), top-p and min-p; -inf = out.
-    A filter passed as None is off (no host synchronisation either way)."""
+    A filter passed as None is off (no host synchronisation either way). ``kmax`` (>= every
+    row's k) takes the k-th value from ``topk(kmax)`` instead of a full sort: the same value."""
     s = logits.to(torch.float32).clone()
     R, V = s.shape
     if penalty is not None and history is not None:
@@ -110,7 +111,11 @@ def filtered_scores(logits, temperature, top_k, top_p=None, min_p=None, penalty=
     s = s / t
     k = torch.clamp(top_k, 0, V)
     k = torch.where(k == 0, torch.full_like(k, V), k)
-    kth = torch.sort(s, dim=-1, descending=True).values.gather(1, (k - 1).view(-1, 1))
+    if kmax is None:
+        kth = torch.sort(s, dim=-1, descending=True).values.gather(1, (k - 1).view(-1, 1))
+    else:
+        kth = torch.topk(s, kmax, dim=-1).values.gather(1, (torch.clamp(k, max=kmax) - 1)
+                                                        .view(-1, 1))
     s = torch.where(s < kth, torch.full_like(s, float("-inf")), s)  # ties at the k-th survive
     if top_p is not None:
         srt, idx = torch.sort(s, dim=-1)  # ascending, as transformers' TopPLogitsWarper

@@ -36,7 +36,13 @@ def scale_shape(rows: int, cols: int) -> tuple[int, int]:
 # --- global scale ---------------------------------------------------------------------------
 def global_scale(x: torch.Tensor) -> torch.Tensor:
     """g = amax(|x|) / 2688 evaluated in x's dtype (so bf16 input gives a bf16 value), as fp32."""
-    return (torch.amax(x.abs()) / (F8_E4M3_MAX * F4_E2M1_MAX)).to(torch.float32)
+    return global_scale_from_amax(torch.amax(x.abs()))
+
+
+def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """The same g from an amax already computed (in the activation's dtype, e.g. the amax
+    kernel's output): the division happens in that dtype, then fp32."""
+    return (amax / (F8_E4M3_MAX * F4_E2M1_MAX)).to(torch.float32)
 
 
 # --- swizzle --------------------------------------------------------------------------------
