@@ -171,7 +171,6 @@ class FastLoop:
     # ---- one frame, eagerly (also what the graph captures) -------------------------------------
     def _frame(self):
         fw, cfg = self.fw, self.cfg
-        R = self.rows
         x0 = self.h @ fw.proj_w.T + fw.proj_b
         e0 = fw.talker_embed.index_select(0, self.g0)
         self.used[:, 0].copy_(e0)
@@ -197,7 +196,6 @@ class FastLoop:
             self.codes[:, s].copy_(g)
             self.used[:, s + 1].copy_(fw.embeds[s].index_select(0, g))
         self.talker_sum.copy_(self.used.sum(1))
-        del R
 
     def _capture(self):
         offset0 = self.sampler.offset.clone() if self.sampler is not None else None
