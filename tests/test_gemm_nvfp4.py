@@ -217,3 +217,26 @@ def test_default_config_matches_the_h200_measurements():
     assert pick(128, 5376, 5376) == (128, 3) and pick(128, 5376, 14336) == (128, 3)  # out, fc2
     assert pick(128, 21504, 5376) == (128, 1) and pick(128, 14336, 5376) == (128, 1)  # qkv, fc1
     assert pick(2048, 21504, 5376) == (256, 1) and pick(37810, 5376, 14336) == (256, 1)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("tile_m,tile_n,buffers", [(128, 256, 3), (256, 128, 3), (128, 128, 4)])
+def test_f16_smem_layout_is_the_swizzle_the_dequant_writes(tile_m, tile_n, buffers):
+    """dequant_rows writes 16-byte chunk c of row r of buffer b at byte
+    (b·rows + r)·128 + (c ^ (r % 8))·16: that is the 128-byte swizzle (S<3,4,3> on byte
+    addresses) over rows of 64 f16, stacked by rows then buffers. Pin the layout CuTe builds."""
+    import cutlass.cute as cute
+
+    from consumers.dequant_wgmma import DequantWgmmaConsumer
+
+    seen = []
+
+    @cute.jit
+    def layouts():
+        for lay in DequantWgmmaConsumer(tile_m, tile_n, buffers).smem_layouts():
+            seen.append(str(lay))
+
+    layouts()
+    for rows, text in zip((tile_m, tile_n), seen):
+        assert text == (f"S<3,4,3> o 0 o ((8,{rows // 8}),(64,1),(1,{buffers})):"
+                        f"((64,512),(1,0),(0,{rows * 64}))"), text
