@@ -26,7 +26,7 @@ from kernels.nvfp4_device import dequant_e2m1_word, e4m3x2_scales_x64, prmt
 from kernels.runtime import cute_modules
 
 cutlass, cute = cute_modules()
-from cutlass import Float16, Float32, Int32, Uint16, Uint32  # noqa: E402
+from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.utils import hopper_helpers as sm90_utils  # noqa: E402
 
@@ -102,4 +102,4 @@ class DequantWgmmaConsumer:
         warpgroup.commit_group()
 
 
-__all__ = ["DequantWgmmaConsumer", "F16_BUFFERS", "TILE_K", "Uint16"]
+__all__ = ["DequantWgmmaConsumer", "F16_BUFFERS", "TILE_K"]

@@ -20,7 +20,7 @@ from kernels.runtime import cute_modules
 from kernels.sync_sm90 import ring_position, wait_parity
 
 cutlass, cute = cute_modules()
-from cutlass import Int32, Uint8  # noqa: E402
+from cutlass import Int32  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 TILE_K = 64  # K-elements per k-block: 32 packed bytes per row, one 128x4 scale tile column group
@@ -116,5 +116,3 @@ class TmaPrepackedProducer:
             count = count + 1
         return count
 
-
-SMEM_DTYPE = Uint8
