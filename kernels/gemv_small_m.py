@@ -1,19 +1,36 @@
-"""Small-M bf16 projection y[M, N] = x[M, K] · W[N, K]^T for M <= 8 (the depth loop's GEMVs).
+"""Small-M bf16 projections y[M, N] = x[M, K] · W[N, K]^T for M <= 8 (the depth loop's GEMVs),
+with the neighbours of a projection fused in: an RMSNorm prologue, a residual or SwiGLU epilogue.
 
 cuBLAS picks tensor-core tiles for these shapes and streams the weights at 0.4-1.6 TB/s on the
 H200 (measured in the fast loop's kernel breakdown, results/logs/*-fast-loop-v2.log); the work is
 a pure weight stream (M·K·N·2 flops against 2·N·K bytes), so the floor is 2NK / 4.24 TB/s.
 
-Work split: one warp per output column n (a row of W). Each lane streams 16-byte chunks of that
-row at k = 8·lane + 256·i (all K/256 loads issued before the first use), multiplies them with the
-matching 8 elements of every x row (x is tiny and stays in L1), accumulates in fp32 and the warp
-reduces with butterfly shuffles; lane m writes y[m, n] rounded once to bf16 (cvt.rn). Four warps
-per CTA, N/4 CTAs. Same arithmetic as cuBLAS (exact bf16 products, fp32 sums, one rounding) in
-another order.
+Work split: one warp per output column n (a row of W; two rows, gate n and up n, with SwiGLU).
+Each lane loads 16-byte chunks of its row at k = 8·lane + 256·i, all K/256 of them issued before
+anything else, multiplies them with the matching 8 elements of every x row, accumulates in fp32
+and the warp reduces with butterfly shuffles; lane m writes y[m, n]. Four warps per CTA, N/4 CTAs.
+Same arithmetic as cuBLAS (exact bf16 products, fp32 sums, one rounding) in another order.
+
+Fusions, each rounding where the eager torch reference rounds (models.codepredictor):
+
+* ``norm``: x is RMS-normalised on the way in, ``gamma * bf16(x * rsqrt(mean(x^2) + eps))``
+  rounded to bf16; each CTA normalises the M rows into shared memory (one warp per row) before
+  its warps read them;
+* ``residual``: ``y = bf16(resid + bf16(x W^T))`` (resid may be y itself: each element is read
+  and written by the same lane);
+* ``swiglu``: W is [2N, K] (gate rows then up rows); ``y = bf16(bf16(silu(g)) * u)`` with g, u
+  the bf16-rounded projections;
+* ``out_f32``: the bf16-rounded result widened to fp32 (the logits).
+
+``pdl``: launched with programmatic stream serialisation, so the kernel starts while its
+predecessor drains; the weight loads (constants) are issued first, then ``griddepcontrol.wait``
+holds everything that reads the predecessor's output, then ``launch_dependents`` lets the next
+kernel start its own weight stream. A chain of these overlaps each launch and weight fetch with
+the previous kernel's tail.
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16_hi, bf16_lo
+from kernels.nvfp4_device import bf16_hi, bf16_lo, bf16x2_rn
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -25,66 +42,143 @@ WARPS = 4
 
 
 class GemvSmallM:
-    """Static config: rows M (1..8) and K (a multiple of 256)."""
+    """Static config: rows M (1..8), K (a multiple of 256) and the fused neighbours."""
 
-    def __init__(self, M: int, K: int):
+    def __init__(self, M: int, K: int, *, norm: bool = False, residual: bool = False,
+                 swiglu: bool = False, out_f32: bool = False, pdl: bool = False,
+                 eps: float = 1e-6):
         if not 1 <= M <= MAX_M:
             raise ValueError(f"M = {M}: this kernel takes 1..{MAX_M} rows")
         if K % 256:
             raise ValueError(f"K = {K} must be a multiple of 256")
+        if sum((residual, swiglu, out_f32)) > 1:
+            raise ValueError("residual, swiglu and out_f32 are alternative epilogues")
         self.M, self.K = M, K
+        self.norm, self.residual, self.swiglu, self.out_f32 = norm, residual, swiglu, out_f32
+        self.pdl, self.eps = pdl, eps
+        self.w_rows = 2 if swiglu else 1
 
     @cute.jit
-    def __call__(self, x_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer, N: Int32,
+    def __call__(self, x_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
+                 gamma_ptr: cute.Pointer, resid_ptr: cute.Pointer, N: Int32, ldy: Int32,
                  stream):
         kw = self.K // 2  # words per row
         mX = cute.make_tensor(x_ptr, cute.make_layout((4, self.M * kw // 4), stride=(1, 4)))
-        mW = cute.make_tensor(w_ptr, cute.make_layout((4, N * kw // 4), stride=(1, 4)))
-        mY = cute.make_tensor(y_ptr, cute.make_layout((self.M, N), stride=(N, 1)))
-        self.kernel(mX, mW, mY, N).launch(grid=[(N + WARPS - 1) // WARPS, 1, 1],
-                                          block=[32 * WARPS, 1, 1], stream=stream)
+        mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * kw // 4),
+                                                      stride=(1, 4)))
+        mG = cute.make_tensor(gamma_ptr, cute.make_layout((4, kw // 4), stride=(1, 4)))
+        mY = cute.make_tensor(y_ptr, cute.make_layout((self.M, N), stride=(ldy, 1)))
+        mR = cute.make_tensor(resid_ptr, cute.make_layout((self.M, N), stride=(ldy, 1)))
+        self.kernel(mX, mW, mY, mG, mR, N).launch(grid=[N // WARPS, 1, 1],
+                                                  block=[32 * WARPS, 1, 1], stream=stream,
+                                                  use_pdl=self.pdl)
+
+    @cute.jit
+    def normalize_rows(self, mX: cute.Tensor, mG: cute.Tensor, sX: cute.Tensor, warp, lane):
+        """sX <- bf16(gamma * bf16(x * rsqrt(mean(x^2) + eps))), one warp per row."""
+        chunks = self.K // 256
+        row_chunks = self.K // 8
+        for m in cutlass.range_constexpr(self.M):
+            if warp == m % WARPS:
+                xs = [cute.make_rmem_tensor((4,), Uint32) for _ in range(chunks)]
+                ss = Float32(0.0)
+                for i in cutlass.range_constexpr(chunks):
+                    cute.autovec_copy(mX[(None, m * row_chunks + i * 32 + lane)], xs[i])
+                    for e in cutlass.range_constexpr(4):
+                        lo, hi = bf16_lo(xs[i][e]), bf16_hi(xs[i][e])
+                        ss = ss + lo * lo + hi * hi
+                ss = cute.arch.warp_reduction(ss, lambda a, b: a + b)
+                r = cute.math.rsqrt(ss * Float32(1.0 / self.K) + Float32(self.eps))
+                for i in cutlass.range_constexpr(chunks):
+                    g = cute.make_rmem_tensor((4,), Uint32)
+                    cute.autovec_copy(mG[(None, i * 32 + lane)], g)
+                    out = cute.make_rmem_tensor((4,), Uint32)
+                    for e in cutlass.range_constexpr(4):
+                        y = bf16x2_rn(bf16_lo(xs[i][e]) * r, bf16_hi(xs[i][e]) * r)
+                        out[e] = bf16x2_rn(bf16_lo(g[e]) * bf16_lo(y), bf16_hi(g[e]) * bf16_hi(y))
+                    cute.autovec_copy(out, sX[(None, m * row_chunks + i * 32 + lane)])
 
     @cute.kernel
-    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, N: Int32):
+    def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mG: cute.Tensor,
+               mR: cute.Tensor, N: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
-        n = bidx * WARPS + tidx // 32
+        warp = tidx // 32
+        n = bidx * WARPS + warp
         chunks = self.K // 256  # 16-byte chunks per lane
         row_chunks = self.K // 8
-        if n < N:
-            w = [cute.make_rmem_tensor((4,), Uint32) for _ in range(chunks)]
+        # the weight stream first: constants, so legal before the grid dependency resolves
+        w = [[cute.make_rmem_tensor((4,), Uint32) for _ in range(chunks)]
+             for _ in range(self.w_rows)]
+        for r in cutlass.range_constexpr(self.w_rows):
             for i in cutlass.range_constexpr(chunks):
-                cute.autovec_copy(mW[(None, n * row_chunks + i * 32 + lane)], w[i])
-            acc = [Float32(0.0) for _ in range(self.M)]
-            for i in cutlass.range_constexpr(chunks):
-                wf = []
+                cute.autovec_copy(mW[(None, (n + r * N) * row_chunks + i * 32 + lane)], w[r][i])
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+        src = mX
+        if cutlass.const_expr(self.norm):
+            smem = cutlass.memory.SmemAllocator()
+            src = smem.allocate_tensor(Uint32, cute.make_layout((4, self.M * row_chunks),
+                                                                stride=(1, 4)), 16)
+            self.normalize_rows(mX, mG, src, warp, lane)
+            cute.arch.sync_threads()
+        acc = [[Float32(0.0) for _ in range(self.M)] for _ in range(self.w_rows)]
+        for i in cutlass.range_constexpr(chunks):
+            wf = [[] for _ in range(self.w_rows)]
+            for r in cutlass.range_constexpr(self.w_rows):
                 for e in cutlass.range_constexpr(4):
-                    wf.append(bf16_lo(w[i][e]))
-                    wf.append(bf16_hi(w[i][e]))
-                for m in cutlass.range_constexpr(self.M):
-                    xv = cute.make_rmem_tensor((4,), Uint32)
-                    cute.autovec_copy(mX[(None, m * row_chunks + i * 32 + lane)], xv)
-                    for e in cutlass.range_constexpr(4):
-                        acc[m] = acc[m] + wf[2 * e] * bf16_lo(xv[e])
-                        acc[m] = acc[m] + wf[2 * e + 1] * bf16_hi(xv[e])
+                    wf[r].append(bf16_lo(w[r][i][e]))
+                    wf[r].append(bf16_hi(w[r][i][e]))
             for m in cutlass.range_constexpr(self.M):
-                total = cute.arch.warp_reduction(acc[m], lambda a, b: a + b)
-                if lane == m:
-                    mY[m, n] = total.to(BFloat16)
+                xv = cute.make_rmem_tensor((4,), Uint32)
+                cute.autovec_copy(src[(None, m * row_chunks + i * 32 + lane)], xv)
+                for e in cutlass.range_constexpr(4):
+                    xl, xh = bf16_lo(xv[e]), bf16_hi(xv[e])
+                    for r in cutlass.range_constexpr(self.w_rows):
+                        acc[r][m] = acc[r][m] + wf[r][2 * e] * xl
+                        acc[r][m] = acc[r][m] + wf[r][2 * e + 1] * xh
+        for m in cutlass.range_constexpr(self.M):
+            t = [cute.arch.warp_reduction(acc[r][m], lambda a, b: a + b)
+                 for r in range(self.w_rows)]
+            if lane == m:
+                self.store(mY, mR, m, n, t)
+
+    def store(self, mY: cute.Tensor, mR: cute.Tensor, m, n, t):
+        """The epilogue for one output element from its fp32 sum(s) ``t``."""
+        y = t[0].to(BFloat16).to(Float32)
+        if cutlass.const_expr(self.swiglu):
+            u = t[1].to(BFloat16).to(Float32)
+            s = (y / (Float32(1.0) + cute.math.exp(-y))).to(BFloat16).to(Float32)
+            mY[m, n] = (s * u).to(BFloat16)
+        elif cutlass.const_expr(self.residual):
+            mY[m, n] = (mR[m, n].to(Float32) + y).to(BFloat16)
+        elif cutlass.const_expr(self.out_f32):
+            mY[m, n] = y
+        else:
+            mY[m, n] = t[0].to(BFloat16)
 
 
-PTRS = ((Uint32, 16), (Uint32, 16), (BFloat16, 2))  # x, W (as words), y
+def _ptr_specs(out_f32: bool):
+    # x, W, gamma as 16-byte-aligned words; y; resid
+    return ((Uint32, 16), (Uint32, 16), (Float32 if out_f32 else BFloat16, 4), (Uint32, 16),
+            (BFloat16, 2))
 
 
-def compile_args(M: int = 4, K: int = 1024):
+def compile_args(M: int = 4, K: int = 1024, out_f32: bool = False):
     from cutlass.cute.runtime import make_fake_stream
 
-    return (*pointer_args(PTRS), Int32(4096), make_fake_stream())
+    return (*pointer_args(_ptr_specs(out_f32)), Int32(4096), Int32(4096), make_fake_stream())
 
 
-def gemv_small_m(x, w, out=None):
-    """x [M, K] bf16 (M <= 8) times w [N, K]^T -> bf16 [M, N]."""
+def gemv_small_m(x, w, out=None, *, gamma=None, resid=None, swiglu: bool = False,
+                 pdl: bool = False, eps: float = 1e-6):
+    """x [M, K] bf16 (M <= 8) times w [N, K]^T -> [M, N] (see the module notes for the fusions).
+
+    ``gamma`` [K]: RMS-normalise x first. ``resid`` [M, N] bf16 (may be ``out``): add it.
+    ``swiglu``: w is [2N, K], gate rows then up rows. ``out``: bf16, or fp32 for widened bf16
+    results; its rows may be strided (row stride ``out.stride(0)``, unit column stride)."""
     import torch
 
     require_hopper()
@@ -93,19 +187,38 @@ def gemv_small_m(x, w, out=None):
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"shapes x {tuple(x.shape)}, w {tuple(w.shape)}: need [M, K], [N, K]")
     M, K = x.shape
-    N = w.shape[0]
+    N = w.shape[0] // 2 if swiglu else w.shape[0]
     if not 1 <= M <= MAX_M or K % 256:
         raise ValueError(f"M = {M} (1..{MAX_M}) and K = {K} (multiple of 256) required")
+    if N % WARPS or (swiglu and w.shape[0] % 2):
+        raise ValueError(f"N = {N} must be a multiple of {WARPS}" +
+                         (" and w must have 2N rows" if swiglu else ""))
     if out is None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
-    else:
-        check_cuda_tensor("out", out, dtypes=(torch.bfloat16,), align=2)
-        if tuple(out.shape) != (M, N):
-            raise ValueError(f"out has shape {tuple(out.shape)}; need [{M}, {N}]")
-    ptrs = pointer_args(PTRS, (x, w, out))
-    compiled = cached_compile(("gemv_small_m", M, K), lambda: cute.compile(
-        GemvSmallM(M, K), *ptrs, Int32(N), current_stream()))
-    compiled(*ptrs, Int32(N), current_stream())
+    check_cuda_tensor("out", out, dtypes=(torch.bfloat16, torch.float32), contiguous=False,
+                      align=4)
+    out_f32 = out.dtype == torch.float32
+    if tuple(out.shape) != (M, N) or out.stride(1) != 1:
+        raise ValueError(f"out has shape {tuple(out.shape)}, strides {out.stride()}; need "
+                         f"[{M}, {N}] with unit column stride")
+    if gamma is not None:
+        check_cuda_tensor("gamma", gamma, dtypes=(torch.bfloat16,))
+        if tuple(gamma.shape) != (K,):
+            raise ValueError(f"gamma has shape {tuple(gamma.shape)}; need [{K}]")
+    if resid is not None:
+        check_cuda_tensor("resid", resid, dtypes=(torch.bfloat16,), contiguous=False, align=2)
+        if out_f32 or swiglu or resid.shape != out.shape or resid.stride() != out.stride():
+            raise ValueError("resid must be a bf16 tensor laid out as out, without swiglu")
+    if swiglu and out_f32:
+        raise ValueError("swiglu writes bf16")
+    ptrs = pointer_args(_ptr_specs(out_f32), (x, w, out, gamma if gamma is not None else x,
+                                              resid if resid is not None else out))
+    key = ("gemv_small_m", M, K, gamma is not None, resid is not None, swiglu, out_f32, pdl, eps)
+    compiled = cached_compile(key, lambda: cute.compile(
+        GemvSmallM(M, K, norm=gamma is not None, residual=resid is not None, swiglu=swiglu,
+                   out_f32=out_f32, pdl=pdl, eps=eps),
+        *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
+    compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())
     return out
 
 

@@ -17,7 +17,13 @@ logits within bf16 noise), restructured for speed:
   top-k by ``topk`` instead of a full sort);
 * the whole frame captured as one CUDA graph per row bucket (1, 2, 4, ..., 128).
 
-On a CPU (tests) everything runs eagerly.
+For <= 8 rows on the GPU the default path is ``kernels``: five CuTe DSL kernels per layer
+(RMSNorm + QKV GEMV; q/k norm + RoPE + KV append + attention; o GEMV + residual; RMSNorm +
+gate/up GEMV + SwiGLU; down GEMV + residual), then per drawn group a final-norm + head GEMV and a
+one-CTA-per-row draw that also gathers the next input rows, all launched with programmatic
+dependent launch so each kernel's weight stream starts under its predecessor's tail
+(kernels/gemv_small_m.py, depth_attention.py, depth_sampler.py). Above 8 rows the ``compiled``
+path (torch.compile around cuBLAS) is used. On a CPU (tests) everything runs eagerly.
 """
 from __future__ import annotations
 
@@ -126,7 +132,7 @@ class FastLoop:
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  compile: bool | None = None, graph: bool | None = None,
-                 teacher_forced: bool = False, small_m: bool = True):
+                 teacher_forced: bool = False, small_m: bool = True, path: str | None = None):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -157,6 +163,17 @@ class FastLoop:
         # the CuTe DSL small-M GEMV for <= 8 rows on the GPU (cuBLAS streams these weights at
         # 0.4-1.6 TB/s); cuBLAS above, and everywhere on a CPU
         self.small_m = cuda and rows <= 8 and small_m
+        self.path = path or ("kernels" if self.small_m else "compiled")
+        if self.path not in ("kernels", "compiled"):
+            raise ValueError(f"path {path!r}: 'kernels' or 'compiled'")
+        if self.path == "kernels":
+            if not (cuda and rows <= 8):
+                raise ValueError("the kernels path runs <= 8 rows on a CUDA device")
+            self.x = torch.zeros(rows, cfg.hidden, device=dev, dtype=dt)
+            self.qkv_out = torch.zeros(rows, (cfg.q_heads + 2 * cfg.kv_heads) * D, device=dev,
+                                       dtype=dt)
+            self.attn = torch.zeros(rows, cfg.q_heads * D, device=dev, dtype=dt)
+            self.mlp = torch.zeros(rows, cfg.intermediate, device=dev, dtype=dt)
         if self.small_m:
             from kernels.gemv_small_m import register_torch_op
 
@@ -169,6 +186,12 @@ class FastLoop:
             self._capture()
 
     # ---- one frame, eagerly (also what the graph captures) -------------------------------------
+    def _run_frame(self):
+        if self.path == "kernels":
+            self._frame_kernels()
+        else:
+            self._frame()
+
     def _frame(self):
         fw, cfg = self.fw, self.cfg
         x0 = self.h @ fw.proj_w.T + fw.proj_b
@@ -197,17 +220,54 @@ class FastLoop:
             self.used[:, s + 1].copy_(fw.embeds[s].index_select(0, g))
         self.talker_sum.copy_(self.used.sum(1))
 
+    def _frame_kernels(self):
+        """The frame as CuTe DSL kernels (<= 8 rows); same buffers and semantics as _frame."""
+        from kernels.depth_attention import depth_attention
+        from kernels.depth_sampler import depth_draw
+        from kernels.gemv_small_m import gemv_small_m as gemv
+
+        fw, cfg = self.fw, self.cfg
+        eps = cfg.rms_eps
+        self.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
+        self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
+        smp = self.sampler
+        mode = "forced" if self.teacher_forced else ("greedy" if smp is None else "sample")
+        draw_args = {} if smp is None else dict(temperature=smp.temperature, top_k=smp.top_k,
+                                                seed=smp.seed, offset=smp.offset)
+        for p in range(cfg.positions):
+            if p == 1:
+                self.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
+            for li in range(cfg.layers):
+                gemv(self.x, fw.qkv[li], self.qkv_out, gamma=fw.in_norm[li], pdl=True, eps=eps)
+                depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
+                                self.k_cache[li], self.v_cache[li], p, self.attn,
+                                q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps)
+                gemv(self.attn, fw.wo[li], self.x, resid=self.x, pdl=True)
+                gemv(self.x, fw.gate_up[li], self.mlp, gamma=fw.post_norm[li], swiglu=True,
+                     pdl=True, eps=eps)
+                gemv(self.mlp, fw.down[li], self.x, resid=self.x, pdl=True)
+            if p == 0:
+                continue
+            s = p - 1  # this position predicts g_{s+1}
+            gemv(self.x, fw.heads[s], self.logits[:, s], gamma=fw.final_norm, pdl=True, eps=eps)
+            depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
+                       self.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
+                       **draw_args)
+        if smp is not None:
+            smp.advance_offsets(cfg.heads_drawn)
+        self.talker_sum.copy_(self.used.sum(1))
+
     def _capture(self):
         offset0 = self.sampler.offset.clone() if self.sampler is not None else None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # compile and warm up outside the graph
-                self._frame()
+                self._run_frame()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self._frame()
+            self._run_frame()
         if self.sampler is not None:
             self.sampler.offset.copy_(offset0)
 
@@ -225,6 +285,6 @@ class FastLoop:
         if self.graph is not None:
             self.graph.replay()
         else:
-            self._frame()
+            self._run_frame()
         kv = [(self.k_cache[i], self.v_cache[i]) for i in range(self.cfg.layers)]
         return LoopOutput(self.codes, self.talker_sum, kv, self.logits)

@@ -1,0 +1,181 @@
+"""One depth-loop attention step: q/k RMSNorm, RoPE, KV append and attention over <= 16 slots.
+
+The CodePredictor attends over at most 16 positions, so the whole step for one (row, kv head)
+fits one CTA of ``head_dim`` threads, thread d owning dimension d of every vector:
+
+1. k and the ``rep`` query heads of this kv head are RMS-normalised (block reductions of their
+   squares), rotated (RoPE; the partner dimension d ^ head_dim/2 comes through shared memory)
+   and rounded where the eager reference rounds (norm, q·cos, rot·sin, their sum);
+2. k and v are written into the cache at ``pos``;
+3. scores over the 16 slots (slot ``pos`` from registers, the others from the cache; a thread
+   only ever touches its own dimension, so there is no read/write race on the cache), fp32,
+   masked above ``pos``, softmax, p rounded to bf16 as the reference does, p·V summed in fp32.
+
+Launched with programmatic stream serialisation like the GEMVs around it (it waits for the QKV
+projection, then lets the output projection start streaming its weights).
+"""
+from __future__ import annotations
+
+from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
+                             pointer_args, require_hopper)
+
+cutlass, cute = cute_modules()
+from cutlass import BFloat16, Float32, Int32  # noqa: E402
+
+SLOTS = 16
+
+
+class DepthAttention:
+    """Static config: rows M, head counts, head_dim (128), eps."""
+
+    def __init__(self, M: int, q_heads: int, kv_heads: int, head_dim: int = 128,
+                 eps: float = 1e-6, pdl: bool = True):
+        if q_heads % kv_heads or head_dim % 64 or head_dim > 1024:
+            raise ValueError(f"unsupported heads {q_heads}/{kv_heads} x {head_dim}")
+        self.M, self.qh, self.kvh, self.D = M, q_heads, kv_heads, head_dim
+        self.rep = q_heads // kv_heads
+        self.eps, self.pdl = eps, pdl
+        self.warps = head_dim // 32
+
+    @cute.jit
+    def __call__(self, qkv_ptr: cute.Pointer, qn_ptr: cute.Pointer, kn_ptr: cute.Pointer,
+                 cos_ptr: cute.Pointer, sin_ptr: cute.Pointer, kc_ptr: cute.Pointer,
+                 vc_ptr: cute.Pointer, out_ptr: cute.Pointer, pos: Int32, stream):
+        D, M = self.D, self.M
+        width = (self.qh + 2 * self.kvh) * D
+        mQKV = cute.make_tensor(qkv_ptr, cute.make_layout((M, width), stride=(width, 1)))
+        mQn = cute.make_tensor(qn_ptr, cute.make_layout(D))
+        mKn = cute.make_tensor(kn_ptr, cute.make_layout(D))
+        mCos = cute.make_tensor(cos_ptr, cute.make_layout((SLOTS, D), stride=(D, 1)))
+        mSin = cute.make_tensor(sin_ptr, cute.make_layout((SLOTS, D), stride=(D, 1)))
+        cache = cute.make_layout((M, self.kvh, SLOTS, D),
+                                 stride=(self.kvh * SLOTS * D, SLOTS * D, D, 1))
+        mKc = cute.make_tensor(kc_ptr, cache)
+        mVc = cute.make_tensor(vc_ptr, cache)
+        mOut = cute.make_tensor(out_ptr, cute.make_layout((M, self.qh * D),
+                                                          stride=(self.qh * D, 1)))
+        self.kernel(mQKV, mQn, mKn, mCos, mSin, mKc, mVc, mOut, pos).launch(
+            grid=[self.kvh, M, 1], block=[D, 1, 1], stream=stream, use_pdl=self.pdl)
+
+    @cute.kernel
+    def kernel(self, mQKV: cute.Tensor, mQn: cute.Tensor, mKn: cute.Tensor, mCos: cute.Tensor,
+               mSin: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mOut: cute.Tensor,
+               pos: Int32):
+        d, _, _ = cute.arch.thread_idx()
+        h, m, _ = cute.arch.block_idx()
+        D, rep, W = self.D, self.rep, self.warps
+        nvec = rep + 1  # the rep query heads, then k
+        smem = cutlass.memory.SmemAllocator()
+        s_red = smem.allocate_tensor(Float32, cute.make_layout((W, 2 * SLOTS * rep + nvec)), 16)
+        s_vec = smem.allocate_tensor(Float32, cute.make_layout((nvec, D), stride=(D, 1)), 16)
+        warp, lane = d // 32, d % 32
+        # tables (constants) before the dependency wait
+        c = mCos[pos, d].to(Float32)
+        s = mSin[pos, d].to(Float32)
+        gq = mQn[d].to(Float32)
+        gk = mKn[d].to(Float32)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+        raw = [mQKV[m, (h * rep + r) * D + d].to(Float32) for r in range(rep)]
+        raw.append(mQKV[m, (self.qh + h) * D + d].to(Float32))
+        v_new = mQKV[m, (self.qh + self.kvh + h) * D + d]
+        # 1. RMSNorm of each vector: block sums of squares
+        for j in cutlass.range_constexpr(nvec):
+            sq = cute.arch.warp_reduction(raw[j] * raw[j], lambda a, b: a + b)
+            if lane == 0:
+                s_red[warp, j] = sq
+        cute.arch.sync_threads()
+        normed = []
+        for j in cutlass.range_constexpr(nvec):
+            tot = Float32(0.0)
+            for w in cutlass.range_constexpr(W):
+                tot = tot + s_red[w, j]
+            r_ = cute.math.rsqrt(tot * Float32(1.0 / D) + Float32(self.eps))
+            g = gk if j == rep else gq
+            y = (g * (raw[j] * r_).to(BFloat16).to(Float32)).to(BFloat16).to(Float32)
+            normed.append(y)
+            s_vec[j, d] = y
+        cute.arch.sync_threads()
+        # 2. RoPE: rotate_half pairs d with d ^ D/2, negated in the first half
+        sign = Float32(-1.0) if d < D // 2 else Float32(1.0)
+        rot = []
+        for j in cutlass.range_constexpr(nvec):
+            partner = s_vec[j, d ^ (D // 2)] * sign
+            a = (normed[j] * c).to(BFloat16).to(Float32)
+            b = (partner * s).to(BFloat16).to(Float32)
+            rot.append((a + b).to(BFloat16))
+        k_new = rot[rep]
+        mKc[m, h, pos, d] = k_new
+        mVc[m, h, pos, d] = v_new
+        # 3. scores: partial products of this thread's dimension, reduced over the block
+        qf = [rot[r].to(Float32) for r in range(rep)]
+        kf = k_new.to(Float32)
+        vals = [cute.make_rmem_tensor((SLOTS,), Float32) for _ in range(2)]  # K, V of dim d
+        for t in cutlass.range_constexpr(SLOTS):
+            vals[0][t] = cutlass.select_(t == pos, kf, mKc[m, h, t, d].to(Float32))
+            vals[1][t] = cutlass.select_(t == pos, v_new.to(Float32), mVc[m, h, t, d].to(Float32))
+        for r in cutlass.range_constexpr(rep):
+            for t in cutlass.range_constexpr(SLOTS):
+                p = cute.arch.warp_reduction(qf[r] * vals[0][t], lambda a, b: a + b)
+                if lane == 0:
+                    s_red[warp, nvec + r * SLOTS + t] = p
+        cute.arch.sync_threads()
+        scale = Float32(D ** -0.5)
+        for r in cutlass.range_constexpr(rep):
+            sc = cute.make_rmem_tensor((SLOTS,), Float32)
+            best = Float32(-3.0e38)
+            for t in cutlass.range_constexpr(SLOTS):
+                tot = Float32(0.0)
+                for w in cutlass.range_constexpr(W):
+                    tot = tot + s_red[w, nvec + r * SLOTS + t]
+                sc[t] = tot * scale
+                if t <= pos:
+                    best = cute.arch.fmax(best, sc[t])
+            den = Float32(0.0)
+            for t in cutlass.range_constexpr(SLOTS):
+                e = cutlass.select_(t <= pos, cute.math.exp(sc[t] - best), Float32(0.0))
+                sc[t] = e
+                den = den + e
+            acc = Float32(0.0)
+            for t in cutlass.range_constexpr(SLOTS):
+                p = (sc[t] / den).to(BFloat16).to(Float32)
+                acc = acc + cutlass.select_(t <= pos, p * vals[1][t], Float32(0.0))
+            mOut[m, (h * rep + r) * D + d] = acc.to(BFloat16)
+
+
+PTRS = ((BFloat16, 16),) * 8  # qkv, q_norm, k_norm, cos, sin, k cache, v cache, out
+
+
+def compile_args(M: int = 1):
+    from cutlass.cute.runtime import make_fake_stream
+
+    return (*pointer_args(PTRS), Int32(3), make_fake_stream())
+
+
+def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, out, *,
+                    q_heads: int, kv_heads: int, eps: float = 1e-6, pdl: bool = True):
+    """One position of attention for every row: qkv [M, (q+2kv)·D] bf16 -> out [M, q·D] bf16,
+    appending k/v at ``pos`` to the caches [M, kv, 16, D]."""
+    import torch
+
+    require_hopper()
+    M = qkv.shape[0]
+    D = q_norm.shape[0]
+    shapes = {"qkv": (qkv, (M, (q_heads + 2 * kv_heads) * D)), "q_norm": (q_norm, (D,)),
+              "k_norm": (k_norm, (D,)), "cos": (cos, (SLOTS, D)), "sin": (sin, (SLOTS, D)),
+              "k_cache": (k_cache, (M, kv_heads, SLOTS, D)),
+              "v_cache": (v_cache, (M, kv_heads, SLOTS, D)), "out": (out, (M, q_heads * D))}
+    for name, (t, shape) in shapes.items():
+        check_cuda_tensor(name, t, dtypes=(torch.bfloat16,))
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; need {list(shape)}")
+    if not 0 <= pos < SLOTS:
+        raise ValueError(f"pos = {pos} outside the {SLOTS} cache slots")
+    tensors = (qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, out)
+    ptrs = pointer_args(PTRS, tensors)
+    key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl)
+    compiled = cached_compile(key, lambda: cute.compile(
+        DepthAttention(M, q_heads, kv_heads, D, eps, pdl), *ptrs, Int32(pos), current_stream()))
+    compiled(*ptrs, Int32(pos), current_stream())
+    return out

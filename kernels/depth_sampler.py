@@ -1,0 +1,308 @@
+"""One depth-loop draw per row in one CTA: temperature, top-k (ties at the k-th value kept),
+Philox Gumbel-max, then the gathers the next position needs.
+
+Bit-compatible with :func:`models.sampler.filtered_scores` + :func:`models.sampler.draw` on the
+same fp32 logits: ``s = logits / t`` (IEEE division), the k-th largest s found exactly by a radix
+select on order-preserving 32-bit keys (4 passes of 8 bits, shared-memory histograms), survivors
+``s >= kth``, uniforms from Philox4x32-10 keyed by (seed, offset + draw) exactly as
+:func:`models.philox.uniform` (53 bits, ``(bits + 0.5)·2^-53`` in fp64), ``-log(-log u)`` in fp64
+(the same libdevice-style ``log`` torch uses), argmax of ``s + g`` in fp64 with the first index
+winning ties; T == 0 rows take the argmax of s.
+
+Modes: ``sample``, ``greedy`` (argmax of the logits) and ``forced`` (teacher forcing: the code
+is read from ``codes_in``). Every mode then writes the code, copies the next position's input
+row ``embed_proj[code]`` into ``x_next`` and the Talker-space row ``embeds[code]`` into ``used``.
+"""
+from __future__ import annotations
+
+from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
+                             pointer_args, require_hopper)
+
+cutlass, cute = cute_modules()
+from cutlass import Float32, Float64, Int32, Int64, Uint32, Uint64  # noqa: E402
+from cutlass._mlir.dialects import llvm  # noqa: E402
+from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
+
+THREADS = 256
+MODES = ("sample", "greedy", "forced")
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+
+
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 on Uint32 values (models.philox.philox4x32's device twin)."""
+    for _ in range(10):
+        hi0 = cute.arch.mul_hi(Uint32(PHILOX_M[0]), c0)
+        lo0 = Uint32(PHILOX_M[0]) * c0
+        hi1 = cute.arch.mul_hi(Uint32(PHILOX_M[1]), c2)
+        lo1 = Uint32(PHILOX_M[1]) * c2
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = k0 + Uint32(PHILOX_W[0]), k1 + Uint32(PHILOX_W[1])
+    return c0, c1
+
+
+@dsl_user_op
+def f32_bits(v: Float32, *, loc=None, ip=None) -> Uint32:
+    return Uint32(llvm.bitcast(T.i32(), Float32(v).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def bits_f32(b: Uint32, *, loc=None, ip=None) -> Float32:
+    return Float32(llvm.bitcast(T.f32(), Uint32(b).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+def order_key(v: Float32) -> Uint32:
+    """fp32 -> uint32 with the same order (negatives flipped, positives with the sign set)."""
+    b = f32_bits(v)
+    return cutlass.select_(b >= Uint32(0x80000000), ~b, b | Uint32(0x80000000))
+
+
+def key_value(k: Uint32) -> Float32:
+    b = cutlass.select_(k >= Uint32(0x80000000), k & Uint32(0x7FFFFFFF), ~k)
+    return bits_f32(b)
+
+
+class DepthSampler:
+    """Static config: rows M, vocab V (a multiple of 256), widths of the two gathered rows."""
+
+    def __init__(self, M: int, V: int, hidden: int, talker_hidden: int, mode: str = "sample",
+                 pdl: bool = True):
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} not in {MODES}")
+        if V % THREADS or hidden % 8 or talker_hidden % 8 or hidden // 8 > THREADS \
+                or talker_hidden // 8 > THREADS:
+            raise ValueError(f"unsupported V {V} / widths {hidden}, {talker_hidden}")
+        self.M, self.V, self.hidden, self.talker = M, V, hidden, talker_hidden
+        self.mode, self.pdl = mode, pdl
+        self.per_thread = V // THREADS
+
+    @cute.jit
+    def __call__(self, logits_ptr: cute.Pointer, temp_ptr: cute.Pointer, topk_ptr: cute.Pointer,
+                 seed_ptr: cute.Pointer, offset_ptr: cute.Pointer, codes_ptr: cute.Pointer,
+                 codes_in_ptr: cute.Pointer, table_ptr: cute.Pointer, embed_ptr: cute.Pointer,
+                 x_next_ptr: cute.Pointer, used_ptr: cute.Pointer, ld_logits: Int32,
+                 ld_codes: Int32, ld_used: Int32, draw: Int32, stream):
+        M, V = self.M, self.V
+        mL = cute.make_tensor(logits_ptr, cute.make_layout((M, V), stride=(ld_logits, 1)))
+        per_row = cute.make_layout(M)
+        mT = cute.make_tensor(temp_ptr, per_row)
+        mK = cute.make_tensor(topk_ptr, per_row)
+        mSeed = cute.make_tensor(seed_ptr, per_row)
+        mOff = cute.make_tensor(offset_ptr, per_row)
+        mCodes = cute.make_tensor(codes_ptr, cute.make_layout(M, stride=ld_codes))
+        mCodesIn = cute.make_tensor(codes_in_ptr, cute.make_layout(M, stride=ld_codes))
+        hw, tw = self.hidden // 2, self.talker // 2  # 32-bit words per gathered row
+        mTable = cute.make_tensor(table_ptr, cute.make_layout((4, V * hw // 4), stride=(1, 4)))
+        mEmbed = cute.make_tensor(embed_ptr, cute.make_layout((4, V * tw // 4), stride=(1, 4)))
+        mX = cute.make_tensor(x_next_ptr, cute.make_layout((4, M * hw // 4), stride=(1, 4)))
+        mUsed = cute.make_tensor(used_ptr, cute.make_layout((4, M, tw // 4),
+                                                            stride=(1, ld_used // 2, 4)))
+        self.kernel(mL, mT, mK, mSeed, mOff, mCodes, mCodesIn, mTable, mEmbed, mX, mUsed,
+                    draw).launch(grid=[M, 1, 1], block=[THREADS, 1, 1], stream=stream,
+                                 use_pdl=self.pdl)
+
+    @cute.jit
+    def kth_largest_key(self, keys, k, s_hist: cute.Tensor, s_sel: cute.Tensor, tidx):
+        """The k-th largest of the CTA's keys (radix select, most significant byte first)."""
+        prefix = Uint32(0)
+        mask = Uint32(0)
+        remaining = k
+        lane, warp = tidx % 32, tidx // 32
+        for p in cutlass.range_constexpr(4):
+            shift = 24 - 8 * p
+            s_hist[tidx] = Int32(0)
+            cute.arch.sync_threads()
+            for j in cutlass.range_constexpr(self.per_thread):
+                if (keys[j] & mask) == prefix:
+                    digit = Int32((keys[j] >> Uint32(shift)) & Uint32(255))
+                    cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1),
+                                         scope="cta")
+            cute.arch.sync_threads()
+            if warp == 0:
+                # lane l owns bins 8l..8l+7; counts above each lane's bins by a suffix scan
+                own = Int32(0)
+                for b in cutlass.range_constexpr(8):
+                    own = own + s_hist[8 * lane + b]
+                incl = own
+                for o in cutlass.range_constexpr(5):
+                    nb = cute.arch.shuffle_sync_down(incl, offset=1 << o)
+                    if lane + (1 << o) < 32:
+                        incl = incl + nb
+                above = incl - own
+                for bb in cutlass.range_constexpr(8):
+                    b = 7 - bb
+                    c = s_hist[8 * lane + b]
+                    if above < remaining and remaining <= above + c:
+                        s_sel[0] = Int32(8 * lane + b)
+                        s_sel[1] = remaining - above
+                    above = above + c
+            cute.arch.sync_threads()
+            prefix = prefix | (Uint32(s_sel[0]) << Uint32(shift))
+            mask = mask | (Uint32(255) << Uint32(shift))
+            remaining = s_sel[1]
+            cute.arch.sync_threads()
+        return prefix
+
+    @cute.kernel
+    def kernel(self, mL: cute.Tensor, mT: cute.Tensor, mK: cute.Tensor, mSeed: cute.Tensor,
+               mOff: cute.Tensor, mCodes: cute.Tensor, mCodesIn: cute.Tensor,
+               mTable: cute.Tensor, mEmbed: cute.Tensor, mX: cute.Tensor, mUsed: cute.Tensor,
+               draw: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        m, _, _ = cute.arch.block_idx()
+        lane, warp = tidx % 32, tidx // 32
+        smem = cutlass.memory.SmemAllocator()
+        s_hist = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
+        s_sel = smem.allocate_tensor(Int32, cute.make_layout(2), 16)
+        s_best = smem.allocate_tensor(Float64, cute.make_layout(THREADS // 32), 16)
+        s_idx = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32 + 1), 16)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+        code = Int32(0)
+        if cutlass.const_expr(self.mode == "forced"):
+            code = Int32(mCodesIn[m])
+        else:
+            code = self.choose(mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx,
+                               m, tidx, lane, warp)
+        if tidx == 0:
+            mCodes[m] = Int64(code)
+        # the gathers for the next position
+        hw4, tw4 = self.hidden // 8, self.talker // 8
+        if tidx < hw4:
+            row = cute.make_rmem_tensor((4,), Uint32)
+            cute.autovec_copy(mTable[(None, code * hw4 + tidx)], row)
+            cute.autovec_copy(row, mX[(None, m * hw4 + tidx)])
+        if tidx < tw4:
+            row = cute.make_rmem_tensor((4,), Uint32)
+            cute.autovec_copy(mEmbed[(None, code * tw4 + tidx)], row)
+            cute.autovec_copy(row, mUsed[(None, m, tidx)])
+
+    @cute.jit
+    def choose(self, mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx, m, tidx,
+               lane, warp):
+        V, E = self.V, self.per_thread
+        greedy = cutlass.const_expr(self.mode == "greedy")
+        T = Float32(0.0) if greedy else mT[m]
+        t = cutlass.select_(T > Float32(0.0), T, Float32(1.0))
+        s = cute.make_rmem_tensor((E,), Float32)
+        keys = cute.make_rmem_tensor((E,), Uint32)
+        for j in cutlass.range_constexpr(E):
+            if cutlass.const_expr(greedy):
+                s[j] = mL[m, tidx + THREADS * j]
+            else:
+                s[j] = mL[m, tidx + THREADS * j] / t
+                keys[j] = order_key(s[j])
+        best = Float64(-1.0e308) * Float64(10.0)  # -inf
+        best_i = Int32(V)
+        if cutlass.const_expr(greedy):
+            for j in cutlass.range_constexpr(E):
+                if Float64(s[j]) > best:
+                    best = Float64(s[j])
+                    best_i = Int32(tidx + THREADS * j)
+        else:
+            k = Int32(mK[m])
+            k = cutlass.select_(k <= Int32(0), Int32(V), cutlass.min(k, Int32(V)))
+            kth = key_value(self.kth_largest_key(keys, k, s_hist, s_sel, tidx))
+            seed = Uint64(mSeed[m])
+            off = Uint64(mOff[m]) + Uint64(draw)
+            for j in cutlass.range_constexpr(E):
+                col = tidx + THREADS * j
+                r0, r1 = philox4x32_10(Uint32(col), Uint32(off), Uint32(off >> Uint64(32)),
+                                       Uint32(0), Uint32(seed), Uint32(seed >> Uint64(32)))
+                bits = (Uint64(r0) << Uint64(21)) | Uint64(r1 >> Uint32(11))
+                u = (Float64(bits) + Float64(0.5)) * Float64(2.0 ** -53)
+                g = -cute.math.log(-cute.math.log(u))
+                v = cutlass.select_(T > Float32(0.0), Float64(s[j]) + g, Float64(s[j]))
+                if s[j] >= kth and v > best:
+                    best = v
+                    best_i = Int32(col)
+        # block argmax, first index on ties
+        for o in cutlass.range_constexpr(5):
+            ov = cute.arch.shuffle_sync_bfly(best, offset=1 << o)
+            oi = cute.arch.shuffle_sync_bfly(best_i, offset=1 << o)
+            if ov > best or (ov == best and oi < best_i):
+                best = ov
+                best_i = oi
+        if lane == 0:
+            s_best[warp] = best
+            s_idx[warp] = best_i
+        cute.arch.sync_threads()
+        if tidx == 0:
+            b, bi = s_best[0], s_idx[0]
+            for w in cutlass.range_constexpr(1, THREADS // 32):
+                if s_best[w] > b or (s_best[w] == b and s_idx[w] < bi):
+                    b = s_best[w]
+                    bi = s_idx[w]
+            s_idx[THREADS // 32] = bi
+        cute.arch.sync_threads()
+        return s_idx[THREADS // 32]
+
+
+_FLOAT_PTRS = ((Float32, 16), (Float32, 4))  # logits, temperature
+
+
+def _ptr_specs():
+    # logits, temperature, top_k, seed, offset, codes, codes_in, table, embeds, x_next, used
+    return (*_FLOAT_PTRS, (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8),
+            (Uint32, 16), (Uint32, 16), (Uint32, 16), (Uint32, 16))
+
+
+def compile_args():
+    from cutlass.cute.runtime import make_fake_stream
+
+    return (*pointer_args(_ptr_specs()), Int32(15 * 2048), Int32(15), Int32(16 * 2048), Int32(3),
+            make_fake_stream())
+
+
+def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: str,
+               temperature=None, top_k=None, seed=None, offset=None, codes_in=None,
+               pdl: bool = True):
+    """Draw (or take) one code per row and gather the next rows (see the module notes).
+
+    logits [M, V] fp32 (rows may be strided); codes / codes_in [M] int64 (strided views of the
+    [M, 15] code tensors); table [V, hidden] and embeds [V, talker_hidden] bf16; x_next
+    [M, hidden] bf16; used [M, talker_hidden] bf16 (rows may be strided); temperature [M] fp32,
+    top_k / seed / offset [M] int64 (the Sampler's tensors); ``draw``: this draw's offset."""
+    import torch
+
+    require_hopper()
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} not in {MODES}")
+    M, V = logits.shape
+    hidden, talker = table.shape[1], embeds.shape[1]
+    check_cuda_tensor("logits", logits, dtypes=(torch.float32,), contiguous=False)
+    if logits.stride(1) != 1 or used.stride(1) != 1 or x_next.stride(1) != 1:
+        raise ValueError("logits, x_next and used need unit column strides")
+    for name, t in (("table", table), ("embeds", embeds), ("x_next", x_next)):
+        check_cuda_tensor(name, t, dtypes=(torch.bfloat16,))
+    check_cuda_tensor("used", used, dtypes=(torch.bfloat16,), contiguous=False)
+    if tuple(table.shape) != (V, hidden) or tuple(embeds.shape) != (V, talker) \
+            or tuple(x_next.shape) != (M, hidden) or tuple(used.shape) != (M, talker):
+        raise ValueError("table [V, hidden], embeds [V, talker], x_next [M, hidden], "
+                         "used [M, talker] expected")
+    check_cuda_tensor("codes", codes, dtypes=(torch.int64,), contiguous=False, align=8)
+    if mode == "sample":
+        for name, t, dt in (("temperature", temperature, torch.float32),
+                            ("top_k", top_k, torch.int64), ("seed", seed, torch.int64),
+                            ("offset", offset, torch.int64)):
+            check_cuda_tensor(name, t, dtypes=(dt,), align=4)
+            if tuple(t.shape) != (M,):
+                raise ValueError(f"{name} has shape {tuple(t.shape)}; need [{M}]")
+    if mode == "forced":
+        check_cuda_tensor("codes_in", codes_in, dtypes=(torch.int64,), contiguous=False, align=8)
+        if codes_in.stride() != codes.stride():
+            raise ValueError("codes_in must be laid out as codes")
+    dummy = logits
+    tensors = (logits, temperature if temperature is not None else dummy,
+               top_k if top_k is not None else codes, seed if seed is not None else codes,
+               offset if offset is not None else codes, codes,
+               codes_in if codes_in is not None else codes, table, embeds, x_next, used)
+    ptrs = pointer_args(_ptr_specs(), tensors)
+    scalars = (Int32(logits.stride(0)), Int32(codes.stride(0)), Int32(used.stride(0)),
+               Int32(draw))
+    key = ("depth_draw", M, V, hidden, talker, mode, pdl)
+    compiled = cached_compile(key, lambda: cute.compile(
+        DepthSampler(M, V, hidden, talker, mode, pdl), *ptrs, *scalars, current_stream()))
+    compiled(*ptrs, *scalars, current_stream())
+    return codes

@@ -1,0 +1,208 @@
+"""The fast loop's CuTe DSL kernels (<= 8 rows) against torch references: fused GEMVs, the
+attention step, the in-kernel draw. Compile tests run anywhere; the rest needs the H200."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.codepredictor import rms_norm, rotate_half
+from models.sampler import Sampler, SamplerSettings, draw, filtered_scores
+
+BF16_ULP = 2.0**-7  # relative spacing bound of bf16 (8 significant bits)
+
+
+# ---- compile tests (CPU) --------------------------------------------------------------------
+@pytest.mark.compile
+@pytest.mark.parametrize("variant", [dict(norm=True), dict(norm=True, swiglu=True),
+                                     dict(residual=True), dict(norm=True, out_f32=True)])
+@pytest.mark.parametrize("M", [1, 8])
+def test_fused_gemv_compiles_with_pdl_and_no_spills(variant, M):
+    from kernels.gemv_small_m import GemvSmallM, compile_args
+    from workbench.compile import compile_report
+
+    K = 1024 if variant.get("norm") else 3072
+    r = compile_report(GemvSmallM(M, K, pdl=True, **variant),
+                       *compile_args(M, K, variant.get("out_f32", False)))
+    assert r.spill_bytes == 0
+    assert "griddepcontrol.wait" in r.ptx and "griddepcontrol.launch_dependents" in r.ptx
+    # the weight loads come before the dependency wait: they are the prefetch
+    first_wait = r.ptx.index("griddepcontrol.wait")
+    rows = 2 if variant.get("swiglu") else 1
+    assert r.ptx[:first_wait].count("ld.global.v4") == rows * K // 256
+
+
+@pytest.mark.compile
+def test_attention_and_sampler_compile():
+    from kernels.depth_attention import DepthAttention
+    from kernels.depth_attention import compile_args as att_args
+    from kernels.depth_sampler import DepthSampler
+    from kernels.depth_sampler import compile_args as smp_args
+    from workbench.compile import compile_report
+
+    r = compile_report(DepthAttention(8, 16, 8), *att_args(8))
+    assert r.spill_bytes == 0 and "griddepcontrol.wait" in r.ptx
+    r = compile_report(DepthSampler(8, 2048, 1024, 2048, "sample"), *smp_args())
+    assert r.spill_bytes == 0 and r.ptx.count("call") == 0
+    assert "atom.shared" in r.ptx and "mul.hi.u32" in r.ptx
+    # fp64 log inlined (libdevice's polynomial, the one torch's CUDA log uses), no approximations
+    assert "lg2.approx" not in r.ptx and "fma.rn.f64" in r.ptx
+
+
+# ---- GPU tests -------------------------------------------------------------------------------
+def _randn(*shape, g, scale=1.0):
+    return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
+
+
+def _poison(*shape, dtype=torch.bfloat16):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 3, 8])
+def test_fused_gemv_variants_match_torch(M):
+    from kernels.gemv_small_m import gemv_small_m as gemv
+
+    g = torch.Generator(device="cuda").manual_seed(M)
+    K, N = 1024, 2048
+    x = _randn(M, K, g=g, scale=3.0)
+    w = _randn(2 * N, K, g=g, scale=0.03)
+    gamma = (1 + _randn(K, g=g, scale=0.1).float()).to(torch.bfloat16)
+    # norm: the kernel's normalised x may differ from torch's by an ulp where rsqrt rounds
+    # differently, so: tight bound for almost all elements, one-ulp-of-a slack for all
+    a = rms_norm(x, gamma, 1e-6).double()
+    exact = a @ w[:N].double().T
+    mag = a.abs() @ w[:N].double().abs().T
+    out = gemv(x, w[:N], _poison(M, N), gamma=gamma)
+    err = (out.double() - exact).abs()
+    tight = K * 2.0**-23 * mag + exact.abs() * 2.0**-8
+    assert (err <= tight + BF16_ULP * mag).all()
+    assert (err <= tight).float().mean() >= 0.99
+    # out_f32: the same bf16 results, widened
+    out32 = gemv(x, w[:N], _poison(M, N, dtype=torch.float32), gamma=gamma)
+    assert torch.equal(out32, out.float())
+    # residual: bf16(resid + bf16(x W^T)), exactly, also in place
+    plain = gemv(x, w[:N], _poison(M, N))
+    resid = _randn(M, N, g=g)
+    want = (resid.float() + plain.float()).to(torch.bfloat16)
+    assert torch.equal(gemv(x, w[:N], _poison(M, N), resid=resid), want)
+    gemv(x, w[:N], resid, resid=resid)
+    assert torch.equal(resid, want)
+    # swiglu: bf16(bf16(silu(g)) * u) from the plain projections (exp may differ by an ulp)
+    gate, up = gemv(x, w[:N], _poison(M, N)), gemv(x, w[N:], _poison(M, N))
+    want = torch.nn.functional.silu(gate) * up
+    got = gemv(x, w, _poison(M, N), swiglu=True)
+    diff = (got.float() - want.float()).abs()
+    assert (diff <= 2 * BF16_ULP * want.float().abs()).all()
+    assert (diff == 0).float().mean() >= 0.99
+
+
+@pytest.mark.gpu
+def test_fused_gemv_rejects_bad_input():
+    from kernels.gemv_small_m import gemv_small_m as gemv
+
+    x = torch.zeros(2, 1024, dtype=torch.bfloat16, device="cuda")
+    w = torch.zeros(64, 1024, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError):
+        gemv(x, w, gamma=torch.zeros(512, dtype=torch.bfloat16, device="cuda"))
+    with pytest.raises(ValueError):
+        gemv(x, w[:63])  # N not a multiple of 4
+    with pytest.raises(TypeError):
+        gemv(x.float(), w)
+    with pytest.raises(ValueError):
+        gemv(x, w, resid=torch.zeros(2, 64, dtype=torch.bfloat16, device="cuda"),
+             out=torch.zeros(2, 64, device="cuda"))
+
+
+def _attention_reference(qkv, q_norm, k_norm, cos, sin, kc, vc, pos, qh, kvh, eps):
+    """The reference's _layer attention for one position, in its own bf16 ops."""
+    M = qkv.shape[0]
+    D = q_norm.shape[0]
+    q = qkv[:, :qh * D].view(M, qh, D)
+    k = qkv[:, qh * D:(qh + kvh) * D].view(M, kvh, D)
+    v = qkv[:, (qh + kvh) * D:].view(M, kvh, D)
+    q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    c, s = cos[pos], sin[pos]
+    q = q * c + rotate_half(q) * s
+    k = k * c + rotate_half(k) * s
+    kc, vc = kc.clone(), vc.clone()
+    kc[:, :, pos], vc[:, :, pos] = k, v
+    rep = qh // kvh
+    K = kc[:, :, :pos + 1].repeat_interleave(rep, dim=1)
+    V = vc[:, :, :pos + 1].repeat_interleave(rep, dim=1)
+    scores = (q.unsqueeze(2).float() @ K.transpose(-1, -2).float()).squeeze(2) * D ** -0.5
+    p = torch.softmax(scores, dim=-1).to(torch.bfloat16)
+    out = (p.unsqueeze(2).float() @ V.float()).squeeze(2).to(torch.bfloat16)
+    return out.reshape(M, qh * D), kc, vc
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,pos", [(1, 0), (1, 7), (3, 15), (8, 5)])
+def test_depth_attention_matches_reference_step(M, pos):
+    from kernels.depth_attention import depth_attention
+    from models.codepredictor import rope_tables
+    from models.codepredictor_config import QWEN3_TTS_1P7B as cfg
+
+    g = torch.Generator(device="cuda").manual_seed(M * 16 + pos)
+    qh, kvh, D = cfg.q_heads, cfg.kv_heads, cfg.head_dim
+    qkv = _randn(M, (qh + 2 * kvh) * D, g=g, scale=2.0)
+    qn, kn = (1 + _randn(D, g=g, scale=0.2).float()).to(torch.bfloat16), \
+        (1 + _randn(D, g=g, scale=0.2).float()).to(torch.bfloat16)
+    cos, sin = rope_tables(cfg, torch.arange(16, device="cuda"), torch.bfloat16, "cuda")
+    kc, vc = _randn(M, kvh, 16, D, g=g), _randn(M, kvh, 16, D, g=g)
+    if pos < 15:  # slots above pos hold junk the mask must ignore
+        kc[:, :, pos + 1:] = float("nan")
+        vc[:, :, pos + 1:] = float("inf")
+    want, kc_ref, vc_ref = _attention_reference(qkv, qn, kn, cos, sin, kc, vc, pos, qh, kvh,
+                                                cfg.rms_eps)
+    out = _poison(M, qh * D)
+    depth_attention(qkv, qn, kn, cos.contiguous(), sin.contiguous(), kc, vc, pos, out,
+                    q_heads=qh, kv_heads=kvh, eps=cfg.rms_eps)
+    torch.testing.assert_close(vc[:, :, :pos + 1], vc_ref[:, :, :pos + 1], rtol=0, atol=0)
+    kd = (kc[:, :, pos].float() - kc_ref[:, :, pos].float()).abs()
+    assert (kd <= 2 * BF16_ULP * kc_ref[:, :, pos].float().abs() + 1e-6).all()  # rsqrt ulps
+    assert torch.equal(kc[:, :, :pos], kc_ref[:, :, :pos])
+    assert not out.isnan().any()
+    # softmax probabilities round to bf16 in both; the rest is fp32 summation order and ulps
+    torch.testing.assert_close(out.float(), want.float(), rtol=4 * BF16_ULP, atol=0.02)
+
+
+def _draw_case(M, V, seed, g):
+    logits = (torch.randn(M, V, device="cuda", generator=g) * 3).round(decimals=1)  # ties
+    temps = [0.0, 0.7, 1.3, 0.9]
+    ks = [0, 1, 50, V + 5, 7]
+    settings_ = [SamplerSettings(temperature=temps[(seed + i) % 4], top_k=ks[(seed + i) % 5])
+                 for i in range(M)]
+    smp = Sampler(M, settings_, seeds=[(seed + i) * 0x1_0000_0001 % 2**62 for i in range(M)],
+                  device="cuda")
+    smp.offset += (seed % 5) * 2**32 + 11
+    return logits, smp
+
+
+@pytest.mark.gpu
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**20), M=st.sampled_from([1, 3, 8]), d=st.integers(0, 14))
+def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d):
+    from kernels.depth_sampler import depth_draw
+
+    V, hidden, talker = 2048, 1024, 2048
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits, smp = _draw_case(M, V, seed, g)
+    table, embeds = _randn(V, hidden, g=g), _randn(V, talker, g=g)
+    ref = draw(filtered_scores(logits, smp.temperature, smp.top_k), smp.temperature, smp.seed,
+               smp.offset + d)
+    big = torch.zeros(M, 15, V, device="cuda")
+    big[:, d] = logits  # strided rows, as the loop's logits buffer
+    codes = torch.full((M, 15), -1, dtype=torch.int64, device="cuda")
+    x_next, used = _poison(M, hidden), _poison(M, 16, talker)
+    depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1 if d < 15 else 0],
+               d, mode="sample", temperature=smp.temperature, top_k=smp.top_k, seed=smp.seed,
+               offset=smp.offset)
+    assert torch.equal(codes[:, d], ref)
+    assert torch.equal(x_next, table[ref]) and torch.equal(used[:, d + 1], embeds[ref])
+    # greedy and teacher-forced modes
+    depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="greedy")
+    assert torch.equal(codes[:, d], logits.argmax(-1))
+    forced = torch.randint(0, V, (M, 15), device="cuda", generator=g)
+    depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="forced",
+               codes_in=forced[:, d])
+    assert torch.equal(codes[:, d], forced[:, d]) and torch.equal(x_next, table[forced[:, d]])
