@@ -158,8 +158,11 @@ def test_depth_attention_matches_reference_step(M, pos):
     depth_attention(qkv, qn, kn, cos.contiguous(), sin.contiguous(), kc, vc, pos, out,
                     q_heads=qh, kv_heads=kvh, eps=cfg.rms_eps)
     torch.testing.assert_close(vc[:, :, :pos + 1], vc_ref[:, :, :pos + 1], rtol=0, atol=0)
+    # k: an ulp of the normalised vector where rsqrt rounds differently, which RoPE's sum may
+    # leave larger than an ulp of a (cancelling) result
     kd = (kc[:, :, pos].float() - kc_ref[:, :, pos].float()).abs()
-    assert (kd <= 2 * BF16_ULP * kc_ref[:, :, pos].float().abs() + 1e-6).all()  # rsqrt ulps
+    assert (kd == 0).float().mean() >= 0.97
+    assert kd.max() <= 2 * BF16_ULP * kc_ref[:, :, pos].float().abs().max()
     assert torch.equal(kc[:, :, :pos], kc_ref[:, :, :pos])
     assert not out.isnan().any()
     # softmax probabilities round to bf16 in both; the rest is fp32 summation order and ulps
