@@ -98,7 +98,7 @@ class DepthAttention:
             s_vec[j, d] = y
         cute.arch.sync_threads()
         # 2. RoPE: rotate_half pairs d with d ^ D/2, negated in the first half
-        sign = Float32(-1.0) if d < D // 2 else Float32(1.0)
+        sign = cutlass.select_(d < D // 2, Float32(-1.0), Float32(1.0))
         rot = []
         for j in cutlass.range_constexpr(nvec):
             partner = s_vec[j, d ^ (D // 2)] * sign
