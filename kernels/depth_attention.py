@@ -16,6 +16,7 @@ projection, then lets the output projection start streaming its weights).
 """
 from __future__ import annotations
 
+from kernels.nvfp4_device import round_bf16
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -93,7 +94,7 @@ class DepthAttention:
                 tot = tot + s_red[w, j]
             r_ = cute.math.rsqrt(tot * Float32(1.0 / D) + Float32(self.eps))
             g = gk if j == rep else gq
-            y = (g * (raw[j] * r_).to(BFloat16).to(Float32)).to(BFloat16).to(Float32)
+            y = round_bf16(g * round_bf16(raw[j] * r_))
             normed.append(y)
             s_vec[j, d] = y
         cute.arch.sync_threads()
@@ -102,15 +103,13 @@ class DepthAttention:
         rot = []
         for j in cutlass.range_constexpr(nvec):
             partner = s_vec[j, d ^ (D // 2)] * sign
-            a = (normed[j] * c).to(BFloat16).to(Float32)
-            b = (partner * s).to(BFloat16).to(Float32)
-            rot.append((a + b).to(BFloat16))
+            rot.append(round_bf16(round_bf16(normed[j] * c) + round_bf16(partner * s)))
         k_new = rot[rep]
-        mKc[m, h, pos, d] = k_new
+        mKc[m, h, pos, d] = k_new.to(BFloat16)
         mVc[m, h, pos, d] = v_new
         # 3. scores: partial products of this thread's dimension, reduced over the block
-        qf = [rot[r].to(Float32) for r in range(rep)]
-        kf = k_new.to(Float32)
+        qf = rot[:rep]
+        kf = k_new
         vals = [cute.make_rmem_tensor((SLOTS,), Float32) for _ in range(2)]  # K, V of dim d
         for t in cutlass.range_constexpr(SLOTS):
             vals[0][t] = cutlass.select_(t == pos, kf, mKc[m, h, t, d].to(Float32))
@@ -139,7 +138,7 @@ class DepthAttention:
                 den = den + e
             acc = Float32(0.0)
             for t in cutlass.range_constexpr(SLOTS):
-                p = (sc[t] / den).to(BFloat16).to(Float32)
+                p = round_bf16(sc[t] / den)
                 acc = acc + cutlass.select_(t <= pos, p * vals[1][t], Float32(0.0))
             mOut[m, (h * rep + r) * D + d] = acc.to(BFloat16)
 

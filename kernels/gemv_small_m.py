@@ -30,7 +30,7 @@ the previous kernel's tail.
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16_hi, bf16_lo, bf16x2_rn
+from kernels.nvfp4_device import bf16_hi, bf16_lo, bf16x2_rn, round_bf16
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -147,10 +147,10 @@ class GemvSmallM:
 
     def store(self, mY: cute.Tensor, mR: cute.Tensor, m, n, t):
         """The epilogue for one output element from its fp32 sum(s) ``t``."""
-        y = t[0].to(BFloat16).to(Float32)
+        y = round_bf16(t[0])
         if cutlass.const_expr(self.swiglu):
-            u = t[1].to(BFloat16).to(Float32)
-            s = (y / (Float32(1.0) + cute.math.exp(-y))).to(BFloat16).to(Float32)
+            u = round_bf16(t[1])
+            s = round_bf16(y / (Float32(1.0) + cute.math.exp(-y)))
             mY[m, n] = (s * u).to(BFloat16)
         elif cutlass.const_expr(self.residual):
             mY[m, n] = (mR[m, n].to(Float32) + y).to(BFloat16)

@@ -261,6 +261,15 @@ def dequant_e2m1_word(w, scale_x64):
 
 
 @dsl_user_op
+def round_bf16(x: Float32, *, loc=None, ip=None) -> Float32:
+    """x rounded to nearest-even bf16, kept as fp32: a rounding the compiler cannot fold away
+    (an ``extf(truncf(x))`` pair can be simplified to x)."""
+    return Float32(_asm(T.f32(), [Float32(x)], "{ .reg .b16 h; .reg .b32 w; "
+                        "cvt.rn.bf16.f32 h, $1; mov.b32 w, {0, h}; mov.b32 $0, w; }", "=f,f",
+                        loc, ip))
+
+
+@dsl_user_op
 def bf16x2_rn(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
     """``cvt.rn.bf16x2.f32``: two fp32 values rounded to nearest-even bf16, ``lo`` in bits 0-15."""
     return Uint32(_asm(T.i32(), [Float32(hi), Float32(lo)], "cvt.rn.bf16x2.f32 $0, $1, $2;",
