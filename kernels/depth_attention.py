@@ -7,9 +7,12 @@ fits one CTA of ``head_dim`` threads, thread d owning dimension d of every vecto
    squares), rotated (RoPE; the partner dimension d ^ head_dim/2 comes through shared memory)
    and rounded where the eager reference rounds (norm, q·cos, rot·sin, their sum);
 2. k and v are written into the cache at ``pos``;
-3. scores over the 16 slots (slot ``pos`` from registers, the others from the cache; a thread
-   only ever touches its own dimension, so there is no read/write race on the cache), fp32,
-   masked above ``pos``, softmax, p rounded to bf16 as the reference does, p·V summed in fp32.
+3. scores over the 16 slots (slot ``pos`` from registers, the others from the cache, read before
+   the dependency wait; a thread only ever touches its own dimension, so there is no read/write
+   race on the cache): each thread's 32 (head, slot) products are summed over its warp by a
+   butterfly reduce-scatter (31 shuffles leave lane i with pair i), then over the warps in
+   shared memory; softmax in warp 0 (masked above ``pos``), p rounded to bf16 as the reference
+   does, p·V summed in fp32.
 
 Launched with programmatic stream serialisation like the GEMVs around it (it waits for the QKV
 projection, then lets the output projection start streaming its weights).
@@ -31,8 +34,10 @@ class DepthAttention:
 
     def __init__(self, M: int, q_heads: int, kv_heads: int, head_dim: int = 128,
                  eps: float = 1e-6, pdl: bool = True):
-        if q_heads % kv_heads or head_dim % 64 or head_dim > 1024:
-            raise ValueError(f"unsupported heads {q_heads}/{kv_heads} x {head_dim}")
+        if q_heads % kv_heads or head_dim % 64 or head_dim > 1024 \
+                or (q_heads // kv_heads) * SLOTS != 32:
+            raise ValueError(f"unsupported heads {q_heads}/{kv_heads} x {head_dim}: the step "
+                             f"needs head_dim a multiple of 64 and 32 (q head, slot) pairs")
         self.M, self.qh, self.kvh, self.D = M, q_heads, kv_heads, head_dim
         self.rep = q_heads // kv_heads
         self.eps, self.pdl = eps, pdl
@@ -67,14 +72,22 @@ class DepthAttention:
         D, rep, W = self.D, self.rep, self.warps
         nvec = rep + 1  # the rep query heads, then k
         smem = cutlass.memory.SmemAllocator()
-        s_red = smem.allocate_tensor(Float32, cute.make_layout((W, 2 * SLOTS * rep + nvec)), 16)
+        s_norm = smem.allocate_tensor(Float32, cute.make_layout((W, nvec)), 16)
         s_vec = smem.allocate_tensor(Float32, cute.make_layout((nvec, D), stride=(D, 1)), 16)
+        s_part = smem.allocate_tensor(Float32, cute.make_layout((W, 32), stride=(32, 1)), 16)
+        s_p = smem.allocate_tensor(Float32, cute.make_layout(32), 16)
         warp, lane = d // 32, d % 32
-        # tables (constants) before the dependency wait
+        # constants before the dependency wait: the tables, and the cache slots of earlier
+        # positions (written by attention kernels many launches back, long complete); slot pos
+        # and above are replaced or masked below
         c = mCos[pos, d].to(Float32)
         s = mSin[pos, d].to(Float32)
         gq = mQn[d].to(Float32)
         gk = mKn[d].to(Float32)
+        kv_old = [cute.make_rmem_tensor((SLOTS,), Float32) for _ in range(2)]
+        for t in cutlass.range_constexpr(SLOTS):
+            kv_old[0][t] = mKc[m, h, t, d].to(Float32)
+            kv_old[1][t] = mVc[m, h, t, d].to(Float32)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
@@ -85,13 +98,13 @@ class DepthAttention:
         for j in cutlass.range_constexpr(nvec):
             sq = cute.arch.warp_reduction(raw[j] * raw[j], lambda a, b: a + b)
             if lane == 0:
-                s_red[warp, j] = sq
+                s_norm[warp, j] = sq
         cute.arch.sync_threads()
         normed = []
         for j in cutlass.range_constexpr(nvec):
             tot = Float32(0.0)
             for w in cutlass.range_constexpr(W):
-                tot = tot + s_red[w, j]
+                tot = tot + s_norm[w, j]
             r_ = cute.math.rsqrt(tot * Float32(1.0 / D) + Float32(self.eps))
             g = gk if j == rep else gq
             y = round_bf16(g * round_bf16(raw[j] * r_))
@@ -107,39 +120,45 @@ class DepthAttention:
         k_new = rot[rep]
         mKc[m, h, pos, d] = k_new.to(BFloat16)
         mVc[m, h, pos, d] = v_new
-        # 3. scores: partial products of this thread's dimension, reduced over the block
-        qf = rot[:rep]
-        kf = k_new
-        vals = [cute.make_rmem_tensor((SLOTS,), Float32) for _ in range(2)]  # K, V of dim d
-        for t in cutlass.range_constexpr(SLOTS):
-            vals[0][t] = cutlass.select_(t == pos, kf, mKc[m, h, t, d].to(Float32))
-            vals[1][t] = cutlass.select_(t == pos, v_new.to(Float32), mVc[m, h, t, d].to(Float32))
-        for r in cutlass.range_constexpr(rep):
-            for t in cutlass.range_constexpr(SLOTS):
-                p = cute.arch.warp_reduction(qf[r] * vals[0][t], lambda a, b: a + b)
-                if lane == 0:
-                    s_red[warp, nvec + r * SLOTS + t] = p
+        keys = [cutlass.select_(t == pos, k_new, kv_old[0][t]) for t in range(SLOTS)]
+        vals = [cutlass.select_(t == pos, v_new.to(Float32), kv_old[1][t]) for t in range(SLOTS)]
+        # 3. the 32 (head, slot) dot products: this thread's terms, summed over each warp by a
+        # butterfly reduce-scatter (lane i ends with pair i: 31 shuffles, not 32 x 5), then over
+        # the warps through shared memory
+        part = [rot[r] * keys[t] for r in range(rep) for t in range(SLOTS)]
+        for step in cutlass.range_constexpr(5):
+            o = 16 >> step
+            upper = (lane & o) != 0
+            nxt = []
+            for i in cutlass.range_constexpr(o):
+                send = cutlass.select_(upper, part[i], part[i + o])
+                keep = cutlass.select_(upper, part[i + o], part[i])
+                nxt.append(keep + cute.arch.shuffle_sync_bfly(send, offset=o))
+            part = nxt
+        s_part[warp, lane] = part[0]
         cute.arch.sync_threads()
-        scale = Float32(D ** -0.5)
+        # 4. softmax in warp 0, lane = head * 16 + slot; p rounded to bf16 as the reference
+        if warp == 0:
+            t = lane % SLOTS
+            tot = Float32(0.0)
+            for w in cutlass.range_constexpr(W):
+                tot = tot + s_part[w, lane]
+            live = t <= pos
+            sc = cutlass.select_(live, tot * Float32(D ** -0.5), Float32(-3.0e38))
+            best = sc
+            for k in cutlass.range_constexpr(4):
+                best = cute.arch.fmax(best, cute.arch.shuffle_sync_bfly(best, offset=8 >> k))
+            e = cutlass.select_(live, cute.math.exp(sc - best), Float32(0.0))
+            den = e
+            for k in cutlass.range_constexpr(4):
+                den = den + cute.arch.shuffle_sync_bfly(den, offset=8 >> k)
+            s_p[lane] = round_bf16(e / den)
+        cute.arch.sync_threads()
+        # 5. p·V for this thread's dimension (masked slots hold p = 0 but maybe junk V: select)
         for r in cutlass.range_constexpr(rep):
-            sc = cute.make_rmem_tensor((SLOTS,), Float32)
-            best = Float32(-3.0e38)
-            for t in cutlass.range_constexpr(SLOTS):
-                tot = Float32(0.0)
-                for w in cutlass.range_constexpr(W):
-                    tot = tot + s_red[w, nvec + r * SLOTS + t]
-                sc[t] = tot * scale
-                if t <= pos:
-                    best = cute.arch.fmax(best, sc[t])
-            den = Float32(0.0)
-            for t in cutlass.range_constexpr(SLOTS):
-                e = cutlass.select_(t <= pos, cute.math.exp(sc[t] - best), Float32(0.0))
-                sc[t] = e
-                den = den + e
             acc = Float32(0.0)
             for t in cutlass.range_constexpr(SLOTS):
-                p = round_bf16(sc[t] / den)
-                acc = acc + cutlass.select_(t <= pos, p * vals[1][t], Float32(0.0))
+                acc = acc + cutlass.select_(t <= pos, s_p[r * SLOTS + t] * vals[t], Float32(0.0))
             mOut[m, (h * rep + r) * D + d] = acc.to(BFloat16)
 
 

@@ -206,17 +206,22 @@ class DepthSampler:
             kth = key_value(self.kth_largest_key(keys, k, s_hist, s_sel, tidx))
             seed = Uint64(mSeed[m])
             off = Uint64(mOff[m]) + Uint64(draw)
+            sampled = T > Float32(0.0)
             for j in cutlass.range_constexpr(E):
-                col = tidx + THREADS * j
-                r0, r1 = philox4x32_10(Uint32(col), Uint32(off), Uint32(off >> Uint64(32)),
-                                       Uint32(0), Uint32(seed), Uint32(seed >> Uint64(32)))
-                bits = (Uint64(r0) << Uint64(21)) | Uint64(r1 >> Uint32(11))
-                u = (Float64(bits) + Float64(0.5)) * Float64(2.0 ** -53)
-                g = -cute.math.log(-cute.math.log(u))
-                v = cutlass.select_(T > Float32(0.0), Float64(s[j]) + g, Float64(s[j]))
-                if s[j] >= kth and v > best:
-                    best = v
-                    best_i = Int32(col)
+                # only survivors (~k of V) pay for Philox and the two fp64 logs
+                if s[j] >= kth:
+                    col = tidx + THREADS * j
+                    v = Float64(s[j])
+                    if sampled:
+                        r0, r1 = philox4x32_10(Uint32(col), Uint32(off),
+                                               Uint32(off >> Uint64(32)), Uint32(0),
+                                               Uint32(seed), Uint32(seed >> Uint64(32)))
+                        bits = (Uint64(r0) << Uint64(21)) | Uint64(r1 >> Uint32(11))
+                        u = (Float64(bits) + Float64(0.5)) * Float64(2.0 ** -53)
+                        v = v - cute.math.log(-cute.math.log(u))
+                    if v > best:
+                        best = v
+                        best_i = Int32(col)
         # block argmax, first index on ties
         for o in cutlass.range_constexpr(5):
             ov = cute.arch.shuffle_sync_bfly(best, offset=1 << o)

@@ -132,12 +132,14 @@ class FastLoop:
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  compile: bool | None = None, graph: bool | None = None,
-                 teacher_forced: bool = False, small_m: bool = True, path: str | None = None):
+                 teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
+                 pdl: bool = True):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
         self.teacher_forced = teacher_forced
+        self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
         if sampler is not None:
             args = sampler.fused_draw_args()
             if args is None or sampler.uses["top_p"]:
@@ -226,7 +228,7 @@ class FastLoop:
         from kernels.depth_sampler import depth_draw
         from kernels.gemv_small_m import gemv_small_m as gemv
 
-        fw, cfg = self.fw, self.cfg
+        fw, cfg, pdl = self.fw, self.cfg, self.pdl
         eps = cfg.rms_eps
         self.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
         self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
@@ -238,21 +240,21 @@ class FastLoop:
             if p == 1:
                 self.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
             for li in range(cfg.layers):
-                gemv(self.x, fw.qkv[li], self.qkv_out, gamma=fw.in_norm[li], pdl=True, eps=eps)
+                gemv(self.x, fw.qkv[li], self.qkv_out, gamma=fw.in_norm[li], pdl=pdl, eps=eps)
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
-                                q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps)
-                gemv(self.attn, fw.wo[li], self.x, resid=self.x, pdl=True)
+                                q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl)
+                gemv(self.attn, fw.wo[li], self.x, resid=self.x, pdl=pdl)
                 gemv(self.x, fw.gate_up[li], self.mlp, gamma=fw.post_norm[li], swiglu=True,
-                     pdl=True, eps=eps)
-                gemv(self.mlp, fw.down[li], self.x, resid=self.x, pdl=True)
+                     pdl=pdl, eps=eps)
+                gemv(self.mlp, fw.down[li], self.x, resid=self.x, pdl=pdl)
             if p == 0:
                 continue
             s = p - 1  # this position predicts g_{s+1}
-            gemv(self.x, fw.heads[s], self.logits[:, s], gamma=fw.final_norm, pdl=True, eps=eps)
+            gemv(self.x, fw.heads[s], self.logits[:, s], gamma=fw.final_norm, pdl=pdl, eps=eps)
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        self.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
-                       **draw_args)
+                       pdl=pdl, **draw_args)
         if smp is not None:
             smp.advance_offsets(cfg.heads_drawn)
         self.talker_sum.copy_(self.used.sum(1))

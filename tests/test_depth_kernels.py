@@ -42,8 +42,8 @@ def test_attention_and_sampler_compile():
     r = compile_report(DepthAttention(8, 16, 8), *att_args(8))
     assert r.spill_bytes == 0 and "griddepcontrol.wait" in r.ptx
     # every bf16 rounding of the reference is there (an extf(truncf) pair folds away silently):
-    # norm 2 and RoPE 3 per vector (2 q heads + k), p per slot and head, 2 outputs, the k store
-    assert r.ptx.count("cvt.rn.bf16.f32") == 3 * 2 + 3 * 3 + 16 * 2 + 2 + 1
+    # norm 2 and RoPE 3 per vector (2 q heads + k), p (one per lane), 2 outputs, the k store
+    assert r.ptx.count("cvt.rn.bf16.f32") == 3 * 2 + 3 * 3 + 1 + 2 + 1
     r = compile_report(DepthSampler(8, 2048, 1024, 2048, "sample"), *smp_args())
     assert r.spill_bytes == 0 and r.ptx.count("call") == 0
     assert "atom.shared" in r.ptx and "mul.hi.u32" in r.ptx

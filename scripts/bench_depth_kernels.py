@@ -1,0 +1,136 @@
+"""Per-kernel times of the fast loop's kernels path on the GPU, each in a CUDA graph of back-to-back
+launches (weights rotated through copies beyond L2), with and without programmatic dependent
+launch; and the whole frame with PDL on and off. Writes ``$WB_RESULTS_DIR/depth-kernels.json``.
+
+    python3 scripts/bench_depth_kernels.py --rows 1 8
+"""
+import argparse
+import json
+import math
+import os
+
+import torch
+
+from kernels.depth_attention import depth_attention
+from kernels.depth_sampler import depth_draw
+from kernels.gemv_small_m import gemv_small_m as gemv
+from models.codepredictor import random_weights
+from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
+from models.fast_loop import FastLoop, FastWeights
+from models.sampler import Sampler
+from workbench.timing import bench
+
+LAUNCHES = 40
+L2_BYTES = 50 * 2**20
+
+
+def _graph_time_us(fn, launches=LAUNCHES):
+    """Median µs per launch of ``fn(i)`` for i < launches, captured as one graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(launches):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(launches):
+            fn(i)
+    return bench(g.replay, warmup_ms=50, rep_ms=300).median_us / launches
+
+
+def _copies(shape, nbytes):
+    n = max(2, math.ceil(2 * L2_BYTES / nbytes))
+    return [torch.randn(*shape, device="cuda").mul_(0.02).to(torch.bfloat16) for _ in range(n)]
+
+
+def kernel_cases(R):
+    c = CFG
+    D, qkv_n = c.head_dim, (c.q_heads + 2 * c.kv_heads) * c.head_dim
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(R, c.hidden, **bf)
+    gamma = torch.ones(c.hidden, **bf)
+    qkv = torch.randn(R, qkv_n, **bf)
+    attn = torch.randn(R, c.q_heads * D, **bf)
+    mlp = torch.randn(R, c.intermediate, **bf)
+    logits = torch.randn(R, 15, c.vocab, device="cuda")
+    kc = torch.randn(R, c.kv_heads, 16, D, **bf)
+    vc = torch.randn_like(kc)
+    cos = torch.randn(16, D, **bf)
+    sin = torch.randn(16, D, **bf)
+    table = torch.randn(c.vocab, c.hidden, **bf)
+    embeds = torch.randn(c.vocab, c.talker_hidden, **bf)
+    used = torch.zeros(R, 16, c.talker_hidden, **bf)
+    codes = torch.zeros(R, 15, dtype=torch.int64, device="cuda")
+    smp = Sampler(R, seeds=list(range(R)), device="cuda")
+    w = {"qkv": _copies((qkv_n, c.hidden), qkv_n * c.hidden * 2),
+         "wo": _copies((c.hidden, c.q_heads * D), c.hidden * c.q_heads * D * 2),
+         "gate_up": _copies((2 * c.intermediate, c.hidden), 4 * c.intermediate * c.hidden),
+         "down": _copies((c.hidden, c.intermediate), 2 * c.intermediate * c.hidden),
+         "head": _copies((c.vocab, c.hidden), 2 * c.vocab * c.hidden)}
+    nbytes = {k: v[0].numel() * 2 for k, v in w.items()}
+
+    def pick(k, i):
+        return w[k][i % len(w[k])]
+
+    return {
+        "qkv_norm": (nbytes["qkv"], lambda i, pdl: gemv(x, pick("qkv", i), qkv, gamma=gamma,
+                                                         pdl=pdl)),
+        "attention": (0, lambda i, pdl: depth_attention(qkv, gamma[:D], gamma[:D], cos, sin, kc,
+                                                        vc, i % 16, attn, q_heads=c.q_heads,
+                                                        kv_heads=c.kv_heads, pdl=pdl)),
+        "wo_residual": (nbytes["wo"], lambda i, pdl: gemv(attn, pick("wo", i), x, resid=x,
+                                                           pdl=pdl)),
+        "gate_up_swiglu": (nbytes["gate_up"], lambda i, pdl: gemv(x, pick("gate_up", i), mlp,
+                                                                   gamma=gamma, swiglu=True,
+                                                                   pdl=pdl)),
+        "down_residual": (nbytes["down"], lambda i, pdl: gemv(mlp, pick("down", i), x, resid=x,
+                                                               pdl=pdl)),
+        "head_norm_f32": (nbytes["head"], lambda i, pdl: gemv(x, pick("head", i),
+                                                               logits[:, i % 15], gamma=gamma,
+                                                               pdl=pdl)),
+        "draw": (0, lambda i, pdl: depth_draw(logits[:, i % 15], codes[:, i % 15], table, embeds,
+                                              x, used[:, 1 + i % 15], i % 15, mode="sample",
+                                              temperature=smp.temperature, top_k=smp.top_k,
+                                              seed=smp.seed, offset=smp.offset, pdl=pdl)),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    args = ap.parse_args()
+    out = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("WB_GIT_COMMIT"),
+           "launches_per_graph": LAUNCHES, "rows": {}}
+    wts = random_weights(seed=0, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(wts)
+    lines = []
+    for R in args.rows:
+        res = {}
+        for name, (nbytes, fn) in kernel_cases(R).items():
+            on = _graph_time_us(lambda i: fn(i, True))
+            off = _graph_time_us(lambda i: fn(i, False))
+            res[name] = {"pdl_us": on, "no_pdl_us": off, "bytes": nbytes,
+                         "pdl_tbps": nbytes / on / 1e6 if nbytes else None}
+            lines.append(f"{R:>3} {name:<16} {on:8.2f} {off:8.2f} "
+                         f"{(nbytes / on / 1e6 if nbytes else 0):7.2f}")
+            print(lines[-1], flush=True)
+        g = torch.Generator(device="cuda").manual_seed(R)
+        h = torch.randn(R, 2048, device="cuda", generator=g).to(torch.bfloat16)
+        g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
+        for pdl in (True, False):
+            fl = FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"), pdl=pdl)
+            t = bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=500).median_us
+            res[f"frame_{'pdl' if pdl else 'no_pdl'}_us"] = t
+            lines.append(f"{R:>3} frame pdl={pdl}: {t:.0f} us")
+            print(lines[-1], flush=True)
+        out["rows"][str(R)] = res
+    path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"), "depth-kernels.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print("rows kernel            pdl_us   nopdl_us  TB/s")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
