@@ -3,8 +3,8 @@ Philox Gumbel-max, then the gathers the next position needs.
 
 Bit-compatible with :func:`models.sampler.filtered_scores` + :func:`models.sampler.draw` on the
 same fp32 logits: ``s = logits / t`` (IEEE division), the k-th largest s found exactly by a radix
-select on order-preserving 32-bit keys (4 passes of 8 bits, shared-memory histograms), survivors
-``s >= kth``, uniforms from Philox4x32-10 keyed by (seed, offset + draw) exactly as
+select on order-preserving 32-bit keys (4 passes of 8 bits, shared-memory histograms with
+warp-aggregated counts), survivors ``s >= kth``, uniforms from Philox4x32-10 keyed by (seed, offset + draw) exactly as
 :func:`models.philox.uniform` (53 bits, ``(bits + 0.5)·2^-53`` in fp64), ``-log(-log u)`` in fp64
 (the same libdevice-style ``log`` torch uses), argmax of ``s + g`` in fp64 with the first index
 winning ties; T == 0 rows take the argmax of s.
@@ -49,6 +49,15 @@ def f32_bits(v: Float32, *, loc=None, ip=None) -> Uint32:
 @dsl_user_op
 def bits_f32(b: Uint32, *, loc=None, ip=None) -> Float32:
     return Float32(llvm.bitcast(T.f32(), Uint32(b).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@dsl_user_op
+def match_any(v: Uint32, *, loc=None, ip=None) -> Uint32:
+    """``match.any.sync.b32``: the mask of lanes holding the same value."""
+    return Uint32(llvm.inline_asm(T.i32(), [Uint32(v).ir_value(loc=loc, ip=ip)],
+                                  "match.any.sync.b32 $0, $1, 0xffffffff;", "=r,r",
+                                  has_side_effects=True, is_align_stack=False,
+                                  asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def order_key(v: Float32) -> Uint32:
@@ -113,10 +122,15 @@ class DepthSampler:
             s_hist[tidx] = Int32(0)
             cute.arch.sync_threads()
             for j in cutlass.range_constexpr(self.per_thread):
-                if (keys[j] & mask) == prefix:
-                    digit = Int32((keys[j] >> Uint32(shift)) & Uint32(255))
-                    cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1),
-                                         scope="cta")
+                # logits crowd into a few bins (shared exponents): lanes with the same digit
+                # are counted by one leader (match.any), not by up to 32 serialised atomics
+                digit = cutlass.select_((keys[j] & mask) == prefix,
+                                        (keys[j] >> Uint32(shift)) & Uint32(255), Uint32(256))
+                peers = match_any(digit)
+                if digit < Uint32(256) and (peers & (~peers + Uint32(1))) == \
+                        (Uint32(1) << Uint32(lane)):
+                    cute.arch.atomic_add((s_hist.iterator + Int32(digit)).llvm_ptr,
+                                         Int32(cute.arch.popc(peers)), scope="cta")
             cute.arch.sync_threads()
             if warp == 0:
                 # lane l owns bins 8l..8l+7; counts above each lane's bins by a suffix scan

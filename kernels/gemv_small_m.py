@@ -117,6 +117,11 @@ class GemvSmallM:
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
+        resid = Float32(0.0)
+        if cutlass.const_expr(self.residual):
+            # lane m adds and stores y[m, n]: fetch its residual now, off the tail's critical path
+            if lane < self.M:
+                resid = mR[lane, n].to(Float32)
         src = mX
         if cutlass.const_expr(self.norm):
             smem = cutlass.memory.SmemAllocator()
@@ -143,17 +148,17 @@ class GemvSmallM:
             t = [cute.arch.warp_reduction(acc[r][m], lambda a, b: a + b)
                  for r in range(self.w_rows)]
             if lane == m:
-                self.store(mY, mR, m, n, t)
+                self.store(mY, resid, m, n, t)
 
-    def store(self, mY: cute.Tensor, mR: cute.Tensor, m, n, t):
-        """The epilogue for one output element from its fp32 sum(s) ``t``."""
+    def store(self, mY: cute.Tensor, resid, m, n, t):
+        """The epilogue for one output element from its fp32 sum(s) ``t`` (and residual)."""
         y = round_bf16(t[0])
         if cutlass.const_expr(self.swiglu):
             u = round_bf16(t[1])
             s = round_bf16(y / (Float32(1.0) + cute.math.exp(-y)))
             mY[m, n] = (s * u).to(BFloat16)
         elif cutlass.const_expr(self.residual):
-            mY[m, n] = (mR[m, n].to(Float32) + y).to(BFloat16)
+            mY[m, n] = (resid + y).to(BFloat16)
         elif cutlass.const_expr(self.out_f32):
             mY[m, n] = y
         else:
