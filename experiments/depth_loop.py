@@ -84,16 +84,16 @@ def _main(argv) -> int:
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "models/fast_loop.py v5 (CuTe DSL kernels + PDL "
+                                  "fast_loop": "models/fast_loop.py v6 (CuTe DSL kernels + PDL "
                                                "at <= 8 rows, torch.compile above; graphs)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "fast loop v5: v4 (five CuTe DSL kernels per layer with PDL, "
-                             "2168 µs at 1 row) plus attention v2 (1.7 µs, was ~7.9), the draw "
-                             "counting histograms warp-aggregated and paying Philox only for "
-                             "survivors, residuals fetched early; per-kernel graphs put the "
-                             "frame at ~1.35-1.45 ms at 1 row, ~3.3 ms at 8 rows; unchanged "
-                             "(compiled path) above 8 rows. History in notes/fast-loop.md.",
+        notes={"prediction": "fast loop v6: v5 (1457 µs at 1 row: attention v2, residual "
+                             "fetched early) with every GEMV and the draw letting its successor "
+                             "launch at its start (launch_dependents before the wait; per-kernel "
+                             "fixed cost measured ~1.2 µs) and the draw's radix select at two "
+                             "barriers a pass: ~1.25-1.35 ms at 1 row; unchanged (compiled "
+                             "path) above 8 rows. History in notes/fast-loop.md.",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})

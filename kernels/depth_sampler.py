@@ -3,8 +3,9 @@ Philox Gumbel-max, then the gathers the next position needs.
 
 Bit-compatible with :func:`models.sampler.filtered_scores` + :func:`models.sampler.draw` on the
 same fp32 logits: ``s = logits / t`` (IEEE division), the k-th largest s found exactly by a radix
-select on order-preserving 32-bit keys (4 passes of 8 bits, shared-memory histograms with
-warp-aggregated counts), survivors ``s >= kth``, uniforms from Philox4x32-10 keyed by (seed, offset + draw) exactly as
+select on order-preserving 32-bit keys (4 passes of 8 bits, double-buffered shared-memory
+histograms: two barriers a pass), survivors ``s >= kth``, uniforms from Philox4x32-10 keyed by
+(seed, offset + draw) exactly as
 :func:`models.philox.uniform` (53 bits, ``(bits + 0.5)·2^-53`` in fp64), ``-log(-log u)`` in fp64
 (the same libdevice-style ``log`` torch uses), argmax of ``s + g`` in fp64 with the first index
 winning ties; T == 0 rows take the argmax of s.
@@ -49,15 +50,6 @@ def f32_bits(v: Float32, *, loc=None, ip=None) -> Uint32:
 @dsl_user_op
 def bits_f32(b: Uint32, *, loc=None, ip=None) -> Float32:
     return Float32(llvm.bitcast(T.f32(), Uint32(b).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-@dsl_user_op
-def match_any(v: Uint32, *, loc=None, ip=None) -> Uint32:
-    """``match.any.sync.b32``: the mask of lanes holding the same value."""
-    return Uint32(llvm.inline_asm(T.i32(), [Uint32(v).ir_value(loc=loc, ip=ip)],
-                                  "match.any.sync.b32 $0, $1, 0xffffffff;", "=r,r",
-                                  has_side_effects=True, is_align_stack=False,
-                                  asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
 def order_key(v: Float32) -> Uint32:
@@ -117,26 +109,23 @@ class DepthSampler:
         mask = Uint32(0)
         remaining = k
         lane, warp = tidx % 32, tidx // 32
+        s_hist[tidx] = Int32(0)
+        cute.arch.sync_threads()
         for p in cutlass.range_constexpr(4):
             shift = 24 - 8 * p
-            s_hist[tidx] = Int32(0)
-            cute.arch.sync_threads()
+            buf = p % 2
             for j in cutlass.range_constexpr(self.per_thread):
-                # logits crowd into a few bins (shared exponents): lanes with the same digit
-                # are counted by one leader (match.any), not by up to 32 serialised atomics
-                digit = cutlass.select_((keys[j] & mask) == prefix,
-                                        (keys[j] >> Uint32(shift)) & Uint32(255), Uint32(256))
-                peers = match_any(digit)
-                if digit < Uint32(256) and (peers & (~peers + Uint32(1))) == \
-                        (Uint32(1) << Uint32(lane)):
-                    cute.arch.atomic_add((s_hist.iterator + Int32(digit)).llvm_ptr,
-                                         Int32(cute.arch.popc(peers)), scope="cta")
+                if (keys[j] & mask) == prefix:
+                    digit = Int32((keys[j] >> Uint32(shift)) & Uint32(255))
+                    cute.arch.atomic_add((s_hist.iterator + buf * THREADS + digit).llvm_ptr,
+                                         Int32(1), scope="cta")
             cute.arch.sync_threads()
+            s_hist[(1 - buf) * THREADS + tidx] = Int32(0)  # the next pass's histogram
             if warp == 0:
                 # lane l owns bins 8l..8l+7; counts above each lane's bins by a suffix scan
                 own = Int32(0)
                 for b in cutlass.range_constexpr(8):
-                    own = own + s_hist[8 * lane + b]
+                    own = own + s_hist[buf * THREADS + 8 * lane + b]
                 incl = own
                 for o in cutlass.range_constexpr(5):
                     nb = cute.arch.shuffle_sync_down(incl, offset=1 << o)
@@ -145,16 +134,15 @@ class DepthSampler:
                 above = incl - own
                 for bb in cutlass.range_constexpr(8):
                     b = 7 - bb
-                    c = s_hist[8 * lane + b]
+                    c = s_hist[buf * THREADS + 8 * lane + b]
                     if above < remaining and remaining <= above + c:
-                        s_sel[0] = Int32(8 * lane + b)
-                        s_sel[1] = remaining - above
+                        s_sel[2 * buf] = Int32(8 * lane + b)
+                        s_sel[2 * buf + 1] = remaining - above
                     above = above + c
             cute.arch.sync_threads()
-            prefix = prefix | (Uint32(s_sel[0]) << Uint32(shift))
+            prefix = prefix | (Uint32(s_sel[2 * buf]) << Uint32(shift))
             mask = mask | (Uint32(255) << Uint32(shift))
-            remaining = s_sel[1]
-            cute.arch.sync_threads()
+            remaining = s_sel[2 * buf + 1]
         return prefix
 
     @cute.kernel
@@ -166,13 +154,14 @@ class DepthSampler:
         m, _, _ = cute.arch.block_idx()
         lane, warp = tidx % 32, tidx // 32
         smem = cutlass.memory.SmemAllocator()
-        s_hist = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
-        s_sel = smem.allocate_tensor(Int32, cute.make_layout(2), 16)
+        s_hist = smem.allocate_tensor(Int32, cute.make_layout(2 * THREADS), 16)
+        s_sel = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
         s_best = smem.allocate_tensor(Float64, cute.make_layout(THREADS // 32), 16)
         s_idx = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32 + 1), 16)
         if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
+            # the next kernel (a GEMV) only prefetches weights before its own wait: let it in now
             cute.arch.griddepcontrol_launch_dependents()
+            cute.arch.griddepcontrol_wait()
         code = Int32(0)
         if cutlass.const_expr(self.mode == "forced"):
             code = Int32(mCodesIn[m])

@@ -22,11 +22,13 @@ Fusions, each rounding where the eager torch reference rounds (models.codepredic
   the bf16-rounded projections;
 * ``out_f32``: the bf16-rounded result widened to fp32 (the logits).
 
-``pdl``: launched with programmatic stream serialisation, so the kernel starts while its
-predecessor drains; the weight loads (constants) are issued first, then ``griddepcontrol.wait``
-holds everything that reads the predecessor's output, then ``launch_dependents`` lets the next
-kernel start its own weight stream. A chain of these overlaps each launch and weight fetch with
-the previous kernel's tail.
+``pdl``: launched with programmatic stream serialisation. The kernel lets its successor launch
+at once (``launch_dependents`` first: a successor only reads constants before its own wait),
+issues its weight loads (constants too), then ``griddepcontrol.wait`` holds everything that
+reads the predecessor's output. A chain of these overlaps each launch and weight fetch with the
+previous kernel's tail. (When a kernel passes its wait, every earlier kernel has completed; the
+attention step, which reads older KV-cache slots before its wait, triggers only after its wait,
+so no chain runs ahead of it.)
 """
 from __future__ import annotations
 
@@ -108,6 +110,10 @@ class GemvSmallM:
         n = bidx * WARPS + warp
         chunks = self.K // 256  # 16-byte chunks per lane
         row_chunks = self.K // 8
+        if cutlass.const_expr(self.pdl):
+            # let the next kernel launch as soon as this grid is resident: before its own wait
+            # it only reads constants (weights), and it cannot pass that wait before we finish
+            cute.arch.griddepcontrol_launch_dependents()
         # the weight stream first: constants, so legal before the grid dependency resolves
         w = [[cute.make_rmem_tensor((4,), Uint32) for _ in range(chunks)]
              for _ in range(self.w_rows)]
@@ -116,7 +122,6 @@ class GemvSmallM:
                 cute.autovec_copy(mW[(None, (n + r * N) * row_chunks + i * 32 + lane)], w[r][i])
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
         resid = Float32(0.0)
         if cutlass.const_expr(self.residual):
             # lane m adds and stores y[m, n]: fetch its residual now, off the tail's critical path
