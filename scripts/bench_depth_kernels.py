@@ -1,13 +1,12 @@
 """Per-kernel times of the fast loop's kernels path on the GPU, each in a CUDA graph of back-to-back
 launches (weights rotated through copies beyond L2), with and without programmatic dependent
-launch; and the whole frame with PDL on and off. Writes ``$WB_RESULTS_DIR/depth-kernels.json``.
+launch; and the whole frame with PDL on and off. Writes a results summary
+``depth-kernels.json`` (into ``$WB_RESULTS_DIR``, default results/).
 
     python3 scripts/bench_depth_kernels.py --rows 1 8
 """
 import argparse
-import json
 import math
-import os
 
 import torch
 
@@ -18,10 +17,11 @@ from models.codepredictor import random_weights
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
+from workbench import results as Rs
 from workbench.timing import bench
 
 LAUNCHES = 40
-L2_BYTES = 50 * 2**20
+L2_BYTES = 60 * 2**20  # the H200's L2
 
 
 def _graph_time_us(fn, launches=LAUNCHES):
@@ -100,18 +100,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     args = ap.parse_args()
-    out = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("WB_GIT_COMMIT"),
-           "launches_per_graph": LAUNCHES, "rows": {}}
+    measurements = []
     wts = random_weights(seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(wts)
     lines = []
     for R in args.rows:
-        res = {}
         for name, (nbytes, fn) in kernel_cases(R).items():
             on = _graph_time_us(lambda i: fn(i, True))
             off = _graph_time_us(lambda i: fn(i, False))
-            res[name] = {"pdl_us": on, "no_pdl_us": off, "bytes": nbytes,
-                         "pdl_tbps": nbytes / on / 1e6 if nbytes else None}
+            measurements.append({"rows": R, "kernel": name, "pdl_us": on, "no_pdl_us": off,
+                                 "weight_bytes": nbytes,
+                                 "pdl_tbps": nbytes / on / 1e6 if nbytes else None})
             lines.append(f"{R:>3} {name:<16} {on:8.2f} {off:8.2f} "
                          f"{(nbytes / on / 1e6 if nbytes else 0):7.2f}")
             print(lines[-1], flush=True)
@@ -121,15 +120,20 @@ def main():
         for pdl in (True, False):
             fl = FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"), pdl=pdl)
             t = bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=500).median_us
-            res[f"frame_{'pdl' if pdl else 'no_pdl'}_us"] = t
+            measurements.append({"rows": R, "kernel": "frame", "pdl": pdl, "us": t})
             lines.append(f"{R:>3} frame pdl={pdl}: {t:.0f} us")
             print(lines[-1], flush=True)
-        out["rows"][str(R)] = res
-    path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"), "depth-kernels.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    summary = Rs.make_summary(
+        "depth-kernels", parameters={"rows": args.rows, "launches_per_graph": LAUNCHES,
+                                     "weights_rotated_beyond_bytes": 2 * L2_BYTES},
+        measurements=measurements,
+        headline={"frame_us": {f"{m['rows']}{'' if m['pdl'] else ' no-pdl'}": round(m["us"], 1)
+                               for m in measurements if m["kernel"] == "frame"}},
+        gates={}, seeds={"weights": 0})
+    path = Rs.write(summary, None)
     print("rows kernel            pdl_us   nopdl_us  TB/s")
     print("\n".join(lines))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
