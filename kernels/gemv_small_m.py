@@ -153,21 +153,25 @@ class GemvSmallM:
             t = [cute.arch.warp_reduction(acc[r][m], lambda a, b: a + b)
                  for r in range(self.w_rows)]
             if lane == m:
-                self.store(mY, resid, m, n, t)
+                epilogue_store(mY, resid, m, n, t, swiglu=self.swiglu, residual=self.residual,
+                               out_f32=self.out_f32)
 
-    def store(self, mY: cute.Tensor, resid, m, n, t):
-        """The epilogue for one output element from its fp32 sum(s) ``t`` (and residual)."""
-        y = round_bf16(t[0])
-        if cutlass.const_expr(self.swiglu):
-            u = round_bf16(t[1])
-            s = round_bf16(y / (Float32(1.0) + cute.math.exp(-y)))
-            mY[m, n] = (s * u).to(BFloat16)
-        elif cutlass.const_expr(self.residual):
-            mY[m, n] = (resid + y).to(BFloat16)
-        elif cutlass.const_expr(self.out_f32):
-            mY[m, n] = y
-        else:
-            mY[m, n] = t[0].to(BFloat16)
+
+def epilogue_store(mY: cute.Tensor, resid, m, n, t, *, swiglu: bool, residual: bool,
+                   out_f32: bool):
+    """Write y[m, n] from its fp32 sum(s) ``t`` (gate and up with SwiGLU), rounding where the
+    eager reference rounds; shared by the GEMV and kernels/gemm_skinny.py."""
+    y = round_bf16(t[0])
+    if cutlass.const_expr(swiglu):
+        u = round_bf16(t[1])
+        s = round_bf16(y / (Float32(1.0) + cute.math.exp(-y)))
+        mY[m, n] = (s * u).to(BFloat16)
+    elif cutlass.const_expr(residual):
+        mY[m, n] = (resid + y).to(BFloat16)
+    elif cutlass.const_expr(out_f32):
+        mY[m, n] = y
+    else:
+        mY[m, n] = t[0].to(BFloat16)
 
 
 def _ptr_specs(out_f32: bool):

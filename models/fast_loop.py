@@ -17,13 +17,15 @@ logits within bf16 noise), restructured for speed:
   top-k by ``topk`` instead of a full sort);
 * the whole frame captured as one CUDA graph per row bucket (1, 2, 4, ..., 128).
 
-For <= 8 rows on the GPU the default path is ``kernels``: five CuTe DSL kernels per layer
+On the GPU the default path is ``kernels``. For <= 8 rows: five CuTe DSL kernels per layer
 (RMSNorm + QKV GEMV; q/k norm + RoPE + KV append + attention; o GEMV + residual; RMSNorm +
 gate/up GEMV + SwiGLU; down GEMV + residual), then per drawn group a final-norm + head GEMV and a
 one-CTA-per-row draw that also gathers the next input rows, all launched with programmatic
 dependent launch so each kernel's weight stream starts under its predecessor's tail
-(kernels/gemv_small_m.py, depth_attention.py, depth_sampler.py). Above 8 rows the ``compiled``
-path (torch.compile around cuBLAS) is used. On a CPU (tests) everything runs eagerly.
+(kernels/gemv_small_m.py, depth_attention.py, depth_sampler.py). For 16-128 rows (multiples of
+16) each normed projection becomes a row-norm kernel plus a split-K tensor-core projection
+(kernels/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues. Other row counts use the
+``compiled`` path (torch.compile around cuBLAS). On a CPU (tests) everything runs eagerly.
 """
 from __future__ import annotations
 
@@ -165,13 +167,23 @@ class FastLoop:
         # the CuTe DSL small-M GEMV for <= 8 rows on the GPU (cuBLAS streams these weights at
         # 0.4-1.6 TB/s); cuBLAS above, and everywhere on a CPU
         self.small_m = cuda and rows <= 8 and small_m
-        self.path = path or ("kernels" if self.small_m else "compiled")
+        kernels_ok = cuda and (rows <= 8 or (rows % 16 == 0 and rows <= 128))
+        self.path = path or ("kernels" if kernels_ok else "compiled")
         if self.path not in ("kernels", "compiled"):
             raise ValueError(f"path {path!r}: 'kernels' or 'compiled'")
         if self.path == "kernels":
-            if not (cuda and rows <= 8):
-                raise ValueError("the kernels path runs <= 8 rows on a CUDA device")
+            if not kernels_ok:
+                raise ValueError("the kernels path runs on a CUDA device with <= 8 rows or a "
+                                 "multiple of 16 up to 128")
             self.x = torch.zeros(rows, cfg.hidden, device=dev, dtype=dt)
+            if rows > 8:  # tensor-core projections: a normalised copy and split-K partials
+                from kernels.gemm_skinny import SplitKWorkspace
+
+                self.xn = torch.zeros_like(self.x)
+                H, I = cfg.hidden, cfg.intermediate
+                self.work = SplitKWorkspace(rows, [
+                    (fw.qkv[0].shape[0], H, False), (H, cfg.q_heads * D, False), (I, H, True),
+                    (H, I, False), (cfg.vocab, H, False)], dev)
             self.qkv_out = torch.zeros(rows, (cfg.q_heads + 2 * cfg.kv_heads) * D, device=dev,
                                        dtype=dt)
             self.attn = torch.zeros(rows, cfg.q_heads * D, device=dev, dtype=dt)
@@ -222,13 +234,29 @@ class FastLoop:
             self.used[:, s + 1].copy_(fw.embeds[s].index_select(0, g))
         self.talker_sum.copy_(self.used.sum(1))
 
+    def _project(self, a, w, out, *, gamma=None, resid=None, swiglu: bool = False):
+        """out = [resid +] [norm](a) · w^T [SwiGLU]: the fused GEMV for <= 8 rows, else the
+        row norm (when gamma is given) and the split-K tensor-core projection."""
+        from kernels.gemm_skinny import gemm_skinny
+        from kernels.gemv_small_m import gemv_small_m
+        from kernels.rows_rmsnorm import rows_rmsnorm
+
+        eps = self.cfg.rms_eps
+        if self.rows <= 8:
+            gemv_small_m(a, w, out, gamma=gamma, resid=resid, swiglu=swiglu, pdl=self.pdl,
+                         eps=eps)
+            return
+        if gamma is not None:
+            a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl)
+        gemm_skinny(a, w, out, self.work, resid=resid, swiglu=swiglu, pdl=self.pdl)
+
     def _frame_kernels(self):
-        """The frame as CuTe DSL kernels (<= 8 rows); same buffers and semantics as _frame."""
+        """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""
         from kernels.depth_attention import depth_attention
         from kernels.depth_sampler import depth_draw
-        from kernels.gemv_small_m import gemv_small_m as gemv
 
         fw, cfg, pdl = self.fw, self.cfg, self.pdl
+        proj = self._project
         eps = cfg.rms_eps
         self.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
         self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
@@ -240,18 +268,17 @@ class FastLoop:
             if p == 1:
                 self.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
             for li in range(cfg.layers):
-                gemv(self.x, fw.qkv[li], self.qkv_out, gamma=fw.in_norm[li], pdl=pdl, eps=eps)
+                proj(self.x, fw.qkv[li], self.qkv_out, gamma=fw.in_norm[li])
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
                                 q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl)
-                gemv(self.attn, fw.wo[li], self.x, resid=self.x, pdl=pdl)
-                gemv(self.x, fw.gate_up[li], self.mlp, gamma=fw.post_norm[li], swiglu=True,
-                     pdl=pdl, eps=eps)
-                gemv(self.mlp, fw.down[li], self.x, resid=self.x, pdl=pdl)
+                proj(self.attn, fw.wo[li], self.x, resid=self.x)
+                proj(self.x, fw.gate_up[li], self.mlp, gamma=fw.post_norm[li], swiglu=True)
+                proj(self.mlp, fw.down[li], self.x, resid=self.x)
             if p == 0:
                 continue
             s = p - 1  # this position predicts g_{s+1}
-            gemv(self.x, fw.heads[s], self.logits[:, s], gamma=fw.final_norm, pdl=pdl, eps=eps)
+            proj(self.x, fw.heads[s], self.logits[:, s], gamma=fw.final_norm)
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        self.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
                        pdl=pdl, **draw_args)

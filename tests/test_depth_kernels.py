@@ -212,3 +212,85 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d):
     depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="forced",
                codes_in=forced[:, d])
     assert torch.equal(codes[:, d], forced[:, d]) and torch.equal(x_next, table[forced[:, d]])
+
+
+# ---- above 8 rows: the row norm and the split-K tensor-core projection ---------------------
+@pytest.mark.compile
+@pytest.mark.parametrize("variant", [{}, dict(residual=True), dict(swiglu=True),
+                                     dict(out_f32=True)])
+@pytest.mark.parametrize("M,K", [(16, 1024), (128, 3072)])
+def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K):
+    from kernels.gemm_skinny import K_SLICE, GemmSkinny, compile_args
+    from workbench.compile import compile_report
+
+    g = GemmSkinny(M, K, pdl=True, **variant)
+    r = compile_report(g, *compile_args(variant.get("out_f32", False)))
+    assert r.spill_bytes == 0 and r.ptx.count("call") == 0
+    # (M/16) m-tiles x 2 k16 steps per 32-wide block x 2 weight-row tiles per warp
+    assert r.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == \
+        (M // 16) * 2 * (K_SLICE // 32) * 2
+    assert r.ptx.count("cp.async.cg.shared.global") == M * (K_SLICE // 8) // 128
+    wait = r.ptx.index("griddepcontrol.wait")
+    assert r.ptx[:wait].count("ld.global.v4") == 2 * (K_SLICE // 32)  # weights before the wait
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [16, 48, 128])
+def test_rows_rmsnorm_matches_reference(M):
+    from kernels.rows_rmsnorm import rows_rmsnorm
+
+    g = torch.Generator(device="cuda").manual_seed(M)
+    x = _randn(M, 1024, g=g, scale=3.0)
+    gamma = (1 + _randn(1024, g=g, scale=0.1).float()).to(torch.bfloat16)
+    out = rows_rmsnorm(x, gamma, _poison(M, 1024))
+    want = rms_norm(x, gamma, 1e-6)
+    diff = (out.float() - want.float()).abs()
+    assert (diff <= BF16_ULP * want.float().abs()).all()  # rsqrt may move a rounding by an ulp
+    assert (diff == 0).float().mean() >= 0.99
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [16, 64, 128])
+@pytest.mark.parametrize("N,K", [(4096, 1024), (1024, 2048), (1024, 3072), (2048, 1024)])
+def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K):
+    from kernels.gemm_skinny import SplitKWorkspace, gemm_skinny
+
+    g = torch.Generator(device="cuda").manual_seed(M * N + K)
+    a = _randn(M, K, g=g)
+    w = _randn(N, K, g=g, scale=0.03)
+    work = SplitKWorkspace(M, [(N, K, False)], "cuda")
+    out = gemm_skinny(a, w, _poison(M, N), work)
+    exact = a.double() @ w.double().T
+    bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
+    assert ((out.double() - exact).abs() <= bound).all()
+    assert torch.equal(gemm_skinny(a, w, _poison(M, N), work), out)  # counters re-armed
+    assert not work.count.any()
+    # epilogues, against the bf16 result above (the same sums in the same order)
+    out32 = gemm_skinny(a, w, _poison(M, N, dtype=torch.float32), work)
+    assert torch.equal(out32, out.float())
+    resid = _randn(M, N, g=g)
+    want = (resid.float() + out.float()).to(torch.bfloat16)
+    gemm_skinny(a, w, resid, work, resid=resid)
+    assert torch.equal(resid, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [16, 128])
+def test_skinny_gemm_swiglu_and_strided_fp32_rows(M):
+    from kernels.gemm_skinny import SplitKWorkspace, gemm_skinny
+
+    g = torch.Generator(device="cuda").manual_seed(M)
+    N, K = 3072, 1024
+    a = _randn(M, K, g=g)
+    w = _randn(2 * N, K, g=g, scale=0.03)
+    work = SplitKWorkspace(M, [(N, K, True), (N, K, False)], "cuda")
+    gate = gemm_skinny(a, w[:N], _poison(M, N), work)
+    up = gemm_skinny(a, w[N:], _poison(M, N), work)
+    got = gemm_skinny(a, w, _poison(M, N), work, swiglu=True)
+    want = torch.nn.functional.silu(gate) * up
+    diff = (got.float() - want.float()).abs()
+    assert (diff <= 2 * BF16_ULP * want.float().abs()).all()
+    assert (diff == 0).float().mean() >= 0.99
+    logits = torch.full((M, 15, N), float("nan"), device="cuda")
+    gemm_skinny(a, w[:N], logits[:, 3], work)
+    assert torch.equal(logits[:, 3], gate.float()) and logits[:, 4].isnan().all()
