@@ -85,16 +85,14 @@ def _main(argv) -> int:
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "models/fast_loop.py v7 (CuTe DSL kernels + PDL "
+                                  "fast_loop": "models/fast_loop.py v7b (CuTe DSL kernels + PDL "
                                                "at <= 8 rows, torch.compile above; graphs)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "fast loop v7: v6 at <= 8 rows (1426 µs at 1 row); at 16-128 rows "
-                             "the kernels path with split-K mma.sync projections (64-column "
-                             "tiles x 256-wide K slices, deterministic last-CTA reduction) and a "
-                             "row-norm kernel: ~3-4 µs a projection at 64 rows (cuBLAS ~6-7), "
-                             "~38 launches a position: ~2.0-2.5 ms at 64 rows (compiled path "
-                             "7.1 ms). History in notes/fast-loop.md.",
+        notes={"prediction": "fast loop v7b: the path per bucket from the v7 run (db6aca1): "
+                             "kernels path up to 32 rows (1418 / 3430 / 2979 / 4361 µs at 1 / 8 "
+                             "/ 16 / 32), compiled path at 64 and 128 (7104 / 9305 µs); the same "
+                             "figures within run-to-run noise. History in notes/fast-loop.md.",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})
