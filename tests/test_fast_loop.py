@@ -73,6 +73,10 @@ def test_fast_loop_refuses_what_it_cannot_draw():
         FastLoop(FastWeights(w), 2, Sampler(2))  # a CPU sampler: no fused draw
     with pytest.raises(ValueError):
         FastLoop(FastWeights(w), 2)(*_inputs(TINY, 3))  # wrong row count
+    with pytest.raises(ValueError, match="CUDA"):
+        FastLoop(FastWeights(w), 2, path="kernels")  # the CuTe DSL path needs the GPU
+    with pytest.raises(ValueError, match="path"):
+        FastLoop(FastWeights(w), 2, path="fused")
 
 
 @pytest.mark.gpu
