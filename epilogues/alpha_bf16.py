@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kernels.nvfp4_device import bf16x2_rn
 from kernels.runtime import cute_modules
+from kernels.sync_sm90 import count_split_arrival
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32  # noqa: E402
@@ -65,13 +66,7 @@ class SplitKAlphaBf16Epilogue:
         cute.arch.barrier(barrier_id=2, number_of_threads=256)
         flag_t = cute.make_tensor(flag, cute.make_layout(1))
         if ct == 0:
-            arrived = cute.arch.atomic_add((mCount.iterator + tile_id).llvm_ptr, Int32(1),
-                                           sem="acq_rel", scope="gpu")
-            last = Int32(0)
-            if arrived == self.splits - 1:
-                last = Int32(1)
-                mCount[tile_id] = Int32(0)  # re-arm for the next launch
-            flag_t[0] = last
+            count_split_arrival(mCount, tile_id, self.splits, flag_t)
         cute.arch.barrier(barrier_id=2, number_of_threads=256)
         if flag_t[0] == Int32(1):
             cute.arch.fence_acq_rel_gpu()

@@ -22,9 +22,10 @@ the counter to 0 for the next launch. No CTA waits on another.
 """
 from __future__ import annotations
 
-from kernels.gemv_small_m import epilogue_store
-from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                             pointer_args, require_hopper)
+from kernels.gemv_small_m import check_projection_out, epilogue_store, projection_dims
+from kernels.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
+                             require_hopper)
+from kernels.sync_sm90 import count_split_arrival
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Uint32  # noqa: E402
@@ -160,13 +161,7 @@ class GemmSkinny:
         cute.arch.fence_acq_rel_gpu()
         cute.arch.sync_threads()
         if tidx == 0:
-            arrived = cute.arch.atomic_add((mCount.iterator + tile).llvm_ptr, Int32(1),
-                                           sem="acq_rel", scope="gpu")
-            last = Int32(0)
-            if arrived == self.splits - 1:
-                last = Int32(1)
-                mCount[tile] = Int32(0)  # re-arm for the next launch
-            s_last[0] = last
+            count_split_arrival(mCount, tile, self.splits, s_last)
         cute.arch.sync_threads()
         # 5. the last CTA of the tile: partials in slice order, then the epilogue
         if s_last[0] == Int32(1):
@@ -217,40 +212,23 @@ class SplitKWorkspace:
         self.count = torch.zeros(max(tiles), dtype=torch.int32, device=device)
 
 
-def gemm_skinny(a, w, out, work: SplitKWorkspace, *, resid=None, swiglu: bool = False,
+def gemm_skinny(x, w, out, work: SplitKWorkspace, *, resid=None, swiglu: bool = False,
                 pdl: bool = False):
-    """a [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times w [N, K]^T (SwiGLU: [2N, K], gate rows
+    """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times w [N, K]^T (SwiGLU: [2N, K], gate rows
     then up rows) into out [M, N] (bf16, or fp32 for widened bf16 results; rows may be strided).
     ``resid`` [M, N] bf16 laid out as out (may be out): add it."""
-    import torch
-
     require_hopper()
-    check_cuda_tensor("a", a, dtypes=(torch.bfloat16,))
-    check_cuda_tensor("w", w, dtypes=(torch.bfloat16,))
-    if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
-        raise ValueError(f"shapes a {tuple(a.shape)}, w {tuple(w.shape)}: need [M, K], [N, K]")
-    M, K = a.shape
-    N = w.shape[0] // 2 if swiglu else w.shape[0]
-    cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu,
-                     out_f32=out.dtype == torch.float32, pdl=pdl)  # validates M, K
-    if N % cfg.tile_out or (swiglu and w.shape[0] % 2):
+    M, K, N = projection_dims(x, w, swiglu)
+    out_f32 = check_projection_out(out, resid, M, N, swiglu)
+    cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
+                     pdl=pdl)  # validates M, K
+    if N % cfg.tile_out:
         raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
-    check_cuda_tensor("out", out, dtypes=(torch.bfloat16, torch.float32), contiguous=False,
-                      align=4)
-    if tuple(out.shape) != (M, N) or out.stride(1) != 1:
-        raise ValueError(f"out has shape {tuple(out.shape)}, strides {out.stride()}; need "
-                         f"[{M}, {N}] with unit column stride")
-    if resid is not None:
-        check_cuda_tensor("resid", resid, dtypes=(torch.bfloat16,), contiguous=False, align=2)
-        if cfg.out_f32 or swiglu or resid.shape != out.shape or resid.stride() != out.stride():
-            raise ValueError("resid must be a bf16 tensor laid out as out, without swiglu")
-    if swiglu and cfg.out_f32:
-        raise ValueError("swiglu writes bf16")
     tiles = N // cfg.tile_out
     if work.count.numel() < tiles or work.work.numel() < tiles * cfg.splits * M * TILE_N:
         raise ValueError("the split-K workspace is too small for this projection")
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
-                        (a, w, out, resid if resid is not None else a, work.work, work.count))
+                        (x, w, out, resid if resid is not None else x, work.work, work.count))
     key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))

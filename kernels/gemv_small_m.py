@@ -32,7 +32,7 @@ so no chain runs ahead of it.)
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16_hi, bf16_lo, bf16x2_rn, round_bf16
+from kernels.nvfp4_device import bf16_hi, bf16_lo, rmsnorm_pair, round_bf16
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -96,8 +96,7 @@ class GemvSmallM:
                     cute.autovec_copy(mG[(None, i * 32 + lane)], g)
                     out = cute.make_rmem_tensor((4,), Uint32)
                     for e in cutlass.range_constexpr(4):
-                        y = bf16x2_rn(bf16_lo(xs[i][e]) * r, bf16_hi(xs[i][e]) * r)
-                        out[e] = bf16x2_rn(bf16_lo(g[e]) * bf16_lo(y), bf16_hi(g[e]) * bf16_hi(y))
+                        out[e] = rmsnorm_pair(xs[i][e], g[e], r)
                     cute.autovec_copy(out, sX[(None, m * row_chunks + i * 32 + lane)])
 
     @cute.kernel
@@ -186,6 +185,41 @@ def compile_args(M: int = 4, K: int = 1024, out_f32: bool = False):
     return (*pointer_args(_ptr_specs(out_f32)), Int32(4096), Int32(4096), make_fake_stream())
 
 
+def projection_dims(x, w, swiglu: bool):
+    """Checks of a projection's operands shared by the GEMV and kernels/gemm_skinny.py:
+    x [M, K] and w [N, K] (SwiGLU: [2N, K]) bf16 CUDA tensors; returns (M, K, N)."""
+    import torch
+
+    check_cuda_tensor("x", x, dtypes=(torch.bfloat16,))
+    check_cuda_tensor("w", w, dtypes=(torch.bfloat16,))
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"shapes x {tuple(x.shape)}, w {tuple(w.shape)}: need [M, K], [N, K]")
+    if swiglu and w.shape[0] % 2:
+        raise ValueError(f"swiglu needs w with 2N rows (gate then up), got {w.shape[0]}")
+    M, K = x.shape
+    return M, K, (w.shape[0] // 2 if swiglu else w.shape[0])
+
+
+def check_projection_out(out, resid, M: int, N: int, swiglu: bool) -> bool:
+    """out [M, N] bf16 or fp32 with unit column stride (rows may be strided); resid bf16 laid
+    out as out. Returns whether out is fp32."""
+    import torch
+
+    check_cuda_tensor("out", out, dtypes=(torch.bfloat16, torch.float32), contiguous=False,
+                      align=4)
+    out_f32 = out.dtype == torch.float32
+    if tuple(out.shape) != (M, N) or out.stride(1) != 1:
+        raise ValueError(f"out has shape {tuple(out.shape)}, strides {out.stride()}; need "
+                         f"[{M}, {N}] with unit column stride")
+    if resid is not None:
+        check_cuda_tensor("resid", resid, dtypes=(torch.bfloat16,), contiguous=False, align=2)
+        if out_f32 or swiglu or resid.shape != out.shape or resid.stride() != out.stride():
+            raise ValueError("resid must be a bf16 tensor laid out as out, without swiglu")
+    if swiglu and out_f32:
+        raise ValueError("swiglu writes bf16")
+    return out_f32
+
+
 def gemv_small_m(x, w, out=None, *, gamma=None, resid=None, swiglu: bool = False,
                  pdl: bool = False, eps: float = 1e-6):
     """x [M, K] bf16 (M <= 8) times w [N, K]^T -> [M, N] (see the module notes for the fusions).
@@ -196,35 +230,18 @@ def gemv_small_m(x, w, out=None, *, gamma=None, resid=None, swiglu: bool = False
     import torch
 
     require_hopper()
-    check_cuda_tensor("x", x, dtypes=(torch.bfloat16,))
-    check_cuda_tensor("w", w, dtypes=(torch.bfloat16,))
-    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"shapes x {tuple(x.shape)}, w {tuple(w.shape)}: need [M, K], [N, K]")
-    M, K = x.shape
-    N = w.shape[0] // 2 if swiglu else w.shape[0]
+    M, K, N = projection_dims(x, w, swiglu)
     if not 1 <= M <= MAX_M or K % 256:
         raise ValueError(f"M = {M} (1..{MAX_M}) and K = {K} (multiple of 256) required")
-    if N % WARPS or (swiglu and w.shape[0] % 2):
-        raise ValueError(f"N = {N} must be a multiple of {WARPS}" +
-                         (" and w must have 2N rows" if swiglu else ""))
+    if N % WARPS:
+        raise ValueError(f"N = {N} must be a multiple of {WARPS}")
     if out is None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
-    check_cuda_tensor("out", out, dtypes=(torch.bfloat16, torch.float32), contiguous=False,
-                      align=4)
-    out_f32 = out.dtype == torch.float32
-    if tuple(out.shape) != (M, N) or out.stride(1) != 1:
-        raise ValueError(f"out has shape {tuple(out.shape)}, strides {out.stride()}; need "
-                         f"[{M}, {N}] with unit column stride")
+    out_f32 = check_projection_out(out, resid, M, N, swiglu)
     if gamma is not None:
         check_cuda_tensor("gamma", gamma, dtypes=(torch.bfloat16,))
         if tuple(gamma.shape) != (K,):
             raise ValueError(f"gamma has shape {tuple(gamma.shape)}; need [{K}]")
-    if resid is not None:
-        check_cuda_tensor("resid", resid, dtypes=(torch.bfloat16,), contiguous=False, align=2)
-        if out_f32 or swiglu or resid.shape != out.shape or resid.stride() != out.stride():
-            raise ValueError("resid must be a bf16 tensor laid out as out, without swiglu")
-    if swiglu and out_f32:
-        raise ValueError("swiglu writes bf16")
     ptrs = pointer_args(_ptr_specs(out_f32), (x, w, out, gamma if gamma is not None else x,
                                               resid if resid is not None else out))
     key = ("gemv_small_m", M, K, gamma is not None, resid is not None, swiglu, out_f32, pdl, eps)

@@ -269,6 +269,13 @@ def round_bf16(x: Float32, *, loc=None, ip=None) -> Float32:
                         loc, ip))
 
 
+def rmsnorm_pair(x_word: Uint32, gamma_word: Uint32, r: Float32) -> Uint32:
+    """Two elements of an RMS-normalised bf16 row, rounded as the eager reference rounds:
+    ``bf16(gamma * bf16(x * r))`` (models.codepredictor.rms_norm), r = rsqrt(mean(x^2) + eps)."""
+    y = bf16x2_rn(bf16_lo(x_word) * r, bf16_hi(x_word) * r)
+    return bf16x2_rn(bf16_lo(gamma_word) * bf16_lo(y), bf16_hi(gamma_word) * bf16_hi(y))
+
+
 @dsl_user_op
 def bf16x2_rn(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
     """``cvt.rn.bf16x2.f32``: two fp32 values rounded to nearest-even bf16, ``lo`` in bits 0-15."""

@@ -5,7 +5,7 @@ themselves. One CTA per row, 128 threads, each owning 16-byte chunks; PDL like i
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16_hi, bf16_lo, bf16x2_rn
+from kernels.nvfp4_device import bf16_hi, bf16_lo, rmsnorm_pair
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -65,8 +65,7 @@ class RowsRmsNorm:
         for i in cutlass.range_constexpr(self.chunks):
             out = cute.make_rmem_tensor((4,), Uint32)
             for e in cutlass.range_constexpr(4):
-                y = bf16x2_rn(bf16_lo(xs[i][e]) * r, bf16_hi(xs[i][e]) * r)
-                out[e] = bf16x2_rn(bf16_lo(g[i][e]) * bf16_lo(y), bf16_hi(g[i][e]) * bf16_hi(y))
+                out[e] = rmsnorm_pair(xs[i][e], g[i][e], r)
             cute.autovec_copy(out, mY[(None, m * kc + tidx + THREADS * i)])
 
 

@@ -60,3 +60,19 @@ BARRIER_NAMES = {0: "full (consumer waiting for the producer's stage)",
 def ring_position(count: Int32, stages: int):
     """(stage index, phase parity) of the ``count``-th use of a ring of ``stages`` buffers."""
     return count % stages, (count // stages) & 1
+
+
+@cute.jit
+def count_split_arrival(mCount: cute.Tensor, tile_id: Int32, splits: cutlass.Constexpr[int],
+                        flag: cute.Tensor):
+    """Split-K arrival, by one thread per CTA after the CTA's partials are stored and fenced:
+    bump the tile's counter (``atom.add.acq_rel.gpu``); the last of ``splits`` CTAs re-arms it to
+    0 for the next launch. ``flag[0]`` (shared with the CTA) becomes 1 in the last CTA, else 0.
+    Nobody waits on anybody, so this cannot deadlock."""
+    arrived = cute.arch.atomic_add((mCount.iterator + tile_id).llvm_ptr, Int32(1),
+                                   sem="acq_rel", scope="gpu")
+    last = Int32(0)
+    if arrived == splits - 1:
+        last = Int32(1)
+        mCount[tile_id] = Int32(0)  # re-arm for the next launch
+    flag[0] = last
