@@ -39,6 +39,15 @@ TILE_N = 64  # output columns per CTA (SwiGLU: 32 gate + 32 up)
 PAD = 8  # 16-byte chunks per padded smem row: 256 + 32 elements
 
 
+def fragment_words(step: int):
+    """The K permutation, as data (tests/test_depth_kernels.py checks it against the PTX
+    fragment layouts). Lane (g, q) holds, for a 32-wide k block, the 16-byte chunk k = 8q..8q+7
+    of A rows g and g + 8 ("lo", "hi") and of its weight row; k16 step ``step`` takes the A
+    registers a0..a3 and B registers b0, b1 from these (chunk, word) and word positions."""
+    return ((("lo", 2 * step), ("hi", 2 * step), ("lo", 2 * step + 1), ("hi", 2 * step + 1)),
+            (2 * step, 2 * step + 1))
+
+
 @dsl_user_op
 def mma_bf16_16816(c, a, b, *, loc=None, ip=None):
     """``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``: d = a·b + c (4 / 4 / 2 regs)."""
@@ -141,13 +150,15 @@ class GemmSkinny:
                 hi = cute.make_rmem_tensor((4,), Uint32)
                 cute.autovec_copy(sA[(None, (16 * mt + g) * row_c + 4 * b + q)], lo)
                 cute.autovec_copy(sA[(None, (16 * mt + g + 8) * row_c + 4 * b + q)], hi)
+                chunks = {"lo": lo, "hi": hi}
                 for s in cutlass.range_constexpr(2):
-                    a = (lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1])
+                    a_words, b_words = fragment_words(s)
+                    a = tuple(chunks[c][word] for c, word in a_words)
                     for r in cutlass.range_constexpr(self.w_rows):
                         for t in cutlass.range_constexpr(self.ntiles):
                             wf = w[(r, t, b)]
                             acc[(mt, r, t)] = mma_bf16_16816(acc[(mt, r, t)], a,
-                                                             (wf[2 * s], wf[2 * s + 1]))
+                                                             tuple(wf[i] for i in b_words))
         # 4. this slice's partial tile; column = r * tile_out + warp's n-tile column
         for mt in cutlass.range_constexpr(self.mtiles):
             for r in cutlass.range_constexpr(self.w_rows):

@@ -234,6 +234,56 @@ def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K):
     assert r.ptx[:wait].count("ld.global.v4") == 2 * (K_SLICE // 32)  # weights before the wait
 
 
+def _mma_m16n8k16(a_regs, b_regs):
+    """D = A·B of one ``mma.sync.m16n8k16`` from per-lane registers, with the fragment layouts
+    of the PTX ISA (A row-major 16x16: a0-a7; B column-major 16x8: b0-b3; D 16x8: d0-d3);
+    each register a pair of elements, the first in the low half. Returns per-lane d0..d3."""
+    A, B = torch.zeros(16, 16, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+        a = [v for reg in a_regs[lane] for v in reg]
+        b = [v for reg in b_regs[lane] for v in reg]
+        for i in range(8):
+            A[g + 8 * ((i // 2) % 2), 2 * q + (i & 1) + 8 * (i // 4)] = a[i]
+        for i in range(4):
+            B[2 * q + (i & 1) + 8 * (i // 2), g] = b[i]
+    D = A @ B
+    return [[D[g, 2 * q], D[g, 2 * q + 1], D[g + 8, 2 * q], D[g + 8, 2 * q + 1]]
+            for g, q in ((lane // 4, lane % 4) for lane in range(32))]
+
+
+def test_skinny_gemm_k_permutation_is_exact_under_the_ptx_fragment_layouts():
+    """kernels/gemm_skinny.py feeds each k16 step whole 16-byte chunks (lane (g, q) holds k =
+    8q..8q+7 of its rows) instead of the layouts' k = 2q, 2q+1, 2q+8, 2q+9: the same permutation
+    on A and B, so the two steps of a 32-wide block still give exactly A·B."""
+    pytest.importorskip("cutlass")
+    from kernels.gemm_skinny import fragment_words
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(16, 32, generator=g, dtype=torch.float64)  # rows m, k
+    W = torch.randn(8, 32, generator=g, dtype=torch.float64)  # rows n, k
+
+    def words(row):  # a 16-byte chunk as 4 words of 2 elements
+        return [row[2 * i: 2 * i + 2].tolist() for i in range(4)]
+
+    acc = torch.zeros(32, 4, dtype=torch.float64)
+    for step in range(2):
+        a_words, b_words = fragment_words(step)
+        a_regs, b_regs = [], []
+        for lane in range(32):
+            gr, q = lane // 4, lane % 4
+            chunk = {"lo": words(A[gr, 8 * q: 8 * q + 8]), "hi": words(A[gr + 8, 8 * q: 8 * q + 8])}
+            a_regs.append([chunk[c][w] for c, w in a_words])
+            b_regs.append([words(W[gr, 8 * q: 8 * q + 8])[w] for w in b_words])
+        acc += torch.tensor(_mma_m16n8k16(a_regs, b_regs), dtype=torch.float64)
+    want = A @ W.T
+    got = torch.zeros(16, 8, dtype=torch.float64)
+    for lane in range(32):
+        gr, q = lane // 4, lane % 4
+        got[gr, 2 * q], got[gr, 2 * q + 1], got[gr + 8, 2 * q], got[gr + 8, 2 * q + 1] = acc[lane]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 48, 128])
 def test_rows_rmsnorm_matches_reference(M):
