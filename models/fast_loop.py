@@ -40,6 +40,14 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 KERNELS_PATH_MAX_ROWS = 32  # the default path above this is ``compiled`` (see FastLoop)
 
 
+def projection_shapes(cfg) -> list:
+    """(output columns N, K, SwiGLU) of every projection of a position: QKV, o, gate/up (N =
+    intermediate, from 2N weight rows), down, a head."""
+    D, H, I = cfg.head_dim, cfg.hidden, cfg.intermediate
+    return [((cfg.q_heads + 2 * cfg.kv_heads) * D, H, False), (H, cfg.q_heads * D, False),
+            (I, H, True), (H, I, False), (cfg.vocab, H, False)]
+
+
 def bucket_for(rows: int) -> int:
     for b in BUCKETS:
         if rows <= b:
@@ -186,10 +194,7 @@ class FastLoop:
                 from kernels.gemm_skinny import SplitKWorkspace
 
                 self.xn = torch.zeros_like(self.x)
-                H, I = cfg.hidden, cfg.intermediate
-                self.work = SplitKWorkspace(rows, [
-                    (fw.qkv[0].shape[0], H, False), (H, cfg.q_heads * D, False), (I, H, True),
-                    (H, I, False), (cfg.vocab, H, False)], dev)
+                self.work = SplitKWorkspace(rows, projection_shapes(cfg), dev)
             self.qkv_out = torch.zeros(rows, (cfg.q_heads + 2 * cfg.kv_heads) * D, device=dev,
                                        dtype=dt)
             self.attn = torch.zeros(rows, cfg.q_heads * D, device=dev, dtype=dt)

@@ -284,6 +284,23 @@ def test_skinny_gemm_k_permutation_is_exact_under_the_ptx_fragment_layouts():
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_split_k_workspace_covers_every_projection_of_the_loop():
+    pytest.importorskip("cutlass")
+    from kernels.gemm_skinny import K_SLICE, TILE_N, GemmSkinny, SplitKWorkspace
+    from models.codepredictor_config import QWEN3_TTS_1P7B
+    from models.fast_loop import projection_shapes
+
+    shapes = projection_shapes(QWEN3_TTS_1P7B)
+    for M in (16, 64, 128):
+        work = SplitKWorkspace(M, shapes, "cpu")
+        for n, k, swiglu in shapes:
+            g = GemmSkinny(M, k, swiglu=swiglu)
+            tiles = n // g.tile_out
+            assert n % g.tile_out == 0 and k % K_SLICE == 0
+            assert tiles <= work.count.numel()
+            assert tiles * g.splits * M * TILE_N <= work.work.numel()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 48, 128])
 def test_rows_rmsnorm_matches_reference(M):
