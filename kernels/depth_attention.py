@@ -19,7 +19,7 @@ projection, then lets the output projection start streaming its weights).
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import round_bf16
+from kernels.nvfp4_device import rmsnorm_value, round_bf16
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -107,7 +107,7 @@ class DepthAttention:
                 tot = tot + s_norm[w, j]
             r_ = cute.math.rsqrt(tot * Float32(1.0 / D) + Float32(self.eps))
             g = gk if j == rep else gq
-            y = round_bf16(g * round_bf16(raw[j] * r_))
+            y = rmsnorm_value(raw[j], g, r_)
             normed.append(y)
             s_vec[j, d] = y
         cute.arch.sync_threads()

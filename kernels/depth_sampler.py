@@ -247,12 +247,9 @@ class DepthSampler:
         return s_idx[THREADS // 32]
 
 
-_FLOAT_PTRS = ((Float32, 16), (Float32, 4))  # logits, temperature
-
-
 def _ptr_specs():
     # logits, temperature, top_k, seed, offset, codes, codes_in, table, embeds, x_next, used
-    return (*_FLOAT_PTRS, (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8),
+    return ((Float32, 16), (Float32, 4), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8),
             (Uint32, 16), (Uint32, 16), (Uint32, 16), (Uint32, 16))
 
 
@@ -301,8 +298,8 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
         check_cuda_tensor("codes_in", codes_in, dtypes=(torch.int64,), contiguous=False, align=8)
         if codes_in.stride() != codes.stride():
             raise ValueError("codes_in must be laid out as codes")
-    dummy = logits
-    tensors = (logits, temperature if temperature is not None else dummy,
+    # modes without a sampler pass stand-in pointers the kernel never reads
+    tensors = (logits, temperature if temperature is not None else logits,
                top_k if top_k is not None else codes, seed if seed is not None else codes,
                offset if offset is not None else codes, codes,
                codes_in if codes_in is not None else codes, table, embeds, x_next, used)

@@ -269,9 +269,15 @@ def round_bf16(x: Float32, *, loc=None, ip=None) -> Float32:
                         loc, ip))
 
 
+def rmsnorm_value(x: Float32, gamma: Float32, r: Float32) -> Float32:
+    """One element of an RMS-normalised bf16 row, rounded as the eager reference rounds:
+    ``bf16(gamma * bf16(x * r))`` (models.codepredictor.rms_norm), r = rsqrt(mean(x^2) + eps);
+    kept as fp32."""
+    return round_bf16(gamma * round_bf16(x * r))
+
+
 def rmsnorm_pair(x_word: Uint32, gamma_word: Uint32, r: Float32) -> Uint32:
-    """Two elements of an RMS-normalised bf16 row, rounded as the eager reference rounds:
-    ``bf16(gamma * bf16(x * r))`` (models.codepredictor.rms_norm), r = rsqrt(mean(x^2) + eps)."""
+    """:func:`rmsnorm_value` for the two bf16 packed in a word, packed again (bf16x2 roundings)."""
     y = bf16x2_rn(bf16_lo(x_word) * r, bf16_hi(x_word) * r)
     return bf16x2_rn(bf16_lo(gamma_word) * bf16_lo(y), bf16_hi(gamma_word) * bf16_hi(y))
 
