@@ -19,7 +19,7 @@ from kernels.gemv_small_m import gemv_small_m as gemv
 from kernels.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor import random_weights
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
-from models.fast_loop import FastLoop, FastWeights
+from models.fast_loop import FastLoop, FastWeights, projection_shapes
 from models.sampler import Sampler
 from workbench import results as Rs
 from workbench.timing import bench
@@ -78,10 +78,7 @@ def kernel_cases(R):
             gemv(a, wt, out, gamma=gamma, resid=resid, swiglu=swiglu, pdl=pdl)
     else:  # as FastLoop._project: row norm + split-K tensor-core projection
         xn = torch.empty_like(x)
-        work = SplitKWorkspace(R, [(qkv_n, c.hidden, False), (c.hidden, c.q_heads * D, False),
-                                   (c.intermediate, c.hidden, True),
-                                   (c.hidden, c.intermediate, False),
-                                   (c.vocab, c.hidden, False)], "cuda")
+        work = SplitKWorkspace(R, projection_shapes(c), "cuda")
 
         def project(a, wt, out, pdl, gamma=None, resid=None, swiglu=False):
             if gamma is not None:
