@@ -88,7 +88,12 @@ def kernel_cases(R):
     def pick(k, i):
         return w[k][i % len(w[k])]
 
-    return {
+    cases = {}
+    if R > 8:  # the row norm alone, and cuBLAS on the same projections (an anchor)
+        cases["rows_norm"] = (0, lambda i, pdl: rows_rmsnorm(x, gamma, xn, pdl=pdl))
+        for k, a in (("qkv", x), ("wo", attn), ("gate_up", x), ("down", mlp), ("head", x)):
+            cases[f"cublas_{k}"] = (nbytes[k], lambda i, pdl, k=k, a=a: a @ pick(k, i).t())
+    return cases | {
         "qkv_norm": (nbytes["qkv"], lambda i, pdl: project(x, pick("qkv", i), qkv, pdl,
                                                             gamma=gamma)),
         "attention": (0, lambda i, pdl: depth_attention(qkv, gamma[:D], gamma[:D], cos, sin, kc,
@@ -122,7 +127,7 @@ def main():
     for R in args.rows:
         for name, (nbytes, fn) in kernel_cases(R).items():
             on = _graph_time_us(lambda i: fn(i, True))
-            off = _graph_time_us(lambda i: fn(i, False))
+            off = on if name.startswith("cublas") else _graph_time_us(lambda i: fn(i, False))
             measurements.append({"rows": R, "kernel": name, "pdl_us": on, "no_pdl_us": off,
                                  "weight_bytes": nbytes,
                                  "pdl_tbps": nbytes / on / 1e6 if nbytes else None})
