@@ -37,6 +37,7 @@ WARPS = 4
 K_SLICE = 256  # K per CTA
 TILE_N = 64  # output columns per CTA (SwiGLU: 32 gate + 32 up)
 PAD = 8  # 16-byte chunks per padded smem row: 256 + 32 elements
+REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
 
 
 def fragment_words(step: int):
@@ -174,27 +175,38 @@ class GemmSkinny:
         if tidx == 0:
             count_split_arrival(mCount, tile, self.splits, s_last)
         cute.arch.sync_threads()
-        # 5. the last CTA of the tile: partials in slice order, then the epilogue
+        # 5. the last CTA of the tile: partials in slice order, then the epilogue. A store may
+        # alias the workspace, so a store between loads costs an L2 round trip: the thread's
+        # outputs go in groups, all loads of a group before its stores
         if s_last[0] == Int32(1):
             cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range_constexpr(M * self.tile_out // (32 * WARPS)):
-                idx = tidx + 32 * WARPS * i
-                m, c = idx // self.tile_out, idx % self.tile_out
-                sums = []
-                for r in cutlass.range_constexpr(self.w_rows):
-                    tot = Float32(0.0)
-                    for sp in cutlass.range_constexpr(self.splits):
-                        p = mWork.iterator + ((tile * self.splits + sp) * M + m) * TILE_N \
-                            + r * self.tile_out + c
-                        tot = tot + cute.arch.load(p.llvm_ptr, Float32, sem="relaxed",
-                                                   scope="gpu")
-                    sums.append(tot)
-                n = tile * self.tile_out + c
-                resid = Float32(0.0)
-                if cutlass.const_expr(self.residual):
-                    resid = mR[m, n].to(Float32)
-                epilogue_store(mY, resid, m, n, sums, swiglu=self.swiglu,
-                               residual=self.residual, out_f32=self.out_f32)
+            per_thread = M * self.tile_out // (32 * WARPS)
+            for g0 in cutlass.range_constexpr(0, per_thread, REDUCE_GROUP):
+                group = range(g0, min(per_thread, g0 + REDUCE_GROUP))
+                sums, resids = [], []
+                for i in group:
+                    idx = tidx + 32 * WARPS * i
+                    m, c = idx // self.tile_out, idx % self.tile_out
+                    parts = []
+                    for r in cutlass.range_constexpr(self.w_rows):
+                        tot = Float32(0.0)
+                        for sp in cutlass.range_constexpr(self.splits):
+                            p = mWork.iterator + ((tile * self.splits + sp) * M + m) * TILE_N \
+                                + r * self.tile_out + c
+                            tot = tot + cute.arch.load(p.llvm_ptr, Float32, sem="relaxed",
+                                                       scope="gpu")
+                        parts.append(tot)
+                    sums.append(parts)
+                    resid = Float32(0.0)
+                    if cutlass.const_expr(self.residual):
+                        resid = mR[m, tile * self.tile_out + c].to(Float32)
+                    resids.append(resid)
+                for j, i in enumerate(group):
+                    idx = tidx + 32 * WARPS * i
+                    m, c = idx // self.tile_out, idx % self.tile_out
+                    epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
+                                   swiglu=self.swiglu, residual=self.residual,
+                                   out_f32=self.out_f32)
 
 
 def _ptr_specs(out_f32: bool):

@@ -3,7 +3,9 @@ launches (weights rotated through copies beyond L2), with and without programmat
 launch; and the whole frame with PDL on and off. Writes a results summary
 ``depth-kernels.json`` (into ``$WB_RESULTS_DIR``, default results/).
 
-    python3 scripts/bench_depth_kernels.py --rows 1 8
+    python3 scripts/bench_depth_kernels.py --rows 1 8 64
+
+Above 8 rows a normed projection is timed as the loop runs it: row norm + split-K projection.
 """
 import argparse
 import math
@@ -12,10 +14,12 @@ import torch
 
 from kernels.depth_attention import depth_attention
 from kernels.depth_sampler import depth_draw
+from kernels.gemm_skinny import SplitKWorkspace, gemm_skinny
 from kernels.gemv_small_m import gemv_small_m as gemv
+from kernels.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor import random_weights
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
-from models.fast_loop import FastLoop, FastWeights
+from models.fast_loop import FastLoop, FastWeights, projection_shapes
 from models.sampler import Sampler
 from workbench import results as Rs
 from workbench.timing import bench
@@ -69,26 +73,42 @@ def kernel_cases(R):
          "down": _copies((c.hidden, c.intermediate), 2 * c.intermediate * c.hidden),
          "head": _copies((c.vocab, c.hidden), 2 * c.vocab * c.hidden)}
     nbytes = {k: v[0].numel() * 2 for k, v in w.items()}
+    if R <= 8:
+        def project(a, wt, out, pdl, gamma=None, resid=None, swiglu=False):
+            gemv(a, wt, out, gamma=gamma, resid=resid, swiglu=swiglu, pdl=pdl)
+    else:  # as FastLoop._project: row norm + split-K tensor-core projection
+        xn = torch.empty_like(x)
+        work = SplitKWorkspace(R, projection_shapes(c), "cuda")
+
+        def project(a, wt, out, pdl, gamma=None, resid=None, swiglu=False):
+            if gamma is not None:
+                a = rows_rmsnorm(a, gamma, xn, pdl=pdl)
+            gemm_skinny(a, wt, out, work, resid=resid, swiglu=swiglu, pdl=pdl)
 
     def pick(k, i):
         return w[k][i % len(w[k])]
 
-    return {
-        "qkv_norm": (nbytes["qkv"], lambda i, pdl: gemv(x, pick("qkv", i), qkv, gamma=gamma,
-                                                         pdl=pdl)),
+    cases = {}
+    if R > 8:  # the row norm alone, and cuBLAS on the same projections (an anchor)
+        cases["rows_norm"] = (0, lambda i, pdl: rows_rmsnorm(x, gamma, xn, pdl=pdl))
+        for k, a in (("qkv", x), ("wo", attn), ("gate_up", x), ("down", mlp), ("head", x)):
+            cases[f"cublas_{k}"] = (nbytes[k], lambda i, pdl, k=k, a=a: a @ pick(k, i).t())
+    return cases | {
+        "qkv_norm": (nbytes["qkv"], lambda i, pdl: project(x, pick("qkv", i), qkv, pdl,
+                                                            gamma=gamma)),
         "attention": (0, lambda i, pdl: depth_attention(qkv, gamma[:D], gamma[:D], cos, sin, kc,
                                                         vc, i % 16, attn, q_heads=c.q_heads,
                                                         kv_heads=c.kv_heads, pdl=pdl)),
-        "wo_residual": (nbytes["wo"], lambda i, pdl: gemv(attn, pick("wo", i), x, resid=x,
-                                                           pdl=pdl)),
-        "gate_up_swiglu": (nbytes["gate_up"], lambda i, pdl: gemv(x, pick("gate_up", i), mlp,
-                                                                   gamma=gamma, swiglu=True,
-                                                                   pdl=pdl)),
-        "down_residual": (nbytes["down"], lambda i, pdl: gemv(mlp, pick("down", i), x, resid=x,
-                                                               pdl=pdl)),
-        "head_norm_f32": (nbytes["head"], lambda i, pdl: gemv(x, pick("head", i),
-                                                               logits[:, i % 15], gamma=gamma,
-                                                               pdl=pdl)),
+        "wo_residual": (nbytes["wo"], lambda i, pdl: project(attn, pick("wo", i), x, pdl,
+                                                              resid=x)),
+        "gate_up_swiglu": (nbytes["gate_up"], lambda i, pdl: project(x, pick("gate_up", i), mlp,
+                                                                      pdl, gamma=gamma,
+                                                                      swiglu=True)),
+        "down_residual": (nbytes["down"], lambda i, pdl: project(mlp, pick("down", i), x, pdl,
+                                                                  resid=x)),
+        "head_norm_f32": (nbytes["head"], lambda i, pdl: project(x, pick("head", i),
+                                                                  logits[:, i % 15], pdl,
+                                                                  gamma=gamma)),
         "draw": (0, lambda i, pdl: depth_draw(logits[:, i % 15], codes[:, i % 15], table, embeds,
                                               x, used[:, 1 + i % 15], i % 15, mode="sample",
                                               temperature=smp.temperature, top_k=smp.top_k,
@@ -107,7 +127,7 @@ def main():
     for R in args.rows:
         for name, (nbytes, fn) in kernel_cases(R).items():
             on = _graph_time_us(lambda i: fn(i, True))
-            off = _graph_time_us(lambda i: fn(i, False))
+            off = on if name.startswith("cublas") else _graph_time_us(lambda i: fn(i, False))
             measurements.append({"rows": R, "kernel": name, "pdl_us": on, "no_pdl_us": off,
                                  "weight_bytes": nbytes,
                                  "pdl_tbps": nbytes / on / 1e6 if nbytes else None})
@@ -118,7 +138,8 @@ def main():
         h = torch.randn(R, 2048, device="cuda", generator=g).to(torch.bfloat16)
         g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
         for pdl in (True, False):
-            fl = FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"), pdl=pdl)
+            fl = FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"), pdl=pdl,
+                          path="kernels")
             t = bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=500).median_us
             measurements.append({"rows": R, "kernel": "frame", "pdl": pdl, "us": t})
             lines.append(f"{R:>3} frame pdl={pdl}: {t:.0f} us")

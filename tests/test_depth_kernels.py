@@ -361,3 +361,18 @@ def test_skinny_gemm_swiglu_and_strided_fp32_rows(M):
     logits = torch.full((M, 15, N), float("nan"), device="cuda")
     gemm_skinny(a, w[:N], logits[:, 3], work)
     assert torch.equal(logits[:, 3], gate.float()) and logits[:, 4].isnan().all()
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("M,K", [(64, 1024), (128, 3072)])
+def test_skinny_gemm_reduction_loads_a_group_before_storing(M, K):
+    """The last CTA's reduction: a store may alias the workspace, so loads interleaved with
+    stores cost one L2 round trip per output; all of a group's loads come first."""
+    from kernels.gemm_skinny import REDUCE_GROUP, GemmSkinny, compile_args
+    from workbench.compile import compile_report
+
+    g = GemmSkinny(M, K, residual=True)
+    ptx = compile_report(g, *compile_args()).ptx
+    tail = ptx[ptx.index("ld.relaxed.gpu"):]  # the reduction's first partial load
+    first_store = tail.index("st.global")
+    assert tail[:first_store].count("ld.relaxed.gpu") >= REDUCE_GROUP * g.splits
