@@ -15,17 +15,19 @@ each 32-wide block so that a lane's A and B fragments are whole 16-byte chunks: 
 holds k = 8q..8q+7 of its rows, words 0-1 feed the first k16 step and words 2-3 the second (the
 same permutation on both operands, so the products and their sum are unchanged).
 
-Split-K reduction, deterministic: each CTA stores its fp32 partial tile to a workspace, then one
-thread bumps the tile's counter (``atom.add.acq_rel.gpu``); the last CTA adds the partials in
-slice order 0, 1, ..., applies the epilogue (rounding as kernels/gemv_small_m.py) and re-arms
-the counter to 0 for the next launch. No CTA waits on another.
+Split-K reduction through distributed shared memory, deterministic: the ``splits`` CTAs of a
+tile form one thread-block cluster (at most 8, the portable size, so K_SLICE = K / splits grows
+with K: 256 for K <= 2048, 384 for the 3072-wide down projection). Each CTA stores its fp32
+partial tile into its own shared memory; after a cluster barrier (release / acquire) CTA s adds,
+for its 1/splits share of the tile's outputs, the partials of CTAs 0, 1, ... in that order and
+applies the epilogue (rounding as kernels/gemv_small_m.py); a second barrier keeps every CTA's
+shared memory alive until its peers have read it. No workspace, no counters, no gpu-scope fence.
 """
 from __future__ import annotations
 
 from kernels.gemv_small_m import check_projection_out, epilogue_store, projection_dims
 from kernels.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
                              require_hopper)
-from kernels.sync_sm90 import count_split_arrival
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Uint32  # noqa: E402
@@ -34,10 +36,18 @@ from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 WARPS = 4
-K_SLICE = 256  # K per CTA
+MIN_K_SLICE = 256  # K per CTA is K / splits, at least this
+MAX_SPLITS = 8  # the portable cluster size
 TILE_N = 64  # output columns per CTA (SwiGLU: 32 gate + 32 up)
-PAD = 8  # 16-byte chunks per padded smem row: 256 + 32 elements
+PAD = 8  # 16-byte chunks per padded smem row of a: K_SLICE + 64 elements
+PART_PAD = 8  # fp32 words per padded row of the partial tile: conflict-free fragment stores
+SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
+
+
+def split_count(K: int) -> int:
+    """CTAs per tile (one cluster) for a K-wide projection: K / 256, at most 8."""
+    return max(1, min(MAX_SPLITS, K // MIN_K_SLICE))
 
 
 def fragment_words(step: int):
@@ -62,6 +72,15 @@ def mma_bf16_16816(c, a, b, *, loc=None, ip=None):
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
+@dsl_user_op
+def load_dsmem_f32(ptr: cute.Pointer, *, loc=None, ip=None) -> Float32:
+    """``ld.shared::cluster.f32`` from a peer CTA's shared memory (``cute.arch.map_dsmem_ptr``)."""
+    addr = llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
+    return Float32(llvm.inline_asm(T.f32(), [addr], "ld.shared::cluster.f32 $0, [$1];", "=f,r",
+                                   has_side_effects=True, is_align_stack=False,
+                                   asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
 class GemmSkinny:
     """Static config: rows M (16..128, multiple of 16), K (multiple of 256), the epilogue."""
 
@@ -69,47 +88,49 @@ class GemmSkinny:
                  out_f32: bool = False, pdl: bool = False):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
-        if K % K_SLICE:
-            raise ValueError(f"K = {K} must be a multiple of {K_SLICE}")
+        self.splits = split_count(K)
+        self.k_slice = K // self.splits
+        if K % (32 * self.splits) or K < MIN_K_SLICE:
+            raise ValueError(f"K = {K} must be a multiple of {32 * self.splits} and >= "
+                             f"{MIN_K_SLICE}")
         if sum((residual, swiglu, out_f32)) > 1:
             raise ValueError("residual, swiglu and out_f32 are alternative epilogues")
         self.M, self.K = M, K
         self.residual, self.swiglu, self.out_f32, self.pdl = residual, swiglu, out_f32, pdl
-        self.splits = K // K_SLICE
         self.mtiles = M // 16
         self.w_rows = 2 if swiglu else 1
         self.tile_out = TILE_N // self.w_rows  # output columns per CTA
         self.ntiles = self.tile_out // (8 * WARPS)  # n-tiles per warp and weight row kind
-        self.blocks = K_SLICE // 32
+        self.blocks = self.k_slice // 32
+        self.share = M * self.tile_out // self.splits  # outputs each CTA reduces
+        # the a slice (padded rows of 16-byte chunks) and the fp32 partial tile (padded rows)
+        self.smem_bytes = M * (self.k_slice // 8 + PAD) * 16 + M * (TILE_N + PART_PAD) * 4
+        if self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"M = {M}, K = {K}: {self.smem_bytes} bytes of shared memory "
+                             f"exceed {SMEM_LIMIT}")
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
-                 resid_ptr: cute.Pointer, work_ptr: cute.Pointer, count_ptr: cute.Pointer,
-                 N: Int32, ldy: Int32, stream):
+                 resid_ptr: cute.Pointer, N: Int32, ldy: Int32, stream):
         M, kc = self.M, self.K // 8  # 16-byte chunks per row
         mA = cute.make_tensor(a_ptr, cute.make_layout((4, M * kc), stride=(1, 4)))
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * kc), stride=(1, 4)))
         mY = cute.make_tensor(y_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         tiles = N // self.tile_out
-        # partials [tile, split, m, TILE_N] and one arrival counter per tile
-        mWork = cute.make_tensor(work_ptr, cute.make_layout(
-            (tiles, self.splits, M, TILE_N),
-            stride=(self.splits * M * TILE_N, M * TILE_N, TILE_N, 1)))
-        mCount = cute.make_tensor(count_ptr, cute.make_layout(tiles))
-        self.kernel(mA, mW, mY, mR, mWork, mCount, N).launch(
-            grid=[tiles, self.splits, 1], block=[32 * WARPS, 1, 1], stream=stream,
-            use_pdl=self.pdl)
+        self.kernel(mA, mW, mY, mR, N).launch(
+            grid=[tiles, self.splits, 1], block=[32 * WARPS, 1, 1],
+            cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
-               mWork: cute.Tensor, mCount: cute.Tensor, N: Int32):
+               N: Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        tile, split, _ = cute.arch.block_idx()
+        tile, split, _ = cute.arch.block_idx()  # split == rank in the (1, splits, 1) cluster
         lane, warp = tidx % 32, tidx // 32
         g, q = lane // 4, lane % 4
         M, kc = self.M, self.K // 8
-        slice_c = K_SLICE // 8  # chunks per row in the slice
+        slice_c = self.k_slice // 8  # chunks per row in the slice
         c0 = split * slice_c  # first chunk of the slice
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
@@ -126,7 +147,9 @@ class GemmSkinny:
         smem = cutlass.memory.SmemAllocator()
         row_c = slice_c + PAD
         sA = smem.allocate_tensor(Uint32, cute.make_layout((4, M * row_c), stride=(1, 4)), 16)
-        s_last = smem.allocate_tensor(Int32, cute.make_layout(1), 4)
+        part_row = TILE_N + PART_PAD
+        sP = smem.allocate_tensor(Float32, cute.make_layout((M, TILE_N), stride=(part_row, 1)),
+                                  16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         # 2. the a slice into shared memory
@@ -160,59 +183,60 @@ class GemmSkinny:
                             wf = w[(r, t, b)]
                             acc[(mt, r, t)] = mma_bf16_16816(acc[(mt, r, t)], a,
                                                              tuple(wf[i] for i in b_words))
-        # 4. this slice's partial tile; column = r * tile_out + warp's n-tile column
+        # 4. this slice's partial tile into this CTA's shared memory; column = r * tile_out +
+        # the warp's n-tile column
         for mt in cutlass.range_constexpr(self.mtiles):
             for r in cutlass.range_constexpr(self.w_rows):
                 for t in cutlass.range_constexpr(self.ntiles):
                     col = r * self.tile_out + (warp * self.ntiles + t) * 8 + 2 * q
                     d = acc[(mt, r, t)]
-                    mWork[tile, split, 16 * mt + g, col] = d[0]
-                    mWork[tile, split, 16 * mt + g, col + 1] = d[1]
-                    mWork[tile, split, 16 * mt + g + 8, col] = d[2]
-                    mWork[tile, split, 16 * mt + g + 8, col + 1] = d[3]
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.sync_threads()
-        if tidx == 0:
-            count_split_arrival(mCount, tile, self.splits, s_last)
-        cute.arch.sync_threads()
-        # 5. the last CTA of the tile: partials in slice order, then the epilogue. A store may
-        # alias the workspace, so a store between loads costs an L2 round trip: the thread's
-        # outputs go in groups, all loads of a group before its stores
-        if s_last[0] == Int32(1):
-            cute.arch.fence_acq_rel_gpu()
-            per_thread = M * self.tile_out // (32 * WARPS)
-            for g0 in cutlass.range_constexpr(0, per_thread, REDUCE_GROUP):
-                group = range(g0, min(per_thread, g0 + REDUCE_GROUP))
-                sums, resids = [], []
-                for i in group:
-                    idx = tidx + 32 * WARPS * i
-                    m, c = idx // self.tile_out, idx % self.tile_out
-                    parts = []
-                    for r in cutlass.range_constexpr(self.w_rows):
-                        tot = Float32(0.0)
-                        for sp in cutlass.range_constexpr(self.splits):
-                            p = mWork.iterator + ((tile * self.splits + sp) * M + m) * TILE_N \
-                                + r * self.tile_out + c
-                            tot = tot + cute.arch.load(p.llvm_ptr, Float32, sem="relaxed",
-                                                       scope="gpu")
-                        parts.append(tot)
-                    sums.append(parts)
-                    resid = Float32(0.0)
-                    if cutlass.const_expr(self.residual):
-                        resid = mR[m, tile * self.tile_out + c].to(Float32)
-                    resids.append(resid)
-                for j, i in enumerate(group):
-                    idx = tidx + 32 * WARPS * i
-                    m, c = idx // self.tile_out, idx % self.tile_out
+                    sP[16 * mt + g, col] = d[0]
+                    sP[16 * mt + g, col + 1] = d[1]
+                    sP[16 * mt + g + 8, col] = d[2]
+                    sP[16 * mt + g + 8, col + 1] = d[3]
+        cute.arch.cluster_arrive()  # release: the partial tile is visible to the cluster
+        cute.arch.cluster_wait()  # acquire: so are the peers'
+        # 5. this CTA's share of the outputs: partials of CTAs 0, 1, ... in order, then the
+        # epilogue; loads of a group of outputs are issued before any of their stores
+        peers = [cute.arch.map_dsmem_ptr(sP.iterator, sp) for sp in range(self.splits)]
+        per_thread = -(-self.share // (32 * WARPS))
+        for g0 in cutlass.range_constexpr(0, per_thread, REDUCE_GROUP):
+            group = range(g0, min(per_thread, g0 + REDUCE_GROUP))
+            sums, resids = [], []
+            for i in group:
+                o = split * self.share + tidx + 32 * WARPS * i
+                m, c = o // self.tile_out, o % self.tile_out
+                parts = []
+                for r in cutlass.range_constexpr(self.w_rows):
+                    tot = Float32(0.0)
+                    for sp in cutlass.range_constexpr(self.splits):
+                        tot = tot + load_dsmem_f32(
+                            peers[sp] + (m * part_row + r * self.tile_out + c))
+                    parts.append(tot)
+                sums.append(parts)
+                resid = Float32(0.0)
+                if cutlass.const_expr(self.residual):
+                    resid = mR[m, tile * self.tile_out + c].to(Float32)
+                resids.append(resid)
+            for j, i in enumerate(group):
+                o = split * self.share + tidx + 32 * WARPS * i
+                m, c = o // self.tile_out, o % self.tile_out
+                if cutlass.const_expr(self.share % (32 * WARPS) == 0):
                     epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
                                    swiglu=self.swiglu, residual=self.residual,
                                    out_f32=self.out_f32)
+                elif tidx + 32 * WARPS * i < self.share:
+                    epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
+                                   swiglu=self.swiglu, residual=self.residual,
+                                   out_f32=self.out_f32)
+        # 6. no CTA leaves (freeing its shared memory) before its peers have read it
+        cute.arch.cluster_arrive_relaxed()
+        cute.arch.cluster_wait()
 
 
 def _ptr_specs(out_f32: bool):
-    # a, W as 16-byte words; y; resid; fp32 workspace; int32 counters
-    return ((Uint32, 16), (Uint32, 16), (Float32 if out_f32 else BFloat16, 4), (BFloat16, 2),
-            (Float32, 16), (Int32, 4))
+    # a, W as 16-byte words; y; resid
+    return ((Uint32, 16), (Uint32, 16), (Float32 if out_f32 else BFloat16, 4), (BFloat16, 2))
 
 
 def compile_args(out_f32: bool = False):
@@ -221,22 +245,7 @@ def compile_args(out_f32: bool = False):
     return (*pointer_args(_ptr_specs(out_f32)), Int32(4096), Int32(4096), make_fake_stream())
 
 
-class SplitKWorkspace:
-    """The fp32 partials and the zeroed, self-re-arming tile counters that the skinny GEMMs of
-    one loop share (safe under PDL: a GEMM touches them only after its dependency wait, when
-    every earlier kernel has completed). ``shapes``: (N, K, swiglu) of each projection."""
-
-    def __init__(self, M: int, shapes, device):
-        import torch
-
-        tiles = [n // (TILE_N // (2 if sw else 1)) for n, _, sw in shapes]
-        partials = [t * (k // K_SLICE) for t, (_, k, _) in zip(tiles, shapes)]
-        self.work = torch.empty(max(partials) * M * TILE_N, dtype=torch.float32, device=device)
-        self.count = torch.zeros(max(tiles), dtype=torch.int32, device=device)
-
-
-def gemm_skinny(x, w, out, work: SplitKWorkspace, *, resid=None, swiglu: bool = False,
-                pdl: bool = False):
+def gemm_skinny(x, w, out, *, resid=None, swiglu: bool = False, pdl: bool = False):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times w [N, K]^T (SwiGLU: [2N, K], gate rows
     then up rows) into out [M, N] (bf16, or fp32 for widened bf16 results; rows may be strided).
     ``resid`` [M, N] bf16 laid out as out (may be out): add it."""
@@ -247,11 +256,8 @@ def gemm_skinny(x, w, out, work: SplitKWorkspace, *, resid=None, swiglu: bool = 
                      pdl=pdl)  # validates M, K
     if N % cfg.tile_out:
         raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
-    tiles = N // cfg.tile_out
-    if work.count.numel() < tiles or work.work.numel() < tiles * cfg.splits * M * TILE_N:
-        raise ValueError("the split-K workspace is too small for this projection")
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
-                        (x, w, out, resid if resid is not None else x, work.work, work.count))
+                        (x, w, out, resid if resid is not None else x))
     key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))

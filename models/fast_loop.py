@@ -190,11 +190,8 @@ class FastLoop:
                 raise ValueError("the kernels path runs on a CUDA device with <= 8 rows or a "
                                  "multiple of 16 up to 128")
             self.x = torch.zeros(rows, cfg.hidden, device=dev, dtype=dt)
-            if rows > 8:  # tensor-core projections: a normalised copy and split-K partials
-                from kernels.gemm_skinny import SplitKWorkspace
-
+            if rows > 8:  # tensor-core projections take a normalised copy
                 self.xn = torch.zeros_like(self.x)
-                self.work = SplitKWorkspace(rows, projection_shapes(cfg), dev)
             self.qkv_out = torch.zeros(rows, (cfg.q_heads + 2 * cfg.kv_heads) * D, device=dev,
                                        dtype=dt)
             self.attn = torch.zeros(rows, cfg.q_heads * D, device=dev, dtype=dt)
@@ -259,7 +256,7 @@ class FastLoop:
             return
         if gamma is not None:
             a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl)
-        gemm_skinny(a, w, out, self.work, resid=resid, swiglu=swiglu, pdl=self.pdl)
+        gemm_skinny(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl)
 
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""

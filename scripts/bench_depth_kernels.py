@@ -14,12 +14,12 @@ import torch
 
 from kernels.depth_attention import depth_attention
 from kernels.depth_sampler import depth_draw
-from kernels.gemm_skinny import SplitKWorkspace, gemm_skinny
+from kernels.gemm_skinny import gemm_skinny
 from kernels.gemv_small_m import gemv_small_m as gemv
 from kernels.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor import random_weights
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
-from models.fast_loop import FastLoop, FastWeights, projection_shapes
+from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
 from workbench import results as Rs
 from workbench.timing import bench
@@ -78,12 +78,11 @@ def kernel_cases(R):
             gemv(a, wt, out, gamma=gamma, resid=resid, swiglu=swiglu, pdl=pdl)
     else:  # as FastLoop._project: row norm + split-K tensor-core projection
         xn = torch.empty_like(x)
-        work = SplitKWorkspace(R, projection_shapes(c), "cuda")
 
         def project(a, wt, out, pdl, gamma=None, resid=None, swiglu=False):
             if gamma is not None:
                 a = rows_rmsnorm(a, gamma, xn, pdl=pdl)
-            gemm_skinny(a, wt, out, work, resid=resid, swiglu=swiglu, pdl=pdl)
+            gemm_skinny(a, wt, out, resid=resid, swiglu=swiglu, pdl=pdl)
 
     def pick(k, i):
         return w[k][i % len(w[k])]

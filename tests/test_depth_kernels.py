@@ -220,7 +220,7 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d):
                                      dict(out_f32=True)])
 @pytest.mark.parametrize("M,K", [(16, 1024), (128, 3072)])
 def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K):
-    from kernels.gemm_skinny import K_SLICE, GemmSkinny, compile_args
+    from kernels.gemm_skinny import GemmSkinny, compile_args
     from workbench.compile import compile_report
 
     g = GemmSkinny(M, K, pdl=True, **variant)
@@ -228,10 +228,16 @@ def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K):
     assert r.spill_bytes == 0 and r.ptx.count("call") == 0
     # (M/16) m-tiles x 2 k16 steps per 32-wide block x 2 weight-row tiles per warp
     assert r.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == \
-        (M // 16) * 2 * (K_SLICE // 32) * 2
-    assert r.ptx.count("cp.async.cg.shared.global") == M * (K_SLICE // 8) // 128
+        (M // 16) * 2 * (g.k_slice // 32) * 2
+    assert r.ptx.count("cp.async.cg.shared.global") == M * (g.k_slice // 8) // 128
     wait = r.ptx.index("griddepcontrol.wait")
-    assert r.ptx[:wait].count("ld.global.v4") == 2 * (K_SLICE // 32)  # weights before the wait
+    assert r.ptx[:wait].count("ld.global.v4") == 2 * (g.k_slice // 32)  # weights before the wait
+    # split-K through the cluster's shared memory: two barriers, every partial of this CTA's
+    # share read from the peers, no global workspace, atomics or gpu-scope fences
+    assert r.ptx.count("barrier.cluster.arrive") == 2 and r.ptx.count("barrier.cluster.wait") == 2
+    per_thread = -(-g.share // 128)
+    assert r.ptx.count("ld.shared::cluster.f32") == per_thread * g.splits * g.w_rows
+    assert "atom." not in r.ptx and "fence.acq_rel.gpu" not in r.ptx
 
 
 def _mma_m16n8k16(a_regs, b_regs):
@@ -284,21 +290,21 @@ def test_skinny_gemm_k_permutation_is_exact_under_the_ptx_fragment_layouts():
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_split_k_workspace_covers_every_projection_of_the_loop():
+def test_skinny_gemm_takes_every_projection_of_the_loop():
+    """Each projection of the 1.7B loop fits the kernel at 16-128 rows: whole tiles, a cluster
+    of at most 8 K slices, shared memory within the SM's 227 KB."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import K_SLICE, TILE_N, GemmSkinny, SplitKWorkspace
+    from kernels.gemm_skinny import MAX_SPLITS, GemmSkinny
     from models.codepredictor_config import QWEN3_TTS_1P7B
     from models.fast_loop import projection_shapes
 
-    shapes = projection_shapes(QWEN3_TTS_1P7B)
     for M in (16, 64, 128):
-        work = SplitKWorkspace(M, shapes, "cpu")
-        for n, k, swiglu in shapes:
+        for n, k, swiglu in projection_shapes(QWEN3_TTS_1P7B):
             g = GemmSkinny(M, k, swiglu=swiglu)
-            tiles = n // g.tile_out
-            assert n % g.tile_out == 0 and k % K_SLICE == 0
-            assert tiles <= work.count.numel()
-            assert tiles * g.splits * M * TILE_N <= work.work.numel()
+            assert n % g.tile_out == 0 and g.splits * g.k_slice == k
+            assert g.splits <= MAX_SPLITS and g.k_slice % 32 == 0
+            assert g.share * g.splits == M * g.tile_out
+            assert g.smem_bytes <= 227 * 1024
 
 
 @pytest.mark.gpu
@@ -320,59 +326,56 @@ def test_rows_rmsnorm_matches_reference(M):
 @pytest.mark.parametrize("M", [16, 64, 128])
 @pytest.mark.parametrize("N,K", [(4096, 1024), (1024, 2048), (1024, 3072), (2048, 1024)])
 def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K):
-    from kernels.gemm_skinny import SplitKWorkspace, gemm_skinny
+    from kernels.gemm_skinny import gemm_skinny
 
     g = torch.Generator(device="cuda").manual_seed(M * N + K)
     a = _randn(M, K, g=g)
     w = _randn(N, K, g=g, scale=0.03)
-    work = SplitKWorkspace(M, [(N, K, False)], "cuda")
-    out = gemm_skinny(a, w, _poison(M, N), work)
+    out = gemm_skinny(a, w, _poison(M, N))
     exact = a.double() @ w.double().T
     bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
     assert ((out.double() - exact).abs() <= bound).all()
-    assert torch.equal(gemm_skinny(a, w, _poison(M, N), work), out)  # counters re-armed
-    assert not work.count.any()
+    assert torch.equal(gemm_skinny(a, w, _poison(M, N)), out)  # fixed summation order
     # epilogues, against the bf16 result above (the same sums in the same order)
-    out32 = gemm_skinny(a, w, _poison(M, N, dtype=torch.float32), work)
+    out32 = gemm_skinny(a, w, _poison(M, N, dtype=torch.float32))
     assert torch.equal(out32, out.float())
     resid = _randn(M, N, g=g)
     want = (resid.float() + out.float()).to(torch.bfloat16)
-    gemm_skinny(a, w, resid, work, resid=resid)
+    gemm_skinny(a, w, resid, resid=resid)
     assert torch.equal(resid, want)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 128])
 def test_skinny_gemm_swiglu_and_strided_fp32_rows(M):
-    from kernels.gemm_skinny import SplitKWorkspace, gemm_skinny
+    from kernels.gemm_skinny import gemm_skinny
 
     g = torch.Generator(device="cuda").manual_seed(M)
     N, K = 3072, 1024
     a = _randn(M, K, g=g)
     w = _randn(2 * N, K, g=g, scale=0.03)
-    work = SplitKWorkspace(M, [(N, K, True), (N, K, False)], "cuda")
-    gate = gemm_skinny(a, w[:N], _poison(M, N), work)
-    up = gemm_skinny(a, w[N:], _poison(M, N), work)
-    got = gemm_skinny(a, w, _poison(M, N), work, swiglu=True)
+    gate = gemm_skinny(a, w[:N], _poison(M, N))
+    up = gemm_skinny(a, w[N:], _poison(M, N))
+    got = gemm_skinny(a, w, _poison(M, N), swiglu=True)
     want = torch.nn.functional.silu(gate) * up
     diff = (got.float() - want.float()).abs()
     assert (diff <= 2 * BF16_ULP * want.float().abs()).all()
     assert (diff == 0).float().mean() >= 0.99
     logits = torch.full((M, 15, N), float("nan"), device="cuda")
-    gemm_skinny(a, w[:N], logits[:, 3], work)
+    gemm_skinny(a, w[:N], logits[:, 3])
     assert torch.equal(logits[:, 3], gate.float()) and logits[:, 4].isnan().all()
 
 
 @pytest.mark.compile
 @pytest.mark.parametrize("M,K", [(64, 1024), (128, 3072)])
 def test_skinny_gemm_reduction_loads_a_group_before_storing(M, K):
-    """The last CTA's reduction: a store may alias the workspace, so loads interleaved with
-    stores cost one L2 round trip per output; all of a group's loads come first."""
+    """The reduction issues all of a group's partial loads (from the peers' shared memory)
+    before its stores: a load after a store waits for it, one round trip per output."""
     from kernels.gemm_skinny import REDUCE_GROUP, GemmSkinny, compile_args
     from workbench.compile import compile_report
 
     g = GemmSkinny(M, K, residual=True)
     ptx = compile_report(g, *compile_args()).ptx
-    tail = ptx[ptx.index("ld.relaxed.gpu"):]  # the reduction's first partial load
+    tail = ptx[ptx.index("ld.shared::cluster"):]  # the reduction's first partial load
     first_store = tail.index("st.global")
-    assert tail[:first_store].count("ld.relaxed.gpu") >= REDUCE_GROUP * g.splits
+    assert tail[:first_store].count("ld.shared::cluster") >= REDUCE_GROUP * g.splits
