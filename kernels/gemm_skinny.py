@@ -39,7 +39,8 @@ WARPS = 4
 MIN_K_SLICE = 256  # K per CTA is K / splits, at least this
 MAX_SPLITS = 8  # the portable cluster size
 TILE_N = 64  # output columns per CTA (SwiGLU: 32 gate + 32 up)
-PAD = 8  # 16-byte chunks per padded smem row of a: K_SLICE + 64 elements
+PAD = 4  # 16-byte chunks of padding per smem row of a: a row is then 16 words mod 32, so the
+# 8 lanes of a 128-bit load phase (rows g, g + 1) hit the two halves of the banks
 PART_PAD = 8  # fp32 words per padded row of the partial tile: conflict-free fragment stores
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
@@ -85,14 +86,14 @@ class GemmSkinny:
     """Static config: rows M (16..128, multiple of 16), K (multiple of 256), the epilogue."""
 
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
-                 out_f32: bool = False, pdl: bool = False):
+                 out_f32: bool = False, pdl: bool = False, splits: int | None = None):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
-        self.splits = split_count(K)
+        self.splits = splits or split_count(K)
         self.k_slice = K // self.splits
-        if K % (32 * self.splits) or K < MIN_K_SLICE:
-            raise ValueError(f"K = {K} must be a multiple of {32 * self.splits} and >= "
-                             f"{MIN_K_SLICE}")
+        if not 1 <= self.splits <= MAX_SPLITS or K % (128 * self.splits):
+            raise ValueError(f"K = {K} in {self.splits} slices: need 1-{MAX_SPLITS} slices, "
+                             "each a multiple of 128")
         if sum((residual, swiglu, out_f32)) > 1:
             raise ValueError("residual, swiglu and out_f32 are alternative epilogues")
         self.M, self.K = M, K
@@ -245,7 +246,8 @@ def compile_args(out_f32: bool = False):
     return (*pointer_args(_ptr_specs(out_f32)), Int32(4096), Int32(4096), make_fake_stream())
 
 
-def gemm_skinny(x, w, out, *, resid=None, swiglu: bool = False, pdl: bool = False):
+def gemm_skinny(x, w, out, *, resid=None, swiglu: bool = False, pdl: bool = False,
+                splits: int | None = None):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times w [N, K]^T (SwiGLU: [2N, K], gate rows
     then up rows) into out [M, N] (bf16, or fp32 for widened bf16 results; rows may be strided).
     ``resid`` [M, N] bf16 laid out as out (may be out): add it."""
@@ -253,12 +255,12 @@ def gemm_skinny(x, w, out, *, resid=None, swiglu: bool = False, pdl: bool = Fals
     M, K, N = projection_dims(x, w, swiglu)
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
-                     pdl=pdl)  # validates M, K
+                     pdl=pdl, splits=splits)  # validates M, K
     if N % cfg.tile_out:
         raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
                         (x, w, out, resid if resid is not None else x))
-    key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl)
+    key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

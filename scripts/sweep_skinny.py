@@ -1,0 +1,54 @@
+"""Times the skinny projection (kernels/gemm_skinny.py) over the loop's shapes, row counts and
+K-slice counts, each in a CUDA graph of back-to-back launches with the weights rotated beyond L2
+(as scripts/bench_depth_kernels.py); cuBLAS on the same shapes in the same run. Prints a table
+and writes ``$WB_RESULTS_DIR/skinny-sweep.json`` (a plain JSON list, not a results summary).
+
+    python3 scripts/sweep_skinny.py --rows 16 64 128 --splits 0 8
+"""
+import argparse
+import json
+import os
+
+import torch
+
+from kernels.gemm_skinny import MAX_SPLITS, gemm_skinny
+from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
+from models.fast_loop import projection_shapes
+from scripts.bench_depth_kernels import _copies, _graph_time_us
+
+NAMES = ("qkv", "wo", "gate_up", "down", "head")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[16, 64, 128])
+    ap.add_argument("--splits", type=int, nargs="+", default=[0],
+                    help="K slices per tile (0: the kernel's default)")
+    ap.add_argument("--no-pdl", action="store_true")
+    args = ap.parse_args()
+    rows_out = []
+    for name, (n, k, swiglu) in zip(NAMES, projection_shapes(CFG)):
+        wn = 2 * n if swiglu else n
+        ws = _copies((wn, k), wn * k * 2)
+        for M in args.rows:
+            a = torch.randn(M, k, device="cuda").to(torch.bfloat16)
+            out = torch.empty(M, n, device="cuda", dtype=torch.bfloat16)
+            cublas = _graph_time_us(lambda i: a @ ws[i % len(ws)].t())
+            for sp in args.splits:
+                if sp and (sp > MAX_SPLITS or k % (128 * sp)):
+                    continue
+                us = _graph_time_us(lambda i: gemm_skinny(a, ws[i % len(ws)], out,
+                                                          swiglu=swiglu, pdl=not args.no_pdl,
+                                                          splits=sp or None))
+                rows_out.append({"proj": name, "rows": M, "splits": sp, "us": us,
+                                 "cublas_us": cublas, "tbps": wn * k * 2 / us / 1e6})
+                print(f"{name:8} {M:4} {sp:3} {us:7.2f} {cublas:7.2f} "
+                      f"{rows_out[-1]['tbps']:5.2f}", flush=True)
+    path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"), "skinny-sweep.json")
+    with open(path, "w") as f:
+        json.dump(rows_out, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
