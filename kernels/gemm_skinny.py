@@ -110,6 +110,15 @@ class GemmSkinny:
             raise ValueError(f"M = {M}, K = {K}: {self.smem_bytes} bytes of shared memory "
                              f"exceed {SMEM_LIMIT}")
 
+    def _reduced_output(self, split, tidx, i):
+        """(row, column in the tile) of a thread's i-th output in CTA ``split``'s share. A share
+        smaller than the CTA wraps around (the extra threads load, but do not store)."""
+        j = tidx + 32 * WARPS * i
+        if cutlass.const_expr(self.share % (32 * WARPS) != 0):
+            j = j % self.share
+        o = split * self.share + j
+        return o // self.tile_out, o % self.tile_out
+
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
                  resid_ptr: cute.Pointer, N: Int32, ldy: Int32, stream):
@@ -205,8 +214,7 @@ class GemmSkinny:
             group = range(g0, min(per_thread, g0 + REDUCE_GROUP))
             sums, resids = [], []
             for i in group:
-                o = split * self.share + tidx + 32 * WARPS * i
-                m, c = o // self.tile_out, o % self.tile_out
+                m, c = self._reduced_output(split, tidx, i)
                 parts = []
                 for r in cutlass.range_constexpr(self.w_rows):
                     tot = Float32(0.0)
@@ -220,8 +228,7 @@ class GemmSkinny:
                     resid = mR[m, tile * self.tile_out + c].to(Float32)
                 resids.append(resid)
             for j, i in enumerate(group):
-                o = split * self.share + tidx + 32 * WARPS * i
-                m, c = o // self.tile_out, o % self.tile_out
+                m, c = self._reduced_output(split, tidx, i)
                 if cutlass.const_expr(self.share % (32 * WARPS) == 0):
                     epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
                                    swiglu=self.swiglu, residual=self.residual,

@@ -324,45 +324,49 @@ def test_rows_rmsnorm_matches_reference(M):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 64, 128])
-@pytest.mark.parametrize("N,K", [(4096, 1024), (1024, 2048), (1024, 3072), (2048, 1024)])
-def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K):
+@pytest.mark.parametrize("N,K,splits", [(4096, 1024, None), (1024, 2048, None),
+                                        (1024, 3072, None), (2048, 1024, None),
+                                        (4096, 1024, 8), (1024, 3072, 4)])
+def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits):
     from kernels.gemm_skinny import gemm_skinny
 
     g = torch.Generator(device="cuda").manual_seed(M * N + K)
     a = _randn(M, K, g=g)
     w = _randn(N, K, g=g, scale=0.03)
-    out = gemm_skinny(a, w, _poison(M, N))
+    out = gemm_skinny(a, w, _poison(M, N), splits=splits)
     exact = a.double() @ w.double().T
     bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
     assert ((out.double() - exact).abs() <= bound).all()
-    assert torch.equal(gemm_skinny(a, w, _poison(M, N)), out)  # fixed summation order
+    assert torch.equal(gemm_skinny(a, w, _poison(M, N), splits=splits), out)  # fixed summation order
     # epilogues, against the bf16 result above (the same sums in the same order)
-    out32 = gemm_skinny(a, w, _poison(M, N, dtype=torch.float32))
+    out32 = gemm_skinny(a, w, _poison(M, N, dtype=torch.float32), splits=splits)
     assert torch.equal(out32, out.float())
     resid = _randn(M, N, g=g)
     want = (resid.float() + out.float()).to(torch.bfloat16)
-    gemm_skinny(a, w, resid, resid=resid)
+    gemm_skinny(a, w, resid, resid=resid, splits=splits)
     assert torch.equal(resid, want)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [16, 128])
-def test_skinny_gemm_swiglu_and_strided_fp32_rows(M):
+@pytest.mark.parametrize("M,splits", [(16, None), (128, None), (16, 8)])
+def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits):
+    """(16, 8): a CTA's share of the outputs (64) is smaller than the CTA: the extra threads
+    load but must not store."""
     from kernels.gemm_skinny import gemm_skinny
 
     g = torch.Generator(device="cuda").manual_seed(M)
     N, K = 3072, 1024
     a = _randn(M, K, g=g)
     w = _randn(2 * N, K, g=g, scale=0.03)
-    gate = gemm_skinny(a, w[:N], _poison(M, N))
-    up = gemm_skinny(a, w[N:], _poison(M, N))
-    got = gemm_skinny(a, w, _poison(M, N), swiglu=True)
+    gate = gemm_skinny(a, w[:N], _poison(M, N), splits=splits)
+    up = gemm_skinny(a, w[N:], _poison(M, N), splits=splits)
+    got = gemm_skinny(a, w, _poison(M, N), swiglu=True, splits=splits)
     want = torch.nn.functional.silu(gate) * up
     diff = (got.float() - want.float()).abs()
     assert (diff <= 2 * BF16_ULP * want.float().abs()).all()
     assert (diff == 0).float().mean() >= 0.99
     logits = torch.full((M, 15, N), float("nan"), device="cuda")
-    gemm_skinny(a, w[:N], logits[:, 3])
+    gemm_skinny(a, w[:N], logits[:, 3], splits=splits)
     assert torch.equal(logits[:, 3], gate.float()) and logits[:, 4].isnan().all()
 
 
