@@ -85,14 +85,14 @@ def _main(argv) -> int:
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "models/fast_loop.py v7b (CuTe DSL kernels + PDL "
-                                               "at <= 8 rows, torch.compile above; graphs)"},
+                                  "fast_loop": "models/fast_loop.py v8 (CuTe DSL kernels + PDL: "
+                                               "GEMVs at <= 8 rows, cluster split-K mma.sync "
+                                               "projections at 16-128; graphs)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "fast loop v7b: the path per bucket from the v7 run (db6aca1): "
-                             "kernels path up to 32 rows (1418 / 3430 / 2979 / 4361 µs at 1 / 8 "
-                             "/ 16 / 32), compiled path at 64 and 128 (7104 / 9305 µs); the same "
-                             "figures within run-to-run noise. History in notes/fast-loop.md.",
+        notes={"prediction": "fast loop v8: kernels path at every bucket; from the per-projection "
+                             "sweep (e4ed9ad, skinny-sweep) ~1.42 ms at 1 row (unchanged), ~1.9 "
+                             "at 16, ~3.0-3.3 at 64, ~5.5 at 128. History in notes/fast-loop.md.",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})

@@ -2,22 +2,21 @@
 of 16) on tensor cores, with the depth loop's epilogues (residual, SwiGLU, fp32 logits).
 
 Above 8 rows the CUDA-core GEMV is FMA-bound and cuBLAS streams these weights at 0.7-2 TB/s.
-Here every CTA owns a 64-column tile of y (SwiGLU: 32 gate + 32 up columns) and one 256-wide
-slice of K, so the grid is (N / 64) x (K / 256) CTAs and each CTA reads only its slice of a:
-the activations are read (N / 64) times in all, not once per CTA (which would be 4-5x the weight
-traffic at 64 rows).
+Here every CTA owns a 64-column tile of y (SwiGLU: 32 gate + 32 up columns) and one slice of K
+(``split_count``: 4 slices where registers and shared memory allow, up to 8), so each CTA reads
+only its slice of a: the activations are read N / 64 times in all, not once per CTA.
 
 Per CTA (4 warps, each 16 columns = two 8-column n-tiles): the warps' weight rows are loaded
 into registers first (16-byte loads; constants, so before the PDL wait), the a slice is copied
-into shared memory with ``cp.async`` (rows padded by 64 bytes so the fragment reads are free of
-bank conflicts), then ``mma.sync.m16n8k16`` bf16 -> fp32 over the slice. K is permuted inside
-each 32-wide block so that a lane's A and B fragments are whole 16-byte chunks: lane (g, q)
-holds k = 8q..8q+7 of its rows, words 0-1 feed the first k16 step and words 2-3 the second (the
-same permutation on both operands, so the products and their sum are unchanged).
+into shared memory with ``cp.async`` (rows padded to 16 words mod 32, so the fragment reads are
+free of bank conflicts; v8b's 32-word padding cost up to a third of the kernel), then
+``mma.sync.m16n8k16`` bf16 -> fp32 over the slice. K is permuted inside each 32-wide block so
+that a lane's A and B fragments are whole 16-byte chunks: lane (g, q) holds k = 8q..8q+7 of its
+rows, words 0-1 feed the first k16 step and words 2-3 the second (the same permutation on both
+operands, so the products and their sum are unchanged).
 
-Split-K reduction through distributed shared memory, deterministic: the ``splits`` CTAs of a
-tile form one thread-block cluster (at most 8, the portable size, so K_SLICE = K / splits grows
-with K: 256 for K <= 2048, 384 for the 3072-wide down projection). Each CTA stores its fp32
+Split-K reduction through distributed shared memory, deterministic: the slices of a tile are
+the CTAs of one thread-block cluster (at most 8, the portable size). Each CTA stores its fp32
 partial tile into its own shared memory; after a cluster barrier (release / acquire) CTA s adds,
 for its 1/splits share of the tile's outputs, the partials of CTAs 0, 1, ... in that order and
 applies the epilogue (rounding as kernels/gemv_small_m.py); a second barrier keeps every CTA's
@@ -36,7 +35,8 @@ from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 WARPS = 4
-MIN_K_SLICE = 256  # K per CTA is K / splits, at least this
+MIN_K_SLICE = 256  # below 4 slices, K per CTA is at least this
+MAX_K_SLICE = 768  # the weight fragments of a slice stay in registers
 MAX_SPLITS = 8  # the portable cluster size
 TILE_N = 64  # output columns per CTA (SwiGLU: 32 gate + 32 up)
 PAD = 4  # 16-byte chunks of padding per smem row of a: a row is then 16 words mod 32, so the
@@ -46,9 +46,22 @@ SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
 
 
-def split_count(K: int) -> int:
-    """CTAs per tile (one cluster) for a K-wide projection: K / 256, at most 8."""
-    return max(1, min(MAX_SPLITS, K // MIN_K_SLICE))
+def smem_bytes(M: int, k_slice: int) -> int:
+    """Shared memory of a CTA: the a slice (padded rows of 16-byte chunks), the fp32 partial
+    tile (padded rows)."""
+    return M * (k_slice // 8 + PAD) * 16 + M * (TILE_N + PART_PAD) * 4
+
+
+def split_count(M: int, K: int) -> int:
+    """CTAs per tile (one cluster) for an M x K activation: 4 slices where they fit (the H200
+    sweep at 16-128 rows, ``results/logs/*-skinny-sweep.log``: fewer, longer slices win over 8
+    except for the QKV projection at 64 rows), more when a slice would exceed 768 (weight
+    registers) or the shared memory."""
+    for s in range(min(4, max(1, K // MIN_K_SLICE)), MAX_SPLITS + 1):
+        if K % (128 * s) == 0 and (M * 32) % s == 0 and K // s <= MAX_K_SLICE \
+                and smem_bytes(M, K // s) <= SMEM_LIMIT:
+            return s
+    raise ValueError(f"M = {M}, K = {K}: no slice count up to {MAX_SPLITS} fits")
 
 
 def fragment_words(step: int):
@@ -89,7 +102,7 @@ class GemmSkinny:
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
-        self.splits = splits or split_count(K)
+        self.splits = splits or split_count(M, K)
         self.k_slice = K // self.splits
         if not 1 <= self.splits <= MAX_SPLITS or K % (128 * self.splits):
             raise ValueError(f"K = {K} in {self.splits} slices: need 1-{MAX_SPLITS} slices, "
@@ -103,9 +116,11 @@ class GemmSkinny:
         self.tile_out = TILE_N // self.w_rows  # output columns per CTA
         self.ntiles = self.tile_out // (8 * WARPS)  # n-tiles per warp and weight row kind
         self.blocks = self.k_slice // 32
+        if (M * self.tile_out) % self.splits:
+            raise ValueError(f"{self.splits} slices do not divide the {M} x {self.tile_out} "
+                             "outputs of a tile")
         self.share = M * self.tile_out // self.splits  # outputs each CTA reduces
-        # the a slice (padded rows of 16-byte chunks) and the fp32 partial tile (padded rows)
-        self.smem_bytes = M * (self.k_slice // 8 + PAD) * 16 + M * (TILE_N + PART_PAD) * 4
+        self.smem_bytes = smem_bytes(M, self.k_slice)
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"M = {M}, K = {K}: {self.smem_bytes} bytes of shared memory "
                              f"exceed {SMEM_LIMIT}")

@@ -17,8 +17,8 @@ logits within bf16 noise), restructured for speed:
   top-k by ``topk`` instead of a full sort);
 * the whole frame captured as one CUDA graph per row bucket (1, 2, 4, ..., 128).
 
-On the GPU the default path is ``kernels`` up to 32 rows (``compiled`` above: measured faster
-there). For <= 8 rows: five CuTe DSL kernels per layer
+On the GPU the default path is ``kernels`` wherever it runs (measured faster than ``compiled`` at
+every bucket since v8, the cluster split-K projections). For <= 8 rows: five CuTe DSL kernels per layer
 (RMSNorm + QKV GEMV; q/k norm + RoPE + KV append + attention; o GEMV + residual; RMSNorm +
 gate/up GEMV + SwiGLU; down GEMV + residual), then per drawn group a final-norm + head GEMV and a
 one-CTA-per-row draw that also gathers the next input rows, all launched with programmatic
@@ -37,7 +37,7 @@ from models.codepredictor import (CodePredictorWeights, LoopOutput, rms_norm, ro
 from models.sampler import Sampler, draw, filtered_scores
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-KERNELS_PATH_MAX_ROWS = 32  # the default path above this is ``compiled`` (see FastLoop)
+KERNELS_PATH_MAX_ROWS = 128  # the default path above this is ``compiled`` (see FastLoop)
 
 
 def projection_shapes(cfg) -> list:
@@ -178,9 +178,8 @@ class FastLoop:
         # 0.4-1.6 TB/s); cuBLAS above, and everywhere on a CPU
         self.small_m = cuda and rows <= 8 and small_m
         kernels_ok = cuda and (rows <= 8 or (rows % 16 == 0 and rows <= 128))
-        # default per bucket from the H200 figures (results/depth-loop.json at db6aca1): the
-        # split-K projections win at 16-32 rows (2.98 / 4.36 ms vs 5.74 / 6.02 compiled) and
-        # lose at 64-128 (7.45 / 13.0 vs 7.10 / 9.31), where their reduction tail grows with M
+        # default per bucket from the H200 figures: the kernels path wins at every bucket since
+        # v8 (results/depth-kernels.json: 3.66 / 6.52 ms at 64 / 128 rows vs compiled 7.11 / 9.31)
         default_kernels = kernels_ok and rows <= KERNELS_PATH_MAX_ROWS
         self.path = path or ("kernels" if default_kernels else "compiled")
         if self.path not in ("kernels", "compiled"):
