@@ -85,14 +85,16 @@ def _main(argv) -> int:
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "models/fast_loop.py v8 (CuTe DSL kernels + PDL: "
-                                               "GEMVs at <= 8 rows, cluster split-K mma.sync "
-                                               "projections at 16-128; graphs)"},
+                                  "fast_loop": "models/fast_loop.py v8d (CuTe DSL kernels + PDL: "
+                                               "GEMVs at <= 2 rows, cluster split-K mma.sync "
+                                               "projections at 3-128 rows padded to 16s; "
+                                               "graphs)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "fast loop v8: kernels path at every bucket; from the per-projection "
-                             "sweep (e4ed9ad, skinny-sweep) ~1.42 ms at 1 row (unchanged), ~1.9 "
-                             "at 16, ~3.0-3.3 at 64, ~5.5 at 128. History in notes/fast-loop.md.",
+        notes={"prediction": "fast loop v8d (from v8c, 4332d31: 1425 / 3453 / 1853 / 2212 / 3331 "
+                             "/ 5402 µs): 3-15 rows padded to 16 for the tensor-core path (8 rows "
+                             "~1.87 ms), QKV in 8 K slices at 64 rows (~3.19 ms); 1, 16, 32 and "
+                             "128 rows unchanged. History in notes/fast-loop.md.",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})

@@ -17,16 +17,17 @@ logits within bf16 noise), restructured for speed:
   top-k by ``topk`` instead of a full sort);
 * the whole frame captured as one CUDA graph per row bucket (1, 2, 4, ..., 128).
 
-On the GPU the default path is ``kernels`` wherever it runs (measured faster than ``compiled`` at
-every bucket since v8, the cluster split-K projections). For <= 8 rows: five CuTe DSL kernels per layer
-(RMSNorm + QKV GEMV; q/k norm + RoPE + KV append + attention; o GEMV + residual; RMSNorm +
-gate/up GEMV + SwiGLU; down GEMV + residual), then per drawn group a final-norm + head GEMV and a
-one-CTA-per-row draw that also gathers the next input rows, all launched with programmatic
-dependent launch so each kernel's weight stream starts under its predecessor's tail
-(kernels/gemv_small_m.py, depth_attention.py, depth_sampler.py). For 16-128 rows (multiples of
-16) each normed projection becomes a row-norm kernel plus a split-K tensor-core projection
-(kernels/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues. Other row counts use the
-``compiled`` path (torch.compile around cuBLAS). On a CPU (tests) everything runs eagerly.
+On the GPU the default path is ``kernels`` at 1-128 rows (measured faster than ``compiled`` at
+every bucket since v8, the cluster split-K projections). For <= GEMV_MAX_ROWS rows: five CuTe DSL
+kernels per layer (RMSNorm + QKV GEMV; q/k norm + RoPE + KV append + attention; o GEMV +
+residual; RMSNorm + gate/up GEMV + SwiGLU; down GEMV + residual), then per drawn group a
+final-norm + head GEMV and a one-CTA-per-row draw that also gathers the next input rows, all
+launched with programmatic dependent launch so each kernel's weight stream starts under its
+predecessor's tail (kernels/gemv_small_m.py, depth_attention.py, depth_sampler.py). Above that the
+rows are padded to a multiple of 16 (padding rows are zeros, drawn greedily, and dropped) and
+each normed projection becomes a row-norm kernel plus a split-K tensor-core projection
+(kernels/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues. On a CPU (tests) everything
+runs eagerly.
 """
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ from models.sampler import Sampler, draw, filtered_scores
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 KERNELS_PATH_MAX_ROWS = 128  # the default path above this is ``compiled`` (see FastLoop)
+# the kernels path runs the fused GEMVs up to this many rows and pads more rows to a multiple of
+# 16 for the tensor-core projections: the GEMV frame grows ~0.29 ms a row (1.43 ms at 1 row, 3.45
+# at 8) and the 16-row tensor-core frame takes 1.85 ms (results/depth-loop.json, 4332d31)
+GEMV_MAX_ROWS = 2
+
+
+def kernel_rows(rows: int) -> int:
+    """Rows the kernels path computes for a ``rows``-row frame (padding rows are dropped)."""
+    return rows if rows <= GEMV_MAX_ROWS else -(-rows // 16) * 16
 
 
 def projection_shapes(cfg) -> list:
@@ -159,42 +169,54 @@ class FastLoop:
                                  "path (penalty, min-p, top-p, logprobs, eager or CPU)")
             self.kmax = int(sampler.top_k.max().item()) or cfg.vocab
             self.kmax = min(self.kmax, cfg.vocab)
-        dt = fw.final_norm.dtype
-        L, H, D = cfg.layers, cfg.kv_heads, cfg.head_dim
-        self.k_cache = torch.zeros(L, rows, H, cfg.positions, D, device=dev, dtype=dt)
-        self.v_cache = torch.zeros_like(self.k_cache)
-        self.h = torch.zeros(rows, cfg.talker_hidden, device=dev, dtype=dt)
-        self.g0 = torch.zeros(rows, dtype=torch.int64, device=dev)
-        self.codes_in = torch.zeros(rows, cfg.heads_drawn, dtype=torch.int64, device=dev)
-        self.codes = torch.zeros(rows, cfg.heads_drawn, dtype=torch.int64, device=dev)
-        self.logits = torch.zeros(rows, cfg.heads_drawn, cfg.vocab, device=dev)
-        self.used = torch.zeros(rows, cfg.groups, cfg.talker_hidden, device=dev, dtype=dt)
-        self.talker_sum = torch.zeros(rows, cfg.talker_hidden, device=dev, dtype=dt)
-        self.positions = [torch.tensor([p], device=dev) for p in range(cfg.positions)]
-        self.lists = (fw.qkv, fw.wo, fw.gate_up, fw.down, fw.in_norm, fw.post_norm, fw.q_norm,
-                      fw.k_norm)
-        self.cfg_tuple = (cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.intermediate)
         # the CuTe DSL small-M GEMV for <= 8 rows on the GPU (cuBLAS streams these weights at
         # 0.4-1.6 TB/s); cuBLAS above, and everywhere on a CPU
         self.small_m = cuda and rows <= 8 and small_m
-        kernels_ok = cuda and (rows <= 8 or (rows % 16 == 0 and rows <= 128))
+        kernels_ok = cuda and 1 <= rows <= 128
         # default per bucket from the H200 figures: the kernels path wins at every bucket since
         # v8 (results/depth-kernels.json: 3.66 / 6.52 ms at 64 / 128 rows vs compiled 7.11 / 9.31)
         default_kernels = kernels_ok and rows <= KERNELS_PATH_MAX_ROWS
         self.path = path or ("kernels" if default_kernels else "compiled")
         if self.path not in ("kernels", "compiled"):
             raise ValueError(f"path {path!r}: 'kernels' or 'compiled'")
+        if self.path == "kernels" and not kernels_ok:
+            raise ValueError("the kernels path runs on a CUDA device with 1-128 rows")
+        # rows the kernels run on: the GEMVs up to GEMV_MAX_ROWS, else a multiple of 16 for the
+        # tensor-core projections; padding rows hold zeros and their results are dropped
+        self.run_rows = kernel_rows(rows) if self.path == "kernels" else rows
+        P = self.run_rows
+        dt = fw.final_norm.dtype
+        L, H, D = cfg.layers, cfg.kv_heads, cfg.head_dim
+        self.k_cache = torch.zeros(L, P, H, cfg.positions, D, device=dev, dtype=dt)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.h = torch.zeros(P, cfg.talker_hidden, device=dev, dtype=dt)
+        self.g0 = torch.zeros(P, dtype=torch.int64, device=dev)
+        self.codes_in = torch.zeros(P, cfg.heads_drawn, dtype=torch.int64, device=dev)
+        self.codes = torch.zeros(P, cfg.heads_drawn, dtype=torch.int64, device=dev)
+        self.logits = torch.zeros(P, cfg.heads_drawn, cfg.vocab, device=dev)
+        self.used = torch.zeros(P, cfg.groups, cfg.talker_hidden, device=dev, dtype=dt)
+        self.talker_sum = torch.zeros(P, cfg.talker_hidden, device=dev, dtype=dt)
+        self.positions = [torch.tensor([p], device=dev) for p in range(cfg.positions)]
+        self.lists = (fw.qkv, fw.wo, fw.gate_up, fw.down, fw.in_norm, fw.post_norm, fw.q_norm,
+                      fw.k_norm)
+        self.cfg_tuple = (cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.intermediate)
         if self.path == "kernels":
-            if not kernels_ok:
-                raise ValueError("the kernels path runs on a CUDA device with <= 8 rows or a "
-                                 "multiple of 16 up to 128")
-            self.x = torch.zeros(rows, cfg.hidden, device=dev, dtype=dt)
-            if rows > 8:  # tensor-core projections take a normalised copy
+            self.x = torch.zeros(P, cfg.hidden, device=dev, dtype=dt)
+            if P > GEMV_MAX_ROWS:  # tensor-core projections take a normalised copy
                 self.xn = torch.zeros_like(self.x)
-            self.qkv_out = torch.zeros(rows, (cfg.q_heads + 2 * cfg.kv_heads) * D, device=dev,
+            self.qkv_out = torch.zeros(P, (cfg.q_heads + 2 * cfg.kv_heads) * D, device=dev,
                                        dtype=dt)
-            self.attn = torch.zeros(rows, cfg.q_heads * D, device=dev, dtype=dt)
-            self.mlp = torch.zeros(rows, cfg.intermediate, device=dev, dtype=dt)
+            self.attn = torch.zeros(P, cfg.q_heads * D, device=dev, dtype=dt)
+            self.mlp = torch.zeros(P, cfg.intermediate, device=dev, dtype=dt)
+            # the draw's per-row parameters over the padded rows: the sampler's are copied in at
+            # the start of each frame (padding rows draw greedily with seed 0)
+            self.draw_params = None
+            if sampler is not None and P > rows:
+                self.draw_params = {
+                    "temperature": torch.ones(P, dtype=sampler.temperature.dtype, device=dev),
+                    "top_k": torch.ones(P, dtype=sampler.top_k.dtype, device=dev),
+                    "seed": torch.zeros(P, dtype=sampler.seed.dtype, device=dev),
+                    "offset": torch.zeros(P, dtype=sampler.offset.dtype, device=dev)}
         if self.small_m:
             from kernels.gemv_small_m import register_torch_op
 
@@ -249,7 +271,7 @@ class FastLoop:
         from kernels.rows_rmsnorm import rows_rmsnorm
 
         eps = self.cfg.rms_eps
-        if self.rows <= 8:
+        if self.run_rows <= GEMV_MAX_ROWS:
             gemv_small_m(a, w, out, gamma=gamma, resid=resid, swiglu=swiglu, pdl=self.pdl,
                          eps=eps)
             return
@@ -269,8 +291,14 @@ class FastLoop:
         self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
         smp = self.sampler
         mode = "forced" if self.teacher_forced else ("greedy" if smp is None else "sample")
-        draw_args = {} if smp is None else dict(temperature=smp.temperature, top_k=smp.top_k,
-                                                seed=smp.seed, offset=smp.offset)
+        draw_args = {}
+        if smp is not None and self.draw_params is None:
+            draw_args = dict(temperature=smp.temperature, top_k=smp.top_k, seed=smp.seed,
+                             offset=smp.offset)
+        elif smp is not None:  # padded rows: this frame's parameters into the padded copies
+            draw_args = self.draw_params
+            for name, t in draw_args.items():
+                t[:self.rows].copy_(getattr(smp, name))
         for p in range(cfg.positions):
             if p == 1:
                 self.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
@@ -309,18 +337,19 @@ class FastLoop:
 
     def __call__(self, h: torch.Tensor, g0: torch.Tensor, codes: torch.Tensor | None = None
                  ) -> LoopOutput:
-        if h.shape[0] != self.rows or g0.shape[0] != self.rows:
-            raise ValueError(f"this loop is for {self.rows} rows, got h {tuple(h.shape)}, "
+        R = self.rows
+        if h.shape[0] != R or g0.shape[0] != R:
+            raise ValueError(f"this loop is for {R} rows, got h {tuple(h.shape)}, "
                              f"g0 {tuple(g0.shape)}")
         if (codes is not None) != self.teacher_forced:
             raise ValueError("pass codes exactly when the loop was built with teacher_forced=True")
-        self.h.copy_(h)
-        self.g0.copy_(g0)
+        self.h[:R].copy_(h)
+        self.g0[:R].copy_(g0)
         if codes is not None:
-            self.codes_in.copy_(codes)
+            self.codes_in[:R].copy_(codes)
         if self.graph is not None:
             self.graph.replay()
         else:
             self._run_frame()
-        kv = [(self.k_cache[i], self.v_cache[i]) for i in range(self.cfg.layers)]
-        return LoopOutput(self.codes, self.talker_sum, kv, self.logits)
+        kv = [(self.k_cache[i, :R], self.v_cache[i, :R]) for i in range(self.cfg.layers)]
+        return LoopOutput(self.codes[:R], self.talker_sum[:R], kv, self.logits[:R])

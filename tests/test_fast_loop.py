@@ -83,12 +83,23 @@ def test_fast_loop_refuses_what_it_cannot_draw():
 def test_fast_loop_on_h200_matches_reference_1p7b():
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
-    for R in (1, 5, 16):  # the fused GEMVs (<= 8 rows) and the split-K tensor-core path
+    # the fused GEMVs (<= 2 rows), the split-K tensor-core path on 5 rows padded to 16, and 16
+    for R in (1, 2, 5, 16):
         h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
         seeds = list(range(100, 100 + R))
         ref = depth_loop(w, h, g0, sampler=Sampler(R, seeds=seeds, device="cuda"))
         loop = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"))
         out = loop(h, g0)
+        assert (loop.sampler.offset == QWEN3_TTS_1P7B.heads_drawn).all()
+        if loop.run_rows > R:  # padding rows change nothing: the same rows of a full loop
+            P = loop.run_rows
+            full = FastLoop(fw, P, Sampler(P, seeds=seeds + [7] * (P - R), device="cuda"))
+            h_p, g_p = _inputs(QWEN3_TTS_1P7B, P, seed=99, device="cuda", dtype=torch.bfloat16)
+            h_p[:R], g_p[:R] = h, g0
+            got = full(h_p, g_p)
+            assert torch.equal(got.codes[:R], out.codes)
+            assert torch.equal(got.logits[:R], out.logits)
+            assert torch.equal(got.talker_sum[:R], out.talker_sum)
         # sampled codes agree unless bf16 noise moves a near-tie; most rows/groups must agree
         agree = float((out.codes == ref.codes).float().mean())
         assert agree >= 0.8, agree
