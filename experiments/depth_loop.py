@@ -85,16 +85,16 @@ def _main(argv) -> int:
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "models/fast_loop.py v8d (CuTe DSL kernels + PDL: "
+                                  "fast_loop": "models/fast_loop.py v8e (CuTe DSL kernels + PDL: "
                                                "GEMVs at <= 2 rows, cluster split-K mma.sync "
                                                "projections at 3-128 rows padded to 16s; "
                                                "graphs)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "fast loop v8d (from v8c, 4332d31: 1425 / 3453 / 1853 / 2212 / 3331 "
-                             "/ 5402 µs): 3-15 rows padded to 16 for the tensor-core path (8 rows "
-                             "~1.87 ms), QKV in 8 K slices at 64 rows (~3.19 ms); 1, 16, 32 and "
-                             "128 rows unchanged. History in notes/fast-loop.md.",
+        notes={"prediction": "fast loop v8e = v8d (8b8d21f: 1425 / 1836 / 1823 / 2208 / 3391 / "
+                             "5386 µs) without the QKV 8-slice entry, which the frame A/B "
+                             "(b3663ea) measured slower: 64 rows ~3300 µs, the rest unchanged. "
+                             "History in notes/fast-loop.md.",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})

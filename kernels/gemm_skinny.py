@@ -46,11 +46,6 @@ SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
 
 
-# (M, N, K) -> slices where the H200 sweep found a better count than ``split_count``'s
-# (results/logs/e4ed9ad-skinny-sweep.log: the QKV projection at 64 rows, 7.4 vs 9.1 µs)
-TUNED_SPLITS = {(64, 4096, 1024): 8}
-
-
 def smem_bytes(M: int, k_slice: int) -> int:
     """Shared memory of a CTA: the a slice (padded rows of 16-byte chunks), the fp32 partial
     tile (padded rows)."""
@@ -100,23 +95,11 @@ def load_dsmem_f32(ptr: cute.Pointer, *, loc=None, ip=None) -> Float32:
                                    asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
-@dsl_user_op
-def prefetch_l2_bulk(ptr: cute.Pointer, nbytes: Int32, *, loc=None, ip=None) -> None:
-    """``cp.async.bulk.prefetch.L2.global``: pull ``nbytes`` (a multiple of 16) at ``ptr`` into
-    L2, asynchronously; a hint, no completion to wait for."""
-    addr = llvm.ptrtoint(T.i64(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
-    llvm.inline_asm(None, [addr, Int32(nbytes).ir_value(loc=loc, ip=ip)],
-                    "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r",
-                    has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
 class GemmSkinny:
     """Static config: rows M (16..128, multiple of 16), K (multiple of 256), the epilogue."""
 
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
-                 out_f32: bool = False, pdl: bool = False, splits: int | None = None,
-                 prefetch: bool = False):
+                 out_f32: bool = False, pdl: bool = False, splits: int | None = None):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
         self.splits = splits or split_count(M, K)
@@ -128,7 +111,6 @@ class GemmSkinny:
             raise ValueError("residual, swiglu and out_f32 are alternative epilogues")
         self.M, self.K = M, K
         self.residual, self.swiglu, self.out_f32, self.pdl = residual, swiglu, out_f32, pdl
-        self.prefetch = prefetch  # pull the next projection's weights into L2 (an experiment)
         self.mtiles = M // 16
         self.w_rows = 2 if swiglu else 1
         self.tile_out = TILE_N // self.w_rows  # output columns per CTA
@@ -154,21 +136,20 @@ class GemmSkinny:
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
-                 resid_ptr: cute.Pointer, pf_ptr: cute.Pointer, pf_bytes: Int32, N: Int32,
-                 ldy: Int32, stream):
+                 resid_ptr: cute.Pointer, N: Int32, ldy: Int32, stream):
         M, kc = self.M, self.K // 8  # 16-byte chunks per row
         mA = cute.make_tensor(a_ptr, cute.make_layout((4, M * kc), stride=(1, 4)))
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * kc), stride=(1, 4)))
         mY = cute.make_tensor(y_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         tiles = N // self.tile_out
-        self.kernel(mA, mW, mY, mR, pf_ptr, pf_bytes, N).launch(
+        self.kernel(mA, mW, mY, mR, N).launch(
             grid=[tiles, self.splits, 1], block=[32 * WARPS, 1, 1],
             cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
-               pf_ptr: cute.Pointer, pf_bytes: Int32, N: Int32):
+               N: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         tile, split, _ = cute.arch.block_idx()  # split == rank in the (1, splits, 1) cluster
         lane, warp = tidx % 32, tidx // 32
@@ -178,15 +159,6 @@ class GemmSkinny:
         c0 = split * slice_c  # first chunk of the slice
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(self.prefetch):  # 0. this CTA's share of the next weights -> L2
-            if tidx == 0:
-                tiles_n, _, _ = cute.arch.grid_dim()
-                ctas = tiles_n * self.splits
-                chunk = (pf_bytes + ctas * 16 - 1) // (ctas * 16) * 16
-                start = (tile * self.splits + split) * chunk
-                size = cutlass.min(chunk, pf_bytes - start)
-                if size > 0:
-                    prefetch_l2_bulk(pf_ptr + start // 4, size)
         # 1. weights (constants) into registers: per block b, lane (g, q) holds chunk 4b + q of
         # weight row (kind r, n-tile t, row g)
         w = {}
@@ -286,42 +258,33 @@ class GemmSkinny:
 
 
 def _ptr_specs(out_f32: bool):
-    # a, W as 16-byte words; y; resid; the weights to prefetch (16-byte words)
-    return ((Uint32, 16), (Uint32, 16), (Float32 if out_f32 else BFloat16, 4), (BFloat16, 2),
-            (Uint32, 16))
+    # a, W as 16-byte words; y; resid
+    return ((Uint32, 16), (Uint32, 16), (Float32 if out_f32 else BFloat16, 4), (BFloat16, 2))
 
 
 def compile_args(out_f32: bool = False):
     from cutlass.cute.runtime import make_fake_stream
 
-    a, w, y, r, pf = pointer_args(_ptr_specs(out_f32))
-    return (a, w, y, r, pf, Int32(0), Int32(4096), Int32(4096), make_fake_stream())
+    return (*pointer_args(_ptr_specs(out_f32)), Int32(4096), Int32(4096), make_fake_stream())
 
 
 def gemm_skinny(x, w, out, *, resid=None, swiglu: bool = False, pdl: bool = False,
-                splits: int | None = None, prefetch=None):
+                splits: int | None = None):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times w [N, K]^T (SwiGLU: [2N, K], gate rows
     then up rows) into out [M, N] (bf16, or fp32 for widened bf16 results; rows may be strided).
     ``resid`` [M, N] bf16 laid out as out (may be out): add it. ``splits``: K slices per tile
-    (the cluster size; default ``TUNED_SPLITS`` or ``split_count``). ``prefetch``: a contiguous
-    CUDA tensor (the next projection's weights) that the CTAs pull into L2 as they start."""
+    (the cluster size; default ``split_count``)."""
     require_hopper()
     M, K, N = projection_dims(x, w, swiglu)
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
-    if prefetch is not None and (not prefetch.is_cuda or not prefetch.is_contiguous()
-                                 or prefetch.data_ptr() % 16 or prefetch.nbytes % 16):
-        raise ValueError("prefetch: a contiguous CUDA tensor, 16-byte aligned and sized")
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
-                     pdl=pdl, splits=splits or TUNED_SPLITS.get((M, N, K)),
-                     prefetch=prefetch is not None)  # validates M, K
+                     pdl=pdl, splits=splits)  # validates M, K
     if N % cfg.tile_out:
         raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
-    pf = prefetch if prefetch is not None else w
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
-                        (x, w, out, resid if resid is not None else x, pf))
-    pf_bytes = Int32(prefetch.nbytes if prefetch is not None else 0)
-    key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, cfg.prefetch)
+                        (x, w, out, resid if resid is not None else x))
+    key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits)
     compiled = cached_compile(key, lambda: cute.compile(
-        cfg, *ptrs, pf_bytes, Int32(N), Int32(out.stride(0)), current_stream()))
-    compiled(*ptrs, pf_bytes, Int32(N), Int32(out.stride(0)), current_stream())
+        cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
+    compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())
     return out

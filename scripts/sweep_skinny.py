@@ -3,7 +3,7 @@ K-slice counts, each in a CUDA graph of back-to-back launches with the weights r
 (as scripts/bench_depth_kernels.py); cuBLAS on the same shapes in the same run. Prints a table
 and writes ``$WB_RESULTS_DIR/skinny-sweep.json`` (a plain JSON list, not a results summary).
 
-    python3 scripts/sweep_skinny.py --rows 16 64 128 --splits 0 8 --prefetch
+    python3 scripts/sweep_skinny.py --rows 16 64 128 --splits 0 8
 """
 import argparse
 import json
@@ -25,8 +25,6 @@ def main():
     ap.add_argument("--splits", type=int, nargs="+", default=[0],
                     help="K slices per tile (0: the kernel's default)")
     ap.add_argument("--no-pdl", action="store_true")
-    ap.add_argument("--prefetch", action="store_true",
-                    help="also time each launch pulling the next weight copy into L2")
     args = ap.parse_args()
     rows_out = []
     for name, (n, k, swiglu) in zip(NAMES, projection_shapes(CFG)):
@@ -39,17 +37,13 @@ def main():
             for sp in args.splits:
                 if sp and (sp > MAX_SPLITS or k % (128 * sp)):
                     continue
-                for pf in ((False, True) if args.prefetch else (False,)):
-                    def launch(i, sp=sp, pf=pf):
-                        nxt = ws[(i + 1) % len(ws)] if pf else None
-                        gemm_skinny(a, ws[i % len(ws)], out, swiglu=swiglu, pdl=not args.no_pdl,
-                                    splits=sp or None, prefetch=nxt)
-                    us = _graph_time_us(launch)
-                    rows_out.append({"proj": name, "rows": M, "splits": sp, "prefetch": pf,
-                                     "us": us, "cublas_us": cublas,
-                                     "tbps": wn * k * 2 / us / 1e6})
-                    print(f"{name:8} {M:4} {sp:3} {'pf' if pf else '  '} {us:7.2f} {cublas:7.2f} "
-                          f"{rows_out[-1]['tbps']:5.2f}", flush=True)
+                us = _graph_time_us(lambda i, sp=sp: gemm_skinny(
+                    a, ws[i % len(ws)], out, swiglu=swiglu, pdl=not args.no_pdl,
+                    splits=sp or None))
+                rows_out.append({"proj": name, "rows": M, "splits": sp, "us": us,
+                                 "cublas_us": cublas, "tbps": wn * k * 2 / us / 1e6})
+                print(f"{name:8} {M:4} {sp:3} {us:7.2f} {cublas:7.2f} "
+                      f"{rows_out[-1]['tbps']:5.2f}", flush=True)
     path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"), "skinny-sweep.json")
     with open(path, "w") as f:
         json.dump(rows_out, f, indent=1)
