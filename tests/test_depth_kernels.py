@@ -322,6 +322,30 @@ def test_rows_rmsnorm_matches_reference(M):
     assert (diff == 0).float().mean() >= 0.99
 
 
+@pytest.mark.parametrize("M", [16, 48, 64, 128])
+@pytest.mark.parametrize("K,swiglu,splits", [(1024, False, None), (1024, True, None),
+                                             (2048, False, 8), (1024, True, 8),
+                                             (3072, False, None), (3072, False, 8)])
+def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits):
+    """The reduction's partition, replayed on the CPU: over the cluster's CTAs, threads and
+    iterations every output of the tile is stored exactly once, and every partial a thread
+    loads (stored or not: small shares wrap) lies inside the tile."""
+    pytest.importorskip("cutlass")
+    from kernels.gemm_skinny import WARPS, GemmSkinny
+
+    g = GemmSkinny(M, K, swiglu=swiglu, splits=splits)
+    per_thread = -(-g.share // (32 * WARPS))
+    stored = []
+    for split in range(g.splits):
+        for tidx in range(32 * WARPS):
+            for i in range(per_thread):
+                m, c = g._reduced_output(split, tidx, i)
+                assert 0 <= m < M and 0 <= c < g.tile_out
+                if g.share % (32 * WARPS) == 0 or tidx + 32 * WARPS * i < g.share:
+                    stored.append((m, c))
+    assert sorted(stored) == [(m, c) for m in range(M) for c in range(g.tile_out)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 64, 128])
 @pytest.mark.parametrize("N,K,splits", [(4096, 1024, None), (1024, 2048, None),
