@@ -1,0 +1,58 @@
+"""Same-run A/B of whole fast-loop frames: builds one FastLoop per variant (FastLoop keyword
+arguments) at a row count and times them in turn, several rounds, so drift hits all alike.
+Tune on the frame, not on a kernel alone (notes/fast-loop.md, v8d: an isolated 1.7 µs win was a
+90 µs frame loss under PDL).
+
+    python3 scripts/ab_frame.py --rows 64 --variant pdl=True --variant pdl=False
+"""
+import argparse
+import ast
+
+import torch
+
+from models.codepredictor import random_weights
+from models.fast_loop import FastLoop, FastWeights
+from models.sampler import Sampler
+from workbench.timing import bench
+
+
+def parse_variant(text: str) -> dict:
+    """'a=1,b=True,c=kernels' -> {'a': 1, 'b': True, 'c': 'kernels'}; '' -> {}."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            out[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--variant", action="append", default=[],
+                    help="FastLoop keyword arguments, e.g. pdl=False (repeat; '' = defaults)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    variants = args.variant or [""]
+    w = random_weights(seed=args.seed, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(w)
+    R = args.rows
+    g = torch.Generator(device="cuda").manual_seed(R)
+    h = torch.randn(R, w.config.talker_hidden, device="cuda", generator=g).to(torch.bfloat16)
+    g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
+    loops = {v or "defaults": FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
+                                       **parse_variant(v)) for v in variants}
+    times = {name: [] for name in loops}
+    for rnd in range(args.rounds):
+        for name, fl in loops.items():
+            times[name].append(bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=400).median_us)
+            print(f"round {rnd} {name}: {times[name][-1]:.0f} µs", flush=True)
+    for name, ts in times.items():
+        print(f"{R} rows {name}: median of rounds {sorted(ts)[len(ts) // 2]:.0f} µs")
+
+
+if __name__ == "__main__":
+    main()
