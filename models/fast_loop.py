@@ -174,7 +174,7 @@ class FastLoop:
         self.small_m = cuda and rows <= 8 and small_m
         kernels_ok = cuda and 1 <= rows <= 128
         # default per bucket from the H200 figures: the kernels path wins at every bucket since
-        # v8 (results/depth-kernels.json: 3.66 / 6.52 ms at 64 / 128 rows vs compiled 7.11 / 9.31)
+        # v8 (results/depth-loop.json, 8b8d21f: 1.43-5.39 ms vs compiled 3.89-8.83 ms)
         default_kernels = kernels_ok and rows <= KERNELS_PATH_MAX_ROWS
         self.path = path or ("kernels" if default_kernels else "compiled")
         if self.path not in ("kernels", "compiled"):
