@@ -5,7 +5,10 @@ launch; and the whole frame with PDL on and off. Writes a results summary
 
     python3 scripts/bench_depth_kernels.py --rows 1 8 64
 
-Above 8 rows a normed projection is timed as the loop runs it: row norm + split-K projection.
+Up to 8 rows the projections are the fused GEMVs (kernels/gemv_small_m.py): the loop uses them
+only up to ``GEMV_MAX_ROWS`` and pads more rows to 16, so at 3-8 rows this times the GEMV side
+of that crossover. Above 8 rows a normed projection is timed as the loop runs it: row norm +
+split-K projection. Frames (``--rows``) are the loop's own, padding included.
 """
 import argparse
 import math
