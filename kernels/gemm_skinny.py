@@ -6,14 +6,16 @@ Here every CTA owns a 64-column tile of y (SwiGLU: 32 gate + 32 up columns) and 
 (``split_count``: 4 slices where registers and shared memory allow, up to 8), so each CTA reads
 only its slice of a: the activations are read N / 64 times in all, not once per CTA.
 
-Per CTA (4 warps, each 16 columns = two 8-column n-tiles): the warps' weight rows are loaded
-into registers first (16-byte loads; constants, so before the PDL wait), the a slice is copied
-into shared memory with ``cp.async`` (rows padded to 16 words mod 32, so the fragment reads are
-free of bank conflicts; v8b's 32-word padding cost up to a third of the kernel), then
-``mma.sync.m16n8k16`` bf16 -> fp32 over the slice. K is permuted inside each 32-wide block so
-that a lane's A and B fragments are whole 16-byte chunks: lane (g, q) holds k = 8q..8q+7 of its
-rows, words 0-1 feed the first k16 step and words 2-3 the second (the same permutation on both
-operands, so the products and their sum are unchanged).
+Per CTA (4 warps, each 16 weight rows: 16 output columns, or with SwiGLU 8 columns' gate and
+up rows): the warps' weights are loaded into registers first (16-byte loads; constants, so
+before the PDL wait), the a slice is copied into shared memory with ``cp.async`` (rows padded
+to 16 words mod 32, so the fragment reads are free of bank conflicts; v8b's 32-word padding
+cost up to a third of the kernel), then ``mma.sync.m16n8k16`` bf16 -> fp32 over the slice,
+transposed (D = W · a^T: the weights are the A operand, the a rows the 8-wide B operand). The
+weights are pre-packed (:func:`pack_weights`, once per model) so that one 16-byte load gives a
+lane its A fragment in register order, and K is permuted inside each 32-wide block so that one
+16-byte chunk of an a row gives both k16 steps' B fragments: no register moves in the mainloop
+(v8c assembled the A fragments of every mma from two rows: ~40 % of its instructions).
 
 Split-K reduction through distributed shared memory, deterministic: the slices of a tile are
 the CTAs of one thread-block cluster (at most 8, the portable size). Each CTA stores its fp32
@@ -41,7 +43,8 @@ MAX_SPLITS = 8  # the portable cluster size
 TILE_N = 64  # output columns per CTA (SwiGLU: 32 gate + 32 up)
 PAD = 4  # 16-byte chunks of padding per smem row of a: a row is then 16 words mod 32, so the
 # 8 lanes of a 128-bit load phase (rows g, g + 1) hit the two halves of the banks
-PART_PAD = 8  # fp32 words per padded row of the partial tile: conflict-free fragment stores
+PART_PAD = 4  # fp32 words of padding per partial-tile row: the a rows 2q of one store are 8
+# words apart mod 32, so a warp's 32 stores (8 weight rows x 4 a rows) hit 32 banks
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
 
@@ -64,13 +67,42 @@ def split_count(M: int, K: int) -> int:
     raise ValueError(f"M = {M}, K = {K}: no slice count up to {MAX_SPLITS} fits")
 
 
-def fragment_words(step: int):
-    """The K permutation, as data (tests/test_depth_kernels.py checks it against the PTX
-    fragment layouts). Lane (g, q) holds, for a 32-wide k block, the 16-byte chunk k = 8q..8q+7
-    of A rows g and g + 8 ("lo", "hi") and of its weight row; k16 step ``step`` takes the A
-    registers a0..a3 and B registers b0, b1 from these (chunk, word) and word positions."""
-    return ((("lo", 2 * step), ("hi", 2 * step), ("lo", 2 * step + 1), ("hi", 2 * step + 1)),
-            (2 * step, 2 * step + 1))
+class PackedWeights:
+    """A projection's weights [N, K] (SwiGLU: [2N, K], gate rows then up rows) re-laid for the
+    skinny GEMM (:func:`pack_weights`): the same bytes, permuted. ``data`` keeps the [rows, K]
+    shape for the operand checks; only this kernel can read it."""
+
+    def __init__(self, data, swiglu: bool):
+        self.data, self.swiglu = data, swiglu
+
+
+def pack_weights(w, swiglu: bool = False) -> PackedWeights:
+    """Lay ``w`` out as the kernel's A fragments. Weight rows come in groups of 16 (group
+    tile * 4 + warp: 16 consecutive output columns, or with SwiGLU the gate rows then the up
+    rows of 8 output columns); rows g and g + 8 of a group are the mma's A rows g, g + 8. For
+    each 32-wide block b of K and k16 step s, lane (g, q) reads one 16-byte unit: the bf16 pairs
+    k0 = 32b + 8q + 4s + {0, 1} and k1 = k0 + 2 of rows g, g + 8 as (g k0, g+8 k0, g k1,
+    g+8 k1) = a0..a3, while its B fragment is words 2s, 2s + 1 of a's 16-byte chunk q of the
+    block. That maps the PTX fragment layout's k = 2q + e, 2q + 8 + e onto k0 + e, k1 + e: the
+    same bijection for A and B, so the sum is unchanged (tests/test_depth_kernels.py checks it
+    under an emulation of the PTX layouts). Order: [group, block, step, lane, 8 elements]."""
+    rows, K = w.shape
+    if K % 32 or rows % (32 if swiglu else 16):
+        raise ValueError(f"w {tuple(w.shape)}: K a multiple of 32, rows of 16 (SwiGLU 32)")
+    if swiglu:
+        n = rows // 2
+        grouped = torch_cat_groups(w[:n].reshape(n // 8, 8, K), w[n:].reshape(n // 8, 8, K))
+    else:
+        grouped = w.reshape(rows // 16, 16, K)
+    G = grouped.shape[0]
+    packed = grouped.reshape(G, 2, 8, K // 32, 4, 2, 2, 2).permute(0, 3, 5, 2, 4, 6, 1, 7)
+    return PackedWeights(packed.contiguous().reshape(rows, K), swiglu)
+
+
+def torch_cat_groups(gate, up):
+    import torch
+
+    return torch.cat([gate, up], dim=1)
 
 
 @dsl_user_op
@@ -111,10 +143,9 @@ class GemmSkinny:
             raise ValueError("residual, swiglu and out_f32 are alternative epilogues")
         self.M, self.K = M, K
         self.residual, self.swiglu, self.out_f32, self.pdl = residual, swiglu, out_f32, pdl
-        self.mtiles = M // 16
+        self.ntiles_m = M // 8  # n-tiles of a rows in the transposed mma
         self.w_rows = 2 if swiglu else 1
         self.tile_out = TILE_N // self.w_rows  # output columns per CTA
-        self.ntiles = self.tile_out // (8 * WARPS)  # n-tiles per warp and weight row kind
         self.blocks = self.k_slice // 32
         if (M * self.tile_out) % self.splits:
             raise ValueError(f"{self.splits} slices do not divide the {M} x {self.tile_out} "
@@ -124,6 +155,14 @@ class GemmSkinny:
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"M = {M}, K = {K}: {self.smem_bytes} bytes of shared memory "
                              f"exceed {SMEM_LIMIT}")
+
+    def _partial_column(self, warp, g, h):
+        """Partial-tile column (r * tile_out + output column) of A-row g + 8h of ``warp``'s mma:
+        16 consecutive columns, or with SwiGLU the gate (h = 0) and up (h = 1) rows of 8 output
+        columns (the group rows of pack_weights)."""
+        if cutlass.const_expr(self.swiglu):
+            return h * self.tile_out + warp * 8 + g
+        return warp * 16 + 8 * h + g
 
     def _reduced_output(self, split, tidx, i):
         """(row, column in the tile) of a thread's i-th output in CTA ``split``'s share. A share
@@ -159,16 +198,18 @@ class GemmSkinny:
         c0 = split * slice_c  # first chunk of the slice
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
-        # 1. weights (constants) into registers: per block b, lane (g, q) holds chunk 4b + q of
-        # weight row (kind r, n-tile t, row g)
-        w = {}
-        for r in cutlass.range_constexpr(self.w_rows):
-            for t in cutlass.range_constexpr(self.ntiles):
-                row = r * N + tile * self.tile_out + (warp * self.ntiles + t) * 8 + g
-                for b in cutlass.range_constexpr(self.blocks):
-                    frag = cute.make_rmem_tensor((4,), Uint32)
-                    cute.autovec_copy(mW[(None, row * kc + c0 + 4 * b + q)], frag)
-                    w[(r, t, b)] = frag
+        # 1. weights (constants) into registers, before the PDL wait. The warp's 16 weight rows
+        # (group tile * WARPS + warp of the packed layout, see pack_weights) are the mma's A
+        # operand; per block b and k16 step s, one 16-byte load gives lane (g, q) its A
+        # fragment, already in register order
+        group = tile * WARPS + warp
+        a_frags = {}
+        for b in cutlass.range_constexpr(self.blocks):
+            for s in cutlass.range_constexpr(2):
+                frag = cute.make_rmem_tensor((4,), Uint32)
+                unit = ((group * (self.K // 32) + c0 // 4 + b) * 2 + s) * 32 + lane
+                cute.autovec_copy(mW[(None, unit)], frag)
+                a_frags[(b, s)] = frag
         smem = cutlass.memory.SmemAllocator()
         row_c = slice_c + PAD
         sA = smem.allocate_tensor(Uint32, cute.make_layout((4, M * row_c), stride=(1, 4)), 16)
@@ -187,38 +228,26 @@ class GemmSkinny:
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
-        # 3. tensor-core sums over the slice
-        acc = {}
-        for mt in cutlass.range_constexpr(self.mtiles):
-            for r in cutlass.range_constexpr(self.w_rows):
-                for t in cutlass.range_constexpr(self.ntiles):
-                    acc[(mt, r, t)] = [Float32(0.0)] * 4
+        # 3. tensor-core sums over the slice, transposed: D[weight row, a row] = W · a^T with
+        # the a rows in n-tiles of 8: one 16-byte chunk of a row gives lane (g, q) the B
+        # fragments of both k16 steps, in register order (no register moves)
+        acc = [[Float32(0.0)] * 4 for _ in range(self.ntiles_m)]
         for b in cutlass.range_constexpr(self.blocks):
-            for mt in cutlass.range_constexpr(self.mtiles):
-                lo = cute.make_rmem_tensor((4,), Uint32)
-                hi = cute.make_rmem_tensor((4,), Uint32)
-                cute.autovec_copy(sA[(None, (16 * mt + g) * row_c + 4 * b + q)], lo)
-                cute.autovec_copy(sA[(None, (16 * mt + g + 8) * row_c + 4 * b + q)], hi)
-                chunks = {"lo": lo, "hi": hi}
+            for nt in cutlass.range_constexpr(self.ntiles_m):
+                bw = cute.make_rmem_tensor((4,), Uint32)
+                cute.autovec_copy(sA[(None, (8 * nt + g) * row_c + 4 * b + q)], bw)
                 for s in cutlass.range_constexpr(2):
-                    a_words, b_words = fragment_words(s)
-                    a = tuple(chunks[c][word] for c, word in a_words)
-                    for r in cutlass.range_constexpr(self.w_rows):
-                        for t in cutlass.range_constexpr(self.ntiles):
-                            wf = w[(r, t, b)]
-                            acc[(mt, r, t)] = mma_bf16_16816(acc[(mt, r, t)], a,
-                                                             tuple(wf[i] for i in b_words))
-        # 4. this slice's partial tile into this CTA's shared memory; column = r * tile_out +
-        # the warp's n-tile column
-        for mt in cutlass.range_constexpr(self.mtiles):
-            for r in cutlass.range_constexpr(self.w_rows):
-                for t in cutlass.range_constexpr(self.ntiles):
-                    col = r * self.tile_out + (warp * self.ntiles + t) * 8 + 2 * q
-                    d = acc[(mt, r, t)]
-                    sP[16 * mt + g, col] = d[0]
-                    sP[16 * mt + g, col + 1] = d[1]
-                    sP[16 * mt + g + 8, col] = d[2]
-                    sP[16 * mt + g + 8, col + 1] = d[3]
+                    af = a_frags[(b, s)]
+                    acc[nt] = mma_bf16_16816(acc[nt], tuple(af[i] for i in range(4)),
+                                             (bw[2 * s], bw[2 * s + 1]))
+        # 4. this slice's partial tile [a row, column] into this CTA's shared memory: d0, d1 are
+        # weight row g (half 0) at a rows 2q, 2q + 1 of the n-tile, d2, d3 weight row g + 8
+        for nt in cutlass.range_constexpr(self.ntiles_m):
+            d = acc[nt]
+            for h in cutlass.range_constexpr(2):
+                col = self._partial_column(warp, g, h)
+                sP[8 * nt + 2 * q, col] = d[2 * h]
+                sP[8 * nt + 2 * q + 1, col] = d[2 * h + 1]
         cute.arch.cluster_arrive()  # release: the partial tile is visible to the cluster
         cute.arch.cluster_wait()  # acquire: so are the peers'
         # 5. this CTA's share of the outputs: partials of CTAs 0, 1, ... in order, then the
@@ -268,21 +297,25 @@ def compile_args(out_f32: bool = False):
     return (*pointer_args(_ptr_specs(out_f32)), Int32(4096), Int32(4096), make_fake_stream())
 
 
-def gemm_skinny(x, w, out, *, resid=None, swiglu: bool = False, pdl: bool = False,
-                splits: int | None = None):
-    """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times w [N, K]^T (SwiGLU: [2N, K], gate rows
-    then up rows) into out [M, N] (bf16, or fp32 for widened bf16 results; rows may be strided).
-    ``resid`` [M, N] bf16 laid out as out (may be out): add it. ``splits``: K slices per tile
-    (the cluster size; default ``split_count``)."""
+def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
+                pdl: bool = False, splits: int | None = None):
+    """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
+    or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
+    widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
+    out): add it. ``splits``: K slices per tile (the cluster size; default ``split_count``)."""
     require_hopper()
-    M, K, N = projection_dims(x, w, swiglu)
+    if not isinstance(w, PackedWeights):
+        raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
+    if w.swiglu != swiglu:
+        raise ValueError(f"w was packed with swiglu={w.swiglu}, called with swiglu={swiglu}")
+    M, K, N = projection_dims(x, w.data, swiglu)
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits)  # validates M, K
     if N % cfg.tile_out:
         raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
-                        (x, w, out, resid if resid is not None else x))
+                        (x, w.data, out, resid if resid is not None else x))
     key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))

@@ -89,6 +89,19 @@ class FastWeights:
         dev, dt = w.final_norm.device, w.final_norm.dtype
         cos, sin = rope_tables(cfg, torch.arange(cfg.positions, device=dev), dt, dev)
         self.cos, self.sin = cos, sin  # [16, head_dim]
+        self._skinny = None
+
+    def skinny_weights(self) -> dict:
+        """The projections packed for kernels/gemm_skinny.py (built once, shared by the loops of
+        all buckets): lists ``qkv``, ``wo``, ``gate_up``, ``down`` per layer, ``heads``."""
+        if self._skinny is None:
+            from kernels.gemm_skinny import pack_weights
+
+            self._skinny = {name: [pack_weights(t, swiglu=name == "gate_up") for t in ts]
+                            for name, ts in (("qkv", self.qkv), ("wo", self.wo),
+                                             ("gate_up", self.gate_up), ("down", self.down),
+                                             ("heads", self.heads))}
+        return self._skinny
 
 
 def _mm(a, w, small_m: bool):
@@ -208,6 +221,11 @@ class FastLoop:
                                        dtype=dt)
             self.attn = torch.zeros(P, cfg.q_heads * D, device=dev, dtype=dt)
             self.mlp = torch.zeros(P, cfg.intermediate, device=dev, dtype=dt)
+            # the projections' weights as the kernels take them: plain for the GEMVs, packed for
+            # the tensor-core projections
+            self.kernel_w = fw.skinny_weights() if P > GEMV_MAX_ROWS else {
+                "qkv": fw.qkv, "wo": fw.wo, "gate_up": fw.gate_up, "down": fw.down,
+                "heads": fw.heads}
             # the draw's per-row parameters over the padded rows: the sampler's are copied in at
             # the start of each frame (padding rows draw greedily with seed 0)
             self.draw_params = None
@@ -264,8 +282,9 @@ class FastLoop:
         self.talker_sum.copy_(self.used.sum(1))
 
     def _project(self, a, w, out, *, gamma=None, resid=None, swiglu: bool = False):
-        """out = [resid +] [norm](a) · w^T [SwiGLU]: the fused GEMV for <= 8 rows, else the
-        row norm (when gamma is given) and the split-K tensor-core projection."""
+        """out = [resid +] [norm](a) · w^T [SwiGLU]: the fused GEMV for <= GEMV_MAX_ROWS rows,
+        else the row norm (when gamma is given) and the split-K tensor-core projection (``w``
+        then packed: FastWeights.skinny_weights)."""
         from kernels.gemm_skinny import gemm_skinny
         from kernels.gemv_small_m import gemv_small_m
         from kernels.rows_rmsnorm import rows_rmsnorm
@@ -284,7 +303,7 @@ class FastLoop:
         from kernels.depth_attention import depth_attention
         from kernels.depth_sampler import depth_draw
 
-        fw, cfg, pdl = self.fw, self.cfg, self.pdl
+        fw, cfg, pdl, W = self.fw, self.cfg, self.pdl, self.kernel_w
         proj = self._project
         eps = cfg.rms_eps
         self.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
@@ -303,17 +322,17 @@ class FastLoop:
             if p == 1:
                 self.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
             for li in range(cfg.layers):
-                proj(self.x, fw.qkv[li], self.qkv_out, gamma=fw.in_norm[li])
+                proj(self.x, W["qkv"][li], self.qkv_out, gamma=fw.in_norm[li])
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
                                 q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl)
-                proj(self.attn, fw.wo[li], self.x, resid=self.x)
-                proj(self.x, fw.gate_up[li], self.mlp, gamma=fw.post_norm[li], swiglu=True)
-                proj(self.mlp, fw.down[li], self.x, resid=self.x)
+                proj(self.attn, W["wo"][li], self.x, resid=self.x)
+                proj(self.x, W["gate_up"][li], self.mlp, gamma=fw.post_norm[li], swiglu=True)
+                proj(self.mlp, W["down"][li], self.x, resid=self.x)
             if p == 0:
                 continue
             s = p - 1  # this position predicts g_{s+1}
-            proj(self.x, fw.heads[s], self.logits[:, s], gamma=fw.final_norm)
+            proj(self.x, W["heads"][s], self.logits[:, s], gamma=fw.final_norm)
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        self.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
                        pdl=pdl, **draw_args)

@@ -17,7 +17,7 @@ import torch
 
 from kernels.depth_attention import depth_attention
 from kernels.depth_sampler import depth_draw
-from kernels.gemm_skinny import gemm_skinny
+from kernels.gemm_skinny import gemm_skinny, pack_weights
 from kernels.gemv_small_m import gemv_small_m as gemv
 from kernels.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor import random_weights
@@ -85,7 +85,14 @@ def kernel_cases(R):
         def project(a, wt, out, pdl, gamma=None, resid=None, swiglu=False):
             if gamma is not None:
                 a = rows_rmsnorm(a, gamma, xn, pdl=pdl)
-            gemm_skinny(a, wt, out, resid=resid, swiglu=swiglu, pdl=pdl)
+            gemm_skinny(a, packed(wt, swiglu), out, resid=resid, swiglu=swiglu, pdl=pdl)
+
+        packs = {}
+
+        def packed(wt, swiglu):  # the loop packs its weights once (FastWeights.skinny_weights)
+            if id(wt) not in packs:
+                packs[id(wt)] = pack_weights(wt, swiglu)
+            return packs[id(wt)]
 
     def pick(k, i):
         return w[k][i % len(w[k])]

@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from kernels.gemm_skinny import gemm_skinny
+from kernels.gemm_skinny import gemm_skinny, pack_weights
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--rows", type=int, default=64)
@@ -22,6 +22,7 @@ a = torch.randn(args.rows, args.k, device="cuda", generator=g).to(torch.bfloat16
 w = (0.03 * torch.randn((2 if args.swiglu else 1) * args.n, args.k, device="cuda",
                         generator=g)).to(torch.bfloat16)
 out = torch.empty(args.rows, args.n, device="cuda", dtype=torch.bfloat16)
+w = pack_weights(w, args.swiglu)
 for _ in range(4):
     gemm_skinny(a, w, out, swiglu=args.swiglu, pdl=args.pdl, splits=args.splits)
 torch.cuda.synchronize()

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from kernels.gemm_skinny import MAX_SPLITS, gemm_skinny
+from kernels.gemm_skinny import MAX_SPLITS, gemm_skinny, pack_weights
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
 from scripts.bench_depth_kernels import _copies, _graph_time_us
@@ -29,11 +29,11 @@ def main():
     rows_out = []
     for name, (n, k, swiglu) in zip(NAMES, projection_shapes(CFG)):
         wn = 2 * n if swiglu else n
-        ws = _copies((wn, k), wn * k * 2)
+        ws = [pack_weights(t, swiglu) for t in _copies((wn, k), wn * k * 2)]
         for M in args.rows:
             a = torch.randn(M, k, device="cuda").to(torch.bfloat16)
             out = torch.empty(M, n, device="cuda", dtype=torch.bfloat16)
-            cublas = _graph_time_us(lambda i: a @ ws[i % len(ws)].t())
+            cublas = _graph_time_us(lambda i: a @ ws[i % len(ws)].data.t())
             for sp in args.splits:
                 if sp and (sp > MAX_SPLITS or k % (128 * sp)):
                     continue

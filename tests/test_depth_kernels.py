@@ -226,9 +226,9 @@ def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K):
     g = GemmSkinny(M, K, pdl=True, **variant)
     r = compile_report(g, *compile_args(variant.get("out_f32", False)))
     assert r.spill_bytes == 0 and r.ptx.count("call") == 0
-    # (M/16) m-tiles x 2 k16 steps per 32-wide block x 2 weight-row tiles per warp
+    # (M/8) n-tiles of a rows x 2 k16 steps per 32-wide block (one 16-row weight tile a warp)
     assert r.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == \
-        (M // 16) * 2 * (g.k_slice // 32) * 2
+        (M // 8) * 2 * (g.k_slice // 32)
     assert r.ptx.count("cp.async.cg.shared.global") == M * (g.k_slice // 8) // 128
     wait = r.ptx.index("griddepcontrol.wait")
     assert r.ptx[:wait].count("ld.global.v4") == 2 * (g.k_slice // 32)  # weights before the wait
@@ -258,36 +258,63 @@ def _mma_m16n8k16(a_regs, b_regs):
             for g, q in ((lane // 4, lane % 4) for lane in range(32))]
 
 
-def test_skinny_gemm_k_permutation_is_exact_under_the_ptx_fragment_layouts():
-    """kernels/gemm_skinny.py feeds each k16 step whole 16-byte chunks (lane (g, q) holds k =
-    8q..8q+7 of its rows) instead of the layouts' k = 2q, 2q+1, 2q+8, 2q+9: the same permutation
-    on A and B, so the two steps of a 32-wide block still give exactly A·B."""
+def test_skinny_gemm_pack_weights_permutes_and_refuses_bad_shapes():
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import fragment_words
+    from kernels.gemm_skinny import pack_weights
 
-    g = torch.Generator().manual_seed(0)
-    A = torch.randn(16, 32, generator=g, dtype=torch.float64)  # rows m, k
-    W = torch.randn(8, 32, generator=g, dtype=torch.float64)  # rows n, k
+    w = torch.arange(64 * 96, dtype=torch.float32).reshape(64, 96)
+    for swiglu in (False, True):
+        p = pack_weights(w, swiglu)
+        assert p.swiglu == swiglu and p.data.shape == w.shape
+        assert torch.equal(p.data.flatten().sort().values, w.flatten())  # a permutation
+    # unit (group 1, block 2, step 1, lane (g 3, q 2)) = rows 16 + 3, 16 + 11 at k0 = 64 + 20
+    u = pack_weights(w).data.reshape(-1, 8)[((1 * 3 + 2) * 2 + 1) * 32 + 3 * 4 + 2]
+    k0 = 64 + 8 * 2 + 4
+    assert u.tolist() == [w[19, k0], w[19, k0 + 1], w[27, k0], w[27, k0 + 1],
+                          w[19, k0 + 2], w[19, k0 + 3], w[27, k0 + 2], w[27, k0 + 3]]
+    with pytest.raises(ValueError):
+        pack_weights(w[:, :80])  # K not a multiple of 32
+    with pytest.raises(ValueError):
+        pack_weights(w[:48], swiglu=True)  # gate + up rows must pair into groups of 8
 
-    def words(row):  # a 16-byte chunk as 4 words of 2 elements
-        return [row[2 * i: 2 * i + 2].tolist() for i in range(4)]
 
-    acc = torch.zeros(32, 4, dtype=torch.float64)
-    for step in range(2):
-        a_words, b_words = fragment_words(step)
-        a_regs, b_regs = [], []
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_skinny_gemm_packed_fragments_are_exact_under_the_ptx_layouts(swiglu):
+    """kernels/gemm_skinny.py's transposed mma: lane (g, q) takes its A fragment (weights) from
+    one 16-byte unit of pack_weights and its B fragment (a row 8t + g) from words 2s, 2s + 1 of
+    that row's chunk q; replayed under an emulation of the PTX m16n8k16 layouts, the two k16
+    steps of every 32-wide block give exactly W · a^T, each weight row landing in the partial
+    column the kernel stores it to."""
+    pytest.importorskip("cutlass")
+    from kernels.gemm_skinny import WARPS, GemmSkinny, pack_weights
+
+    g = torch.Generator().manual_seed(1)
+    K, N = 64, 64  # two blocks; one tile (SwiGLU: 32 output columns, gate and up rows)
+    W = torch.randn((2 if swiglu else 1) * N, K, generator=g, dtype=torch.float64)
+    A = torch.randn(8, K, generator=g, dtype=torch.float64)  # one n-tile of a rows
+    packed = pack_weights(W, swiglu).data.reshape(-1, K // 32, 2, 32, 8)  # group, b, s, lane
+    cfg = GemmSkinny(16, 1024, swiglu=swiglu)
+    want = A @ W.T  # [a row, weight row]
+    for warp in range(WARPS):
+        acc = torch.zeros(32, 4, dtype=torch.float64)
+        for b in range(K // 32):
+            for s in range(2):
+                a_regs, b_regs = [], []
+                for lane in range(32):
+                    gr, q = lane // 4, lane % 4
+                    unit = packed[warp, b, s, lane]  # group = tile 0 * WARPS + warp
+                    a_regs.append([unit[2 * i: 2 * i + 2].tolist() for i in range(4)])
+                    chunk = A[gr, 32 * b + 8 * q: 32 * b + 8 * q + 8]
+                    b_regs.append([chunk[4 * s: 4 * s + 2].tolist(),
+                                   chunk[4 * s + 2: 4 * s + 4].tolist()])
+                acc += torch.tensor(_mma_m16n8k16(a_regs, b_regs), dtype=torch.float64)
         for lane in range(32):
             gr, q = lane // 4, lane % 4
-            chunk = {"lo": words(A[gr, 8 * q: 8 * q + 8]), "hi": words(A[gr + 8, 8 * q: 8 * q + 8])}
-            a_regs.append([chunk[c][w] for c, w in a_words])
-            b_regs.append([words(W[gr, 8 * q: 8 * q + 8])[w] for w in b_words])
-        acc += torch.tensor(_mma_m16n8k16(a_regs, b_regs), dtype=torch.float64)
-    want = A @ W.T
-    got = torch.zeros(16, 8, dtype=torch.float64)
-    for lane in range(32):
-        gr, q = lane // 4, lane % 4
-        got[gr, 2 * q], got[gr, 2 * q + 1], got[gr + 8, 2 * q], got[gr + 8, 2 * q + 1] = acc[lane]
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+            for h in range(2):
+                col = cfg._partial_column(warp, gr, h)  # r * tile_out + output column
+                wrow = (N if col >= cfg.tile_out else 0) + col % cfg.tile_out if swiglu else col
+                for e in range(2):
+                    assert abs(acc[lane, 2 * h + e] - want[2 * q + e, wrow]) < 1e-12
 
 
 def test_skinny_gemm_takes_every_projection_of_the_loop():
@@ -352,22 +379,23 @@ def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits
                                         (1024, 3072, None), (2048, 1024, None),
                                         (4096, 1024, 8), (1024, 3072, 8)])
 def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits):
-    from kernels.gemm_skinny import gemm_skinny
+    from kernels.gemm_skinny import gemm_skinny, pack_weights
 
     g = torch.Generator(device="cuda").manual_seed(M * N + K)
     a = _randn(M, K, g=g)
     w = _randn(N, K, g=g, scale=0.03)
-    out = gemm_skinny(a, w, _poison(M, N), splits=splits)
+    wp = pack_weights(w)
+    out = gemm_skinny(a, wp, _poison(M, N), splits=splits)
     exact = a.double() @ w.double().T
     bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
     assert ((out.double() - exact).abs() <= bound).all()
-    assert torch.equal(gemm_skinny(a, w, _poison(M, N), splits=splits), out)  # fixed order
+    assert torch.equal(gemm_skinny(a, wp, _poison(M, N), splits=splits), out)  # fixed order
     # epilogues, against the bf16 result above (the same sums in the same order)
-    out32 = gemm_skinny(a, w, _poison(M, N, dtype=torch.float32), splits=splits)
+    out32 = gemm_skinny(a, wp, _poison(M, N, dtype=torch.float32), splits=splits)
     assert torch.equal(out32, out.float())
     resid = _randn(M, N, g=g)
     want = (resid.float() + out.float()).to(torch.bfloat16)
-    gemm_skinny(a, w, resid, resid=resid, splits=splits)
+    gemm_skinny(a, wp, resid, resid=resid, splits=splits)
     assert torch.equal(resid, want)
 
 
@@ -376,21 +404,22 @@ def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits):
 def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits):
     """(16, 8): a CTA's share of the outputs (64) is smaller than the CTA: the extra threads
     load but must not store."""
-    from kernels.gemm_skinny import gemm_skinny
+    from kernels.gemm_skinny import gemm_skinny, pack_weights
 
     g = torch.Generator(device="cuda").manual_seed(M)
     N, K = 3072, 1024
     a = _randn(M, K, g=g)
     w = _randn(2 * N, K, g=g, scale=0.03)
-    gate = gemm_skinny(a, w[:N], _poison(M, N), splits=splits)
-    up = gemm_skinny(a, w[N:], _poison(M, N), splits=splits)
-    got = gemm_skinny(a, w, _poison(M, N), swiglu=True, splits=splits)
+    gate = gemm_skinny(a, pack_weights(w[:N]), _poison(M, N), splits=splits)
+    up = gemm_skinny(a, pack_weights(w[N:]), _poison(M, N), splits=splits)
+    got = gemm_skinny(a, pack_weights(w, swiglu=True), _poison(M, N), swiglu=True,
+                      splits=splits)
     want = torch.nn.functional.silu(gate) * up
     diff = (got.float() - want.float()).abs()
     assert (diff <= 2 * BF16_ULP * want.float().abs()).all()
     assert (diff == 0).float().mean() >= 0.99
     logits = torch.full((M, 15, N), float("nan"), device="cuda")
-    gemm_skinny(a, w[:N], logits[:, 3], splits=splits)
+    gemm_skinny(a, pack_weights(w[:N]), logits[:, 3], splits=splits)
     assert torch.equal(logits[:, 3], gate.float()) and logits[:, 4].isnan().all()
 
 
