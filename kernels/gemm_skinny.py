@@ -2,12 +2,13 @@
 of 16) on tensor cores, with the depth loop's epilogues (residual, SwiGLU, fp32 logits).
 
 Above 8 rows the CUDA-core GEMV is FMA-bound and cuBLAS streams these weights at 0.7-2 TB/s.
-Here every CTA owns a 64-column tile of y (SwiGLU: 32 gate + 32 up columns) and one slice of K
-(``split_count``: 4 slices where registers and shared memory allow, up to 8), so each CTA reads
-only its slice of a: the activations are read N / 64 times in all, not once per CTA.
+Here every CTA owns a tile of 64 weight rows (``tile_warps``: 128 where there are at least 4096)
+and one slice of K (``split_count``: 4 slices where registers and shared memory allow, up to 8),
+so each CTA reads only its slice of a: the activations are read once per tile, which at 64 rows
+and 64-row tiles is as many bytes as the weights (hence the wider tiles of the big projections).
 
-Per CTA (4 warps, each 16 weight rows: 16 output columns, or with SwiGLU 8 columns' gate and
-up rows): the warps' weights are loaded into registers first (16-byte loads; constants, so
+Per CTA (4 or 8 warps, each 16 weight rows: 16 output columns, or with SwiGLU 8 columns' gate
+and up rows): the warps' weights are loaded into registers first (16-byte loads; constants, so
 before the PDL wait), the a slice is copied into shared memory with ``cp.async`` (rows padded
 to 16 words mod 32, so the fragment reads are free of bank conflicts; v8b's 32-word padding
 cost up to a third of the kernel), then ``mma.sync.m16n8k16`` bf16 -> fp32 over the slice,
@@ -36,11 +37,12 @@ from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
-WARPS = 4
+WARPS = 4  # per CTA by default: 16 weight rows each, a 64-column tile
+WIDE_WARPS = 8  # where the weights have >= WIDE_MIN_ROWS rows (tile_warps): a 128-row tile, so
+WIDE_MIN_ROWS = 4096  # the a slice (re-read by every tile) is read half as often
 MIN_K_SLICE = 256  # below 4 slices, K per CTA is at least this
 MAX_K_SLICE = 768  # the weight fragments of a slice stay in registers
 MAX_SPLITS = 8  # the portable cluster size
-TILE_N = 64  # output columns per CTA (SwiGLU: 32 gate + 32 up)
 PAD = 4  # 16-byte chunks of padding per smem row of a: a row is then 16 words mod 32, so the
 # 8 lanes of a 128-bit load phase (rows g, g + 1) hit the two halves of the banks
 PART_PAD = 4  # fp32 words of padding per partial-tile row: the a rows 2q of one store are 8
@@ -49,20 +51,27 @@ SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
 
 
-def smem_bytes(M: int, k_slice: int) -> int:
+def tile_warps(weight_rows: int, M: int) -> int:
+    """Warps (16 weight rows each) per CTA for a projection with this many weight rows, at M
+    rows: 8 for the big ones up to 64 rows (at 128 rows an 8-warp CTA needs ~190 registers a
+    thread and 141 KB of shared memory: one CTA an SM)."""
+    return WIDE_WARPS if weight_rows >= WIDE_MIN_ROWS and M <= 64 else WARPS
+
+
+def smem_bytes(M: int, k_slice: int, warps: int = WARPS) -> int:
     """Shared memory of a CTA: the a slice (padded rows of 16-byte chunks), the fp32 partial
-    tile (padded rows)."""
-    return M * (k_slice // 8 + PAD) * 16 + M * (TILE_N + PART_PAD) * 4
+    tile (16 columns a warp, padded rows)."""
+    return M * (k_slice // 8 + PAD) * 16 + M * (16 * warps + PART_PAD) * 4
 
 
-def split_count(M: int, K: int) -> int:
+def split_count(M: int, K: int, warps: int = WARPS) -> int:
     """CTAs per tile (one cluster) for an M x K activation: 4 slices where they fit (the H200
     sweep at 16-128 rows, ``results/logs/*-skinny-sweep.log``: fewer, longer slices win over 8
     except for the QKV projection at 64 rows), more when a slice would exceed 768 (weight
     registers) or the shared memory."""
     for s in range(min(4, max(1, K // MIN_K_SLICE)), MAX_SPLITS + 1):
         if K % (128 * s) == 0 and (M * 32) % s == 0 and K // s <= MAX_K_SLICE \
-                and smem_bytes(M, K // s) <= SMEM_LIMIT:
+                and smem_bytes(M, K // s, warps) <= SMEM_LIMIT:
             return s
     raise ValueError(f"M = {M}, K = {K}: no slice count up to {MAX_SPLITS} fits")
 
@@ -128,13 +137,18 @@ def load_dsmem_f32(ptr: cute.Pointer, *, loc=None, ip=None) -> Float32:
 
 
 class GemmSkinny:
-    """Static config: rows M (16..128, multiple of 16), K (multiple of 256), the epilogue."""
+    """Static config: rows M (16..128, multiple of 16), K (multiple of 256), the epilogue,
+    ``warps`` per CTA (4 or 8: a 64- or 128-column tile of weight rows)."""
 
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
-                 out_f32: bool = False, pdl: bool = False, splits: int | None = None):
+                 out_f32: bool = False, pdl: bool = False, splits: int | None = None,
+                 warps: int = WARPS):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
-        self.splits = splits or split_count(M, K)
+        if warps not in (WARPS, WIDE_WARPS):
+            raise ValueError(f"warps = {warps}: {WARPS} or {WIDE_WARPS}")
+        self.warps, self.threads, self.tile_n = warps, 32 * warps, 16 * warps
+        self.splits = splits or split_count(M, K, warps)
         self.k_slice = K // self.splits
         if not 1 <= self.splits <= MAX_SPLITS or K % (128 * self.splits):
             raise ValueError(f"K = {K} in {self.splits} slices: need 1-{MAX_SPLITS} slices, "
@@ -145,16 +159,24 @@ class GemmSkinny:
         self.residual, self.swiglu, self.out_f32, self.pdl = residual, swiglu, out_f32, pdl
         self.ntiles_m = M // 8  # n-tiles of a rows in the transposed mma
         self.w_rows = 2 if swiglu else 1
-        self.tile_out = TILE_N // self.w_rows  # output columns per CTA
+        self.tile_out = self.tile_n // self.w_rows  # output columns per CTA
         self.blocks = self.k_slice // 32
         if (M * self.tile_out) % self.splits:
             raise ValueError(f"{self.splits} slices do not divide the {M} x {self.tile_out} "
                              "outputs of a tile")
         self.share = M * self.tile_out // self.splits  # outputs each CTA reduces
-        self.smem_bytes = smem_bytes(M, self.k_slice)
+        self.smem_bytes = smem_bytes(M, self.k_slice, warps)
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"M = {M}, K = {K}: {self.smem_bytes} bytes of shared memory "
                              f"exceed {SMEM_LIMIT}")
+
+    def _occupancy(self) -> dict:
+        """Launch bounds: 8-warp CTAs of <= 64 rows are held to 128 registers a thread, so two
+        fit an SM (at 64 rows they would take 132 and run one a SM: gate/up's 192 CTAs in two
+        waves). The carveout is given so that the bound needs no device query at compile time."""
+        if self.warps == WIDE_WARPS and self.M <= 64:
+            return dict(min_blocks_per_mp=2, preferred_smem_carveout=100)
+        return {}
 
     def _partial_column(self, warp, g, h):
         """Partial-tile column (r * tile_out + output column) of A-row g + 8h of ``warp``'s mma:
@@ -167,8 +189,8 @@ class GemmSkinny:
     def _reduced_output(self, split, tidx, i):
         """(row, column in the tile) of a thread's i-th output in CTA ``split``'s share. A share
         smaller than the CTA wraps around (the extra threads load, but do not store)."""
-        j = tidx + 32 * WARPS * i
-        if cutlass.const_expr(self.share % (32 * WARPS) != 0):
+        j = tidx + self.threads * i
+        if cutlass.const_expr(self.share % self.threads != 0):
             j = j % self.share
         o = split * self.share + j
         return o // self.tile_out, o % self.tile_out
@@ -183,8 +205,9 @@ class GemmSkinny:
         mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         tiles = N // self.tile_out
         self.kernel(mA, mW, mY, mR, N).launch(
-            grid=[tiles, self.splits, 1], block=[32 * WARPS, 1, 1],
-            cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl)
+            grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
+            cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl,
+            **self._occupancy())
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
@@ -199,10 +222,10 @@ class GemmSkinny:
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
         # 1. weights (constants) into registers, before the PDL wait. The warp's 16 weight rows
-        # (group tile * WARPS + warp of the packed layout, see pack_weights) are the mma's A
+        # (group tile * warps + warp of the packed layout, see pack_weights) are the mma's A
         # operand; per block b and k16 step s, one 16-byte load gives lane (g, q) its A
         # fragment, already in register order
-        group = tile * WARPS + warp
+        group = tile * self.warps + warp
         a_frags = {}
         for b in cutlass.range_constexpr(self.blocks):
             for s in cutlass.range_constexpr(2):
@@ -213,16 +236,16 @@ class GemmSkinny:
         smem = cutlass.memory.SmemAllocator()
         row_c = slice_c + PAD
         sA = smem.allocate_tensor(Uint32, cute.make_layout((4, M * row_c), stride=(1, 4)), 16)
-        part_row = TILE_N + PART_PAD
-        sP = smem.allocate_tensor(Float32, cute.make_layout((M, TILE_N), stride=(part_row, 1)),
-                                  16)
+        part_row = self.tile_n + PART_PAD
+        sP = smem.allocate_tensor(Float32, cute.make_layout((M, self.tile_n),
+                                                            stride=(part_row, 1)), 16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         # 2. the a slice into shared memory
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), Uint32,
                                    num_bits_per_copy=128)
-        for i in cutlass.range_constexpr(M * slice_c // (32 * WARPS)):
-            idx = tidx + 32 * WARPS * i
+        for i in cutlass.range_constexpr(M * slice_c // self.threads):
+            idx = tidx + self.threads * i
             m, c = idx // slice_c, idx % slice_c
             cute.copy(atom, mA[(None, m * kc + c0 + c)], sA[(None, m * row_c + c)])
         cute.arch.cp_async_commit_group()
@@ -253,7 +276,7 @@ class GemmSkinny:
         # 5. this CTA's share of the outputs: partials of CTAs 0, 1, ... in order, then the
         # epilogue; loads of a group of outputs are issued before any of their stores
         peers = [cute.arch.map_dsmem_ptr(sP.iterator, sp) for sp in range(self.splits)]
-        per_thread = -(-self.share // (32 * WARPS))
+        per_thread = -(-self.share // self.threads)
         for g0 in cutlass.range_constexpr(0, per_thread, REDUCE_GROUP):
             group = range(g0, min(per_thread, g0 + REDUCE_GROUP))
             sums, resids = [], []
@@ -273,11 +296,11 @@ class GemmSkinny:
                 resids.append(resid)
             for j, i in enumerate(group):
                 m, c = self._reduced_output(split, tidx, i)
-                if cutlass.const_expr(self.share % (32 * WARPS) == 0):
+                if cutlass.const_expr(self.share % self.threads == 0):
                     epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
                                    swiglu=self.swiglu, residual=self.residual,
                                    out_f32=self.out_f32)
-                elif tidx + 32 * WARPS * i < self.share:
+                elif tidx + self.threads * i < self.share:
                     epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
                                    swiglu=self.swiglu, residual=self.residual,
                                    out_f32=self.out_f32)
@@ -298,11 +321,12 @@ def compile_args(out_f32: bool = False):
 
 
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
-                pdl: bool = False, splits: int | None = None):
+                pdl: bool = False, splits: int | None = None, warps: int | None = None):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
     widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
-    out): add it. ``splits``: K slices per tile (the cluster size; default ``split_count``)."""
+    out): add it. ``splits``: K slices per tile (the cluster size; default ``split_count``).
+    ``warps``: per CTA, 4 or 8 (default ``tile_warps``)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
         raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
@@ -310,13 +334,14 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
         raise ValueError(f"w was packed with swiglu={w.swiglu}, called with swiglu={swiglu}")
     M, K, N = projection_dims(x, w.data, swiglu)
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
+    warps = warps or tile_warps(w.data.shape[0], M)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
-                     pdl=pdl, splits=splits)  # validates M, K
+                     pdl=pdl, splits=splits, warps=warps)  # validates M, K, warps
     if N % cfg.tile_out:
         raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
                         (x, w.data, out, resid if resid is not None else x))
-    key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits)
+    key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, warps)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

@@ -162,19 +162,25 @@ class FastLoop:
 
     ``sampler``: a :class:`Sampler` whose ``fused_draw_args()`` is not None and whose top-p is
     off, or None for greedy. Call with (h [R, talker_hidden], g0 [R]) and optionally ``codes``
-    [R, 15] (teacher forcing; only when built with ``teacher_forced=True``).
+    [R, 15] (teacher forcing; only when built with ``teacher_forced=True``). ``tiles``: per
+    projection ("qkv", "wo", "gate_up", "down", "heads"), keyword arguments for the skinny
+    GEMM (``warps``, ``splits``) instead of its defaults, for same-run A/B tests of the frame.
     """
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
-                 pdl: bool = True):
+                 pdl: bool = True, tiles: dict | None = None):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
         self.teacher_forced = teacher_forced
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
+        self.tiles = dict(tiles or {})
+        unknown = set(self.tiles) - {"qkv", "wo", "gate_up", "down", "heads"}
+        if unknown:
+            raise ValueError(f"tiles: unknown projections {sorted(unknown)}")
         if sampler is not None:
             args = sampler.fused_draw_args()
             if args is None or sampler.uses["top_p"]:
@@ -281,7 +287,7 @@ class FastLoop:
             self.used[:, s + 1].copy_(fw.embeds[s].index_select(0, g))
         self.talker_sum.copy_(self.used.sum(1))
 
-    def _project(self, a, w, out, *, gamma=None, resid=None, swiglu: bool = False):
+    def _project(self, name, a, w, out, *, gamma=None, resid=None, swiglu: bool = False):
         """out = [resid +] [norm](a) · w^T [SwiGLU]: the fused GEMV for <= GEMV_MAX_ROWS rows,
         else the row norm (when gamma is given) and the split-K tensor-core projection (``w``
         then packed: FastWeights.skinny_weights)."""
@@ -296,7 +302,8 @@ class FastLoop:
             return
         if gamma is not None:
             a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl)
-        gemm_skinny(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl)
+        gemm_skinny(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
+                    **self.tiles.get(name, {}))
 
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""
@@ -322,17 +329,18 @@ class FastLoop:
             if p == 1:
                 self.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
             for li in range(cfg.layers):
-                proj(self.x, W["qkv"][li], self.qkv_out, gamma=fw.in_norm[li])
+                proj("qkv", self.x, W["qkv"][li], self.qkv_out, gamma=fw.in_norm[li])
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
                                 q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl)
-                proj(self.attn, W["wo"][li], self.x, resid=self.x)
-                proj(self.x, W["gate_up"][li], self.mlp, gamma=fw.post_norm[li], swiglu=True)
-                proj(self.mlp, W["down"][li], self.x, resid=self.x)
+                proj("wo", self.attn, W["wo"][li], self.x, resid=self.x)
+                proj("gate_up", self.x, W["gate_up"][li], self.mlp, gamma=fw.post_norm[li],
+                     swiglu=True)
+                proj("down", self.mlp, W["down"][li], self.x, resid=self.x)
             if p == 0:
                 continue
             s = p - 1  # this position predicts g_{s+1}
-            proj(self.x, W["heads"][s], self.logits[:, s], gamma=fw.final_norm)
+            proj("heads", self.x, W["heads"][s], self.logits[:, s], gamma=fw.final_norm)
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        self.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
                        pdl=pdl, **draw_args)

@@ -4,6 +4,7 @@ Tune on the frame, not on a kernel alone (notes/fast-loop.md, v8d: an isolated 1
 90 µs frame loss under PDL).
 
     python3 scripts/ab_frame.py --rows 64 --variant pdl=True --variant pdl=False
+    python3 scripts/ab_frame.py --rows 64 --variant "" --variant "tiles={'qkv': {'warps': 4}}"
 """
 import argparse
 import ast
@@ -16,10 +17,22 @@ from models.sampler import Sampler
 from workbench.timing import bench
 
 
+def _top_level_items(text: str) -> list:
+    """Splits on the commas outside brackets, so values may be dicts or lists."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "[{(") - (ch in "]})")
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    return [t for t in items + [text[start:]] if t.strip()]
+
+
 def parse_variant(text: str) -> dict:
-    """'a=1,b=True,c=kernels' -> {'a': 1, 'b': True, 'c': 'kernels'}; '' -> {}."""
+    """'a=1,b=True,c=kernels' -> {'a': 1, 'b': True, 'c': 'kernels'}; values may be Python
+    literals with commas (tiles={'qkv': {'warps': 4}, 'gate_up': {'splits': 8}}); '' -> {}."""
     out = {}
-    for item in filter(None, text.split(",")):
+    for item in _top_level_items(text):
         key, _, value = item.partition("=")
         try:
             out[key.strip()] = ast.literal_eval(value.strip())

@@ -218,24 +218,28 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d):
 @pytest.mark.compile
 @pytest.mark.parametrize("variant", [{}, dict(residual=True), dict(swiglu=True),
                                      dict(out_f32=True)])
-@pytest.mark.parametrize("M,K", [(16, 1024), (128, 3072)])
-def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K):
+@pytest.mark.parametrize("M,K,warps", [(16, 1024, 4), (128, 3072, 4), (64, 1024, 8)])
+def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K, warps):
     from kernels.gemm_skinny import GemmSkinny, compile_args
     from workbench.compile import compile_report
 
-    g = GemmSkinny(M, K, pdl=True, **variant)
+    g = GemmSkinny(M, K, pdl=True, warps=warps, **variant)
     r = compile_report(g, *compile_args(variant.get("out_f32", False)))
-    assert r.spill_bytes == 0 and r.ptx.count("call") == 0
+    assert r.ptx.count("call") == 0
+    if warps == 8:  # held to 128 registers (two CTAs an SM): 4 of them spilled across the
+        assert r.registers <= 128 and r.spill_bytes <= 64  # first mma (2 STL, 2 LDL at 64 rows)
+    else:
+        assert r.spill_bytes == 0
     # (M/8) n-tiles of a rows x 2 k16 steps per 32-wide block (one 16-row weight tile a warp)
     assert r.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == \
         (M // 8) * 2 * (g.k_slice // 32)
-    assert r.ptx.count("cp.async.cg.shared.global") == M * (g.k_slice // 8) // 128
+    assert r.ptx.count("cp.async.cg.shared.global") == M * (g.k_slice // 8) // g.threads
     wait = r.ptx.index("griddepcontrol.wait")
     assert r.ptx[:wait].count("ld.global.v4") == 2 * (g.k_slice // 32)  # weights before the wait
     # split-K through the cluster's shared memory: two barriers, every partial of this CTA's
     # share read from the peers, no global workspace, atomics or gpu-scope fences
     assert r.ptx.count("barrier.cluster.arrive") == 2 and r.ptx.count("barrier.cluster.wait") == 2
-    per_thread = -(-g.share // 128)
+    per_thread = -(-g.share // g.threads)
     assert r.ptx.count("ld.shared::cluster.f32") == per_thread * g.splits * g.w_rows
     assert "atom." not in r.ptx and "fence.acq_rel.gpu" not in r.ptx
 
@@ -278,31 +282,32 @@ def test_skinny_gemm_pack_weights_permutes_and_refuses_bad_shapes():
         pack_weights(w[:48], swiglu=True)  # gate + up rows must pair into groups of 8
 
 
+@pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("swiglu", [False, True])
-def test_skinny_gemm_packed_fragments_are_exact_under_the_ptx_layouts(swiglu):
+def test_skinny_gemm_packed_fragments_are_exact_under_the_ptx_layouts(swiglu, warps):
     """kernels/gemm_skinny.py's transposed mma: lane (g, q) takes its A fragment (weights) from
     one 16-byte unit of pack_weights and its B fragment (a row 8t + g) from words 2s, 2s + 1 of
     that row's chunk q; replayed under an emulation of the PTX m16n8k16 layouts, the two k16
     steps of every 32-wide block give exactly W · a^T, each weight row landing in the partial
     column the kernel stores it to."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import WARPS, GemmSkinny, pack_weights
+    from kernels.gemm_skinny import GemmSkinny, pack_weights
 
     g = torch.Generator().manual_seed(1)
-    K, N = 64, 64  # two blocks; one tile (SwiGLU: 32 output columns, gate and up rows)
+    K, N = 64, 16 * warps  # two blocks; one tile (SwiGLU: 8 output columns a warp, gate and up)
     W = torch.randn((2 if swiglu else 1) * N, K, generator=g, dtype=torch.float64)
     A = torch.randn(8, K, generator=g, dtype=torch.float64)  # one n-tile of a rows
     packed = pack_weights(W, swiglu).data.reshape(-1, K // 32, 2, 32, 8)  # group, b, s, lane
-    cfg = GemmSkinny(16, 1024, swiglu=swiglu)
+    cfg = GemmSkinny(16, 1024, swiglu=swiglu, warps=warps)
     want = A @ W.T  # [a row, weight row]
-    for warp in range(WARPS):
+    for warp in range(warps):
         acc = torch.zeros(32, 4, dtype=torch.float64)
         for b in range(K // 32):
             for s in range(2):
                 a_regs, b_regs = [], []
                 for lane in range(32):
                     gr, q = lane // 4, lane % 4
-                    unit = packed[warp, b, s, lane]  # group = tile 0 * WARPS + warp
+                    unit = packed[warp, b, s, lane]  # group = tile 0 * warps + warp
                     a_regs.append([unit[2 * i: 2 * i + 2].tolist() for i in range(4)])
                     chunk = A[gr, 32 * b + 8 * q: 32 * b + 8 * q + 8]
                     b_regs.append([chunk[4 * s: 4 * s + 2].tolist(),
@@ -321,13 +326,13 @@ def test_skinny_gemm_takes_every_projection_of_the_loop():
     """Each projection of the 1.7B loop fits the kernel at 16-128 rows: whole tiles, a cluster
     of at most 8 K slices, shared memory within the SM's 227 KB."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import MAX_SPLITS, GemmSkinny
+    from kernels.gemm_skinny import MAX_SPLITS, GemmSkinny, tile_warps
     from models.codepredictor_config import QWEN3_TTS_1P7B
     from models.fast_loop import projection_shapes
 
     for M in (16, 64, 128):
         for n, k, swiglu in projection_shapes(QWEN3_TTS_1P7B):
-            g = GemmSkinny(M, k, swiglu=swiglu)
+            g = GemmSkinny(M, k, swiglu=swiglu, warps=tile_warps((2 if swiglu else 1) * n, M))
             assert n % g.tile_out == 0 and g.splits * g.k_slice == k
             assert g.splits <= MAX_SPLITS and g.k_slice % 32 == 0
             assert g.share * g.splits == M * g.tile_out
@@ -353,57 +358,62 @@ def test_rows_rmsnorm_matches_reference(M):
 @pytest.mark.parametrize("K,swiglu,splits", [(1024, False, None), (1024, True, None),
                                              (2048, False, 8), (1024, True, 8),
                                              (3072, False, None), (3072, False, 8)])
-def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits):
+@pytest.mark.parametrize("warps", [4, 8])
+def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits, warps):
     """The reduction's partition, replayed on the CPU: over the cluster's CTAs, threads and
     iterations every output of the tile is stored exactly once, and every partial a thread
     loads (stored or not: small shares wrap) lies inside the tile."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import WARPS, GemmSkinny
+    from kernels.gemm_skinny import GemmSkinny
 
-    g = GemmSkinny(M, K, swiglu=swiglu, splits=splits)
-    per_thread = -(-g.share // (32 * WARPS))
+    g = GemmSkinny(M, K, swiglu=swiglu, splits=splits, warps=warps)
+    per_thread = -(-g.share // g.threads)
     stored = []
     for split in range(g.splits):
-        for tidx in range(32 * WARPS):
+        for tidx in range(g.threads):
             for i in range(per_thread):
                 m, c = g._reduced_output(split, tidx, i)
                 assert 0 <= m < M and 0 <= c < g.tile_out
-                if g.share % (32 * WARPS) == 0 or tidx + 32 * WARPS * i < g.share:
+                if g.share % g.threads == 0 or tidx + g.threads * i < g.share:
                     stored.append((m, c))
     assert sorted(stored) == [(m, c) for m in range(M) for c in range(g.tile_out)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 64, 128])
-@pytest.mark.parametrize("N,K,splits", [(4096, 1024, None), (1024, 2048, None),
-                                        (1024, 3072, None), (2048, 1024, None),
-                                        (4096, 1024, 8), (1024, 3072, 8)])
-def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits):
+@pytest.mark.parametrize("N,K,splits,warps", [
+    (4096, 1024, None, None), (4096, 1024, None, 4), (1024, 2048, None, None),
+    (1024, 2048, None, 8), (1024, 3072, None, None), (2048, 1024, None, None),
+    (4096, 1024, 8, None), (1024, 3072, 8, None), (1024, 3072, 8, 8)])
+def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits, warps):
+    """``warps`` None: tile_warps' choice (8 for the 4096 weight rows of QKV, else 4)."""
     from kernels.gemm_skinny import gemm_skinny, pack_weights
 
     g = torch.Generator(device="cuda").manual_seed(M * N + K)
     a = _randn(M, K, g=g)
     w = _randn(N, K, g=g, scale=0.03)
     wp = pack_weights(w)
-    out = gemm_skinny(a, wp, _poison(M, N), splits=splits)
+    out = gemm_skinny(a, wp, _poison(M, N), splits=splits, warps=warps)
     exact = a.double() @ w.double().T
     bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
     assert ((out.double() - exact).abs() <= bound).all()
-    assert torch.equal(gemm_skinny(a, wp, _poison(M, N), splits=splits), out)  # fixed order
+    assert torch.equal(gemm_skinny(a, wp, _poison(M, N), splits=splits, warps=warps), out)  # fixed order
     # epilogues, against the bf16 result above (the same sums in the same order)
-    out32 = gemm_skinny(a, wp, _poison(M, N, dtype=torch.float32), splits=splits)
+    out32 = gemm_skinny(a, wp, _poison(M, N, dtype=torch.float32), splits=splits, warps=warps)
     assert torch.equal(out32, out.float())
     resid = _randn(M, N, g=g)
     want = (resid.float() + out.float()).to(torch.bfloat16)
-    gemm_skinny(a, wp, resid, resid=resid, splits=splits)
+    gemm_skinny(a, wp, resid, resid=resid, splits=splits, warps=warps)
     assert torch.equal(resid, want)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,splits", [(16, None), (128, None), (16, 8)])
-def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits):
-    """(16, 8): a CTA's share of the outputs (64) is smaller than the CTA: the extra threads
-    load but must not store."""
+@pytest.mark.parametrize("M,splits,warps", [(16, None, None), (128, None, None), (16, 8, None),
+                                            (64, None, 4), (16, 8, 4)])
+def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits, warps):
+    """(16, 8): a CTA's share of the outputs (64 with 4 warps, 128 with 8) is smaller than the
+    CTA: the extra threads load but must not store. The SwiGLU weights (6144 rows) take 8 warps
+    by default, gate and up alone (3072) 4."""
     from kernels.gemm_skinny import gemm_skinny, pack_weights
 
     g = torch.Generator(device="cuda").manual_seed(M)
@@ -413,7 +423,7 @@ def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits):
     gate = gemm_skinny(a, pack_weights(w[:N]), _poison(M, N), splits=splits)
     up = gemm_skinny(a, pack_weights(w[N:]), _poison(M, N), splits=splits)
     got = gemm_skinny(a, pack_weights(w, swiglu=True), _poison(M, N), swiglu=True,
-                      splits=splits)
+                      splits=splits, warps=warps)
     want = torch.nn.functional.silu(gate) * up
     diff = (got.float() - want.float()).abs()
     assert (diff <= 2 * BF16_ULP * want.float().abs()).all()

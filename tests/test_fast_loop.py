@@ -77,6 +77,17 @@ def test_fast_loop_refuses_what_it_cannot_draw():
         FastLoop(FastWeights(w), 2, path="kernels")  # the CuTe DSL path needs the GPU
     with pytest.raises(ValueError, match="path"):
         FastLoop(FastWeights(w), 2, path="fused")
+    with pytest.raises(ValueError, match="tiles"):
+        FastLoop(FastWeights(w), 2, tiles={"mlp": {"warps": 8}})  # not a projection's name
+
+
+def test_ab_frame_variants_take_nested_literals():
+    from scripts.ab_frame import parse_variant
+
+    assert parse_variant("") == {}
+    assert parse_variant("pdl=False,path=kernels") == {"pdl": False, "path": "kernels"}
+    assert parse_variant("tiles={'qkv': {'warps': 4}, 'heads': {'splits': 8}},pdl=True") == \
+        {"tiles": {"qkv": {"warps": 4}, "heads": {"splits": 8}}, "pdl": True}
 
 
 @pytest.mark.gpu
