@@ -28,11 +28,11 @@ shared memory alive until its peers have read it. No workspace, no counters, no 
 from __future__ import annotations
 
 from kernels.gemv_small_m import check_projection_out, epilogue_store, projection_dims
-from kernels.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
-                             require_hopper)
+from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
+                             pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
-from cutlass import BFloat16, Float32, Int32, Uint32  # noqa: E402
+from cutlass import BFloat16, Float32, Int32, Int64, Uint32  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
@@ -49,6 +49,7 @@ PART_PAD = 4  # fp32 words of padding per partial-tile row: the a rows 2q of one
 # words apart mod 32, so a warp's 32 stores (8 weight rows x 4 a rows) hit 32 banks
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
+TRACE_POINTS = ("entry", "wait_done", "a_loaded", "mma_done", "exchange_done", "stored", "exit")
 
 
 def tile_warps(weight_rows: int, M: int) -> int:
@@ -142,7 +143,7 @@ class GemmSkinny:
 
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
-                 warps: int = WARPS):
+                 warps: int = WARPS, trace: bool = False):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
         if warps not in (WARPS, WIDE_WARPS):
@@ -157,6 +158,7 @@ class GemmSkinny:
             raise ValueError("residual, swiglu and out_f32 are alternative epilogues")
         self.M, self.K = M, K
         self.residual, self.swiglu, self.out_f32, self.pdl = residual, swiglu, out_f32, pdl
+        self.trace = trace  # thread 0 of each CTA stamps %globaltimer at TRACE_POINTS
         self.ntiles_m = M // 8  # n-tiles of a rows in the transposed mma
         self.w_rows = 2 if swiglu else 1
         self.tile_out = self.tile_n // self.w_rows  # output columns per CTA
@@ -197,23 +199,27 @@ class GemmSkinny:
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
-                 resid_ptr: cute.Pointer, N: Int32, ldy: Int32, stream):
+                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, N: Int32, ldy: Int32,
+                 stream):
         M, kc = self.M, self.K // 8  # 16-byte chunks per row
         mA = cute.make_tensor(a_ptr, cute.make_layout((4, M * kc), stride=(1, 4)))
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * kc), stride=(1, 4)))
         mY = cute.make_tensor(y_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         tiles = N // self.tile_out
-        self.kernel(mA, mW, mY, mR, N).launch(
+        mT = cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits,
+                                                           len(TRACE_POINTS))))
+        self.kernel(mA, mW, mY, mR, mT, N).launch(
             grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
             cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl,
             **self._occupancy())
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
-               N: Int32):
+               mT: cute.Tensor, N: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         tile, split, _ = cute.arch.block_idx()  # split == rank in the (1, splits, 1) cluster
+        self._stamp(mT, tile, split, tidx, 0)
         lane, warp = tidx % 32, tidx // 32
         g, q = lane // 4, lane % 4
         M, kc = self.M, self.K // 8
@@ -241,6 +247,7 @@ class GemmSkinny:
                                                             stride=(part_row, 1)), 16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
+        self._stamp(mT, tile, split, tidx, 1)
         # 2. the a slice into shared memory
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), Uint32,
                                    num_bits_per_copy=128)
@@ -251,6 +258,7 @@ class GemmSkinny:
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
+        self._stamp(mT, tile, split, tidx, 2)
         # 3. tensor-core sums over the slice, transposed: D[weight row, a row] = W · a^T with
         # the a rows in n-tiles of 8: one 16-byte chunk of a row gives lane (g, q) the B
         # fragments of both k16 steps, in register order (no register moves)
@@ -271,8 +279,10 @@ class GemmSkinny:
                 col = self._partial_column(warp, g, h)
                 sP[8 * nt + 2 * q, col] = d[2 * h]
                 sP[8 * nt + 2 * q + 1, col] = d[2 * h + 1]
+        self._stamp(mT, tile, split, tidx, 3)
         cute.arch.cluster_arrive()  # release: the partial tile is visible to the cluster
         cute.arch.cluster_wait()  # acquire: so are the peers'
+        self._stamp(mT, tile, split, tidx, 4)
         # 5. this CTA's share of the outputs: partials of CTAs 0, 1, ... in order, then the
         # epilogue; loads of a group of outputs are issued before any of their stores
         peers = [cute.arch.map_dsmem_ptr(sP.iterator, sp) for sp in range(self.splits)]
@@ -304,14 +314,30 @@ class GemmSkinny:
                     epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
                                    swiglu=self.swiglu, residual=self.residual,
                                    out_f32=self.out_f32)
+        self._stamp(mT, tile, split, tidx, 5)
         # 6. no CTA leaves (freeing its shared memory) before its peers have read it
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
+        self._stamp(mT, tile, split, tidx, 6)
+
+    @cute.jit
+    def _stamp(self, mT: cute.Tensor, tile: Int32, split: Int32, tidx: Int32,
+               point: cutlass.Constexpr[int]):
+        """Thread 0's %globaltimer at TRACE_POINTS[point] (traced builds only)."""
+        if cutlass.const_expr(self.trace):
+            if tidx == 0:
+                mT[tile * self.splits + split, point] = Int64(cute.arch.globaltimer())
 
 
 def _ptr_specs(out_f32: bool):
-    # a, W as 16-byte words; y; resid
-    return ((Uint32, 16), (Uint32, 16), (Float32 if out_f32 else BFloat16, 4), (BFloat16, 2))
+    # a, W as 16-byte words; y; resid; trace stamps
+    return ((Uint32, 16), (Uint32, 16), (Float32 if out_f32 else BFloat16, 4), (BFloat16, 2),
+            (Int64, 8))
+
+
+def trace_shape(cfg: GemmSkinny, N: int) -> tuple:
+    """Shape of the ``trace`` tensor of a launch: (CTAs, stamps)."""
+    return (N // cfg.tile_out * cfg.splits, len(TRACE_POINTS))
 
 
 def compile_args(out_f32: bool = False):
@@ -321,12 +347,14 @@ def compile_args(out_f32: bool = False):
 
 
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
-                pdl: bool = False, splits: int | None = None, warps: int | None = None):
+                pdl: bool = False, splits: int | None = None, warps: int | None = None,
+                trace=None):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
     widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
     out): add it. ``splits``: K slices per tile (the cluster size; default ``split_count``).
-    ``warps``: per CTA, 4 or 8 (default ``tile_warps``)."""
+    ``warps``: per CTA, 4 or 8 (default ``tile_warps``). ``trace``: an int64 tensor [CTAs,
+    len(TRACE_POINTS)] (``trace_shape``) that receives each CTA's %globaltimer stamps (ns)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
         raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
@@ -336,12 +364,20 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
     warps = warps or tile_warps(w.data.shape[0], M)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
-                     pdl=pdl, splits=splits, warps=warps)  # validates M, K, warps
+                     pdl=pdl, splits=splits, warps=warps, trace=trace is not None)
+    if trace is not None:
+        import torch
+
+        check_cuda_tensor("trace", trace, dtypes=(torch.int64,))
+        if tuple(trace.shape) != trace_shape(cfg, N):
+            raise ValueError(f"trace {tuple(trace.shape)}: need {trace_shape(cfg, N)}")
     if N % cfg.tile_out:
         raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
-                        (x, w.data, out, resid if resid is not None else x))
-    key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, warps)
+                        (x, w.data, out, resid if resid is not None else x,
+                         trace if trace is not None else x))
+    key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, warps,
+           cfg.trace)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

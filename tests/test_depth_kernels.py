@@ -244,6 +244,20 @@ def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K, warps):
     assert "atom." not in r.ptx and "fence.acq_rel.gpu" not in r.ptx
 
 
+
+@pytest.mark.compile
+def test_skinny_gemm_trace_stamps_only_in_traced_builds():
+    """``trace``: thread 0 reads %globaltimer once per TRACE_POINTS entry; the default build
+    reads it never (the stamps are compiled out, not skipped at run time)."""
+    from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, compile_args
+    from workbench.compile import compile_report
+
+    traced = compile_report(GemmSkinny(64, 1024, pdl=True, trace=True), *compile_args()).ptx
+    plain = compile_report(GemmSkinny(64, 1024, pdl=True), *compile_args()).ptx
+    assert traced.count("%globaltimer") == len(TRACE_POINTS)
+    assert "%globaltimer" not in plain
+
+
 def _mma_m16n8k16(a_regs, b_regs):
     """D = A·B of one ``mma.sync.m16n8k16`` from per-lane registers, with the fragment layouts
     of the PTX ISA (A row-major 16x16: a0-a7; B column-major 16x8: b0-b3; D 16x8: d0-d3);

@@ -1,0 +1,118 @@
+"""Where a skinny projection's time goes inside the loop's chain: five layers of (row norm, QKV,
+wo + residual, row norm, gate/up SwiGLU, down + residual) captured in one CUDA graph with PDL as
+in the fast loop (attention left out: wo reads a fixed input), every projection a traced build
+(kernels/gemm_skinny.py ``trace=``: thread 0 of each CTA stamps %globaltimer at TRACE_POINTS).
+Prints per projection the medians over CTAs of each phase and the gap to the previous
+projection, and writes ``$WB_RESULTS_DIR/skinny-trace-<rows>[-<tag>].json`` (a plain JSON
+object).
+
+    python3 scripts/trace_skinny.py --rows 64 --tiles "{'qkv': {'warps': 8}}"
+"""
+import argparse
+import ast
+import json
+import os
+
+import torch
+
+from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, gemm_skinny, pack_weights, \
+    tile_warps, trace_shape
+from kernels.rows_rmsnorm import rows_rmsnorm
+from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
+from models.fast_loop import projection_shapes
+from workbench.timing import bench
+
+NAMES = ("qkv", "wo", "gate_up", "down")
+LAYERS = 5
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def _build(M: int, tiles: dict):
+    """The chain's buffers, packed weights and traced launches (name, callable, trace)."""
+    dev, bf = "cuda", torch.bfloat16
+    shapes = dict(zip(NAMES, projection_shapes(CFG)))
+    x = torch.randn(M, CFG.hidden, device=dev).to(bf)
+    xn = torch.empty_like(x)
+    attn = torch.randn(M, shapes["wo"][1], device=dev).to(bf)
+    qkv = torch.empty(M, shapes["qkv"][0], device=dev, dtype=bf)
+    mlp = torch.empty(M, shapes["gate_up"][0], device=dev, dtype=bf)
+    gamma = (1 + 0.1 * torch.randn(CFG.hidden, device=dev)).to(bf)
+    launches = []
+    for _ in range(LAYERS):
+        for name in NAMES:
+            n, k, swiglu = shapes[name]
+            rows = 2 * n if swiglu else n
+            w = pack_weights((0.03 * torch.randn(rows, k, device=dev)).to(bf), swiglu)
+            kw = dict(tiles.get(name, {}))
+            cfg = GemmSkinny(M, k, swiglu=swiglu, pdl=True, splits=kw.get("splits"),
+                             warps=kw.get("warps") or tile_warps(rows, M))
+            tr = torch.full(trace_shape(cfg, n), -1, dtype=torch.int64, device=dev)
+            a, out, resid, norm = {"qkv": (x, qkv, None, True), "wo": (attn, x, x, False),
+                                   "gate_up": (x, mlp, None, True),
+                                   "down": (mlp, x, x, False)}[name]
+            launches.append((name, norm, a, w, out, resid, swiglu, kw, tr))
+
+    def run():
+        for name, norm, a, w, out, resid, swiglu, kw, tr in launches:
+            src = rows_rmsnorm(a, gamma, xn, pdl=True) if norm else a
+            gemm_skinny(src, w, out, resid=resid, swiglu=swiglu, pdl=True, trace=tr, **kw)
+    return launches, run
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--tiles", default="{}", help="per projection gemm_skinny kwargs (a dict)")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
+    args = ap.parse_args()
+    tiles = ast.literal_eval(args.tiles)
+    launches, run = _build(args.rows, tiles)
+    run()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    chain_us = bench(graph.replay, warmup_ms=50, rep_ms=300).median_us
+    graph.replay()  # the stamps of one clean replay
+    torch.cuda.synchronize()
+    stamps = [tr.cpu() for *_, tr in launches]
+    assert all((s >= 0).all() for s in stamps), "a CTA left a trace stamp unwritten"
+    t0 = min(int(s[:, 0].min()) for s in stamps)
+    phases = list(zip(TRACE_POINTS[1:], TRACE_POINTS[2:]))
+    rows_out, prev_exit = [], None
+    print(f"{args.rows} rows, tiles {tiles}: chain of {len(launches)} projections "
+          f"{chain_us:.1f} µs ({chain_us / LAYERS:.1f} a layer, norms included)")
+    print("proj     ctas  entry0  wait0  wait_med  gap  " +
+          " ".join(f"{b[:9]:>9}" for _, b in phases) + "  crit")
+    for (name, norm, *_), s in zip(launches, stamps):
+        s = (s - t0).double() / 1e3  # µs since the chain's first entry
+        med = {b: _median((s[:, TRACE_POINTS.index(b)] - s[:, TRACE_POINTS.index(a)]).tolist())
+               for a, b in phases}
+        wait0 = float(s[:, 1].min())
+        gap = None if prev_exit is None else wait0 - prev_exit
+        crit = float(s[:, -1].max()) - wait0
+        rows_out.append({"proj": name, "after_norm": norm, "ctas": s.shape[0],
+                         "entry_first_us": float(s[:, 0].min()), "wait_first_us": wait0,
+                         "wait_median_us": _median(s[:, 1].tolist()),
+                         "gap_after_previous_exit_us": gap, "phase_median_us": med,
+                         "critical_us": crit, "exit_last_us": float(s[:, -1].max())})
+        print(f"{name:8} {s.shape[0]:4} {float(s[:, 0].min()):7.2f} {wait0:6.2f} "
+              f"{_median(s[:, 1].tolist()):8.2f} {'' if gap is None else f'{gap:4.2f}':>4}  "
+              + " ".join(f"{med[b]:9.2f}" for _, b in phases) + f"  {crit:5.2f}")
+        prev_exit = float(s[:, -1].max())
+    path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
+                        f"skinny-trace-{args.rows}{'-' + args.tag if args.tag else ''}.json")
+    if os.path.exists(path):
+        raise SystemExit(f"{path} exists: pass another --tag")
+    with open(path, "w") as f:
+        json.dump({"rows": args.rows, "tiles": tiles, "chain_us": chain_us,
+                   "trace_points": TRACE_POINTS, "launches": rows_out}, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
