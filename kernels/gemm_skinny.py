@@ -2,10 +2,10 @@
 of 16) on tensor cores, with the depth loop's epilogues (residual, SwiGLU, fp32 logits).
 
 Above 8 rows the CUDA-core GEMV is FMA-bound and cuBLAS streams these weights at 0.7-2 TB/s.
-Here every CTA owns a tile of 64 weight rows (``tile_warps``: 128 where there are at least 4096)
-and one slice of K (``split_count``: 4 slices where registers and shared memory allow, up to 8),
-so each CTA reads only its slice of a: the activations are read once per tile, which at 64 rows
-and 64-row tiles is as many bytes as the weights (hence the wider tiles of the big projections).
+Here every CTA owns a tile of 64 weight rows (``tile_warps``: 128 where the frame measured that
+faster) and one slice of K (``split_count``: 4 slices where registers and shared memory allow,
+up to 8), so each CTA reads only its slice of a: the activations are read once per tile, which
+at 64 rows and 64-row tiles is as many bytes as the weights.
 
 Per CTA (4 or 8 warps, each 16 weight rows: 16 output columns, or with SwiGLU 8 columns' gate
 and up rows): the warps' weights are loaded into registers first (16-byte loads; constants, so
@@ -37,9 +37,11 @@ from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
-WARPS = 4  # per CTA by default: 16 weight rows each, a 64-column tile
-WIDE_WARPS = 8  # where the weights have >= WIDE_MIN_ROWS rows (tile_warps): a 128-row tile, so
-WIDE_MIN_ROWS = 4096  # the a slice (re-read by every tile) is read half as often
+WARPS = 4  # per CTA by default: 16 weight rows each, a 64-row tile of weights
+WIDE_WARPS = 8  # a 128-row tile: the a slice (re-read by every tile) is read half as often
+# (weight rows, K) -> row counts M at which 8 warps won the same-run frame A/B on the H200
+# (results/logs/67f3c73-ab-frame-tiles-*.log): QKV at 16-32 rows, gate/up at 16-64, down at 128
+WIDE_TILES = {(4096, 1024): (16, 32), (6144, 1024): (16, 32, 64), (1024, 3072): (128,)}
 MIN_K_SLICE = 256  # below 4 slices, K per CTA is at least this
 MAX_K_SLICE = 768  # the weight fragments of a slice stay in registers
 MAX_SPLITS = 8  # the portable cluster size
@@ -52,11 +54,11 @@ REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the
 TRACE_POINTS = ("entry", "wait_done", "a_loaded", "mma_done", "exchange_done", "stored", "exit")
 
 
-def tile_warps(weight_rows: int, M: int) -> int:
-    """Warps (16 weight rows each) per CTA for a projection with this many weight rows, at M
-    rows: 8 for the big ones up to 64 rows (at 128 rows an 8-warp CTA needs ~190 registers a
-    thread and 141 KB of shared memory: one CTA an SM)."""
-    return WIDE_WARPS if weight_rows >= WIDE_MIN_ROWS and M <= 64 else WARPS
+def tile_warps(weight_rows: int, K: int, M: int) -> int:
+    """Warps (16 weight rows each) per CTA for a [weight_rows, K] projection at M rows: 8 where
+    the frame measured faster (``WIDE_TILES``), else 4. Isolated timings did not predict the
+    frame (QKV at 64 rows: 8 warps 0.7 µs slower alone, the frame equal), so only frames count."""
+    return WIDE_WARPS if M in WIDE_TILES.get((weight_rows, K), ()) else WARPS
 
 
 def smem_bytes(M: int, k_slice: int, warps: int = WARPS) -> int:
@@ -207,8 +209,9 @@ class GemmSkinny:
         mY = cute.make_tensor(y_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         tiles = N // self.tile_out
-        mT = cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits,
-                                                           len(TRACE_POINTS))))
+        points = len(TRACE_POINTS)  # row-major [CTA, point], as the torch tensor
+        mT = cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits, points),
+                                                          stride=(points, 1)))
         self.kernel(mA, mW, mY, mR, mT, N).launch(
             grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
             cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl,
@@ -362,7 +365,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
         raise ValueError(f"w was packed with swiglu={w.swiglu}, called with swiglu={swiglu}")
     M, K, N = projection_dims(x, w.data, swiglu)
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
-    warps = warps or tile_warps(w.data.shape[0], M)
+    warps = warps or tile_warps(w.data.shape[0], K, M)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits, warps=warps, trace=trace is not None)
     if trace is not None:

@@ -49,7 +49,7 @@ def _build(M: int, tiles: dict):
             w = pack_weights((0.03 * torch.randn(rows, k, device=dev)).to(bf), swiglu)
             kw = dict(tiles.get(name, {}))
             cfg = GemmSkinny(M, k, swiglu=swiglu, pdl=True, splits=kw.get("splits"),
-                             warps=kw.get("warps") or tile_warps(rows, M))
+                             warps=kw.get("warps") or tile_warps(rows, k, M))
             tr = torch.full(trace_shape(cfg, n), -1, dtype=torch.int64, device=dev)
             a, out, resid, norm = {"qkv": (x, qkv, None, True), "wo": (attn, x, x, False),
                                    "gate_up": (x, mlp, None, True),

@@ -344,9 +344,9 @@ def test_skinny_gemm_takes_every_projection_of_the_loop():
     from models.codepredictor_config import QWEN3_TTS_1P7B
     from models.fast_loop import projection_shapes
 
-    for M in (16, 64, 128):
+    for M in (16, 32, 64, 128):
         for n, k, swiglu in projection_shapes(QWEN3_TTS_1P7B):
-            g = GemmSkinny(M, k, swiglu=swiglu, warps=tile_warps((2 if swiglu else 1) * n, M))
+            g = GemmSkinny(M, k, swiglu=swiglu, warps=tile_warps((2 if swiglu else 1) * n, k, M))
             assert n % g.tile_out == 0 and g.splits * g.k_slice == k
             assert g.splits <= MAX_SPLITS and g.k_slice % 32 == 0
             assert g.share * g.splits == M * g.tile_out
@@ -400,7 +400,7 @@ def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits
     (1024, 2048, None, 8), (1024, 3072, None, None), (2048, 1024, None, None),
     (4096, 1024, 8, None), (1024, 3072, 8, None), (1024, 3072, 8, 8)])
 def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits, warps):
-    """``warps`` None: tile_warps' choice (8 for the 4096 weight rows of QKV, else 4)."""
+    """``warps`` None: tile_warps' choice (8 for QKV at 16 rows and for down at 128, else 4)."""
     from kernels.gemm_skinny import gemm_skinny, pack_weights
 
     g = torch.Generator(device="cuda").manual_seed(M * N + K)
@@ -427,7 +427,7 @@ def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits, warp
 def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits, warps):
     """(16, 8): a CTA's share of the outputs (64 with 4 warps, 128 with 8) is smaller than the
     CTA: the extra threads load but must not store. The SwiGLU weights (6144 rows) take 8 warps
-    by default, gate and up alone (3072) 4."""
+    by default up to 64 rows, gate and up alone (3072) 4."""
     from kernels.gemm_skinny import gemm_skinny, pack_weights
 
     g = torch.Generator(device="cuda").manual_seed(M)
