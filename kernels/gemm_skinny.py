@@ -145,12 +145,17 @@ class GemmSkinny:
 
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
-                 warps: int = WARPS, trace: bool = False):
+                 warps: int = WARPS, m_split: int = 1, trace: bool = False):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
         if warps not in (WARPS, WIDE_WARPS):
             raise ValueError(f"warps = {warps}: {WARPS} or {WIDE_WARPS}")
-        self.warps, self.threads, self.tile_n = warps, 32 * warps, 16 * warps
+        if m_split not in (1, 2):
+            raise ValueError(f"m_split = {m_split}: 1 or 2")
+        # warps: weight groups (16 rows) per CTA; m_split: warps per group, each taking 1/m_split
+        # of the a rows (the same weight fragments, shorter accumulator chains, more warps)
+        self.warps, self.m_split, self.tile_n = warps, m_split, 16 * warps
+        self.threads = 32 * warps * m_split
         self.splits = splits or split_count(M, K, warps)
         self.k_slice = K // self.splits
         if not 1 <= self.splits <= MAX_SPLITS or K % (128 * self.splits):
@@ -162,12 +167,16 @@ class GemmSkinny:
         self.residual, self.swiglu, self.out_f32, self.pdl = residual, swiglu, out_f32, pdl
         self.trace = trace  # thread 0 of each CTA stamps %globaltimer at TRACE_POINTS
         self.ntiles_m = M // 8  # n-tiles of a rows in the transposed mma
+        self.ntiles_warp = self.ntiles_m // m_split  # of them, per warp
         self.w_rows = 2 if swiglu else 1
         self.tile_out = self.tile_n // self.w_rows  # output columns per CTA
         self.blocks = self.k_slice // 32
         if (M * self.tile_out) % self.splits:
             raise ValueError(f"{self.splits} slices do not divide the {M} x {self.tile_out} "
                              "outputs of a tile")
+        if self.threads > 256 and self.k_slice > 256:  # 512 threads: at most 128 registers,
+            raise ValueError(f"{self.threads} threads and a {self.k_slice}-wide K slice: the "
+                             "weight fragments would spill (at most 256 with 512 threads)")
         self.share = M * self.tile_out // self.splits  # outputs each CTA reduces
         self.smem_bytes = smem_bytes(M, self.k_slice, warps)
         if self.smem_bytes > SMEM_LIMIT:
@@ -178,7 +187,7 @@ class GemmSkinny:
         """Launch bounds: 8-warp CTAs of <= 64 rows are held to 128 registers a thread, so two
         fit an SM (at 64 rows they would take 132 and run one a SM: gate/up's 192 CTAs in two
         waves). The carveout is given so that the bound needs no device query at compile time."""
-        if self.warps == WIDE_WARPS and self.M <= 64:
+        if self.warps == WIDE_WARPS and self.m_split == 1 and self.M <= 64:
             return dict(min_blocks_per_mp=2, preferred_smem_carveout=100)
         return {}
 
@@ -223,7 +232,9 @@ class GemmSkinny:
         tidx, _, _ = cute.arch.thread_idx()
         tile, split, _ = cute.arch.block_idx()  # split == rank in the (1, splits, 1) cluster
         self._stamp(mT, tile, split, tidx, 0)
-        lane, warp = tidx % 32, tidx // 32
+        lane, warp_idx = tidx % 32, tidx // 32
+        warp, half = warp_idx % self.warps, warp_idx // self.warps  # weight group, a-row part
+        nt0 = half * self.ntiles_warp  # this warp's first n-tile of a rows
         g, q = lane // 4, lane % 4
         M, kc = self.M, self.K // 8
         slice_c = self.k_slice // 8  # chunks per row in the slice
@@ -264,24 +275,25 @@ class GemmSkinny:
         self._stamp(mT, tile, split, tidx, 2)
         # 3. tensor-core sums over the slice, transposed: D[weight row, a row] = W · a^T with
         # the a rows in n-tiles of 8: one 16-byte chunk of a row gives lane (g, q) the B
-        # fragments of both k16 steps, in register order (no register moves)
-        acc = [[Float32(0.0)] * 4 for _ in range(self.ntiles_m)]
+        # fragments of both k16 steps, in register order (no register moves). This warp takes
+        # n-tiles nt0 .. nt0 + ntiles_warp - 1 (all of them unless m_split)
+        acc = [[Float32(0.0)] * 4 for _ in range(self.ntiles_warp)]
         for b in cutlass.range_constexpr(self.blocks):
-            for nt in cutlass.range_constexpr(self.ntiles_m):
+            for t in cutlass.range_constexpr(self.ntiles_warp):
                 bw = cute.make_rmem_tensor((4,), Uint32)
-                cute.autovec_copy(sA[(None, (8 * nt + g) * row_c + 4 * b + q)], bw)
+                cute.autovec_copy(sA[(None, (8 * (nt0 + t) + g) * row_c + 4 * b + q)], bw)
                 for s in cutlass.range_constexpr(2):
                     af = a_frags[(b, s)]
-                    acc[nt] = mma_bf16_16816(acc[nt], tuple(af[i] for i in range(4)),
-                                             (bw[2 * s], bw[2 * s + 1]))
+                    acc[t] = mma_bf16_16816(acc[t], tuple(af[i] for i in range(4)),
+                                            (bw[2 * s], bw[2 * s + 1]))
         # 4. this slice's partial tile [a row, column] into this CTA's shared memory: d0, d1 are
         # weight row g (half 0) at a rows 2q, 2q + 1 of the n-tile, d2, d3 weight row g + 8
-        for nt in cutlass.range_constexpr(self.ntiles_m):
-            d = acc[nt]
+        for t in cutlass.range_constexpr(self.ntiles_warp):
+            d = acc[t]
             for h in cutlass.range_constexpr(2):
                 col = self._partial_column(warp, g, h)
-                sP[8 * nt + 2 * q, col] = d[2 * h]
-                sP[8 * nt + 2 * q + 1, col] = d[2 * h + 1]
+                sP[8 * (nt0 + t) + 2 * q, col] = d[2 * h]
+                sP[8 * (nt0 + t) + 2 * q + 1, col] = d[2 * h + 1]
         self._stamp(mT, tile, split, tidx, 3)
         cute.arch.cluster_arrive()  # release: the partial tile is visible to the cluster
         cute.arch.cluster_wait()  # acquire: so are the peers'
@@ -351,12 +363,13 @@ def compile_args(out_f32: bool = False):
 
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                 pdl: bool = False, splits: int | None = None, warps: int | None = None,
-                trace=None):
+                m_split: int = 1, trace=None):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
     widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
     out): add it. ``splits``: K slices per tile (the cluster size; default ``split_count``).
-    ``warps``: per CTA, 4 or 8 (default ``tile_warps``). ``trace``: an int64 tensor [CTAs,
+    ``warps``: weight groups (16 rows) per CTA, 4 or 8 (default ``tile_warps``); ``m_split``:
+    warps per group (1 or 2), each taking that share of the a rows. ``trace``: an int64 tensor [CTAs,
     len(TRACE_POINTS)] (``trace_shape``) that receives each CTA's %globaltimer stamps (ns)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
@@ -367,7 +380,8 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
     warps = warps or tile_warps(w.data.shape[0], K, M)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
-                     pdl=pdl, splits=splits, warps=warps, trace=trace is not None)
+                     pdl=pdl, splits=splits, warps=warps, m_split=m_split,
+                     trace=trace is not None)
     if trace is not None:
         import torch
 
@@ -380,7 +394,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                         (x, w.data, out, resid if resid is not None else x,
                          trace if trace is not None else x))
     key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, warps,
-           cfg.trace)
+           m_split, cfg.trace)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

@@ -164,7 +164,7 @@ class FastLoop:
     off, or None for greedy. Call with (h [R, talker_hidden], g0 [R]) and optionally ``codes``
     [R, 15] (teacher forcing; only when built with ``teacher_forced=True``). ``tiles``: per
     projection ("qkv", "wo", "gate_up", "down", "heads"), keyword arguments for the skinny
-    GEMM (``warps``, ``splits``) instead of its defaults, for same-run A/B tests of the frame.
+    GEMM (``warps``, ``splits``, ``m_split``) instead of its defaults, for same-run A/B tests of the frame.
     """
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,

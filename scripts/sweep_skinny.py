@@ -1,7 +1,7 @@
 """Times the skinny projection (kernels/gemm_skinny.py) over the loop's shapes, row counts and
 K-slice counts, each in a CUDA graph of back-to-back launches with the weights rotated beyond L2
 (as scripts/bench_depth_kernels.py); cuBLAS on the same shapes in the same run. Prints a table
-(projection, rows, splits, warps, µs, cuBLAS µs, TB/s of weights) and writes
+(projection, rows, splits, warps, m_split, µs, cuBLAS µs, TB/s of weights) and writes
 ``$WB_RESULTS_DIR/skinny-sweep.json`` (a plain JSON list, not a results summary).
 
     python3 scripts/sweep_skinny.py --rows 16 64 128 --splits 0 8 --warps 4 8
@@ -28,6 +28,8 @@ def main():
                     help="K slices per tile (0: the kernel's default)")
     ap.add_argument("--warps", type=int, nargs="+", default=[0],
                     help="warps per CTA, 4 or 8 (0: the kernel's default, tile_warps)")
+    ap.add_argument("--m-split", type=int, nargs="+", default=[1],
+                    help="warps per 16 weight rows, each taking that share of the a rows")
     ap.add_argument("--no-pdl", action="store_true")
     args = ap.parse_args()
     rows_out = []
@@ -38,15 +40,16 @@ def main():
             a = torch.randn(M, k, device="cuda").to(torch.bfloat16)
             out = torch.empty(M, n, device="cuda", dtype=torch.bfloat16)
             cublas = _graph_time_us(lambda i: a @ ws[i % len(ws)].data.t())
-            for sp, wp in itertools.product(args.splits, args.warps):
+            for sp, wp, ms in itertools.product(args.splits, args.warps, args.m_split):
                 if sp and (sp > MAX_SPLITS or k % (128 * sp)):
                     continue
-                us = _graph_time_us(lambda i, sp=sp, wp=wp: gemm_skinny(
+                us = _graph_time_us(lambda i, sp=sp, wp=wp, ms=ms: gemm_skinny(
                     a, ws[i % len(ws)], out, swiglu=swiglu, pdl=not args.no_pdl,
-                    splits=sp or None, warps=wp or None))
-                rows_out.append({"proj": name, "rows": M, "splits": sp, "warps": wp, "us": us,
-                                 "cublas_us": cublas, "tbps": wn * k * 2 / us / 1e6})
-                print(f"{name:8} {M:4} {sp:3} {wp:2} {us:7.2f} {cublas:7.2f} "
+                    splits=sp or None, warps=wp or None, m_split=ms))
+                rows_out.append({"proj": name, "rows": M, "splits": sp, "warps": wp,
+                                 "m_split": ms, "us": us, "cublas_us": cublas,
+                                 "tbps": wn * k * 2 / us / 1e6})
+                print(f"{name:8} {M:4} {sp:3} {wp:2} {ms} {us:7.2f} {cublas:7.2f} "
                       f"{rows_out[-1]['tbps']:5.2f}", flush=True)
     path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"), "skinny-sweep.json")
     with open(path, "w") as f:

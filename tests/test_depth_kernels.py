@@ -218,21 +218,23 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d):
 @pytest.mark.compile
 @pytest.mark.parametrize("variant", [{}, dict(residual=True), dict(swiglu=True),
                                      dict(out_f32=True)])
-@pytest.mark.parametrize("M,K,warps", [(16, 1024, 4), (128, 3072, 4), (64, 1024, 8)])
-def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K, warps):
+@pytest.mark.parametrize("M,K,warps,m_split", [(16, 1024, 4, 1), (128, 3072, 4, 1),
+                                               (64, 1024, 8, 1), (64, 2048, 4, 2)])
+def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K, warps, m_split):
     from kernels.gemm_skinny import GemmSkinny, compile_args
     from workbench.compile import compile_report
 
-    g = GemmSkinny(M, K, pdl=True, warps=warps, **variant)
+    g = GemmSkinny(M, K, pdl=True, warps=warps, m_split=m_split, **variant)
     r = compile_report(g, *compile_args(variant.get("out_f32", False)))
     assert r.ptx.count("call") == 0
     if warps == 8:  # held to 128 registers (two CTAs an SM): 4 of them spilled across the
         assert r.registers <= 128 and r.spill_bytes <= 64  # first mma (2 STL, 2 LDL at 64 rows)
     else:
         assert r.spill_bytes == 0
-    # (M/8) n-tiles of a rows x 2 k16 steps per 32-wide block (one 16-row weight tile a warp)
+    # (M/8/m_split) n-tiles of a rows x 2 k16 steps per 32-wide block (one 16-row weight
+    # tile a warp)
     assert r.ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == \
-        (M // 8) * 2 * (g.k_slice // 32)
+        (M // 8 // m_split) * 2 * (g.k_slice // 32)
     assert r.ptx.count("cp.async.cg.shared.global") == M * (g.k_slice // 8) // g.threads
     wait = r.ptx.index("griddepcontrol.wait")
     assert r.ptx[:wait].count("ld.global.v4") == 2 * (g.k_slice // 32)  # weights before the wait
@@ -372,15 +374,16 @@ def test_rows_rmsnorm_matches_reference(M):
 @pytest.mark.parametrize("K,swiglu,splits", [(1024, False, None), (1024, True, None),
                                              (2048, False, 8), (1024, True, 8),
                                              (3072, False, None), (3072, False, 8)])
-@pytest.mark.parametrize("warps", [4, 8])
-def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits, warps):
+@pytest.mark.parametrize("warps,m_split", [(4, 1), (8, 1), (4, 2)])
+def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits, warps,
+                                                            m_split):
     """The reduction's partition, replayed on the CPU: over the cluster's CTAs, threads and
     iterations every output of the tile is stored exactly once, and every partial a thread
     loads (stored or not: small shares wrap) lies inside the tile."""
     pytest.importorskip("cutlass")
     from kernels.gemm_skinny import GemmSkinny
 
-    g = GemmSkinny(M, K, swiglu=swiglu, splits=splits, warps=warps)
+    g = GemmSkinny(M, K, swiglu=swiglu, splits=splits, warps=warps, m_split=m_split)
     per_thread = -(-g.share // g.threads)
     stored = []
     for split in range(g.splits):
@@ -395,11 +398,12 @@ def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 64, 128])
-@pytest.mark.parametrize("N,K,splits,warps", [
-    (4096, 1024, None, None), (4096, 1024, None, 4), (1024, 2048, None, None),
-    (1024, 2048, None, 8), (1024, 3072, None, None), (2048, 1024, None, None),
-    (4096, 1024, 8, None), (1024, 3072, 8, None), (1024, 3072, 8, 8)])
-def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits, warps):
+@pytest.mark.parametrize("N,K,splits,warps,m_split", [
+    (4096, 1024, None, None, 1), (4096, 1024, None, 4, 1), (1024, 2048, None, None, 1),
+    (1024, 2048, None, 8, 1), (1024, 3072, None, None, 1), (2048, 1024, None, None, 1),
+    (4096, 1024, 8, None, 1), (1024, 3072, 8, None, 1), (1024, 3072, 8, 8, 1),
+    (4096, 1024, None, None, 2), (1024, 2048, None, 4, 2), (1024, 3072, None, 4, 2)])
+def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits, warps, m_split):
     """``warps`` None: tile_warps' choice (8 for QKV at 16 rows and for down at 128, else 4)."""
     from kernels.gemm_skinny import gemm_skinny, pack_weights
 
@@ -407,24 +411,25 @@ def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits, warp
     a = _randn(M, K, g=g)
     w = _randn(N, K, g=g, scale=0.03)
     wp = pack_weights(w)
-    out = gemm_skinny(a, wp, _poison(M, N), splits=splits, warps=warps)
+    out = gemm_skinny(a, wp, _poison(M, N), splits=splits, warps=warps, m_split=m_split)
     exact = a.double() @ w.double().T
     bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
     assert ((out.double() - exact).abs() <= bound).all()
-    assert torch.equal(gemm_skinny(a, wp, _poison(M, N), splits=splits, warps=warps), out)  # fixed order
+    assert torch.equal(gemm_skinny(a, wp, _poison(M, N), splits=splits, warps=warps, m_split=m_split), out)  # fixed order
     # epilogues, against the bf16 result above (the same sums in the same order)
-    out32 = gemm_skinny(a, wp, _poison(M, N, dtype=torch.float32), splits=splits, warps=warps)
+    out32 = gemm_skinny(a, wp, _poison(M, N, dtype=torch.float32), splits=splits, warps=warps, m_split=m_split)
     assert torch.equal(out32, out.float())
     resid = _randn(M, N, g=g)
     want = (resid.float() + out.float()).to(torch.bfloat16)
-    gemm_skinny(a, wp, resid, resid=resid, splits=splits, warps=warps)
+    gemm_skinny(a, wp, resid, resid=resid, splits=splits, warps=warps, m_split=m_split)
     assert torch.equal(resid, want)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,splits,warps", [(16, None, None), (128, None, None), (16, 8, None),
-                                            (64, None, 4), (16, 8, 4)])
-def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits, warps):
+@pytest.mark.parametrize("M,splits,warps,m_split", [
+    (16, None, None, 1), (128, None, None, 1), (16, 8, None, 1), (64, None, 4, 1), (16, 8, 4, 1),
+    (64, None, None, 2)])
+def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits, warps, m_split):
     """(16, 8): a CTA's share of the outputs (64 with 4 warps, 128 with 8) is smaller than the
     CTA: the extra threads load but must not store. The SwiGLU weights (6144 rows) take 8 warps
     by default up to 64 rows, gate and up alone (3072) 4."""
@@ -437,7 +442,7 @@ def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits, warps):
     gate = gemm_skinny(a, pack_weights(w[:N]), _poison(M, N), splits=splits)
     up = gemm_skinny(a, pack_weights(w[N:]), _poison(M, N), splits=splits)
     got = gemm_skinny(a, pack_weights(w, swiglu=True), _poison(M, N), swiglu=True,
-                      splits=splits, warps=warps)
+                      splits=splits, warps=warps, m_split=m_split)
     want = torch.nn.functional.silu(gate) * up
     diff = (got.float() - want.float()).abs()
     assert (diff <= 2 * BF16_ULP * want.float().abs()).all()
