@@ -42,6 +42,9 @@ WIDE_WARPS = 8  # a 128-row tile: the a slice (re-read by every tile) is read ha
 # (weight rows, K) -> row counts M at which 8 warps won the same-run frame A/B on the H200
 # (results/logs/67f3c73-ab-frame-tiles-*.log): QKV at 16-32 rows, gate/up at 16-64, down at 128
 WIDE_TILES = {(4096, 1024): (16, 32), (6144, 1024): (16, 32, 64), (1024, 3072): (128,)}
+# (weight rows, K) -> row counts at which two warps per weight group (m_split) won the frame A/B
+# (results/logs/0d3b334-ab-frame-msplit-*.log): wo and down at 64 rows
+SPLIT_ROWS = {(1024, 2048): (64,), (1024, 3072): (64,)}
 MIN_K_SLICE = 256  # below 4 slices, K per CTA is at least this
 MAX_K_SLICE = 768  # the weight fragments of a slice stay in registers
 MAX_SPLITS = 8  # the portable cluster size
@@ -59,6 +62,12 @@ def tile_warps(weight_rows: int, K: int, M: int) -> int:
     the frame measured faster (``WIDE_TILES``), else 4. Isolated timings did not predict the
     frame (QKV at 64 rows: 8 warps 0.7 µs slower alone, the frame equal), so only frames count."""
     return WIDE_WARPS if M in WIDE_TILES.get((weight_rows, K), ()) else WARPS
+
+
+def warps_per_group(weight_rows: int, K: int, M: int) -> int:
+    """``m_split`` for a [weight_rows, K] projection at M rows: 2 where the frame measured it
+    faster (``SPLIT_ROWS``), else 1."""
+    return 2 if M in SPLIT_ROWS.get((weight_rows, K), ()) else 1
 
 
 def smem_bytes(M: int, k_slice: int, warps: int = WARPS) -> int:
@@ -363,13 +372,14 @@ def compile_args(out_f32: bool = False):
 
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                 pdl: bool = False, splits: int | None = None, warps: int | None = None,
-                m_split: int = 1, trace=None):
+                m_split: int | None = None, trace=None):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
     widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
     out): add it. ``splits``: K slices per tile (the cluster size; default ``split_count``).
     ``warps``: weight groups (16 rows) per CTA, 4 or 8 (default ``tile_warps``); ``m_split``:
-    warps per group (1 or 2), each taking that share of the a rows. ``trace``: an int64 tensor [CTAs,
+    warps per group (1 or 2, default ``warps_per_group``), each taking that share of the a rows.
+    ``trace``: an int64 tensor [CTAs,
     len(TRACE_POINTS)] (``trace_shape``) that receives each CTA's %globaltimer stamps (ns)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
@@ -379,6 +389,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     M, K, N = projection_dims(x, w.data, swiglu)
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
     warps = warps or tile_warps(w.data.shape[0], K, M)
+    m_split = m_split or warps_per_group(w.data.shape[0], K, M)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits, warps=warps, m_split=m_split,
                      trace=trace is not None)

@@ -28,8 +28,9 @@ def main():
                     help="K slices per tile (0: the kernel's default)")
     ap.add_argument("--warps", type=int, nargs="+", default=[0],
                     help="warps per CTA, 4 or 8 (0: the kernel's default, tile_warps)")
-    ap.add_argument("--m-split", type=int, nargs="+", default=[1],
-                    help="warps per 16 weight rows, each taking that share of the a rows")
+    ap.add_argument("--m-split", type=int, nargs="+", default=[0],
+                    help="warps per 16 weight rows, each taking that share of the a rows (0: "
+                    "the kernel's default, warps_per_group)")
     ap.add_argument("--no-pdl", action="store_true")
     args = ap.parse_args()
     rows_out = []
@@ -45,7 +46,7 @@ def main():
                     continue
                 us = _graph_time_us(lambda i, sp=sp, wp=wp, ms=ms: gemm_skinny(
                     a, ws[i % len(ws)], out, swiglu=swiglu, pdl=not args.no_pdl,
-                    splits=sp or None, warps=wp or None, m_split=ms))
+                    splits=sp or None, warps=wp or None, m_split=ms or None))
                 rows_out.append({"proj": name, "rows": M, "splits": sp, "warps": wp,
                                  "m_split": ms, "us": us, "cublas_us": cublas,
                                  "tbps": wn * k * 2 / us / 1e6})

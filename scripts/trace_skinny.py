@@ -16,7 +16,7 @@ import os
 import torch
 
 from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, gemm_skinny, pack_weights, \
-    tile_warps, trace_shape
+    tile_warps, trace_shape, warps_per_group
 from kernels.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
@@ -49,7 +49,8 @@ def _build(M: int, tiles: dict):
             w = pack_weights((0.03 * torch.randn(rows, k, device=dev)).to(bf), swiglu)
             kw = dict(tiles.get(name, {}))
             cfg = GemmSkinny(M, k, swiglu=swiglu, pdl=True, splits=kw.get("splits"),
-                             warps=kw.get("warps") or tile_warps(rows, k, M))
+                             warps=kw.get("warps") or tile_warps(rows, k, M),
+                             m_split=kw.get("m_split") or warps_per_group(rows, k, M))
             tr = torch.full(trace_shape(cfg, n), -1, dtype=torch.int64, device=dev)
             a, out, resid, norm = {"qkv": (x, qkv, None, True), "wo": (attn, x, x, False),
                                    "gate_up": (x, mlp, None, True),
