@@ -193,7 +193,7 @@ class FastLoop:
         self.small_m = cuda and rows <= 8 and small_m
         kernels_ok = cuda and 1 <= rows <= 128
         # default per bucket from the H200 figures: the kernels path wins at every bucket since
-        # v8 (results/depth-loop.json, 8b8d21f: 1.43-5.39 ms vs compiled 3.89-8.83 ms)
+        # v8 (results/depth-loop.json, ff5803d: 1.43-4.62 ms vs compiled 3.89-8.99 ms)
         default_kernels = kernels_ok and rows <= KERNELS_PATH_MAX_ROWS
         self.path = path or ("kernels" if default_kernels else "compiled")
         if self.path not in ("kernels", "compiled"):
