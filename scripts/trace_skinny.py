@@ -31,6 +31,31 @@ def _median(xs):
     return xs[len(xs) // 2]
 
 
+def summarize(launches, stamps) -> list:
+    """Per launch ((name, after_norm), stamps [CTAs, len(TRACE_POINTS)] in ns): the first entry
+    and dependency release, the median release, the gap from the previous launch's last exit
+    to this one's first release, each phase's median over CTAs (keyed by the point that ends
+    it) and the critical path (first release to last exit), all in µs since the first entry."""
+    for s in stamps:
+        if (s < 0).any():
+            raise ValueError("a CTA left a trace stamp unwritten")
+    t0 = min(int(s[:, 0].min()) for s in stamps)
+    out, prev_exit = [], None
+    for (name, norm), s in zip(launches, stamps):
+        s = (s - t0).double() / 1e3
+        med = {TRACE_POINTS[i]: _median((s[:, i] - s[:, i - 1]).tolist())
+               for i in range(2, len(TRACE_POINTS))}
+        wait0, last_exit = float(s[:, 1].min()), float(s[:, -1].max())
+        out.append({"proj": name, "after_norm": norm, "ctas": s.shape[0],
+                    "entry_first_us": float(s[:, 0].min()), "wait_first_us": wait0,
+                    "wait_median_us": _median(s[:, 1].tolist()),
+                    "gap_after_previous_exit_us": None if prev_exit is None else
+                    wait0 - prev_exit, "phase_median_us": med,
+                    "critical_us": last_exit - wait0, "exit_last_us": last_exit})
+        prev_exit = last_exit
+    return out
+
+
 def _build(M: int, tiles: dict):
     """The chain's buffers, packed weights and traced launches (name, callable, trace)."""
     dev, bf = "cuda", torch.bfloat16
@@ -71,6 +96,10 @@ def main():
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
     args = ap.parse_args()
     tiles = ast.literal_eval(args.tiles)
+    path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
+                        f"skinny-trace-{args.rows}{'-' + args.tag if args.tag else ''}.json")
+    if os.path.exists(path):
+        raise SystemExit(f"{path} exists: pass another --tag")
     launches, run = _build(args.rows, tiles)
     run()  # compile outside the capture
     torch.cuda.synchronize()
@@ -81,34 +110,17 @@ def main():
     graph.replay()  # the stamps of one clean replay
     torch.cuda.synchronize()
     stamps = [tr.cpu() for *_, tr in launches]
-    assert all((s >= 0).all() for s in stamps), "a CTA left a trace stamp unwritten"
-    t0 = min(int(s[:, 0].min()) for s in stamps)
-    phases = list(zip(TRACE_POINTS[1:], TRACE_POINTS[2:]))
-    rows_out, prev_exit = [], None
+    rows_out = summarize([(name, norm) for name, norm, *_ in launches], stamps)
     print(f"{args.rows} rows, tiles {tiles}: chain of {len(launches)} projections "
           f"{chain_us:.1f} µs ({chain_us / LAYERS:.1f} a layer, norms included)")
     print("proj     ctas  entry0  wait0  wait_med  gap  " +
-          " ".join(f"{b[:9]:>9}" for _, b in phases) + "  crit")
-    for (name, norm, *_), s in zip(launches, stamps):
-        s = (s - t0).double() / 1e3  # µs since the chain's first entry
-        med = {b: _median((s[:, TRACE_POINTS.index(b)] - s[:, TRACE_POINTS.index(a)]).tolist())
-               for a, b in phases}
-        wait0 = float(s[:, 1].min())
-        gap = None if prev_exit is None else wait0 - prev_exit
-        crit = float(s[:, -1].max()) - wait0
-        rows_out.append({"proj": name, "after_norm": norm, "ctas": s.shape[0],
-                         "entry_first_us": float(s[:, 0].min()), "wait_first_us": wait0,
-                         "wait_median_us": _median(s[:, 1].tolist()),
-                         "gap_after_previous_exit_us": gap, "phase_median_us": med,
-                         "critical_us": crit, "exit_last_us": float(s[:, -1].max())})
-        print(f"{name:8} {s.shape[0]:4} {float(s[:, 0].min()):7.2f} {wait0:6.2f} "
-              f"{_median(s[:, 1].tolist()):8.2f} {'' if gap is None else f'{gap:4.2f}':>4}  "
-              + " ".join(f"{med[b]:9.2f}" for _, b in phases) + f"  {crit:5.2f}")
-        prev_exit = float(s[:, -1].max())
-    path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
-                        f"skinny-trace-{args.rows}{'-' + args.tag if args.tag else ''}.json")
-    if os.path.exists(path):
-        raise SystemExit(f"{path} exists: pass another --tag")
+          " ".join(f"{b[:9]:>9}" for b in TRACE_POINTS[2:]) + "  crit")
+    for r in rows_out:
+        gap = r["gap_after_previous_exit_us"]
+        print(f"{r['proj']:8} {r['ctas']:4} {r['entry_first_us']:7.2f} {r['wait_first_us']:6.2f} "
+              f"{r['wait_median_us']:8.2f} {'' if gap is None else f'{gap:4.2f}':>4}  "
+              + " ".join(f"{r['phase_median_us'][b]:9.2f}" for b in TRACE_POINTS[2:])
+              + f"  {r['critical_us']:5.2f}")
     with open(path, "w") as f:
         json.dump({"rows": args.rows, "tiles": tiles, "chain_us": chain_us,
                    "trace_points": TRACE_POINTS, "launches": rows_out}, f, indent=1)

@@ -260,6 +260,29 @@ def test_skinny_gemm_trace_stamps_only_in_traced_builds():
     assert "%globaltimer" not in plain
 
 
+
+def test_skinny_trace_summary_reads_row_major_stamps():
+    """scripts/trace_skinny.py's summary on synthetic stamps [CTA, point] (ns): phases keyed by
+    the point that ends them, the gap from the previous launch's last exit, the critical path;
+    an unwritten stamp (-1, the poison) is refused."""
+    pytest.importorskip("cutlass")
+    from scripts.trace_skinny import summarize
+
+    steps = torch.tensor([0, 500, 1000, 2000, 2500, 3000, 3100])  # entry .. exit, ns
+    first = torch.stack([steps + 1000 * c for c in range(3)])  # 3 CTAs, staggered by 1 µs
+    second = torch.stack([steps + 8000 + 100 * c for c in range(2)])
+    a, b = summarize([("qkv", True), ("wo", False)], [first, second])
+    assert a["ctas"] == 3 and a["gap_after_previous_exit_us"] is None
+    assert a["phase_median_us"] == pytest.approx({"a_loaded": 0.5, "mma_done": 1.0,
+                                                  "exchange_done": 0.5, "stored": 0.5,
+                                                  "exit": 0.1})
+    assert a["critical_us"] == pytest.approx(5.1 - 0.5)  # last exit 2000 + 3100 ns
+    assert b["wait_first_us"] == pytest.approx(8.5)
+    assert b["gap_after_previous_exit_us"] == pytest.approx(8.5 - 5.1)
+    with pytest.raises(ValueError, match="unwritten"):
+        summarize([("qkv", True)], [torch.full((2, 7), -1)])
+
+
 def _mma_m16n8k16(a_regs, b_regs):
     """D = A·B of one ``mma.sync.m16n8k16`` from per-lane registers, with the fragment layouts
     of the PTX ISA (A row-major 16x16: a0-a7; B column-major 16x8: b0-b3; D 16x8: d0-d3);
