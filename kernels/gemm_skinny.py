@@ -7,8 +7,9 @@ faster) and one slice of K (``split_count``: 4 slices where registers and shared
 up to 8), so each CTA reads only its slice of a: the activations are read once per tile, which
 at 64 rows and 64-row tiles is as many bytes as the weights.
 
-Per CTA (4 or 8 warps, each 16 weight rows: 16 output columns, or with SwiGLU 8 columns' gate
-and up rows): the warps' weights are loaded into registers first (16-byte loads; constants, so
+Per CTA (4 or 8 weight groups of 16 rows: 16 output columns, or with SwiGLU 8 columns' gate
+and up rows; one warp a group, or two, ``m_split``, each with half of the a rows, where the
+frame measured that faster: ``warps_per_group``): the warps' weights are loaded into registers first (16-byte loads; constants, so
 before the PDL wait), the a slice is copied into shared memory with ``cp.async`` (rows padded
 to 16 words mod 32, so the fragment reads are free of bank conflicts; v8b's 32-word padding
 cost up to a third of the kernel), then ``mma.sync.m16n8k16`` bf16 -> fp32 over the slice,
@@ -24,6 +25,8 @@ partial tile into its own shared memory; after a cluster barrier (release / acqu
 for its 1/splits share of the tile's outputs, the partials of CTAs 0, 1, ... in that order and
 applies the epilogue (rounding as kernels/gemv_small_m.py); a second barrier keeps every CTA's
 shared memory alive until its peers have read it. No workspace, no counters, no gpu-scope fence.
+
+``trace=`` builds stamp %globaltimer at each phase (scripts/trace_skinny.py reads them).
 """
 from __future__ import annotations
 
