@@ -362,16 +362,20 @@ def test_skinny_gemm_packed_fragments_are_exact_under_the_ptx_layouts(swiglu, wa
 
 
 def test_skinny_gemm_takes_every_projection_of_the_loop():
-    """Each projection of the 1.7B loop fits the kernel at 16-128 rows: whole tiles, a cluster
-    of at most 8 K slices, shared memory within the SM's 227 KB."""
+    """Each projection of the 1.7B loop fits the kernel at 16-128 rows with its default tile
+    (tile_warps, warps_per_group): whole tiles, a cluster of at most 8 K slices, shared memory
+    within the SM's 227 KB (and GemmSkinny's own check that 512 threads keep to 256-wide
+    slices)."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import MAX_SPLITS, GemmSkinny, tile_warps
+    from kernels.gemm_skinny import MAX_SPLITS, GemmSkinny, tile_warps, warps_per_group
     from models.codepredictor_config import QWEN3_TTS_1P7B
     from models.fast_loop import projection_shapes
 
     for M in (16, 32, 64, 128):
         for n, k, swiglu in projection_shapes(QWEN3_TTS_1P7B):
-            g = GemmSkinny(M, k, swiglu=swiglu, warps=tile_warps((2 if swiglu else 1) * n, k, M))
+            rows = (2 if swiglu else 1) * n
+            g = GemmSkinny(M, k, swiglu=swiglu, warps=tile_warps(rows, k, M),
+                           m_split=warps_per_group(rows, k, M))
             assert n % g.tile_out == 0 and g.splits * g.k_slice == k
             assert g.splits <= MAX_SPLITS and g.k_slice % 32 == 0
             assert g.share * g.splits == M * g.tile_out
