@@ -19,7 +19,7 @@ projection, then lets the output projection start streaming its weights).
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import rmsnorm_value, round_bf16
+from kernels.nvfp4_device import rms_factor, rmsnorm_value, round_bf16
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -105,7 +105,7 @@ class DepthAttention:
             tot = Float32(0.0)
             for w in cutlass.range_constexpr(W):
                 tot = tot + s_norm[w, j]
-            r_ = cute.math.rsqrt(tot * Float32(1.0 / D) + Float32(self.eps))
+            r_ = rms_factor(tot, D, self.eps)
             g = gk if j == rep else gq
             y = rmsnorm_value(raw[j], g, r_)
             normed.append(y)

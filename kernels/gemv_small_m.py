@@ -32,7 +32,7 @@ so no chain runs ahead of it.)
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16_hi, bf16_lo, rmsnorm_pair, round_bf16
+from kernels.nvfp4_device import bf16_hi, bf16_lo, rms_factor, rmsnorm_pair, round_bf16
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -90,7 +90,7 @@ class GemvSmallM:
                         lo, hi = bf16_lo(xs[i][e]), bf16_hi(xs[i][e])
                         ss = ss + lo * lo + hi * hi
                 ss = cute.arch.warp_reduction(ss, lambda a, b: a + b)
-                r = cute.math.rsqrt(ss * Float32(1.0 / self.K) + Float32(self.eps))
+                r = rms_factor(ss, self.K, self.eps)
                 for i in cutlass.range_constexpr(chunks):
                     g = cute.make_rmem_tensor((4,), Uint32)
                     cute.autovec_copy(mG[(None, i * 32 + lane)], g)

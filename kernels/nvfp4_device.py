@@ -269,6 +269,12 @@ def round_bf16(x: Float32, *, loc=None, ip=None) -> Float32:
                         loc, ip))
 
 
+def rms_factor(sum_sq: Float32, n: int, eps: float) -> Float32:
+    """r = rsqrt(mean(x^2) + eps) of a row of ``n`` elements from its fp32 sum of squares: the
+    factor :func:`rmsnorm_value` / :func:`rmsnorm_pair` scale by (shared by every row norm)."""
+    return cute.math.rsqrt(sum_sq * Float32(1.0 / n) + Float32(eps))
+
+
 def rmsnorm_value(x: Float32, gamma: Float32, r: Float32) -> Float32:
     """One element of an RMS-normalised bf16 row, rounded as the eager reference rounds:
     ``bf16(gamma * bf16(x * r))`` (models.codepredictor.rms_norm), r = rsqrt(mean(x^2) + eps);

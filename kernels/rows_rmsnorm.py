@@ -5,7 +5,7 @@ themselves. One CTA per row, 128 threads, each owning 16-byte chunks; PDL like i
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16_hi, bf16_lo, rmsnorm_pair
+from kernels.nvfp4_device import bf16_hi, bf16_lo, rms_factor, rmsnorm_pair
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -61,7 +61,7 @@ class RowsRmsNorm:
         tot = Float32(0.0)
         for w in cutlass.range_constexpr(THREADS // 32):
             tot = tot + s_sum[w]
-        r = cute.math.rsqrt(tot * Float32(1.0 / self.K) + Float32(self.eps))
+        r = rms_factor(tot, self.K, self.eps)
         for i in cutlass.range_constexpr(self.chunks):
             out = cute.make_rmem_tensor((4,), Uint32)
             for e in cutlass.range_constexpr(4):
