@@ -31,6 +31,7 @@ shared memory alive until its peers have read it. No workspace, no counters, no 
 from __future__ import annotations
 
 from kernels.gemv_small_m import check_projection_out, epilogue_store, projection_dims
+from kernels.nvfp4_device import bf16_hi, bf16_lo, rms_factor
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -123,6 +124,14 @@ def pack_weights(w, swiglu: bool = False) -> PackedWeights:
     return PackedWeights(packed.contiguous().reshape(rows, K), swiglu)
 
 
+def fold_gamma(w, gamma):
+    """W · diag(gamma) rounded once to W's dtype: a row norm's gamma moved into the weights of
+    the projection that follows it (gemm_skinny ``rms_eps``), for [N, K] or SwiGLU [2N, K]."""
+    if gamma.shape != (w.shape[1],):
+        raise ValueError(f"gamma {tuple(gamma.shape)}: need ({w.shape[1]},)")
+    return (w.float() * gamma.float()).to(w.dtype)
+
+
 def torch_cat_groups(gate, up):
     import torch
 
@@ -157,7 +166,8 @@ class GemmSkinny:
 
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
-                 warps: int = WARPS, m_split: int = 1, trace: bool = False):
+                 warps: int = WARPS, m_split: int = 1, trace: bool = False,
+                 rms_eps: float | None = None):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
         if warps not in (WARPS, WIDE_WARPS):
@@ -178,6 +188,10 @@ class GemmSkinny:
         self.M, self.K = M, K
         self.residual, self.swiglu, self.out_f32, self.pdl = residual, swiglu, out_f32, pdl
         self.trace = trace  # thread 0 of each CTA stamps %globaltimer at TRACE_POINTS
+        # rms_eps: each output row is scaled by its a row's rsqrt(mean(a^2) + eps) (a row norm
+        # whose gamma the caller folded into W, fold_gamma): the slices' sums of squares ride
+        # in the cluster exchange beside the partial tile
+        self.row_rms, self.eps = rms_eps is not None, rms_eps
         self.ntiles_m = M // 8  # n-tiles of a rows in the transposed mma
         self.ntiles_warp = self.ntiles_m // m_split  # of them, per warp
         self.w_rows = 2 if swiglu else 1
@@ -190,7 +204,7 @@ class GemmSkinny:
             raise ValueError(f"{self.threads} threads and a {self.k_slice}-wide K slice: the "
                              "weight fragments would spill (at most 256 with 512 threads)")
         self.share = M * self.tile_out // self.splits  # outputs each CTA reduces
-        self.smem_bytes = smem_bytes(M, self.k_slice, warps)
+        self.smem_bytes = smem_bytes(M, self.k_slice, warps) + (4 * M if self.row_rms else 0)
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"M = {M}, K = {K}: {self.smem_bytes} bytes of shared memory "
                              f"exceed {SMEM_LIMIT}")
@@ -271,6 +285,9 @@ class GemmSkinny:
         part_row = self.tile_n + PART_PAD
         sP = smem.allocate_tensor(Float32, cute.make_layout((M, self.tile_n),
                                                             stride=(part_row, 1)), 16)
+        sS = None
+        if cutlass.const_expr(self.row_rms):  # this slice's sum of squares of each a row
+            sS = smem.allocate_tensor(Float32, cute.make_layout(M), 16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         self._stamp(mT, tile, split, tidx, 1)
@@ -290,6 +307,7 @@ class GemmSkinny:
         # fragments of both k16 steps, in register order (no register moves). This warp takes
         # n-tiles nt0 .. nt0 + ntiles_warp - 1 (all of them unless m_split)
         acc = [[Float32(0.0)] * 4 for _ in range(self.ntiles_warp)]
+        ss = [Float32(0.0)] * self._owned_tiles()
         for b in cutlass.range_constexpr(self.blocks):
             for t in cutlass.range_constexpr(self.ntiles_warp):
                 bw = cute.make_rmem_tensor((4,), Uint32)
@@ -298,6 +316,8 @@ class GemmSkinny:
                     af = a_frags[(b, s)]
                     acc[t] = mma_bf16_16816(acc[t], tuple(af[i] for i in range(4)),
                                             (bw[2 * s], bw[2 * s + 1]))
+            if cutlass.const_expr(self.row_rms):
+                ss = self._add_squares(ss, sA, b, nt0, warp, g, q, row_c)
         # 4. this slice's partial tile [a row, column] into this CTA's shared memory: d0, d1 are
         # weight row g (half 0) at a rows 2q, 2q + 1 of the n-tile, d2, d3 weight row g + 8
         for t in cutlass.range_constexpr(self.ntiles_warp):
@@ -306,6 +326,8 @@ class GemmSkinny:
                 col = self._partial_column(warp, g, h)
                 sP[8 * (nt0 + t) + 2 * q, col] = d[2 * h]
                 sP[8 * (nt0 + t) + 2 * q + 1, col] = d[2 * h + 1]
+        if cutlass.const_expr(self.row_rms):
+            self._store_squares(ss, sS, nt0, warp, g, q)
         self._stamp(mT, tile, split, tidx, 3)
         cute.arch.cluster_arrive()  # release: the partial tile is visible to the cluster
         cute.arch.cluster_wait()  # acquire: so are the peers'
@@ -313,6 +335,9 @@ class GemmSkinny:
         # 5. this CTA's share of the outputs: partials of CTAs 0, 1, ... in order, then the
         # epilogue; loads of a group of outputs are issued before any of their stores
         peers = [cute.arch.map_dsmem_ptr(sP.iterator, sp) for sp in range(self.splits)]
+        peers_ss = []
+        if cutlass.const_expr(self.row_rms):
+            peers_ss = [cute.arch.map_dsmem_ptr(sS.iterator, sp) for sp in range(self.splits)]
         per_thread = -(-self.share // self.threads)
         for g0 in cutlass.range_constexpr(0, per_thread, REDUCE_GROUP):
             group = range(g0, min(per_thread, g0 + REDUCE_GROUP))
@@ -326,6 +351,12 @@ class GemmSkinny:
                         tot = tot + load_dsmem_f32(
                             peers[sp] + (m * part_row + r * self.tile_out + c))
                     parts.append(tot)
+                if cutlass.const_expr(self.row_rms):  # slices in order, as the partials
+                    sq = Float32(0.0)
+                    for sp in cutlass.range_constexpr(self.splits):
+                        sq = sq + load_dsmem_f32(peers_ss[sp] + m)
+                    r = rms_factor(sq, self.K, self.eps)
+                    parts = [x * r for x in parts]
                 sums.append(parts)
                 resid = Float32(0.0)
                 if cutlass.const_expr(self.residual):
@@ -346,6 +377,43 @@ class GemmSkinny:
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
         self._stamp(mT, tile, split, tidx, 6)
+
+    def _owned_tiles(self) -> int:
+        """Sums of squares: n-tile nt0 + w + j * warps of a warp's part belongs to weight group
+        w (j < this many), so each a row's sum is whole in one warp, no cross-warp adds."""
+        if cutlass.const_expr(not self.row_rms):
+            return 0
+        return -(-self.ntiles_warp // self.warps)
+
+    @cute.jit
+    def _add_squares(self, ss: list, sA: cute.Tensor, b, nt0, warp, g, q,
+                     row_c: cutlass.Constexpr[int]) -> list:
+        """Lane (g, q) adds the squares of chunk 4b + q of row 8 * tile + g of its owned tiles
+        (a second shared-memory read of a chunk the mma just used: no register kept live)."""
+        out = []
+        for j in cutlass.range_constexpr(len(ss)):
+            tl = warp + j * self.warps
+            acc = ss[j]
+            if tl < self.ntiles_warp:
+                x = cute.make_rmem_tensor((4,), Uint32)
+                cute.autovec_copy(sA[(None, (8 * (nt0 + tl) + g) * row_c + 4 * b + q)], x)
+                for e in cutlass.range_constexpr(4):
+                    lo, hi = bf16_lo(x[e]), bf16_hi(x[e])
+                    acc = acc + lo * lo + hi * hi
+            out.append(acc)
+        return out
+
+    @cute.jit
+    def _store_squares(self, ss: list, sS: cute.Tensor, nt0, warp, g, q):
+        """The four q lanes' sums of a row added (butterfly), lane q = 0 stores the row's."""
+        for j in cutlass.range_constexpr(len(ss)):
+            tl = warp + j * self.warps
+            v = ss[j]
+            v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
+            v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
+            if tl < self.ntiles_warp:
+                if q == 0:
+                    sS[8 * (nt0 + tl) + g] = v
 
     @cute.jit
     def _stamp(self, mT: cute.Tensor, tile: Int32, split: Int32, tidx: Int32,
@@ -375,7 +443,7 @@ def compile_args(out_f32: bool = False):
 
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                 pdl: bool = False, splits: int | None = None, warps: int | None = None,
-                m_split: int | None = None, trace=None):
+                m_split: int | None = None, trace=None, rms_eps: float | None = None):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
     widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
@@ -383,7 +451,10 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     ``warps``: weight groups (16 rows) per CTA, 4 or 8 (default ``tile_warps``); ``m_split``:
     warps per group (1 or 2, default ``warps_per_group``), each taking that share of the a rows.
     ``trace``: an int64 tensor [CTAs,
-    len(TRACE_POINTS)] (``trace_shape``) that receives each CTA's %globaltimer stamps (ns)."""
+    len(TRACE_POINTS)] (``trace_shape``) that receives each CTA's %globaltimer stamps (ns).
+    ``rms_eps``: RMS-normalise x's rows first, the norm folded in: each output row is scaled
+    by rsqrt(mean(x_row^2) + rms_eps) and ``w`` must carry the norm's gamma
+    (``pack_weights(fold_gamma(W, gamma))``); the normalised row is never rounded to bf16."""
     require_hopper()
     if not isinstance(w, PackedWeights):
         raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
@@ -395,7 +466,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     m_split = m_split or warps_per_group(w.data.shape[0], K, M)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits, warps=warps, m_split=m_split,
-                     trace=trace is not None)
+                     trace=trace is not None, rms_eps=rms_eps)
     if trace is not None:
         import torch
 
@@ -408,7 +479,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                         (x, w.data, out, resid if resid is not None else x,
                          trace if trace is not None else x))
     key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, warps,
-           m_split, cfg.trace)
+           m_split, cfg.trace, rms_eps)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

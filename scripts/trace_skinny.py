@@ -15,8 +15,8 @@ import os
 
 import torch
 
-from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, gemm_skinny, pack_weights, \
-    tile_warps, trace_shape, warps_per_group
+from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, fold_gamma, gemm_skinny, \
+    pack_weights, tile_warps, trace_shape, warps_per_group
 from kernels.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
@@ -56,7 +56,7 @@ def summarize(launches, stamps) -> list:
     return out
 
 
-def _build(M: int, tiles: dict):
+def _build(M: int, tiles: dict, fold_norm: bool = False):
     """The chain's buffers, packed weights and traced launches (name, callable, trace)."""
     dev, bf = "cuda", torch.bfloat16
     shapes = dict(zip(NAMES, projection_shapes(CFG)))
@@ -71,15 +71,18 @@ def _build(M: int, tiles: dict):
         for name in NAMES:
             n, k, swiglu = shapes[name]
             rows = 2 * n if swiglu else n
-            w = pack_weights((0.03 * torch.randn(rows, k, device=dev)).to(bf), swiglu)
+            a, out, resid, norm = {"qkv": (x, qkv, None, True), "wo": (attn, x, x, False),
+                                   "gate_up": (x, mlp, None, True),
+                                   "down": (mlp, x, x, False)}[name]
+            w = (0.03 * torch.randn(rows, k, device=dev)).to(bf)
+            w = pack_weights(fold_gamma(w, gamma) if norm and fold_norm else w, swiglu)
             kw = dict(tiles.get(name, {}))
+            if norm and fold_norm:  # no norm kernel: the projection scales its rows
+                kw["rms_eps"], norm = 1e-6, False
             cfg = GemmSkinny(M, k, swiglu=swiglu, pdl=True, splits=kw.get("splits"),
                              warps=kw.get("warps") or tile_warps(rows, k, M),
                              m_split=kw.get("m_split") or warps_per_group(rows, k, M))
             tr = torch.full(trace_shape(cfg, n), -1, dtype=torch.int64, device=dev)
-            a, out, resid, norm = {"qkv": (x, qkv, None, True), "wo": (attn, x, x, False),
-                                   "gate_up": (x, mlp, None, True),
-                                   "down": (mlp, x, x, False)}[name]
             launches.append((name, norm, a, w, out, resid, swiglu, kw, tr))
 
     def run():
@@ -94,13 +97,15 @@ def main():
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--tiles", default="{}", help="per projection gemm_skinny kwargs (a dict)")
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
+    ap.add_argument("--fold-norm", action="store_true",
+                    help="no row-norm kernels: gamma folded into the weights (rms_eps)")
     args = ap.parse_args()
     tiles = ast.literal_eval(args.tiles)
     path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
                         f"skinny-trace-{args.rows}{'-' + args.tag if args.tag else ''}.json")
     if os.path.exists(path):
         raise SystemExit(f"{path} exists: pass another --tag")
-    launches, run = _build(args.rows, tiles)
+    launches, run = _build(args.rows, tiles, args.fold_norm)
     run()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

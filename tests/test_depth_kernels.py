@@ -261,6 +261,36 @@ def test_skinny_gemm_trace_stamps_only_in_traced_builds():
 
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("M,kw", [(64, {}), (64, dict(swiglu=True, warps=8)),
+                                  (16, dict(out_f32=True)), (128, dict(m_split=2))])
+def test_skinny_gemm_folded_norm_compiles_without_spills(M, kw):
+    """``rms_eps``: the sums of squares of the a rows come from a second read of the chunks
+    the mma used (one butterfly pair a row), the factor from the cluster exchange; the same
+    mma count, no spills, within the launch bound's registers."""
+    from kernels.gemm_skinny import GemmSkinny, compile_args
+    from workbench.compile import compile_report
+
+    g = GemmSkinny(M, 1024, pdl=True, rms_eps=1e-6, **kw)
+    r = compile_report(g, *compile_args(kw.get("out_f32", False)))
+    plain = compile_report(GemmSkinny(M, 1024, pdl=True, **kw),
+                           *compile_args(kw.get("out_f32", False)))
+    assert r.spill_bytes == 0 and r.ptx.count("mma.sync") == plain.ptx.count("mma.sync")
+    assert r.ptx.count("shfl.sync.bfly") == 2 * g._owned_tiles()
+    assert "rsqrt" in r.ptx and "rsqrt" not in plain.ptx
+
+
+def test_fold_gamma_scales_columns_and_checks_its_shape():
+    from kernels.gemm_skinny import fold_gamma
+
+    w = torch.randn(32, 64).to(torch.bfloat16)
+    gamma = (1 + 0.1 * torch.randn(64)).to(torch.bfloat16)
+    assert torch.equal(fold_gamma(w, gamma), (w.float() * gamma.float()).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="gamma"):
+        fold_gamma(w, gamma[:32])
+
+
+
 def test_skinny_trace_summary_reads_row_major_stamps():
     """scripts/trace_skinny.py's summary on synthetic stamps [CTA, point] (ns): phases keyed by
     the point that ends them, the gap from the previous launch's last exit, the critical path;
@@ -421,6 +451,42 @@ def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits
                 if g.share % g.threads == 0 or tidx + g.threads * i < g.share:
                     stored.append((m, c))
     assert sorted(stored) == [(m, c) for m in range(M) for c in range(g.tile_out)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [16, 64, 128])
+@pytest.mark.parametrize("epilogue", ["plain", "swiglu", "out_f32"])
+def test_skinny_gemm_folded_norm_matches_fp64(M, epilogue):
+    """``rms_eps`` with gamma folded into W: y = rsqrt(mean(x^2) + eps) · x · fold_gamma(W)^T
+    within the fp32-sum bound of the exact product (the factor's fp32 error is 2^-22), every
+    output written, the same bits on a rerun; SwiGLU: silu(gate) · up of the scaled sums."""
+    from kernels.gemm_skinny import fold_gamma, gemm_skinny, pack_weights
+
+    swiglu = epilogue == "swiglu"
+    N, K, eps = 2048, 1024, 1e-6
+    g = torch.Generator(device="cuda").manual_seed(M + len(epilogue))
+    x = _randn(M, K, g=g, scale=3.0)
+    w = _randn((2 if swiglu else 1) * N, K, g=g, scale=0.03)
+    gamma = (1 + 0.2 * torch.randn(K, device="cuda", generator=g)).to(torch.bfloat16)
+    wf = fold_gamma(w, gamma)
+    wp = pack_weights(wf, swiglu=swiglu)
+    dt = torch.float32 if epilogue == "out_f32" else torch.bfloat16
+    out = gemm_skinny(x, wp, _poison(M, N, dtype=dt), swiglu=swiglu, rms_eps=eps)
+    assert torch.equal(gemm_skinny(x, wp, _poison(M, N, dtype=dt), swiglu=swiglu, rms_eps=eps),
+                       out)
+    xd = x.double()
+    r = torch.rsqrt(xd.pow(2).mean(1, keepdim=True) + eps)
+    exact = r * (xd @ wf.double().T)
+    bound = r * K * 2.0**-23 * (xd.abs() @ wf.double().abs().T) + exact.abs() * 2.0**-8
+    if swiglu:  # against silu(gate) · up of the kernel's own folded-norm gate and up
+        gate = gemm_skinny(x, pack_weights(wf[:N]), _poison(M, N), rms_eps=eps)
+        up = gemm_skinny(x, pack_weights(wf[N:]), _poison(M, N), rms_eps=eps)
+        assert ((gate.double() - exact[:, :N]).abs() <= bound[:, :N]).all()
+        want = (torch.nn.functional.silu(gate) * up).float()
+        diff = (out.float() - want).abs()
+        assert (diff <= 2 * BF16_ULP * want.abs()).all() and (diff == 0).float().mean() >= 0.99
+    else:
+        assert ((out.double() - exact).abs() <= bound).all()
 
 
 @pytest.mark.gpu

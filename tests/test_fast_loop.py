@@ -122,6 +122,25 @@ def test_fast_loop_on_h200_matches_reference_1p7b():
         assert (forced.logits - ref32.logits).norm() <= 2 * noise
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("R", [16, 64])
+def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R):
+    """``fold_norm`` (no row-norm kernels: gamma in the weights, the factor from the
+    projection's own cluster exchange): under teacher forcing the codes are the given ones and
+    the logits stay within twice the bf16 loop's noise; greedy codes mostly agree."""
+    w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(w)
+    h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
+    ref = depth_loop(w, h, g0)  # greedy
+    ref32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=ref.codes)
+    noise = (ref.logits - ref32.logits).norm()
+    forced = FastLoop(fw, R, teacher_forced=True, fold_norm=True)(h, g0, codes=ref.codes)
+    assert torch.equal(forced.codes, ref.codes)
+    assert (forced.logits - ref32.logits).norm() <= 2 * noise
+    greedy = FastLoop(fw, R, fold_norm=True)(h, g0)
+    assert float((greedy.codes == ref.codes).float().mean()) >= 0.8
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("M,K", [(1, 1024), (8, 3072)])
 def test_gemv_compiles_to_16_byte_loads_and_shuffles(M, K):
