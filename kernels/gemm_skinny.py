@@ -204,7 +204,9 @@ class GemmSkinny:
             raise ValueError(f"{self.threads} threads and a {self.k_slice}-wide K slice: the "
                              "weight fragments would spill (at most 256 with 512 threads)")
         self.share = M * self.tile_out // self.splits  # outputs each CTA reduces
-        self.smem_bytes = smem_bytes(M, self.k_slice, warps) + (4 * M if self.row_rms else 0)
+        if self.row_rms and M % self.splits:
+            raise ValueError(f"rms_eps: {self.splits} slices must divide the {M} rows")
+        self.smem_bytes = smem_bytes(M, self.k_slice, warps) + (8 * M if self.row_rms else 0)
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"M = {M}, K = {K}: {self.smem_bytes} bytes of shared memory "
                              f"exceed {SMEM_LIMIT}")
@@ -285,9 +287,10 @@ class GemmSkinny:
         part_row = self.tile_n + PART_PAD
         sP = smem.allocate_tensor(Float32, cute.make_layout((M, self.tile_n),
                                                             stride=(part_row, 1)), 16)
-        sS = None
-        if cutlass.const_expr(self.row_rms):  # this slice's sum of squares of each a row
-            sS = smem.allocate_tensor(Float32, cute.make_layout(M), 16)
+        sS, sR = None, None
+        if cutlass.const_expr(self.row_rms):  # this slice's sum of squares of each a row,
+            sS = smem.allocate_tensor(Float32, cute.make_layout(M), 16)  # the factors of the
+            sR = smem.allocate_tensor(Float32, cute.make_layout(M // self.splits), 16)  # share
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         self._stamp(mT, tile, split, tidx, 1)
@@ -351,19 +354,18 @@ class GemmSkinny:
                         tot = tot + load_dsmem_f32(
                             peers[sp] + (m * part_row + r * self.tile_out + c))
                     parts.append(tot)
-                if cutlass.const_expr(self.row_rms):  # slices in order, as the partials
-                    sq = Float32(0.0)
-                    for sp in cutlass.range_constexpr(self.splits):
-                        sq = sq + load_dsmem_f32(peers_ss[sp] + m)
-                    r = rms_factor(sq, self.K, self.eps)
-                    parts = [x * r for x in parts]
                 sums.append(parts)
                 resid = Float32(0.0)
                 if cutlass.const_expr(self.residual):
                     resid = mR[m, tile * self.tile_out + c].to(Float32)
                 resids.append(resid)
+            if cutlass.const_expr(self.row_rms and g0 == 0):  # beside the first loads
+                self._row_factors(peers_ss, sR, split, tidx)
             for j, i in enumerate(group):
                 m, c = self._reduced_output(split, tidx, i)
+                if cutlass.const_expr(self.row_rms):
+                    r = sR[m - split * (M // self.splits)]
+                    sums[j] = [x * r for x in sums[j]]
                 if cutlass.const_expr(self.share % self.threads == 0):
                     epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
                                    swiglu=self.swiglu, residual=self.residual,
@@ -402,6 +404,18 @@ class GemmSkinny:
                     acc = acc + lo * lo + hi * hi
             out.append(acc)
         return out
+
+    @cute.jit
+    def _row_factors(self, peers_ss: list, sR: cute.Tensor, split, tidx):
+        """rsqrt(mean(a_row^2) + eps) of the M / splits rows of this CTA's share (its outputs
+        are whole rows) from the slices' sums in slice order, published by a CTA barrier."""
+        rows = self.M // self.splits
+        if tidx < rows:
+            sq = Float32(0.0)
+            for sp in cutlass.range_constexpr(self.splits):
+                sq = sq + load_dsmem_f32(peers_ss[sp] + (split * rows + tidx))
+            sR[tidx] = rms_factor(sq, self.K, self.eps)
+        cute.arch.sync_threads()
 
     @cute.jit
     def _store_squares(self, ss: list, sS: cute.Tensor, nt0, warp, g, q):

@@ -127,7 +127,10 @@ def test_fast_loop_on_h200_matches_reference_1p7b():
 def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R):
     """``fold_norm`` (no row-norm kernels: gamma in the weights, the factor from the
     projection's own cluster exchange): under teacher forcing the codes are the given ones and
-    the logits stay within twice the bf16 loop's noise; greedy codes mostly agree."""
+    the logits stay within twice the bf16 loop's noise. Greedy: each code is the argmax of its
+    own logits, and those logits are within the noise of the fp32 reference forced to the same
+    codes (its normalised rows are not rounded to bf16 as the reference's are, so near-ties
+    fall differently and code-by-code agreement with the bf16 loop is not the measure)."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
@@ -138,7 +141,10 @@ def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R):
     assert torch.equal(forced.codes, ref.codes)
     assert (forced.logits - ref32.logits).norm() <= 2 * noise
     greedy = FastLoop(fw, R, fold_norm=True)(h, g0)
-    assert float((greedy.codes == ref.codes).float().mean()) >= 0.8
+    assert torch.equal(greedy.codes, greedy.logits.argmax(-1))
+    own32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=greedy.codes)
+    own16 = depth_loop(w, h, g0, codes=greedy.codes)
+    assert (greedy.logits - own32.logits).norm() <= 2 * (own16.logits - own32.logits).norm()
 
 
 @pytest.mark.compile
