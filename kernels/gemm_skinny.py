@@ -58,6 +58,7 @@ PART_PAD = 4  # fp32 words of padding per partial-tile row: the a rows 2q of one
 # words apart mod 32, so a warp's 32 stores (8 weight rows x 4 a rows) hit 32 banks
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
+SS_CHUNK = 32  # columns per partial sum of squares (ss_out / ss_in)
 TRACE_POINTS = ("entry", "wait_done", "a_loaded", "mma_done", "exchange_done", "stored", "exit")
 
 
@@ -167,7 +168,7 @@ class GemmSkinny:
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
                  warps: int = WARPS, m_split: int = 1, trace: bool = False,
-                 rms_eps: float | None = None):
+                 rms_eps: float | None = None, ss_in: bool = False, ss_out: bool = False):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
         if warps not in (WARPS, WIDE_WARPS):
@@ -192,6 +193,15 @@ class GemmSkinny:
         # whose gamma the caller folded into W, fold_gamma): the slices' sums of squares ride
         # in the cluster exchange beside the partial tile
         self.row_rms, self.eps = rms_eps is not None, rms_eps
+        # ss_in: the factors from the producer's sums of squares per 32 columns (ss_out of a
+        # residual projection) instead of this kernel's own squares of its slices
+        if ss_in and not self.row_rms:
+            raise ValueError("ss_in: the producer's sums of squares serve rms_eps; give it")
+        if ss_out and not residual:
+            raise ValueError("ss_out: only a residual projection writes sums of squares")
+        self.ss_in, self.ss_out = ss_in, ss_out
+        self.own_squares = self.row_rms and not ss_in
+        self.ss_parts = K // SS_CHUNK
         self.ntiles_m = M // 8  # n-tiles of a rows in the transposed mma
         self.ntiles_warp = self.ntiles_m // m_split  # of them, per warp
         self.w_rows = 2 if swiglu else 1
@@ -206,7 +216,8 @@ class GemmSkinny:
         self.share = M * self.tile_out // self.splits  # outputs each CTA reduces
         if self.row_rms and M % self.splits:
             raise ValueError(f"rms_eps: {self.splits} slices must divide the {M} rows")
-        self.smem_bytes = smem_bytes(M, self.k_slice, warps) + (8 * M if self.row_rms else 0)
+        self.smem_bytes = smem_bytes(M, self.k_slice, warps) + (8 * M if self.row_rms else 0) \
+            + (4 * self.ss_parts * M // self.splits if ss_in else 0)
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"M = {M}, K = {K}: {self.smem_bytes} bytes of shared memory "
                              f"exceed {SMEM_LIMIT}")
@@ -238,8 +249,8 @@ class GemmSkinny:
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
-                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, N: Int32, ldy: Int32,
-                 stream):
+                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, ss_in_ptr: cute.Pointer,
+                 ss_out_ptr: cute.Pointer, N: Int32, ldy: Int32, stream):
         M, kc = self.M, self.K // 8  # 16-byte chunks per row
         mA = cute.make_tensor(a_ptr, cute.make_layout((4, M * kc), stride=(1, 4)))
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * kc), stride=(1, 4)))
@@ -249,14 +260,17 @@ class GemmSkinny:
         points = len(TRACE_POINTS)  # row-major [CTA, point], as the torch tensor
         mT = cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits, points),
                                                           stride=(points, 1)))
-        self.kernel(mA, mW, mY, mR, mT, N).launch(
+        # sums of squares [32-column chunk, row]: read for a (K / 32 chunks), written for y
+        mSi = cute.make_tensor(ss_in_ptr, cute.make_layout((self.ss_parts, M), stride=(M, 1)))
+        mSo = cute.make_tensor(ss_out_ptr, cute.make_layout((N // SS_CHUNK, M), stride=(M, 1)))
+        self.kernel(mA, mW, mY, mR, mT, mSi, mSo, N).launch(
             grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
             cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl,
             **self._occupancy())
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
-               mT: cute.Tensor, N: Int32):
+               mT: cute.Tensor, mSi: cute.Tensor, mSo: cute.Tensor, N: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         tile, split, _ = cute.arch.block_idx()  # split == rank in the (1, splits, 1) cluster
         self._stamp(mT, tile, split, tidx, 0)
@@ -287,10 +301,15 @@ class GemmSkinny:
         part_row = self.tile_n + PART_PAD
         sP = smem.allocate_tensor(Float32, cute.make_layout((M, self.tile_n),
                                                             stride=(part_row, 1)), 16)
-        sS, sR = None, None
-        if cutlass.const_expr(self.row_rms):  # this slice's sum of squares of each a row,
-            sS = smem.allocate_tensor(Float32, cute.make_layout(M), 16)  # the factors of the
-            sR = smem.allocate_tensor(Float32, cute.make_layout(M // self.splits), 16)  # share
+        sS, sR, sQ = None, None, None
+        rows = M // self.splits  # of this CTA's share of the outputs
+        if cutlass.const_expr(self.own_squares):  # this slice's sum of squares of each a row
+            sS = smem.allocate_tensor(Float32, cute.make_layout(M), 16)
+        if cutlass.const_expr(self.ss_in):  # the producer's sums of the share's rows
+            sQ = smem.allocate_tensor(Float32, cute.make_layout((self.ss_parts, rows),
+                                                                stride=(rows, 1)), 16)
+        if cutlass.const_expr(self.row_rms):  # the factors of the share's rows
+            sR = smem.allocate_tensor(Float32, cute.make_layout(rows), 16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         self._stamp(mT, tile, split, tidx, 1)
@@ -301,6 +320,8 @@ class GemmSkinny:
             idx = tidx + self.threads * i
             m, c = idx // slice_c, idx % slice_c
             cute.copy(atom, mA[(None, m * kc + c0 + c)], sA[(None, m * row_c + c)])
+        if cutlass.const_expr(self.ss_in):  # with the slice: no wait of its own
+            self._copy_share_sums(mSi, sQ, split * rows, tidx)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
@@ -310,7 +331,7 @@ class GemmSkinny:
         # fragments of both k16 steps, in register order (no register moves). This warp takes
         # n-tiles nt0 .. nt0 + ntiles_warp - 1 (all of them unless m_split)
         acc = [[Float32(0.0)] * 4 for _ in range(self.ntiles_warp)]
-        ss = [Float32(0.0)] * self._owned_tiles()
+        ss = [Float32(0.0)] * self._owned_tiles()  # own squares only
         for b in cutlass.range_constexpr(self.blocks):
             for t in cutlass.range_constexpr(self.ntiles_warp):
                 bw = cute.make_rmem_tensor((4,), Uint32)
@@ -319,7 +340,7 @@ class GemmSkinny:
                     af = a_frags[(b, s)]
                     acc[t] = mma_bf16_16816(acc[t], tuple(af[i] for i in range(4)),
                                             (bw[2 * s], bw[2 * s + 1]))
-            if cutlass.const_expr(self.row_rms):
+            if cutlass.const_expr(self.own_squares):
                 ss = self._add_squares(ss, sA, b, nt0, warp, g, q, row_c)
         # 4. this slice's partial tile [a row, column] into this CTA's shared memory: d0, d1 are
         # weight row g (half 0) at a rows 2q, 2q + 1 of the n-tile, d2, d3 weight row g + 8
@@ -329,7 +350,7 @@ class GemmSkinny:
                 col = self._partial_column(warp, g, h)
                 sP[8 * (nt0 + t) + 2 * q, col] = d[2 * h]
                 sP[8 * (nt0 + t) + 2 * q + 1, col] = d[2 * h + 1]
-        if cutlass.const_expr(self.row_rms):
+        if cutlass.const_expr(self.own_squares):
             self._store_squares(ss, sS, nt0, warp, g, q)
         self._stamp(mT, tile, split, tidx, 3)
         cute.arch.cluster_arrive()  # release: the partial tile is visible to the cluster
@@ -339,7 +360,7 @@ class GemmSkinny:
         # epilogue; loads of a group of outputs are issued before any of their stores
         peers = [cute.arch.map_dsmem_ptr(sP.iterator, sp) for sp in range(self.splits)]
         peers_ss = []
-        if cutlass.const_expr(self.row_rms):
+        if cutlass.const_expr(self.own_squares):
             peers_ss = [cute.arch.map_dsmem_ptr(sS.iterator, sp) for sp in range(self.splits)]
         per_thread = -(-self.share // self.threads)
         for g0 in cutlass.range_constexpr(0, per_thread, REDUCE_GROUP):
@@ -360,20 +381,16 @@ class GemmSkinny:
                     resid = mR[m, tile * self.tile_out + c].to(Float32)
                 resids.append(resid)
             if cutlass.const_expr(self.row_rms and g0 == 0):  # beside the first loads
-                self._row_factors(peers_ss, sR, split, tidx)
+                self._row_factors(peers_ss, sQ, sR, split, tidx)
             for j, i in enumerate(group):
                 m, c = self._reduced_output(split, tidx, i)
                 if cutlass.const_expr(self.row_rms):
                     r = sR[m - split * (M // self.splits)]
                     sums[j] = [x * r for x in sums[j]]
                 if cutlass.const_expr(self.share % self.threads == 0):
-                    epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
-                                   swiglu=self.swiglu, residual=self.residual,
-                                   out_f32=self.out_f32)
-                elif tidx + self.threads * i < self.share:
-                    epilogue_store(mY, resids[j], m, tile * self.tile_out + c, sums[j],
-                                   swiglu=self.swiglu, residual=self.residual,
-                                   out_f32=self.out_f32)
+                    self._store(mY, mSo, resids[j], m, tile * self.tile_out + c, sums[j], lane)
+                elif tidx + self.threads * i < self.share:  # whole warps (shares of 32s)
+                    self._store(mY, mSo, resids[j], m, tile * self.tile_out + c, sums[j], lane)
         self._stamp(mT, tile, split, tidx, 5)
         # 6. no CTA leaves (freeing its shared memory) before its peers have read it
         cute.arch.cluster_arrive_relaxed()
@@ -383,7 +400,7 @@ class GemmSkinny:
     def _owned_tiles(self) -> int:
         """Sums of squares: n-tile nt0 + w + j * warps of a warp's part belongs to weight group
         w (j < this many), so each a row's sum is whole in one warp, no cross-warp adds."""
-        if cutlass.const_expr(not self.row_rms):
+        if cutlass.const_expr(not self.own_squares):
             return 0
         return -(-self.ntiles_warp // self.warps)
 
@@ -406,16 +423,49 @@ class GemmSkinny:
         return out
 
     @cute.jit
-    def _row_factors(self, peers_ss: list, sR: cute.Tensor, split, tidx):
+    def _row_factors(self, peers_ss: list, sQ, sR: cute.Tensor, split, tidx):
         """rsqrt(mean(a_row^2) + eps) of the M / splits rows of this CTA's share (its outputs
-        are whole rows) from the slices' sums in slice order, published by a CTA barrier."""
+        are whole rows), from the producer's K / 32 sums (ss_in, in chunk order) or the slices'
+        own sums (in slice order), published by a CTA barrier."""
         rows = self.M // self.splits
         if tidx < rows:
             sq = Float32(0.0)
-            for sp in cutlass.range_constexpr(self.splits):
-                sq = sq + load_dsmem_f32(peers_ss[sp] + (split * rows + tidx))
+            if cutlass.const_expr(self.ss_in):
+                for p in cutlass.range_constexpr(self.ss_parts):
+                    sq = sq + sQ[p, tidx]
+            else:
+                for sp in cutlass.range_constexpr(self.splits):
+                    sq = sq + load_dsmem_f32(peers_ss[sp] + (split * rows + tidx))
             sR[tidx] = rms_factor(sq, self.K, self.eps)
         cute.arch.sync_threads()
+
+    @cute.jit
+    def _store(self, mY: cute.Tensor, mSo: cute.Tensor, resid, m, n, sums: list, lane):
+        """The epilogue; with ss_out also the sum of squares of the 32 stored values of this
+        warp (one row, 32 aligned columns: a share is whole 32s) into mSo[n / 32, m]."""
+        v = epilogue_store(mY, resid, m, n, sums, swiglu=self.swiglu, residual=self.residual,
+                           out_f32=self.out_f32)
+        if cutlass.const_expr(self.ss_out):
+            vf = v.to(Float32)
+            sq = cute.arch.warp_reduction(vf * vf, lambda a, b: a + b)
+            if lane == 0:
+                mSo[n // SS_CHUNK, m] = sq
+
+    @cute.jit
+    def _copy_share_sums(self, mSi: cute.Tensor, sQ: cute.Tensor, row0, tidx):
+        """The producer's sums of squares of rows row0 .. row0 + M / splits - 1 (all K / 32
+        chunks) into shared memory, 4-byte cp.async in the slice's commit group."""
+        rows = self.M // self.splits
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.ALWAYS), Float32,
+                                   num_bits_per_copy=32)
+        n = self.ss_parts * rows
+        src = cute.make_tensor(mSi.iterator, cute.make_layout((1, self.ss_parts * self.M)))
+        dst = cute.make_tensor(sQ.iterator, cute.make_layout((1, n)))
+        for i in cutlass.range_constexpr(-(-n // self.threads)):
+            idx = tidx + self.threads * i
+            if idx < n:
+                p, r = idx // rows, idx % rows
+                cute.copy(atom, src[(None, p * self.M + row0 + r)], dst[(None, idx)])
 
     @cute.jit
     def _store_squares(self, ss: list, sS: cute.Tensor, nt0, warp, g, q):
@@ -439,9 +489,9 @@ class GemmSkinny:
 
 
 def _ptr_specs(out_f32: bool):
-    # a, W as 16-byte words; y; resid; trace stamps
+    # a, W as 16-byte words; y; resid; trace stamps; sums of squares in and out
     return ((Uint32, 16), (Uint32, 16), (Float32 if out_f32 else BFloat16, 4), (BFloat16, 2),
-            (Int64, 8))
+            (Int64, 8), (Float32, 4), (Float32, 4))
 
 
 def trace_shape(cfg: GemmSkinny, N: int) -> tuple:
@@ -455,9 +505,19 @@ def compile_args(out_f32: bool = False):
     return (*pointer_args(_ptr_specs(out_f32)), Int32(4096), Int32(4096), make_fake_stream())
 
 
+def _check_sums(name: str, t, shape: tuple):
+    if t is not None:
+        import torch
+
+        check_cuda_tensor(name, t, dtypes=(torch.float32,), align=4)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} {tuple(t.shape)}: need {shape} (fp32 [columns / 32, rows])")
+
+
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                 pdl: bool = False, splits: int | None = None, warps: int | None = None,
-                m_split: int | None = None, trace=None, rms_eps: float | None = None):
+                m_split: int | None = None, trace=None, rms_eps: float | None = None,
+                ss_in=None, ss_out=None):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
     widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
@@ -468,7 +528,10 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     len(TRACE_POINTS)] (``trace_shape``) that receives each CTA's %globaltimer stamps (ns).
     ``rms_eps``: RMS-normalise x's rows first, the norm folded in: each output row is scaled
     by rsqrt(mean(x_row^2) + rms_eps) and ``w`` must carry the norm's gamma
-    (``pack_weights(fold_gamma(W, gamma))``); the normalised row is never rounded to bf16."""
+    (``pack_weights(fold_gamma(W, gamma))``); the normalised row is never rounded to bf16.
+    The factors come from the kernel's own squares of its slices, or with ``ss_in`` (fp32
+    [K / 32, M]) from the sums of squares a residual projection wrote with ``ss_out`` (fp32
+    [N / 32, M]: each 32 stored columns of each row of ``out``)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
         raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
@@ -480,7 +543,10 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     m_split = m_split or warps_per_group(w.data.shape[0], K, M)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits, warps=warps, m_split=m_split,
-                     trace=trace is not None, rms_eps=rms_eps)
+                     trace=trace is not None, rms_eps=rms_eps, ss_in=ss_in is not None,
+                     ss_out=ss_out is not None)
+    _check_sums("ss_in", ss_in, (K // SS_CHUNK, M))
+    _check_sums("ss_out", ss_out, (N // SS_CHUNK, M))
     if trace is not None:
         import torch
 
@@ -491,9 +557,9 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
         raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
                         (x, w.data, out, resid if resid is not None else x,
-                         trace if trace is not None else x))
+                         *(t if t is not None else x for t in (trace, ss_in, ss_out))))
     key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, warps,
-           m_split, cfg.trace, rms_eps)
+           m_split, cfg.trace, rms_eps, cfg.ss_in, cfg.ss_out)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

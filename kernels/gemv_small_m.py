@@ -159,18 +159,21 @@ class GemvSmallM:
 def epilogue_store(mY: cute.Tensor, resid, m, n, t, *, swiglu: bool, residual: bool,
                    out_f32: bool):
     """Write y[m, n] from its fp32 sum(s) ``t`` (gate and up with SwiGLU), rounding where the
-    eager reference rounds; shared by the GEMV and kernels/gemm_skinny.py."""
+    eager reference rounds; shared by the GEMV and kernels/gemm_skinny.py. Returns the value
+    stored."""
     y = round_bf16(t[0])
     if cutlass.const_expr(swiglu):
         u = round_bf16(t[1])
         s = round_bf16(y / (Float32(1.0) + cute.math.exp(-y)))
-        mY[m, n] = (s * u).to(BFloat16)
+        v = (s * u).to(BFloat16)
     elif cutlass.const_expr(residual):
-        mY[m, n] = (resid + y).to(BFloat16)
+        v = (resid + y).to(BFloat16)
     elif cutlass.const_expr(out_f32):
-        mY[m, n] = y
+        v = y
     else:
-        mY[m, n] = t[0].to(BFloat16)
+        v = t[0].to(BFloat16)
+    mY[m, n] = v
+    return v
 
 
 def _ptr_specs(out_f32: bool):

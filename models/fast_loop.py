@@ -179,13 +179,16 @@ class FastLoop:
     projection ("qkv", "wo", "gate_up", "down", "heads"), keyword arguments for the skinny
     GEMM (``warps``, ``splits``, ``m_split``) instead of its defaults, for same-run A/B tests of the frame.
     ``fold_norm``: above GEMV_MAX_ROWS rows, no row-norm kernels (gamma folded into the weights
-    of the projection that follows, which scales its rows: kernels.gemm_skinny ``rms_eps``).
+    of the projection that follows, which scales its rows: kernels.gemm_skinny ``rms_eps``),
+    the factors from that projection's own squares of its slices ("own") or from the sums of
+    squares the residual projections wrote beside x ("producer"; layer 0 of a position, whose x
+    comes from the draw, uses its own).
     """
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
-                 pdl: bool = True, tiles: dict | None = None, fold_norm: bool = False):
+                 pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -196,6 +199,8 @@ class FastLoop:
         # kernels path above GEMV_MAX_ROWS: no row-norm kernels; the projection after a norm
         # scales its rows by the norm's factor from its own a (the slices' sums of squares ride
         # in its cluster exchange) with gamma folded into its weights (not yet measured; off)
+        if fold_norm not in (False, "own", "producer"):
+            raise ValueError(f"fold_norm {fold_norm!r}: False, 'own' or 'producer'")
         self.fold_norm = fold_norm
         unknown = set(self.tiles) - {"qkv", "wo", "gate_up", "down", "heads"}
         if unknown:
@@ -242,13 +247,15 @@ class FastLoop:
             self.x = torch.zeros(P, cfg.hidden, device=dev, dtype=dt)
             if P > GEMV_MAX_ROWS:  # tensor-core projections take a normalised copy
                 self.xn = torch.zeros_like(self.x)
+                # x's sums of squares per 32 columns [hidden / 32, P] (fold_norm="producer")
+                self.x_ss = torch.zeros(cfg.hidden // 32, P, device=dev)
             self.qkv_out = torch.zeros(P, (cfg.q_heads + 2 * cfg.kv_heads) * D, device=dev,
                                        dtype=dt)
             self.attn = torch.zeros(P, cfg.q_heads * D, device=dev, dtype=dt)
             self.mlp = torch.zeros(P, cfg.intermediate, device=dev, dtype=dt)
             # the projections' weights as the kernels take them: plain for the GEMVs, packed for
             # the tensor-core projections
-            self.kernel_w = fw.skinny_weights(fold_norm) if P > GEMV_MAX_ROWS else {
+            self.kernel_w = fw.skinny_weights(bool(fold_norm)) if P > GEMV_MAX_ROWS else {
                 "qkv": fw.qkv, "wo": fw.wo, "gate_up": fw.gate_up, "down": fw.down,
                 "heads": fw.heads}
             # the draw's per-row parameters over the padded rows: the sampler's are copied in at
@@ -306,10 +313,12 @@ class FastLoop:
             self.used[:, s + 1].copy_(fw.embeds[s].index_select(0, g))
         self.talker_sum.copy_(self.used.sum(1))
 
-    def _project(self, name, a, w, out, *, gamma=None, resid=None, swiglu: bool = False):
+    def _project(self, name, a, w, out, *, gamma=None, resid=None, swiglu: bool = False,
+                 sums_ready: bool = True):
         """out = [resid +] [norm](a) · w^T [SwiGLU]: the fused GEMV for <= GEMV_MAX_ROWS rows,
         else the row norm (when gamma is given) and the split-K tensor-core projection (``w``
-        then packed: FastWeights.skinny_weights)."""
+        then packed: FastWeights.skinny_weights). ``sums_ready``: a residual projection wrote
+        a's sums of squares (``x_ss``; not so for layer 0, whose x comes from the draw)."""
         from kernels.gemm_skinny import gemm_skinny
         from kernels.gemv_small_m import gemv_small_m
         from kernels.rows_rmsnorm import rows_rmsnorm
@@ -320,12 +329,16 @@ class FastLoop:
                          eps=eps)
             return
         folded = {}
+        producer = self.fold_norm == "producer"
         if gamma is not None and self.fold_norm:  # gamma is in w (skinny_weights)
             folded = dict(rms_eps=eps)
+            if producer and sums_ready:
+                folded["ss_in"] = self.x_ss
         elif gamma is not None:
             a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl)
         gemm_skinny(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
-                    **self.tiles.get(name, {}), **folded)
+                    **self.tiles.get(name, {}), **folded,
+                    **(dict(ss_out=self.x_ss) if producer and resid is not None else {}))
 
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""
@@ -351,7 +364,8 @@ class FastLoop:
             if p == 1:
                 self.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
             for li in range(cfg.layers):
-                proj("qkv", self.x, W["qkv"][li], self.qkv_out, gamma=fw.in_norm[li])
+                proj("qkv", self.x, W["qkv"][li], self.qkv_out, gamma=fw.in_norm[li],
+                     sums_ready=li > 0)
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
                                 q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl)

@@ -280,6 +280,30 @@ def test_skinny_gemm_folded_norm_compiles_without_spills(M, kw):
     assert "rsqrt" in r.ptx and "rsqrt" not in plain.ptx
 
 
+@pytest.mark.compile
+def test_skinny_gemm_sums_of_squares_in_and_out_compile_without_spills():
+    """``ss_in``: the producer's sums of the share's rows arrive by 4-byte cp.async with the
+    slice (no wait of their own), the mma loop reads no chunk twice and nothing is exchanged
+    for the factors; ``ss_out``: one warp reduction (5 butterflies) a stored output."""
+    from kernels.gemm_skinny import GemmSkinny, compile_args
+    from workbench.compile import compile_report
+
+    own = compile_report(GemmSkinny(64, 1024, pdl=True, rms_eps=1e-6), *compile_args())
+    cfg = GemmSkinny(64, 1024, pdl=True, rms_eps=1e-6, ss_in=True)
+    given = compile_report(cfg, *compile_args())
+    assert given.spill_bytes == 0 and given.ptx.count("cp.async.ca.shared.global") >= 1
+    assert given.ptx.count("ld.shared::cluster") < own.ptx.count("ld.shared::cluster")
+    assert "shfl.sync.bfly" not in given.ptx
+    out = GemmSkinny(64, 2048, pdl=True, residual=True, ss_out=True)
+    r = compile_report(out, *compile_args())
+    per_thread = out.share // out.threads
+    assert r.spill_bytes == 0 and r.ptx.count("shfl.sync.bfly") == 5 * per_thread
+    with pytest.raises(ValueError, match="ss_in"):
+        GemmSkinny(64, 1024, ss_in=True)
+    with pytest.raises(ValueError, match="ss_out"):
+        GemmSkinny(64, 1024, ss_out=True)
+
+
 def test_fold_gamma_scales_columns_and_checks_its_shape():
     from kernels.gemm_skinny import fold_gamma
 
@@ -454,12 +478,41 @@ def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,kw", [(16, 1024, 2048, {}), (64, 1024, 2048, dict(m_split=2)),
+                                      (64, 1024, 3072, {}), (128, 1024, 3072, dict(warps=8)),
+                                      (16, 1024, 3072, dict(m_split=2, splits=8))])
+def test_skinny_gemm_residual_writes_sums_of_squares_of_what_it_stores(M, N, K, kw):
+    """``ss_out``: a residual projection also writes, per row and 32 columns, the fp32 sum of
+    squares of the bf16 values it stored (every entry: NaN-poisoned first), and the stored
+    values are the same bits as without it."""
+    from kernels.gemm_skinny import gemm_skinny, pack_weights
+
+    g = torch.Generator(device="cuda").manual_seed(M + N + K)
+    a = _randn(M, K, g=g)
+    wp = pack_weights(_randn(N, K, g=g, scale=0.03))
+    resid = _randn(M, N, g=g)
+    want = gemm_skinny(a, wp, resid.clone(), resid=resid, **kw)
+    ss = torch.full((N // 32, M), float("nan"), device="cuda")
+    got = resid.clone()
+    gemm_skinny(a, wp, got, resid=got, ss_out=ss, **kw)
+    assert torch.equal(got, want)
+    exact = got.double().pow(2).view(M, N // 32, 32).sum(-1).T
+    assert torch.allclose(ss.double(), exact, rtol=2.0**-18, atol=0)
+    with pytest.raises(ValueError, match="ss_out"):
+        gemm_skinny(a, wp, _poison(M, N), ss_out=ss)  # no residual: nothing to sum
+    with pytest.raises(ValueError, match="ss_in"):
+        gemm_skinny(a, wp, _poison(M, N), ss_in=ss)  # without rms_eps
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 64, 128])
 @pytest.mark.parametrize("epilogue", ["plain", "swiglu", "out_f32"])
-def test_skinny_gemm_folded_norm_matches_fp64(M, epilogue):
+@pytest.mark.parametrize("factors", ["own", "producer"])
+def test_skinny_gemm_folded_norm_matches_fp64(M, epilogue, factors):
     """``rms_eps`` with gamma folded into W: y = rsqrt(mean(x^2) + eps) · x · fold_gamma(W)^T
     within the fp32-sum bound of the exact product (the factor's fp32 error is 2^-22), every
-    output written, the same bits on a rerun; SwiGLU: silu(gate) · up of the scaled sums."""
+    output written, the same bits on a rerun; SwiGLU: silu(gate) · up of the scaled sums. The
+    factors from the kernel's own squares or from given sums per 32 columns (``ss_in``)."""
     from kernels.gemm_skinny import fold_gamma, gemm_skinny, pack_weights
 
     swiglu = epilogue == "swiglu"
@@ -471,16 +524,18 @@ def test_skinny_gemm_folded_norm_matches_fp64(M, epilogue):
     wf = fold_gamma(w, gamma)
     wp = pack_weights(wf, swiglu=swiglu)
     dt = torch.float32 if epilogue == "out_f32" else torch.bfloat16
-    out = gemm_skinny(x, wp, _poison(M, N, dtype=dt), swiglu=swiglu, rms_eps=eps)
-    assert torch.equal(gemm_skinny(x, wp, _poison(M, N, dtype=dt), swiglu=swiglu, rms_eps=eps),
-                       out)
+    kw = dict(rms_eps=eps)
+    if factors == "producer":
+        kw["ss_in"] = x.float().pow(2).view(M, K // 32, 32).sum(-1).T.contiguous()
+    out = gemm_skinny(x, wp, _poison(M, N, dtype=dt), swiglu=swiglu, **kw)
+    assert torch.equal(gemm_skinny(x, wp, _poison(M, N, dtype=dt), swiglu=swiglu, **kw), out)
     xd = x.double()
     r = torch.rsqrt(xd.pow(2).mean(1, keepdim=True) + eps)
     exact = r * (xd @ wf.double().T)
     bound = r * K * 2.0**-23 * (xd.abs() @ wf.double().abs().T) + exact.abs() * 2.0**-8
     if swiglu:  # against silu(gate) · up of the kernel's own folded-norm gate and up
-        gate = gemm_skinny(x, pack_weights(wf[:N]), _poison(M, N), rms_eps=eps)
-        up = gemm_skinny(x, pack_weights(wf[N:]), _poison(M, N), rms_eps=eps)
+        gate = gemm_skinny(x, pack_weights(wf[:N]), _poison(M, N), **kw)
+        up = gemm_skinny(x, pack_weights(wf[N:]), _poison(M, N), **kw)
         assert ((gate.double() - exact[:, :N]).abs() <= bound[:, :N]).all()
         want = (torch.nn.functional.silu(gate) * up).float()
         diff = (out.float() - want).abs()

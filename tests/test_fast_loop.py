@@ -81,6 +81,12 @@ def test_fast_loop_refuses_what_it_cannot_draw():
         FastLoop(FastWeights(w), 2, tiles={"mlp": {"warps": 8}})  # not a projection's name
 
 
+def test_fast_loop_refuses_an_unknown_fold_norm():
+    w = random_weights(TINY, seed=0)
+    with pytest.raises(ValueError, match="fold_norm"):
+        FastLoop(FastWeights(w), 2, fold_norm=True)
+
+
 def test_ab_frame_variants_take_nested_literals():
     from scripts.ab_frame import parse_variant
 
@@ -124,7 +130,8 @@ def test_fast_loop_on_h200_matches_reference_1p7b():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("R", [16, 64])
-def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R):
+@pytest.mark.parametrize("mode", ["own", "producer"])
+def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R, mode):
     """``fold_norm`` (no row-norm kernels: gamma in the weights, the factor from the
     projection's own cluster exchange): under teacher forcing the codes are the given ones and
     the logits stay within twice the bf16 loop's noise. Greedy: each code is the argmax of its
@@ -137,10 +144,10 @@ def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R):
     ref = depth_loop(w, h, g0)  # greedy
     ref32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=ref.codes)
     noise = (ref.logits - ref32.logits).norm()
-    forced = FastLoop(fw, R, teacher_forced=True, fold_norm=True)(h, g0, codes=ref.codes)
+    forced = FastLoop(fw, R, teacher_forced=True, fold_norm=mode)(h, g0, codes=ref.codes)
     assert torch.equal(forced.codes, ref.codes)
     assert (forced.logits - ref32.logits).norm() <= 2 * noise
-    greedy = FastLoop(fw, R, fold_norm=True)(h, g0)
+    greedy = FastLoop(fw, R, fold_norm=mode)(h, g0)
     assert torch.equal(greedy.codes, greedy.logits.argmax(-1))
     own32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=greedy.codes)
     own16 = depth_loop(w, h, g0, codes=greedy.codes)
