@@ -56,8 +56,10 @@ def summarize(launches, stamps) -> list:
     return out
 
 
-def _build(M: int, tiles: dict, fold_norm: bool = False):
-    """The chain's buffers, packed weights and traced launches (name, callable, trace)."""
+def _build(M: int, tiles: dict, fold_norm: str | None = None):
+    """The chain's buffers, packed weights and traced launches (name, callable, trace).
+    ``fold_norm``: as FastLoop's ("own" or "producer"; the chain's first QKV has no producer,
+    so it takes its own squares)."""
     dev, bf = "cuda", torch.bfloat16
     shapes = dict(zip(NAMES, projection_shapes(CFG)))
     x = torch.randn(M, CFG.hidden, device=dev).to(bf)
@@ -66,6 +68,8 @@ def _build(M: int, tiles: dict, fold_norm: bool = False):
     qkv = torch.empty(M, shapes["qkv"][0], device=dev, dtype=bf)
     mlp = torch.empty(M, shapes["gate_up"][0], device=dev, dtype=bf)
     gamma = (1 + 0.1 * torch.randn(CFG.hidden, device=dev)).to(bf)
+    x_ss = torch.zeros(CFG.hidden // 32, M, device=dev)  # x's sums of squares (producer)
+    producer = fold_norm == "producer"
     launches = []
     for _ in range(LAYERS):
         for name in NAMES:
@@ -79,6 +83,10 @@ def _build(M: int, tiles: dict, fold_norm: bool = False):
             kw = dict(tiles.get(name, {}))
             if norm and fold_norm:  # no norm kernel: the projection scales its rows
                 kw["rms_eps"], norm = 1e-6, False
+                if producer and launches:
+                    kw["ss_in"] = x_ss
+            if producer and resid is not None:
+                kw["ss_out"] = x_ss
             cfg = GemmSkinny(M, k, swiglu=swiglu, pdl=True, splits=kw.get("splits"),
                              warps=kw.get("warps") or tile_warps(rows, k, M),
                              m_split=kw.get("m_split") or warps_per_group(rows, k, M))
@@ -97,8 +105,9 @@ def main():
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--tiles", default="{}", help="per projection gemm_skinny kwargs (a dict)")
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
-    ap.add_argument("--fold-norm", action="store_true",
-                    help="no row-norm kernels: gamma folded into the weights (rms_eps)")
+    ap.add_argument("--fold-norm", choices=("own", "producer"),
+                    help="no row-norm kernels: gamma folded into the weights (rms_eps), the "
+                    "factors from the projection's own squares or from the producer's sums")
     args = ap.parse_args()
     tiles = ast.literal_eval(args.tiles)
     path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
