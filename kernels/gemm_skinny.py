@@ -9,8 +9,8 @@ at 64 rows and 64-row tiles is as many bytes as the weights.
 
 Per CTA (4 or 8 weight groups of 16 rows: 16 output columns, or with SwiGLU 8 columns' gate
 and up rows; one warp a group, or two, ``m_split``, each with half of the a rows, where the
-frame measured that faster: ``warps_per_group``): the warps' weights are loaded into registers first (16-byte loads; constants, so
-before the PDL wait), the a slice is copied into shared memory with ``cp.async`` (rows padded
+frame measured that faster: ``warps_per_group``): the warps' weights are loaded into
+registers first (16-byte loads; constants, so before the PDL wait), the a slice is copied into shared memory with ``cp.async`` (rows padded
 to 16 words mod 32, so the fragment reads are free of bank conflicts; v8b's 32-word padding
 cost up to a third of the kernel), then ``mma.sync.m16n8k16`` bf16 -> fp32 over the slice,
 transposed (D = W · a^T: the weights are the A operand, the a rows the 8-wide B operand). The
@@ -25,6 +25,13 @@ partial tile into its own shared memory; after a cluster barrier (release / acqu
 for its 1/splits share of the tile's outputs, the partials of CTAs 0, 1, ... in that order and
 applies the epilogue (rounding as kernels/gemv_small_m.py); a second barrier keeps every CTA's
 shared memory alive until its peers have read it. No workspace, no counters, no gpu-scope fence.
+
+A row norm can be folded in (``rms_eps``, notes/fast-loop.md v10b/v10d): the caller folds
+gamma into W (:func:`fold_gamma`), the kernel takes raw a and scales each output row by
+rsqrt(mean(a_row^2) + eps), its sum of squares from the kernel's own squares of its slices
+(summed in the cluster exchange) or from the sums per 32 columns that the producing residual
+projection wrote (``ss_out`` -> ``ss_in``). Measured slower than a row-norm kernel at 32-128
+rows, faster at 16; the loop keeps it off.
 
 ``trace=`` builds stamp %globaltimer at each phase (scripts/trace_skinny.py reads them).
 """

@@ -26,8 +26,8 @@ launched with programmatic dependent launch so each kernel's weight stream start
 predecessor's tail (kernels/gemv_small_m.py, depth_attention.py, depth_sampler.py). Above that the
 rows are padded to a multiple of 16 (padding rows are zeros, drawn greedily, and dropped) and
 each normed projection becomes a row-norm kernel plus a split-K tensor-core projection
-(kernels/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues. On a CPU (tests) everything
-runs eagerly.
+(kernels/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues; ``fold_norm`` (off) folds the
+row norms into the projections instead. On a CPU (tests) everything runs eagerly.
 """
 from __future__ import annotations
 
