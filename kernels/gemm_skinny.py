@@ -12,9 +12,9 @@ and up rows; one warp a group, or two, ``m_split``, each with half of the a rows
 frame measured that faster: ``warps_per_group``): the warps' weights are loaded into
 registers first (16-byte loads; constants, so before the PDL wait), the a slice is copied into
 shared memory with ``cp.async`` (rows padded to 16 words mod 32, so the fragment reads are free
-of bank conflicts; v8b's 32-word padding cost up to a third of the kernel), then ``mma.sync.m16n8k16`` bf16 -> fp32 over the slice,
-transposed (D = W · a^T: the weights are the A operand, the a rows the 8-wide B operand). The
-weights are pre-packed (:func:`pack_weights`, once per model) so that one 16-byte load gives a
+of bank conflicts; v8b's 32-word padding cost up to a third of the kernel), then
+``mma.sync.m16n8k16`` bf16 -> fp32 over the slice, transposed (D = W · a^T: the weights are the
+A operand, the a rows the 8-wide B operand). The weights are pre-packed (:func:`pack_weights`, once per model) so that one 16-byte load gives a
 lane its A fragment in register order, and K is permuted inside each 32-wide block so that one
 16-byte chunk of an a row gives both k16 steps' B fragments: no register moves in the mainloop
 (v8c assembled the A fragments of every mma from two rows: ~40 % of its instructions).
