@@ -35,7 +35,10 @@ def summarize(launches, stamps) -> list:
     """Per launch ((name, after_norm), stamps [CTAs, len(TRACE_POINTS)] in ns): the first entry
     and dependency release, the median release, the gap from the previous launch's last exit
     to this one's first release, each phase's median over CTAs (keyed by the point that ends
-    it) and the critical path (first release to last exit), all in µs since the first entry."""
+    it) and the critical path (first release to last exit), all in µs since the first entry;
+    how long a CTA was resident before its release (median: the time its weight loads had
+    under the predecessor) and how many CTAs entered only after the first release (they
+    could not start their weights early)."""
     for s in stamps:
         if (s < 0).any():
             raise ValueError("a CTA left a trace stamp unwritten")
@@ -46,7 +49,10 @@ def summarize(launches, stamps) -> list:
         med = {TRACE_POINTS[i]: _median((s[:, i] - s[:, i - 1]).tolist())
                for i in range(2, len(TRACE_POINTS))}
         wait0, last_exit = float(s[:, 1].min()), float(s[:, -1].max())
+        early = _median((s[:, 1] - s[:, 0]).tolist())
+        late = int((s[:, 0] > wait0).sum())
         out.append({"proj": name, "after_norm": norm, "ctas": s.shape[0],
+                    "resident_before_release_median_us": early, "entered_after_release": late,
                     "entry_first_us": float(s[:, 0].min()), "wait_first_us": wait0,
                     "wait_median_us": _median(s[:, 1].tolist()),
                     "gap_after_previous_exit_us": None if prev_exit is None else
@@ -127,11 +133,13 @@ def main():
     rows_out = summarize([(name, norm) for name, norm, *_ in launches], stamps)
     print(f"{args.rows} rows, tiles {tiles}: chain of {len(launches)} projections "
           f"{chain_us:.1f} µs ({chain_us / LAYERS:.1f} a layer, norms included)")
-    print("proj     ctas  entry0  wait0  wait_med  gap  " +
+    print("proj     ctas  late  early  entry0  wait0  wait_med  gap  " +
           " ".join(f"{b[:9]:>9}" for b in TRACE_POINTS[2:]) + "  crit")
     for r in rows_out:
         gap = r["gap_after_previous_exit_us"]
-        print(f"{r['proj']:8} {r['ctas']:4} {r['entry_first_us']:7.2f} {r['wait_first_us']:6.2f} "
+        print(f"{r['proj']:8} {r['ctas']:4} {r['entered_after_release']:5} "
+              f"{r['resident_before_release_median_us']:6.2f} "
+              f"{r['entry_first_us']:7.2f} {r['wait_first_us']:6.2f} "
               f"{r['wait_median_us']:8.2f} {'' if gap is None else f'{gap:4.2f}':>4}  "
               + " ".join(f"{r['phase_median_us'][b]:9.2f}" for b in TRACE_POINTS[2:])
               + f"  {r['critical_us']:5.2f}")

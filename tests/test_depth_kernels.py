@@ -317,8 +317,8 @@ def test_fold_gamma_scales_columns_and_checks_its_shape():
 
 def test_skinny_trace_summary_reads_row_major_stamps():
     """scripts/trace_skinny.py's summary on synthetic stamps [CTA, point] (ns): phases keyed by
-    the point that ends them, the gap from the previous launch's last exit, the critical path;
-    an unwritten stamp (-1, the poison) is refused."""
+    the point that ends them, the gap from the previous launch's last exit, the critical path,
+    residency before release and late entries; an unwritten stamp (-1, the poison) is refused."""
     pytest.importorskip("cutlass")
     from scripts.trace_skinny import summarize
 
@@ -333,6 +333,9 @@ def test_skinny_trace_summary_reads_row_major_stamps():
     assert a["critical_us"] == pytest.approx(5.1 - 0.5)  # last exit 2000 + 3100 ns
     assert b["wait_first_us"] == pytest.approx(8.5)
     assert b["gap_after_previous_exit_us"] == pytest.approx(8.5 - 5.1)
+    assert a["resident_before_release_median_us"] == pytest.approx(0.5)
+    assert a["entered_after_release"] == 2  # entries at 1 and 2 µs, first release at 0.5
+    assert b["entered_after_release"] == 0
     with pytest.raises(ValueError, match="unwritten"):
         summarize([("qkv", True)], [torch.full((2, 7), -1)])
 
