@@ -14,6 +14,7 @@ import torch
 from models.codepredictor import random_weights
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
+from workbench.results import provenance_line
 from workbench.timing import bench
 
 
@@ -50,6 +51,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     variants = args.variant or [""]
+    print(provenance_line({"weights": args.seed}), flush=True)
     w = random_weights(seed=args.seed, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     R = args.rows

@@ -20,6 +20,7 @@ from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, fold_gamma, gemm_skinn
 from kernels.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
+from workbench.results import provenance, provenance_line
 from workbench.timing import bench
 
 NAMES = ("qkv", "wo", "gate_up", "down")
@@ -120,6 +121,7 @@ def main():
                         f"skinny-trace-{args.rows}{'-' + args.tag if args.tag else ''}.json")
     if os.path.exists(path):
         raise SystemExit(f"{path} exists: pass another --tag")
+    print(provenance_line(), flush=True)
     launches, run = _build(args.rows, tiles, args.fold_norm)
     run()  # compile outside the capture
     torch.cuda.synchronize()
@@ -144,7 +146,8 @@ def main():
               + " ".join(f"{r['phase_median_us'][b]:9.2f}" for b in TRACE_POINTS[2:])
               + f"  {r['critical_us']:5.2f}")
     with open(path, "w") as f:
-        json.dump({"rows": args.rows, "tiles": tiles, "chain_us": chain_us,
+        json.dump({"provenance": provenance(), "rows": args.rows, "tiles": tiles,
+                   "fold_norm": args.fold_norm, "chain_us": chain_us,
                    "trace_points": TRACE_POINTS, "launches": rows_out}, f, indent=1)
     print(f"wrote {path}")
 

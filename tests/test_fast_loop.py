@@ -94,6 +94,7 @@ def test_ab_frame_variants_take_nested_literals():
     assert parse_variant("pdl=False,path=kernels") == {"pdl": False, "path": "kernels"}
     assert parse_variant("tiles={'qkv': {'warps': 4}, 'heads': {'splits': 8}},pdl=True") == \
         {"tiles": {"qkv": {"warps": 4}, "heads": {"splits": 8}}, "pdl": True}
+    assert parse_variant("fold_norm=producer") == {"fold_norm": "producer"}
 
 
 @pytest.mark.gpu

@@ -36,6 +36,13 @@ def test_provenance_has_everything():
     assert prov["gpu"] == "none" or "name" in prov["gpu"]
 
 
+def test_provenance_line_is_one_parsable_line():
+    line = R.provenance_line({"weights": 3})
+    assert line.startswith("# provenance ") and "\n" not in line
+    prov = json.loads(line[len("# provenance "):])
+    assert all(k in prov for k in R.PROVENANCE_KEYS) and prov["seeds"] == {"weights": 3}
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "results").glob("*.json")), ids=lambda p: p.name)
 def test_committed_results_match_the_schema(path):
     assert R.validate(json.loads(path.read_text())) == []

@@ -85,6 +85,12 @@ def provenance(seeds: dict | None = None) -> dict:
     return prov
 
 
+def provenance_line(seeds: dict | None = None) -> str:
+    """:func:`provenance` as one log line ("# provenance {json}"), for scripts whose output is
+    a log rather than a summary (scripts/ab_frame.py, trace_skinny.py)."""
+    return "# provenance " + json.dumps(provenance(seeds), default=str)
+
+
 def validate(summary: object) -> list[str]:
     """Problems with a summary against the schema; empty when valid."""
     errs: list[str] = []
