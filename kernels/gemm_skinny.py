@@ -39,7 +39,7 @@ rows, faster at 16; the loop keeps it off.
 from __future__ import annotations
 
 from kernels.gemv_small_m import check_projection_out, epilogue_store, projection_dims
-from kernels.nvfp4_device import bf16_hi, bf16_lo, rms_factor
+from kernels.nvfp4_device import add_squares, rms_factor
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -425,8 +425,7 @@ class GemmSkinny:
                 x = cute.make_rmem_tensor((4,), Uint32)
                 cute.autovec_copy(sA[(None, (8 * (nt0 + tl) + g) * row_c + 4 * b + q)], x)
                 for e in cutlass.range_constexpr(4):
-                    lo, hi = bf16_lo(x[e]), bf16_hi(x[e])
-                    acc = acc + lo * lo + hi * hi
+                    acc = add_squares(acc, x[e])
             out.append(acc)
         return out
 

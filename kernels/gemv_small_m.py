@@ -32,7 +32,8 @@ so no chain runs ahead of it.)
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16_hi, bf16_lo, rms_factor, rmsnorm_pair, round_bf16
+from kernels.nvfp4_device import (add_squares, bf16_hi, bf16_lo, rms_factor, rmsnorm_pair,
+                                  round_bf16)
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -87,8 +88,7 @@ class GemvSmallM:
                 for i in cutlass.range_constexpr(chunks):
                     cute.autovec_copy(mX[(None, m * row_chunks + i * 32 + lane)], xs[i])
                     for e in cutlass.range_constexpr(4):
-                        lo, hi = bf16_lo(xs[i][e]), bf16_hi(xs[i][e])
-                        ss = ss + lo * lo + hi * hi
+                        ss = add_squares(ss, xs[i][e])
                 ss = cute.arch.warp_reduction(ss, lambda a, b: a + b)
                 r = rms_factor(ss, self.K, self.eps)
                 for i in cutlass.range_constexpr(chunks):

@@ -269,6 +269,13 @@ def round_bf16(x: Float32, *, loc=None, ip=None) -> Float32:
                         loc, ip))
 
 
+def add_squares(acc: Float32, word: Uint32) -> Float32:
+    """acc + lo^2 + hi^2 of the two bf16 packed in ``word`` (low half first, fp32): the one
+    order in which every row norm accumulates its sum of squares."""
+    lo, hi = bf16_lo(word), bf16_hi(word)
+    return acc + lo * lo + hi * hi
+
+
 def rms_factor(sum_sq: Float32, n: int, eps: float) -> Float32:
     """r = rsqrt(mean(x^2) + eps) of a row of ``n`` elements from its fp32 sum of squares: the
     factor :func:`rmsnorm_value` / :func:`rmsnorm_pair` scale by (shared by every row norm)."""

@@ -5,7 +5,7 @@ themselves. One CTA per row, 128 threads, each owning 16-byte chunks; PDL like i
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16_hi, bf16_lo, rms_factor, rmsnorm_pair
+from kernels.nvfp4_device import add_squares, rms_factor, rmsnorm_pair
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -52,8 +52,7 @@ class RowsRmsNorm:
         for i in cutlass.range_constexpr(self.chunks):
             cute.autovec_copy(mX[(None, m * kc + tidx + THREADS * i)], xs[i])
             for e in cutlass.range_constexpr(4):
-                lo, hi = bf16_lo(xs[i][e]), bf16_hi(xs[i][e])
-                ss = ss + lo * lo + hi * hi
+                ss = add_squares(ss, xs[i][e])
         ss = cute.arch.warp_reduction(ss, lambda a, b: a + b)
         if lane == 0:
             s_sum[warp] = ss
