@@ -176,7 +176,8 @@ class GemmSkinny:
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
                  warps: int = WARPS, m_split: int = 1, trace: bool = False,
-                 rms_eps: float | None = None, ss_in: bool = False, ss_out: bool = False):
+                 rms_eps: float | None = None, ss_in: bool = False, ss_out: bool = False,
+                 a_stages: int = 1):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
         if warps not in (WARPS, WIDE_WARPS):
@@ -222,6 +223,14 @@ class GemmSkinny:
             raise ValueError(f"{self.threads} threads and a {self.k_slice}-wide K slice: the "
                              "weight fragments would spill (at most 256 with 512 threads)")
         self.share = M * self.tile_out // self.splits  # outputs each CTA reduces
+        # a_stages: the a slice copied in this many K-ranges (one cp.async group each); the mma
+        # of a range starts when it has landed, under the copy of the next
+        if a_stages not in (1, 2, 4) or self.blocks % a_stages \
+                or (M * self.k_slice // 8 // a_stages) % self.threads:
+            raise ValueError(f"a_stages = {a_stages}: 1, 2 or 4 dividing the {self.blocks} "
+                             f"32-wide blocks and the copy's {M * self.k_slice // 8} chunks "
+                             f"into whole rounds of {self.threads} threads")
+        self.a_stages = a_stages
         if self.row_rms and M % self.splits:
             raise ValueError(f"rms_eps: {self.splits} slices must divide the {M} rows")
         self.smem_bytes = smem_bytes(M, self.k_slice, warps) + (8 * M if self.row_rms else 0) \
@@ -321,26 +330,32 @@ class GemmSkinny:
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         self._stamp(mT, tile, split, tidx, 1)
-        # 2. the a slice into shared memory
+        # 2. the a slice into shared memory, in a_stages K-ranges (one commit group each)
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), Uint32,
                                    num_bits_per_copy=128)
-        for i in cutlass.range_constexpr(M * slice_c // self.threads):
-            idx = tidx + self.threads * i
-            m, c = idx // slice_c, idx % slice_c
-            cute.copy(atom, mA[(None, m * kc + c0 + c)], sA[(None, m * row_c + c)])
-        if cutlass.const_expr(self.ss_in):  # with the slice: no wait of its own
-            self._copy_share_sums(mSi, sQ, split * rows, tidx)
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()
-        self._stamp(mT, tile, split, tidx, 2)
+        stage_c = slice_c // self.a_stages  # chunks of a row per stage
+        for st in cutlass.range_constexpr(self.a_stages):
+            for i in cutlass.range_constexpr(M * stage_c // self.threads):
+                idx = tidx + self.threads * i
+                m, c = idx // stage_c, st * stage_c + idx % stage_c
+                cute.copy(atom, mA[(None, m * kc + c0 + c)], sA[(None, m * row_c + c)])
+            if cutlass.const_expr(self.ss_in and st == 0):  # with the slice: no wait of its own
+                self._copy_share_sums(mSi, sQ, split * rows, tidx)
+            cute.arch.cp_async_commit_group()
         # 3. tensor-core sums over the slice, transposed: D[weight row, a row] = W · a^T with
         # the a rows in n-tiles of 8: one 16-byte chunk of a row gives lane (g, q) the B
         # fragments of both k16 steps, in register order (no register moves). This warp takes
-        # n-tiles nt0 .. nt0 + ntiles_warp - 1 (all of them unless m_split)
+        # n-tiles nt0 .. nt0 + ntiles_warp - 1 (all of them unless m_split). A stage's blocks
+        # start once its group has landed (the stamp marks the first)
         acc = [[Float32(0.0)] * 4 for _ in range(self.ntiles_warp)]
         ss = [Float32(0.0)] * self._owned_tiles()  # own squares only
+        stage_blocks = self.blocks // self.a_stages
         for b in cutlass.range_constexpr(self.blocks):
+            if cutlass.const_expr(b % stage_blocks == 0):
+                cute.arch.cp_async_wait_group(self.a_stages - 1 - b // stage_blocks)
+                cute.arch.sync_threads()
+                if cutlass.const_expr(b == 0):
+                    self._stamp(mT, tile, split, tidx, 2)
             for t in cutlass.range_constexpr(self.ntiles_warp):
                 bw = cute.make_rmem_tensor((4,), Uint32)
                 cute.autovec_copy(sA[(None, (8 * (nt0 + t) + g) * row_c + 4 * b + q)], bw)
@@ -524,7 +539,7 @@ def _check_sums(name: str, t, shape: tuple):
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                 pdl: bool = False, splits: int | None = None, warps: int | None = None,
                 m_split: int | None = None, trace=None, rms_eps: float | None = None,
-                ss_in=None, ss_out=None):
+                ss_in=None, ss_out=None, a_stages: int = 1):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
     widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
@@ -538,7 +553,8 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     (``pack_weights(fold_gamma(W, gamma))``); the normalised row is never rounded to bf16.
     The factors come from the kernel's own squares of its slices, or with ``ss_in`` (fp32
     [K / 32, M]) from the sums of squares a residual projection wrote with ``ss_out`` (fp32
-    [N / 32, M]: each 32 stored columns of each row of ``out``)."""
+    [N / 32, M]: each 32 stored columns of each row of ``out``). ``a_stages`` (1, 2, 4): copy
+    the a slice in that many K-ranges, each range's mma starting once it has landed."""
     require_hopper()
     if not isinstance(w, PackedWeights):
         raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
@@ -551,7 +567,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits, warps=warps, m_split=m_split,
                      trace=trace is not None, rms_eps=rms_eps, ss_in=ss_in is not None,
-                     ss_out=ss_out is not None)
+                     ss_out=ss_out is not None, a_stages=a_stages)
     _check_sums("ss_in", ss_in, (K // SS_CHUNK, M))
     _check_sums("ss_out", ss_out, (N // SS_CHUNK, M))
     if trace is not None:
@@ -566,7 +582,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                         (x, w.data, out, resid if resid is not None else x,
                          *(t if t is not None else x for t in (trace, ss_in, ss_out))))
     key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, warps,
-           m_split, cfg.trace, rms_eps, cfg.ss_in, cfg.ss_out)
+           m_split, cfg.trace, rms_eps, cfg.ss_in, cfg.ss_out, a_stages)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

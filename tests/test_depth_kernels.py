@@ -304,6 +304,29 @@ def test_skinny_gemm_sums_of_squares_in_and_out_compile_without_spills():
         GemmSkinny(64, 1024, ss_out=True)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("M,K,stages,kw", [(64, 1024, 4, {}), (64, 3072, 4, dict(m_split=2)),
+                                           (16, 1024, 2, dict(warps=8, swiglu=True))])
+def test_skinny_gemm_staged_copy_waits_for_one_range_at_a_time(M, K, stages, kw):
+    """``a_stages``: one cp.async group per K-range, then before each range's mma a wait that
+    leaves the later groups in flight (wait_group stages-1 .. 0) and one CTA barrier; the same
+    mma count as the one-shot copy, no spills."""
+    import re
+
+    from kernels.gemm_skinny import GemmSkinny, compile_args
+    from workbench.compile import compile_report
+
+    r = compile_report(GemmSkinny(M, K, pdl=True, a_stages=stages, **kw), *compile_args())
+    one = compile_report(GemmSkinny(M, K, pdl=True, **kw), *compile_args())
+    waits = [int(n) for n in re.findall(r"cp\.async\.wait_group\s+(\d+)", r.ptx)]
+    assert waits == list(range(stages - 1, -1, -1))
+    assert r.ptx.count("cp.async.commit_group") == stages
+    assert r.ptx.count("mma.sync") == one.ptx.count("mma.sync") and r.spill_bytes == 0
+    with pytest.raises(ValueError, match="a_stages"):
+        GemmSkinny(M, K, a_stages=3, **kw)
+
+
+
 def test_fold_gamma_scales_columns_and_checks_its_shape():
     from kernels.gemm_skinny import fold_gamma
 
@@ -502,6 +525,36 @@ def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits
                 if g.share % g.threads == 0 or tidx + g.threads * i < g.share:
                     stored.append((m, c))
     assert sorted(stored) == [(m, c) for m in range(M) for c in range(g.tile_out)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,kw", [(64, 4096, 1024, {}), (64, 1024, 3072, dict(m_split=2)),
+                                      (16, 6144, 1024, dict(warps=8)),
+                                      (128, 1024, 2048, {}), (32, 2048, 1024, dict(rms_eps=1e-6))])
+@pytest.mark.parametrize("stages", [2, 4])
+def test_skinny_gemm_staged_copy_is_bit_identical(M, N, K, kw, stages):
+    """``a_stages``: the same sums in the same order as the one-shot copy, so the same bits
+    (every output written: poisoned first), the residual and SwiGLU epilogues included."""
+    from kernels.gemm_skinny import GemmSkinny, gemm_skinny, pack_weights
+
+    swiglu = N == 6144
+    try:
+        GemmSkinny(M, K, swiglu=swiglu, a_stages=stages, **{k: v for k, v in kw.items()
+                                                            if k != "rms_eps"})
+    except ValueError:
+        pytest.skip("the copy does not split into whole rounds here")
+    g = torch.Generator(device="cuda").manual_seed(M + N + K + stages)
+    a = _randn(M, K, g=g)
+    wp = pack_weights(_randn(N, K, g=g, scale=0.03), swiglu=swiglu)
+    n_out = N // 2 if swiglu else N
+    one = gemm_skinny(a, wp, _poison(M, n_out), swiglu=swiglu, **kw)
+    got = gemm_skinny(a, wp, _poison(M, n_out), swiglu=swiglu, a_stages=stages, **kw)
+    assert torch.equal(got, one)
+    if not swiglu and "rms_eps" not in kw:
+        resid = _randn(M, n_out, g=g)
+        want = gemm_skinny(a, wp, resid.clone(), resid=resid, **kw)
+        r2 = resid.clone()
+        assert torch.equal(gemm_skinny(a, wp, r2, resid=r2, a_stages=stages, **kw), want)
 
 
 @pytest.mark.gpu
