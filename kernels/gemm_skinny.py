@@ -57,6 +57,12 @@ WIDE_TILES = {(4096, 1024): (16, 32), (6144, 1024): (16, 32, 64), (1024, 3072): 
 # (weight rows, K) -> row counts at which two warps per weight group (m_split) won the frame A/B
 # (results/logs/0d3b334-ab-frame-msplit-*.log): wo and down at 64 rows
 SPLIT_ROWS = {(1024, 2048): (64,), (1024, 3072): (64,)}
+# (weight rows, K) -> {rows M: a_stages} where the staged copy won the same-run frame A/B on the
+# H200: all four projections of a layer in 4 stages at 32 / 64 / 128 rows, 2067 -> 2037,
+# 2734 -> 2612, 4585 -> 4381 µs (results/logs/7cf5866-ab-frame-stages-64.log,
+# 371be2f-ab-frame-stages-32.log, 371be2f-ab-frame-stages-128.log); 2 stages at 16 rows: no change
+A_STAGES = {shape: {32: 4, 64: 4, 128: 4}
+            for shape in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072))}
 MIN_K_SLICE = 256  # below 4 slices, K per CTA is at least this
 MAX_K_SLICE = 768  # the weight fragments of a slice stay in registers
 MAX_SPLITS = 8  # the portable cluster size
@@ -75,6 +81,12 @@ def tile_warps(weight_rows: int, K: int, M: int) -> int:
     the frame measured faster (``WIDE_TILES``), else 4. Isolated timings did not predict the
     frame (QKV at 64 rows: 8 warps 0.7 µs slower alone, the frame equal), so only frames count."""
     return WIDE_WARPS if M in WIDE_TILES.get((weight_rows, K), ()) else WARPS
+
+
+def stage_count(weight_rows: int, K: int, M: int) -> int:
+    """``a_stages`` for a [weight_rows, K] projection at M rows: the K-ranges of the a copy
+    where the frame measured them faster (``A_STAGES``), else 1."""
+    return A_STAGES.get((weight_rows, K), {}).get(M, 1)
 
 
 def warps_per_group(weight_rows: int, K: int, M: int) -> int:
@@ -539,7 +551,7 @@ def _check_sums(name: str, t, shape: tuple):
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                 pdl: bool = False, splits: int | None = None, warps: int | None = None,
                 m_split: int | None = None, trace=None, rms_eps: float | None = None,
-                ss_in=None, ss_out=None, a_stages: int = 1):
+                ss_in=None, ss_out=None, a_stages: int | None = None):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
     widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
@@ -554,7 +566,8 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     The factors come from the kernel's own squares of its slices, or with ``ss_in`` (fp32
     [K / 32, M]) from the sums of squares a residual projection wrote with ``ss_out`` (fp32
     [N / 32, M]: each 32 stored columns of each row of ``out``). ``a_stages`` (1, 2, 4): copy
-    the a slice in that many K-ranges, each range's mma starting once it has landed."""
+    the a slice in that many K-ranges, each range's mma starting once it has landed (default
+    ``stage_count``)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
         raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
@@ -564,6 +577,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
     warps = warps or tile_warps(w.data.shape[0], K, M)
     m_split = m_split or warps_per_group(w.data.shape[0], K, M)
+    a_stages = a_stages or stage_count(w.data.shape[0], K, M)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits, warps=warps, m_split=m_split,
                      trace=trace is not None, rms_eps=rms_eps, ss_in=ss_in is not None,

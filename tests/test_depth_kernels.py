@@ -471,8 +471,10 @@ KNOWN_SPILLS = {(64, "gate_up"): 36, (128, "wo"): 20}
 @pytest.mark.parametrize("M", [16, 32, 64, 128])
 def test_skinny_gemm_default_builds_of_the_loop_spill_only_where_known(M):
     """Every projection of the 1.7B loop as the fast loop builds it (tile_warps,
-    warps_per_group, PDL): no spills beyond ``KNOWN_SPILLS``, so a new one is noticed."""
-    from kernels.gemm_skinny import GemmSkinny, compile_args, tile_warps, warps_per_group
+    warps_per_group, stage_count, PDL): no spills beyond ``KNOWN_SPILLS``, so a new one is
+    noticed."""
+    from kernels.gemm_skinny import (GemmSkinny, compile_args, stage_count, tile_warps,
+                                     warps_per_group)
     from workbench.compile import compile_report
 
     shapes = {"qkv": (4096, 1024, {}), "wo": (1024, 2048, dict(residual=True)),
@@ -481,7 +483,8 @@ def test_skinny_gemm_default_builds_of_the_loop_spill_only_where_known(M):
               "heads": (2048, 1024, dict(out_f32=True))}
     for name, (rows, K, kw) in shapes.items():
         g = GemmSkinny(M, K, pdl=True, warps=tile_warps(rows, K, M),
-                       m_split=warps_per_group(rows, K, M), **kw)
+                       m_split=warps_per_group(rows, K, M), a_stages=stage_count(rows, K, M),
+                       **kw)
         r = compile_report(g, *compile_args(kw.get("out_f32", False)))
         assert r.spill_bytes <= KNOWN_SPILLS.get((M, name), 0), (name, r.spill_bytes)
 
