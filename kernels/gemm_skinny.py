@@ -52,8 +52,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 WARPS = 4  # per CTA by default: 16 weight rows each, a 64-row tile of weights
 WIDE_WARPS = 8  # a 128-row tile: the a slice (re-read by every tile) is read half as often
 # (weight rows, K) -> row counts M at which 8 warps won the same-run frame A/B on the H200
-# (results/logs/67f3c73-ab-frame-tiles-*.log): QKV at 16-32 rows, gate/up at 16-64, down at 128
-WIDE_TILES = {(4096, 1024): (16, 32), (6144, 1024): (16, 32, 64), (1024, 3072): (128,)}
+# (results/logs/67f3c73-ab-frame-tiles-*.log): QKV and gate/up at 16-32 rows, down at 128
+# (gate/up at 64 rows went back to 4 warps once the copy was staged: 2619 -> 2588 and 2622 ->
+# 2583 µs with the heads staged too, results/logs/a5de234-ab-frame-knobs*-64.log)
+WIDE_TILES = {(4096, 1024): (16, 32), (6144, 1024): (16, 32), (1024, 3072): (128,)}
 # (weight rows, K) -> row counts at which two warps per weight group (m_split) won the frame A/B
 # (results/logs/0d3b334-ab-frame-msplit-*.log): wo and down at 64 rows
 SPLIT_ROWS = {(1024, 2048): (64,), (1024, 3072): (64,)}
