@@ -92,6 +92,21 @@ def stage_count(weight_rows: int, K: int, M: int) -> int:
     return A_STAGES.get((weight_rows, K), {}).get(M, 1)
 
 
+def stages_fit(stages: int, M: int, k_slice: int, threads: int) -> bool:
+    """Whether ``stages`` K-ranges divide a slice's 32-wide blocks and its copy (M rows of
+    k_slice / 8 chunks) into whole rounds of ``threads``."""
+    return stages in (1, 2, 4) and (k_slice // 32) % stages == 0 \
+        and (M * k_slice // 8 // stages) % threads == 0
+
+
+def fitting_stages(stages: int, M: int, k_slice: int, threads: int) -> int:
+    """The largest of ``stages``, stages / 2, ..., 1 that fits (a default for tiles it was not
+    measured with)."""
+    while stages > 1 and not stages_fit(stages, M, k_slice, threads):
+        stages //= 2
+    return stages
+
+
 def warps_per_group(weight_rows: int, K: int, M: int) -> int:
     """``m_split`` for a [weight_rows, K] projection at M rows: 2 where the frame measured it
     faster (``SPLIT_ROWS``), else 1."""
@@ -240,8 +255,7 @@ class GemmSkinny:
         self.share = M * self.tile_out // self.splits  # outputs each CTA reduces
         # a_stages: the a slice copied in this many K-ranges (one cp.async group each); the mma
         # of a range starts when it has landed, under the copy of the next
-        if a_stages not in (1, 2, 4) or self.blocks % a_stages \
-                or (M * self.k_slice // 8 // a_stages) % self.threads:
+        if not stages_fit(a_stages, M, self.k_slice, self.threads):
             raise ValueError(f"a_stages = {a_stages}: 1, 2 or 4 dividing the {self.blocks} "
                              f"32-wide blocks and the copy's {M * self.k_slice // 8} chunks "
                              f"into whole rounds of {self.threads} threads")
@@ -580,7 +594,10 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
     warps = warps or tile_warps(w.data.shape[0], K, M)
     m_split = m_split or warps_per_group(w.data.shape[0], K, M)
-    a_stages = a_stages or stage_count(w.data.shape[0], K, M)
+    if not a_stages:
+        k_slice = K // (splits or split_count(M, K, warps))
+        a_stages = fitting_stages(stage_count(w.data.shape[0], K, M), M, k_slice,
+                                  32 * warps * m_split)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits, warps=warps, m_split=m_split,
                      trace=trace is not None, rms_eps=rms_eps, ss_in=ss_in is not None,

@@ -327,6 +327,24 @@ def test_skinny_gemm_staged_copy_waits_for_one_range_at_a_time(M, K, stages, kw)
 
 
 
+def test_default_stages_fall_back_to_what_fits_the_tiles():
+    """A defaulted ``a_stages`` (``stage_count``) for tiles it was not measured with halves
+    until the copy splits into whole rounds; the check is the constructor's."""
+    pytest.importorskip("cutlass")
+    from kernels.gemm_skinny import GemmSkinny, fitting_stages, stages_fit
+
+    assert fitting_stages(4, 64, 256, 128) == 4  # QKV at 64 rows, 4 warps
+    assert fitting_stages(4, 16, 256, 256) == 2  # 16 rows on 8 warps: 128 chunks a stage
+    assert fitting_stages(4, 16, 128, 256) == 1
+    for stages in (1, 2, 4):
+        fits = stages_fit(stages, 16, 256, 256)
+        try:
+            GemmSkinny(16, 1024, warps=8, a_stages=stages)
+            built = True
+        except ValueError:
+            built = False
+        assert built == fits
+
 def test_fold_gamma_scales_columns_and_checks_its_shape():
     from kernels.gemm_skinny import fold_gamma
 
