@@ -394,22 +394,36 @@ class GemmSkinny:
                                             (bw[2 * s], bw[2 * s + 1]))
             if cutlass.const_expr(self.own_squares):
                 ss = self._add_squares(ss, sA, b, nt0, warp, g, q, row_c)
-        # 4. this slice's partial tile [a row, column] into this CTA's shared memory: d0, d1 are
-        # weight row g (half 0) at a rows 2q, 2q + 1 of the n-tile, d2, d3 weight row g + 8
+        self._store_partials(acc, sP, nt0, warp, g, q)
+        if cutlass.const_expr(self.own_squares):
+            self._store_squares(ss, sS, nt0, warp, g, q)
+        self._stamp(mT, tile, split, tidx, 3)
+        self._exchange_and_store(sP, sS, sQ, sR, mY, mR, mSo, mT, tile, split, tidx, lane)
+
+    @cute.jit
+    def _store_partials(self, acc: list, sP: cute.Tensor, nt0, warp, g, q):
+        """4. this slice's partial tile [a row, column] into this CTA's shared memory: d0, d1
+        are weight row g (half 0) at a rows 2q, 2q + 1 of n-tile t, d2, d3 weight row g + 8
+        (mma.sync's accumulator layout, and wgmma's for a warp's 16 rows)."""
         for t in cutlass.range_constexpr(self.ntiles_warp):
             d = acc[t]
             for h in cutlass.range_constexpr(2):
                 col = self._partial_column(warp, g, h)
                 sP[8 * (nt0 + t) + 2 * q, col] = d[2 * h]
                 sP[8 * (nt0 + t) + 2 * q + 1, col] = d[2 * h + 1]
-        if cutlass.const_expr(self.own_squares):
-            self._store_squares(ss, sS, nt0, warp, g, q)
-        self._stamp(mT, tile, split, tidx, 3)
+
+    @cute.jit
+    def _exchange_and_store(self, sP: cute.Tensor, sS, sQ, sR, mY: cute.Tensor, mR: cute.Tensor,
+                            mSo: cute.Tensor, mT: cute.Tensor, tile, split, tidx, lane):
+        """5. after a cluster barrier, this CTA's share of the outputs: partials of CTAs 0, 1,
+        ... in order, then the epilogue (loads of a group of outputs are issued before any of
+        their stores); 6. a second barrier, so no CTA leaves (freeing its shared memory)
+        before its peers have read it."""
+        M = self.M
+        part_row = self.tile_n + PART_PAD
         cute.arch.cluster_arrive()  # release: the partial tile is visible to the cluster
         cute.arch.cluster_wait()  # acquire: so are the peers'
         self._stamp(mT, tile, split, tidx, 4)
-        # 5. this CTA's share of the outputs: partials of CTAs 0, 1, ... in order, then the
-        # epilogue; loads of a group of outputs are issued before any of their stores
         peers = [cute.arch.map_dsmem_ptr(sP.iterator, sp) for sp in range(self.splits)]
         peers_ss = []
         if cutlass.const_expr(self.own_squares):
@@ -444,7 +458,6 @@ class GemmSkinny:
                 elif tidx + self.threads * i < self.share:  # whole warps (shares of 32s)
                     self._store(mY, mSo, resids[j], m, tile * self.tile_out + c, sums[j], lane)
         self._stamp(mT, tile, split, tidx, 5)
-        # 6. no CTA leaves (freeing its shared memory) before its peers have read it
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
         self._stamp(mT, tile, split, tidx, 6)
