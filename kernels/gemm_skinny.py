@@ -578,6 +578,34 @@ def _check_sums(name: str, t, shape: tuple):
             raise ValueError(f"{name} {tuple(t.shape)}: need {shape} (fp32 [columns / 32, rows])")
 
 
+def checked_operands(x, w: PackedWeights, out, resid, swiglu: bool, warps, m_split) -> tuple:
+    """The checks every skinny projection makes before a launch (Hopper, packed weights of the
+    right kind, shapes, dtypes, the output and residual) and the defaulted tile: returns
+    (M, K, N, out_f32, warps, m_split)."""
+    require_hopper()
+    if not isinstance(w, PackedWeights):
+        raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
+    if w.swiglu != swiglu:
+        raise ValueError(f"w was packed with swiglu={w.swiglu}, called with swiglu={swiglu}")
+    M, K, N = projection_dims(x, w.data, swiglu)
+    out_f32 = check_projection_out(out, resid, M, N, swiglu)
+    warps = warps or tile_warps(w.data.shape[0], K, M)
+    m_split = m_split or warps_per_group(w.data.shape[0], K, M)
+    return M, K, N, out_f32, warps, m_split
+
+
+def check_tiling(cfg: GemmSkinny, N: int, trace=None):
+    """N in whole tiles of ``cfg``, and a ``trace`` tensor shaped for its CTAs."""
+    if trace is not None:
+        import torch
+
+        check_cuda_tensor("trace", trace, dtypes=(torch.int64,))
+        if tuple(trace.shape) != trace_shape(cfg, N):
+            raise ValueError(f"trace {tuple(trace.shape)}: need {trace_shape(cfg, N)}")
+    if N % cfg.tile_out:
+        raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
+
+
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                 pdl: bool = False, splits: int | None = None, warps: int | None = None,
                 m_split: int | None = None, trace=None, rms_eps: float | None = None,
@@ -598,15 +626,8 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     [N / 32, M]: each 32 stored columns of each row of ``out``). ``a_stages`` (1, 2, 4): copy
     the a slice in that many K-ranges, each range's mma starting once it has landed (default
     ``stage_count``)."""
-    require_hopper()
-    if not isinstance(w, PackedWeights):
-        raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
-    if w.swiglu != swiglu:
-        raise ValueError(f"w was packed with swiglu={w.swiglu}, called with swiglu={swiglu}")
-    M, K, N = projection_dims(x, w.data, swiglu)
-    out_f32 = check_projection_out(out, resid, M, N, swiglu)
-    warps = warps or tile_warps(w.data.shape[0], K, M)
-    m_split = m_split or warps_per_group(w.data.shape[0], K, M)
+    M, K, N, out_f32, warps, m_split = checked_operands(x, w, out, resid, swiglu, warps,
+                                                        m_split)
     if not a_stages:
         k_slice = K // (splits or split_count(M, K, warps))
         a_stages = fitting_stages(stage_count(w.data.shape[0], K, M), M, k_slice,
@@ -617,14 +638,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                      ss_out=ss_out is not None, a_stages=a_stages)
     _check_sums("ss_in", ss_in, (K // SS_CHUNK, M))
     _check_sums("ss_out", ss_out, (N // SS_CHUNK, M))
-    if trace is not None:
-        import torch
-
-        check_cuda_tensor("trace", trace, dtypes=(torch.int64,))
-        if tuple(trace.shape) != trace_shape(cfg, N):
-            raise ValueError(f"trace {tuple(trace.shape)}: need {trace_shape(cfg, N)}")
-    if N % cfg.tile_out:
-        raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
+    check_tiling(cfg, N, trace)
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
                         (x, w.data, out, resid if resid is not None else x,
                          *(t if t is not None else x for t in (trace, ss_in, ss_out))))
