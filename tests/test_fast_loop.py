@@ -97,6 +97,22 @@ def test_ab_frame_variants_take_nested_literals():
     assert parse_variant("fold_norm=producer") == {"fold_norm": "producer"}
 
 
+def test_profile_end_increments_sum_to_the_span_and_name_kernels_by_class():
+    from scripts.profile_fast_loop import end_increments, kernel_kind
+
+    # a, then b overlapping a's tail (PDL), an idle gap, then c; d inside c
+    ev = [("c", 20.0, 30.0), ("a", 0.0, 10.0), ("b", 8.0, 15.0), ("d", 22.0, 25.0)]
+    rows = end_increments(ev)
+    assert rows["a"]["moved"] == 10 and rows["b"]["moved"] == 5 and rows["c"]["moved"] == 15
+    assert rows["d"]["moved"] == 0 and rows["b"]["own"] == 7
+    assert sum(r["moved"] for r in rows.values()) == 30.0
+    assert kernel_kind("kernel_cutlass_kernel_kernelsgemm_skinnyGemmSkinny_object_at__tensor"
+                       "ptri32gmemalign16o4819214_0") == "GemmSkinny"
+    assert kernel_kind("kernel_cutlass_kernel_kernelsrows_rmsnormRowsRmsNorm_object_at__t") \
+        == "RowsRmsNorm"
+    assert kernel_kind("nvjet_sm90_tst_64x8") == "nvjet_sm90_tst_64x8"
+
+
 @pytest.mark.gpu
 def test_fast_loop_on_h200_matches_reference_1p7b():
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
