@@ -177,7 +177,8 @@ class FastLoop:
     off, or None for greedy. Call with (h [R, talker_hidden], g0 [R]) and optionally ``codes``
     [R, 15] (teacher forcing; only when built with ``teacher_forced=True``). ``tiles``: per
     projection ("qkv", "wo", "gate_up", "down", "heads"), keyword arguments for the skinny
-    GEMM (``warps``, ``splits``, ``m_split``) instead of its defaults, for same-run A/B tests of the frame.
+    GEMM (``warps``, ``splits``, ``m_split``, ``a_stages``) instead of its defaults, for
+    same-run A/B tests of the frame.
     ``fold_norm``: above GEMV_MAX_ROWS rows, no row-norm kernels (gamma folded into the weights
     of the projection that follows, which scales its rows: kernels.gemm_skinny ``rms_eps``),
     the factors from that projection's own squares of its slices ("own") or from the sums of
@@ -197,8 +198,8 @@ class FastLoop:
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
         self.tiles = dict(tiles or {})
         # kernels path above GEMV_MAX_ROWS: no row-norm kernels; the projection after a norm
-        # scales its rows by the norm's factor from its own a (the slices' sums of squares ride
-        # in its cluster exchange) with gamma folded into its weights (not yet measured; off)
+        # scales its rows by the norm's factor with gamma folded into its weights (off: faster
+        # only at 16 rows, and it drops the reference's rounding; notes/fast-loop.md v10b/v10d)
         if fold_norm not in (False, "own", "producer"):
             raise ValueError(f"fold_norm {fold_norm!r}: False, 'own' or 'producer'")
         self.fold_norm = fold_norm
