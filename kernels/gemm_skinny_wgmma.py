@@ -28,8 +28,8 @@ from kernels.gemm_skinny import (MAX_SPLITS, PART_PAD, SMEM_LIMIT, WARPS, GemmSk
                                  PackedWeights, _ptr_specs, tile_warps, torch_cat_groups,
                                  trace_shape, warps_per_group)
 from kernels.gemv_small_m import check_projection_out, projection_dims
-from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                             diagnostics_mailbox, pointer_args, require_hopper)
+from kernels.runtime import (activation_layout, cached_compile, check_cuda_tensor, cute_modules,
+                             current_stream, diagnostics_mailbox, pointer_args, require_hopper)
 from kernels.sync_sm90 import wait_parity
 
 cutlass, cute = cute_modules()
@@ -37,6 +37,7 @@ from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
+WGMMA_WARPS = 4  # the fast loop's tiles (64 weight rows: every projection's slices fit)
 STAGES = 4  # K-ranges of a slice, each with its own mbarrier (fewer where the slice is short)
 STAGE_BARRIER = 0  # the mailbox's "full" barrier name: a stage's bytes have not all landed
 
@@ -136,8 +137,12 @@ class GemmSkinnyWgmma(GemmSkinny):
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
                  warps: int = WARPS, m_split: int = 1, trace: bool = False,
-                 stages: int | None = None):
+                 stages: int | None = None, chunk_major_out: bool = False):
         splits = splits or wgmma_split_count(M, K, warps)
+        if chunk_major_out and (residual or out_f32):
+            raise ValueError("chunk_major_out: for the SwiGLU / plain bf16 outputs that feed "
+                             "another wgmma projection")
+        self.chunk_major_out = chunk_major_out
         super().__init__(M, K, residual=residual, swiglu=swiglu, out_f32=out_f32, pdl=pdl,
                          splits=splits, warps=warps, m_split=m_split, trace=trace)
         if (M // m_split) % 8 or M // m_split > 256:
@@ -162,7 +167,7 @@ class GemmSkinnyWgmma(GemmSkinny):
                  ss_out_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, N: Int32, ldy: Int32,
                  stream):
         M = self.M
-        mY = cute.make_tensor(y_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
+        mY = cute.make_tensor(y_ptr, activation_layout(M, N, ldy, self.chunk_major_out))
         mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         tiles = N // self.tile_out
         points = 7
@@ -260,10 +265,12 @@ def compile_args(out_f32: bool = False):
 
 def gemm_skinny_wgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                       pdl: bool = False, splits: int | None = None, warps: int | None = None,
-                      m_split: int | None = None, trace=None, stages: int | None = None):
+                      m_split: int | None = None, trace=None, stages: int | None = None,
+                      chunk_major_out: bool = False):
     """As :func:`kernels.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
     ``x_cm`` the activations chunk-major (:func:`chunk_major`, [M, K]-shaped storage) and ``w``
-    packed by :func:`pack_weights_wgmma` with the same ``warps``."""
+    packed by :func:`pack_weights_wgmma` with the same ``warps``. ``chunk_major_out``: ``out``
+    (contiguous) chunk-major too, for a next wgmma projection (SwiGLU or plain bf16 only)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
         raise TypeError("w: pack the weights first (pack_weights_wgmma)")
@@ -275,7 +282,9 @@ def gemm_skinny_wgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool =
     m_split = m_split or warps_per_group(w.data.shape[0], K, M)
     cfg = GemmSkinnyWgmma(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                           pdl=pdl, splits=splits, warps=warps, m_split=m_split,
-                          trace=trace is not None, stages=stages)
+                          trace=trace is not None, stages=stages, chunk_major_out=chunk_major_out)
+    if chunk_major_out and not out.is_contiguous():
+        raise ValueError("chunk_major_out: out must be contiguous")
     if trace is not None:
         import torch
 
@@ -289,7 +298,7 @@ def gemm_skinny_wgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool =
                          trace if trace is not None else x_cm, x_cm, x_cm,
                          diagnostics_mailbox()))
     key = ("gemm_skinny_wgmma", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits,
-           warps, m_split, cfg.trace, cfg.stages)
+           warps, m_split, cfg.trace, cfg.stages, chunk_major_out)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

@@ -116,6 +116,18 @@ class FastWeights:
                 self._skinny[True] = {**plain, **folded}
         return self._skinny[fold_norm]
 
+    def wgmma_weights(self) -> dict:
+        """The projections packed for kernels/gemm_skinny_wgmma.py (4-warp tiles; built once):
+        lists ``qkv``, ``wo``, ``gate_up``, ``down`` per layer, ``heads``."""
+        if "wgmma" not in self._skinny:
+            from kernels.gemm_skinny_wgmma import WGMMA_WARPS, pack_weights_wgmma
+
+            self._skinny["wgmma"] = {
+                name: [pack_weights_wgmma(t, name == "gate_up", WGMMA_WARPS) for t in ts]
+                for name, ts in (("qkv", self.qkv), ("wo", self.wo), ("gate_up", self.gate_up),
+                                 ("down", self.down), ("heads", self.heads))}
+        return self._skinny["wgmma"]
+
 
 def _mm(a, w, small_m: bool):
     """a @ w.T: the small-M CuTe DSL GEMV (kernels/gemv_small_m.py) for <= 8 rows on CUDA."""
@@ -183,13 +195,16 @@ class FastLoop:
     of the projection that follows, which scales its rows: kernels.gemm_skinny ``rms_eps``),
     the factors from that projection's own squares of its slices ("own") or from the sums of
     squares the residual projections wrote beside x ("producer"; layer 0 of a position, whose x
-    comes from the draw, uses its own).
+    comes from the draw, uses its own). ``mma``: "sync" (default) or "wgmma", the projections
+    above GEMV_MAX_ROWS rows by kernels/gemm_skinny_wgmma.py (4-warp tiles), whose inputs the
+    norm, attention and gate/up kernels then write chunk-major.
     """
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
-                 pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False):
+                 pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
+                 mma: str = "sync"):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -203,6 +218,14 @@ class FastLoop:
         if fold_norm not in (False, "own", "producer"):
             raise ValueError(f"fold_norm {fold_norm!r}: False, 'own' or 'producer'")
         self.fold_norm = fold_norm
+        # mma: the tensor-core projections' mainloop above GEMV_MAX_ROWS rows: "sync"
+        # (kernels/gemm_skinny.py) or "wgmma" (kernels/gemm_skinny_wgmma.py: the activations
+        # they read, xn / attn / mlp, are then kept chunk-major by their producers)
+        if mma not in ("sync", "wgmma") or (mma == "wgmma" and fold_norm) or \
+                (mma == "wgmma" and any("warps" in kw for kw in self.tiles.values())):
+            raise ValueError(f"mma {mma!r}: 'sync' or 'wgmma' (the latter without fold_norm, "
+                             "its weights packed for 4-warp tiles)")
+        self.mma = mma
         unknown = set(self.tiles) - {"qkv", "wo", "gate_up", "down", "heads"}
         if unknown:
             raise ValueError(f"tiles: unknown projections {sorted(unknown)}")
@@ -256,7 +279,8 @@ class FastLoop:
             self.mlp = torch.zeros(P, cfg.intermediate, device=dev, dtype=dt)
             # the projections' weights as the kernels take them: plain for the GEMVs, packed for
             # the tensor-core projections
-            self.kernel_w = fw.skinny_weights(bool(fold_norm)) if P > GEMV_MAX_ROWS else {
+            self.kernel_w = (fw.wgmma_weights() if mma == "wgmma" else
+                             fw.skinny_weights(bool(fold_norm))) if P > GEMV_MAX_ROWS else {
                 "qkv": fw.qkv, "wo": fw.wo, "gate_up": fw.gate_up, "down": fw.down,
                 "heads": fw.heads}
             # the draw's per-row parameters over the padded rows: the sampler's are copied in at
@@ -336,7 +360,15 @@ class FastLoop:
             if producer and sums_ready:
                 folded["ss_in"] = self.x_ss
         elif gamma is not None:
-            a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl)
+            a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl,
+                             chunk_major=self.mma == "wgmma")
+        if self.mma == "wgmma":  # a is chunk-major; so is gate/up's output, down's a
+            from kernels.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma
+
+            gemm_skinny_wgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
+                              warps=WGMMA_WARPS, chunk_major_out=name == "gate_up",
+                              **self.tiles.get(name, {}))
+            return
         gemm_skinny(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
                     **self.tiles.get(name, {}), **folded,
                     **(dict(ss_out=self.x_ss) if producer and resid is not None else {}))
@@ -347,6 +379,7 @@ class FastLoop:
         from kernels.depth_sampler import depth_draw
 
         fw, cfg, pdl, W = self.fw, self.cfg, self.pdl, self.kernel_w
+        wgmma_inputs = self.mma == "wgmma" and self.run_rows > GEMV_MAX_ROWS  # chunk-major
         proj = self._project
         eps = cfg.rms_eps
         self.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
@@ -369,7 +402,8 @@ class FastLoop:
                      sums_ready=li > 0)
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
-                                q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl)
+                                q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl,
+                                chunk_major=wgmma_inputs)
                 proj("wo", self.attn, W["wo"][li], self.x, resid=self.x)
                 proj("gate_up", self.x, W["gate_up"][li], self.mlp, gamma=fw.post_norm[li],
                      swiglu=True)

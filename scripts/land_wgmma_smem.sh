@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# One device call for the wgmma mainloop fed from shared memory (notes/fast-loop.md v10j): its
-# GPU tests, then phase traces of the five-layer projection chain at 64 and 16 rows with the
-# mma.sync kernel (today's defaults) and with the wgmma kernel (timing only). ~3 min.
-# Usage (device): source .gpu/install.sh && WB_GIT_COMMIT=<sha> bash scripts/land_wgmma_smem.sh
+# Device calls for the wgmma mainloop fed from shared memory (notes/fast-loop.md v10j).
+#   part A (~4 min): GPU tests of the kernel, the chunk-major producers and the loop with
+#     mma="wgmma"; phase traces of the five-layer chain at 64 and 16 rows, mma.sync and wgmma
+#   part B (~4 min): same-run frame A/B, defaults against mma="wgmma", at 64, 16 and 128 rows
+# Usage (device): source .gpu/install.sh && WB_GIT_COMMIT=<sha> bash scripts/land_wgmma_smem.sh A|B
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} WB_RESULTS_DIR=$OUT
-timeout 150 python3 -m pytest -q -m gpu tests/test_depth_kernels.py -k "wgmma" \
-    -p no:cacheprovider > "$OUT/tests.log" 2>&1; tail -1 "$OUT/tests.log"
-for R in 64 16; do
-  timeout 60 python3 scripts/trace_skinny.py --rows $R --tag mma > "$OUT/trace-$R-mma.log" 2>&1
-  timeout 60 python3 scripts/trace_skinny.py --rows $R --wgmma --tag wgmma \
-      > "$OUT/trace-$R-wgmma.log" 2>&1
-done
-grep -h "chain of" "$OUT"/trace-*.log
+if [ "${1:-A}" = A ]; then
+  timeout 150 python3 -m pytest -q -m gpu tests/test_depth_kernels.py -k "wgmma or chunk_major" \
+      -p no:cacheprovider > "$OUT/tests-kernels.log" 2>&1; tail -1 "$OUT/tests-kernels.log"
+  timeout 120 python3 -m pytest -q -m gpu tests/test_fast_loop.py -k wgmma \
+      -p no:cacheprovider > "$OUT/tests-loop.log" 2>&1; tail -1 "$OUT/tests-loop.log"
+  for R in 64 16; do
+    timeout 45 python3 scripts/trace_skinny.py --rows $R --tag mma > "$OUT/trace-$R-mma.log" 2>&1
+    timeout 45 python3 scripts/trace_skinny.py --rows $R --wgmma --tag wgmma \
+        > "$OUT/trace-$R-wgmma.log" 2>&1
+  done
+  grep -h "chain of" "$OUT"/trace-*.log
+else
+  timeout 100 python3 scripts/ab_frame.py --rows 64 --variant "" --variant mma=wgmma \
+      > "$OUT/ab64.log" 2>&1
+  timeout 80 python3 scripts/ab_frame.py --rows 16 --variant "" --variant mma=wgmma \
+      > "$OUT/ab16.log" 2>&1
+  timeout 130 python3 scripts/ab_frame.py --rows 128 --variant "" --variant mma=wgmma \
+      > "$OUT/ab128.log" 2>&1
+  grep -h median "$OUT"/ab*.log
+fi

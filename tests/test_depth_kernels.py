@@ -804,3 +804,36 @@ def test_skinny_wgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
                                   **kw)
         assert torch.equal(r2, (resid.float() + plain.to(torch.bfloat16).float())
                            .to(torch.bfloat16))
+
+
+
+@pytest.mark.gpu
+def test_chunk_major_producers_write_the_row_major_values_permuted():
+    """rows_rmsnorm, depth_attention and the wgmma projection's SwiGLU output with
+    ``chunk_major``: the same bits as row-major, laid out [K / 8][M][8] (chunk_major())."""
+    from kernels.depth_attention import depth_attention
+    from kernels.gemm_skinny_wgmma import chunk_major, gemm_skinny_wgmma, pack_weights_wgmma
+    from kernels.rows_rmsnorm import rows_rmsnorm
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    M, K = 32, 1024
+    x = _randn(M, K, g=g)
+    gamma = (1 + 0.1 * torch.randn(K, device="cuda", generator=g)).to(torch.bfloat16)
+    row = rows_rmsnorm(x, gamma, _poison(M, K))
+    assert torch.equal(rows_rmsnorm(x, gamma, _poison(M, K), chunk_major=True), chunk_major(row))
+    qkv = _randn(M, 4096, g=g)
+    norms = [(1 + 0.1 * torch.randn(128, device="cuda", generator=g)).to(torch.bfloat16)
+             for _ in range(2)]
+    cos, sin = (_randn(16, 128, g=g) for _ in range(2))
+    caches = [_randn(M, 8, 16, 128, g=g) for _ in range(2)]
+    outs = []
+    for cm in (False, True):
+        kc, vc = (c.clone() for c in caches)
+        outs.append(depth_attention(qkv, *norms, cos, sin, kc, vc, 5, _poison(M, 2048),
+                                    q_heads=16, kv_heads=8, chunk_major=cm))
+    assert torch.equal(outs[1], chunk_major(outs[0]))
+    wp = pack_weights_wgmma(_randn(6144, K, g=g, scale=0.03), swiglu=True)
+    a_cm = chunk_major(x)
+    plain = gemm_skinny_wgmma(a_cm, wp, _poison(M, 3072), swiglu=True)
+    cm_out = gemm_skinny_wgmma(a_cm, wp, _poison(M, 3072), swiglu=True, chunk_major_out=True)
+    assert torch.equal(cm_out, chunk_major(plain))

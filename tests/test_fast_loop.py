@@ -85,6 +85,10 @@ def test_fast_loop_refuses_an_unknown_fold_norm():
     w = random_weights(TINY, seed=0)
     with pytest.raises(ValueError, match="fold_norm"):
         FastLoop(FastWeights(w), 2, fold_norm=True)
+    with pytest.raises(ValueError, match="mma"):
+        FastLoop(FastWeights(w), 2, mma="hgmma")
+    with pytest.raises(ValueError, match="mma"):
+        FastLoop(FastWeights(w), 2, mma="wgmma", tiles={"qkv": {"warps": 8}})
 
 
 def test_ab_frame_variants_take_nested_literals():
@@ -170,6 +174,25 @@ def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R, mode):
     own16 = depth_loop(w, h, g0, codes=greedy.codes)
     assert (greedy.logits - own32.logits).norm() <= 2 * (own16.logits - own32.logits).norm()
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R", [16, 64])
+def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R):
+    """``mma="wgmma"`` (projections by kernels/gemm_skinny_wgmma.py, their inputs kept
+    chunk-major): the bf16 loop's bar (sampled codes agree, forced codes equal, logits within
+    twice its noise)."""
+    w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(w)
+    h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
+    seeds = list(range(100, 100 + R))
+    ref = depth_loop(w, h, g0, sampler=Sampler(R, seeds=seeds, device="cuda"))
+    out = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), mma="wgmma")(h, g0)
+    assert float((out.codes == ref.codes).float().mean()) >= 0.8
+    ref32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=ref.codes)
+    noise = (ref.logits - ref32.logits).norm()
+    forced = FastLoop(fw, R, teacher_forced=True, mma="wgmma")(h, g0, codes=ref.codes)
+    assert torch.equal(forced.codes, ref.codes)
+    assert (forced.logits - ref32.logits).norm() <= 2 * noise
 
 @pytest.mark.compile
 @pytest.mark.parametrize("M,K", [(1, 1024), (8, 3072)])
