@@ -17,7 +17,8 @@ import torch
 
 from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, fold_gamma, gemm_skinny, \
     pack_weights, tile_warps, trace_shape, warps_per_group
-from kernels.gemm_skinny_wgmma import GemmSkinnyWgmma, gemm_skinny_wgmma, pack_weights_wgmma
+from kernels.gemm_skinny_wgmma import (WGMMA_WARPS, GemmSkinnyWgmma, gemm_skinny_wgmma,
+                                       pack_weights_wgmma)
 from kernels.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
@@ -91,7 +92,7 @@ def _build(M: int, tiles: dict, fold_norm: str | None = None, wgmma: bool = Fals
             w = (0.03 * torch.randn(rows, k, device=dev)).to(bf)
             kw = dict(tiles.get(name, {}))
             if wgmma:
-                kw["warps"] = kw.get("warps") or tile_warps(rows, k, M)
+                kw["warps"] = kw.get("warps") or WGMMA_WARPS  # as FastLoop(mma="wgmma")
                 w = pack_weights_wgmma(w, swiglu, kw["warps"])
                 cfg = GemmSkinnyWgmma(M, k, swiglu=swiglu, pdl=True, **kw)
                 tr = torch.full(trace_shape(cfg, n), -1, dtype=torch.int64, device=dev)
