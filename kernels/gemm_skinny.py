@@ -134,10 +134,11 @@ def split_count(M: int, K: int, warps: int = WARPS) -> int:
 class PackedWeights:
     """A projection's weights [N, K] (SwiGLU: [2N, K], gate rows then up rows) re-laid for the
     skinny GEMM (:func:`pack_weights`): the same bytes, permuted. ``data`` keeps the [rows, K]
-    shape for the operand checks; only this kernel can read it."""
+    shape for the operand checks; only the kernel whose ``layout`` it names can read it ("mma":
+    this module's; "wgmma4" / "wgmma8": kernels/gemm_skinny_wgmma.py's, for 4- or 8-warp tiles)."""
 
-    def __init__(self, data, swiglu: bool):
-        self.data, self.swiglu = data, swiglu
+    def __init__(self, data, swiglu: bool, layout: str = "mma"):
+        self.data, self.swiglu, self.layout = data, swiglu, layout
 
 
 def pack_weights(w, swiglu: bool = False) -> PackedWeights:
@@ -578,17 +579,26 @@ def _check_sums(name: str, t, shape: tuple):
             raise ValueError(f"{name} {tuple(t.shape)}: need {shape} (fp32 [columns / 32, rows])")
 
 
-def checked_operands(x, w: PackedWeights, out, resid, swiglu: bool, warps, m_split) -> tuple:
-    """The checks every skinny projection makes before a launch (Hopper, packed weights of the
-    right kind, shapes, dtypes, the output and residual) and the defaulted tile: returns
-    (M, K, N, out_f32, warps, m_split)."""
+def checked_operands(x, w: PackedWeights, out, resid, swiglu: bool, warps, m_split,
+                     layout: str = "mma") -> tuple:
+    """The checks every skinny projection makes before a launch (Hopper, weights packed for
+    this kernel, shapes, dtypes, the output and residual) and the defaulted tile: returns
+    (M, K, N, out_f32, warps, m_split). ``layout``: the kernel's packing ("wgmma": 4- or 8-warp
+    tiles, ``warps`` defaulting to the packing's)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
         raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
+    if not w.layout.startswith(layout):
+        raise ValueError(f"w was packed for the {w.layout!r} kernel, not this one ({layout!r})")
     if w.swiglu != swiglu:
         raise ValueError(f"w was packed with swiglu={w.swiglu}, called with swiglu={swiglu}")
     M, K, N = projection_dims(x, w.data, swiglu)
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
+    if layout == "wgmma":
+        packed = int(w.layout[len(layout):])
+        if warps not in (None, packed):
+            raise ValueError(f"w was packed for {packed}-warp tiles, called with {warps}")
+        warps = packed
     warps = warps or tile_warps(w.data.shape[0], K, M)
     m_split = m_split or warps_per_group(w.data.shape[0], K, M)
     return M, K, N, out_f32, warps, m_split

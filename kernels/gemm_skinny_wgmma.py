@@ -25,11 +25,10 @@ Compile-checked only: the GPU tests are written (tests/test_depth_kernels.py), n
 from __future__ import annotations
 
 from kernels.gemm_skinny import (MAX_SPLITS, PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny,
-                                 PackedWeights, _ptr_specs, tile_warps, torch_cat_groups,
-                                 trace_shape, warps_per_group)
-from kernels.gemv_small_m import check_projection_out, projection_dims
-from kernels.runtime import (activation_layout, cached_compile, check_cuda_tensor, cute_modules,
-                             current_stream, diagnostics_mailbox, pointer_args, require_hopper)
+                                 PackedWeights, _ptr_specs, check_tiling, checked_operands,
+                                 torch_cat_groups)
+from kernels.runtime import (activation_layout, cached_compile, cute_modules, current_stream,
+                             diagnostics_mailbox, pointer_args)
 from kernels.sync_sm90 import wait_parity
 
 cutlass, cute = cute_modules()
@@ -73,7 +72,7 @@ def pack_weights_wgmma(w, swiglu: bool = False, warps: int = WARPS) -> PackedWei
     else:
         grouped = w.reshape(rows // 16, 16, K)
     tiles = grouped.reshape(rows // t, t, K // 8, 8).permute(0, 2, 1, 3)
-    return PackedWeights(tiles.contiguous().reshape(rows, K), swiglu)
+    return PackedWeights(tiles.contiguous().reshape(rows, K), swiglu, layout=f"wgmma{warps}")
 
 
 def chunk_major(a):
@@ -269,30 +268,16 @@ def gemm_skinny_wgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool =
                       chunk_major_out: bool = False):
     """As :func:`kernels.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
     ``x_cm`` the activations chunk-major (:func:`chunk_major`, [M, K]-shaped storage) and ``w``
-    packed by :func:`pack_weights_wgmma` with the same ``warps``. ``chunk_major_out``: ``out``
+    packed by :func:`pack_weights_wgmma` (``warps`` defaults to, and must equal, its tiles'). ``chunk_major_out``: ``out``
     (contiguous) chunk-major too, for a next wgmma projection (SwiGLU or plain bf16 only)."""
-    require_hopper()
-    if not isinstance(w, PackedWeights):
-        raise TypeError("w: pack the weights first (pack_weights_wgmma)")
-    if w.swiglu != swiglu:
-        raise ValueError(f"w was packed with swiglu={w.swiglu}, called with swiglu={swiglu}")
-    M, K, N = projection_dims(x_cm, w.data, swiglu)
-    out_f32 = check_projection_out(out, resid, M, N, swiglu)
-    warps = warps or tile_warps(w.data.shape[0], K, M)
-    m_split = m_split or warps_per_group(w.data.shape[0], K, M)
+    M, K, N, out_f32, warps, m_split = checked_operands(x_cm, w, out, resid, swiglu, warps,
+                                                        m_split, layout="wgmma")
     cfg = GemmSkinnyWgmma(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                           pdl=pdl, splits=splits, warps=warps, m_split=m_split,
                           trace=trace is not None, stages=stages, chunk_major_out=chunk_major_out)
     if chunk_major_out and not out.is_contiguous():
         raise ValueError("chunk_major_out: out must be contiguous")
-    if trace is not None:
-        import torch
-
-        check_cuda_tensor("trace", trace, dtypes=(torch.int64,))
-        if tuple(trace.shape) != trace_shape(cfg, N):
-            raise ValueError(f"trace {tuple(trace.shape)}: need {trace_shape(cfg, N)}")
-    if N % cfg.tile_out:
-        raise ValueError(f"N = {N} must be a multiple of {cfg.tile_out}")
+    check_tiling(cfg, N, trace)
     ptrs = pointer_args(_ptr_specs(cfg.out_f32) + ((Int32, 4),),
                         (x_cm, w.data, out, resid if resid is not None else x_cm,
                          trace if trace is not None else x_cm, x_cm, x_cm,

@@ -786,6 +786,10 @@ def test_skinny_wgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
     again = gemm_skinny_wgmma(a_cm, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu,
                               warps=warps, **kw)
     assert torch.equal(again, out)
+    from kernels.gemm_skinny import gemm_skinny
+
+    with pytest.raises(ValueError, match="packed for"):  # the other kernel's layout
+        gemm_skinny(a, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu)
     exact = a.double() @ w.double().T
     bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
     if swiglu:  # compare the gate and up sums through the reference's roundings
