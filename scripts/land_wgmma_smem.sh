@@ -2,7 +2,8 @@
 # Device calls for the wgmma mainloop fed from shared memory (notes/fast-loop.md v10j).
 #   part A (~4 min): GPU tests of the kernel, the chunk-major producers and the loop with
 #     mma="wgmma"; phase traces of the five-layer chain at 64 and 16 rows, mma.sync and wgmma
-#   part B (~4 min): same-run frame A/B, defaults against mma="wgmma", at 64, 16 and 128 rows
+#   part B (~5 min): same-run frame A/B, defaults against mma="wgmma", at 64, 16 and 128 rows;
+#     graph profiles of both at 64 rows (what each kernel kind adds to the frame)
 # Usage (device): source .gpu/install.sh && WB_GIT_COMMIT=<sha> bash scripts/land_wgmma_smem.sh A|B
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} WB_RESULTS_DIR=$OUT
@@ -24,5 +25,9 @@ else
       > "$OUT/ab16.log" 2>&1
   timeout 130 python3 scripts/ab_frame.py --rows 128 --variant "" --variant mma=wgmma \
       > "$OUT/ab128.log" 2>&1
-  grep -h median "$OUT"/ab*.log
+  timeout 60 python3 scripts/profile_fast_loop.py --rows 64 --graph --tag mma \
+      > "$OUT/profile-64-mma.log" 2>&1
+  timeout 60 python3 scripts/profile_fast_loop.py --rows 64 --graph --variant mma=wgmma \
+      --tag wgmma > "$OUT/profile-64-wgmma.log" 2>&1
+  grep -h median "$OUT"/ab*.log; grep -h "span" "$OUT"/profile-*.log
 fi
