@@ -116,17 +116,18 @@ class FastWeights:
                 self._skinny[True] = {**plain, **folded}
         return self._skinny[fold_norm]
 
-    def wgmma_weights(self) -> dict:
-        """The projections packed for kernels/gemm_skinny_wgmma.py (4-warp tiles; built once):
-        lists ``qkv``, ``wo``, ``gate_up``, ``down`` per layer, ``heads``."""
-        if "wgmma" not in self._skinny:
-            from kernels.gemm_skinny_wgmma import WGMMA_WARPS, pack_weights_wgmma
+    def wgmma_weights(self, name: str, warps: int) -> list:
+        """Projection ``name`` ("qkv", "wo", "gate_up", "down": per layer; "heads") packed for
+        kernels/gemm_skinny_wgmma.py with tiles of ``warps`` (built once per pair)."""
+        key = ("wgmma", name, warps)
+        if key not in self._skinny:
+            from kernels.gemm_skinny_wgmma import pack_weights_wgmma
 
-            self._skinny["wgmma"] = {
-                name: [pack_weights_wgmma(t, name == "gate_up", WGMMA_WARPS) for t in ts]
-                for name, ts in (("qkv", self.qkv), ("wo", self.wo), ("gate_up", self.gate_up),
-                                 ("down", self.down), ("heads", self.heads))}
-        return self._skinny["wgmma"]
+            weights = {"qkv": self.qkv, "wo": self.wo, "gate_up": self.gate_up,
+                       "down": self.down, "heads": self.heads}[name]
+            self._skinny[key] = [pack_weights_wgmma(t, name == "gate_up", warps)
+                                 for t in weights]
+        return self._skinny[key]
 
 
 def _mm(a, w, small_m: bool):
@@ -196,8 +197,9 @@ class FastLoop:
     the factors from that projection's own squares of its slices ("own") or from the sums of
     squares the residual projections wrote beside x ("producer"; layer 0 of a position, whose x
     comes from the draw, uses its own). ``mma``: "sync" (default) or "wgmma", the projections
-    above GEMV_MAX_ROWS rows by kernels/gemm_skinny_wgmma.py (4-warp tiles), whose inputs the
-    norm, attention and gate/up kernels then write chunk-major.
+    above GEMV_MAX_ROWS rows by kernels/gemm_skinny_wgmma.py (4-warp tiles unless ``tiles``
+    says otherwise), whose inputs the norm, attention and gate/up kernels then write
+    chunk-major.
     """
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
@@ -221,10 +223,8 @@ class FastLoop:
         # mma: the tensor-core projections' mainloop above GEMV_MAX_ROWS rows: "sync"
         # (kernels/gemm_skinny.py) or "wgmma" (kernels/gemm_skinny_wgmma.py: the activations
         # they read, xn / attn / mlp, are then kept chunk-major by their producers)
-        if mma not in ("sync", "wgmma") or (mma == "wgmma" and fold_norm) or \
-                (mma == "wgmma" and any("warps" in kw for kw in self.tiles.values())):
-            raise ValueError(f"mma {mma!r}: 'sync' or 'wgmma' (the latter without fold_norm, "
-                             "its weights packed for 4-warp tiles)")
+        if mma not in ("sync", "wgmma") or (mma == "wgmma" and fold_norm):
+            raise ValueError(f"mma {mma!r}: 'sync' or 'wgmma' (the latter without fold_norm)")
         self.mma = mma
         unknown = set(self.tiles) - {"qkv", "wo", "gate_up", "down", "heads"}
         if unknown:
@@ -279,7 +279,7 @@ class FastLoop:
             self.mlp = torch.zeros(P, cfg.intermediate, device=dev, dtype=dt)
             # the projections' weights as the kernels take them: plain for the GEMVs, packed for
             # the tensor-core projections
-            self.kernel_w = (fw.wgmma_weights() if mma == "wgmma" else
+            self.kernel_w = (self._wgmma_weights() if mma == "wgmma" else
                              fw.skinny_weights(bool(fold_norm))) if P > GEMV_MAX_ROWS else {
                 "qkv": fw.qkv, "wo": fw.wo, "gate_up": fw.gate_up, "down": fw.down,
                 "heads": fw.heads}
@@ -365,13 +365,22 @@ class FastLoop:
         if self.mma == "wgmma":  # a is chunk-major; so is gate/up's output, down's a
             from kernels.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma
 
+            tile = {"warps": WGMMA_WARPS, **self.tiles.get(name, {})}
             gemm_skinny_wgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
-                              warps=WGMMA_WARPS, chunk_major_out=name == "gate_up",
-                              **self.tiles.get(name, {}))
+                              chunk_major_out=name == "gate_up", **tile)
             return
         gemm_skinny(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
                     **self.tiles.get(name, {}), **folded,
                     **(dict(ss_out=self.x_ss) if producer and resid is not None else {}))
+
+    def _wgmma_weights(self) -> dict:
+        """The wgmma projections' weights, each packed for its tile (``tiles`` warps, else
+        WGMMA_WARPS)."""
+        from kernels.gemm_skinny_wgmma import WGMMA_WARPS
+
+        return {name: self.fw.wgmma_weights(name, self.tiles.get(name, {}).get("warps",
+                                                                                WGMMA_WARPS))
+                for name in ("qkv", "wo", "gate_up", "down", "heads")}
 
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""

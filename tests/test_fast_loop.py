@@ -87,8 +87,6 @@ def test_fast_loop_refuses_an_unknown_fold_norm():
         FastLoop(FastWeights(w), 2, fold_norm=True)
     with pytest.raises(ValueError, match="mma"):
         FastLoop(FastWeights(w), 2, mma="hgmma")
-    with pytest.raises(ValueError, match="mma"):
-        FastLoop(FastWeights(w), 2, mma="wgmma", tiles={"qkv": {"warps": 8}})
 
 
 def test_ab_frame_variants_take_nested_literals():
