@@ -792,12 +792,13 @@ def test_skinny_wgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
         gemm_skinny(a, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu)
     exact = a.double() @ w.double().T
     bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
-    if swiglu:  # compare the gate and up sums through the reference's roundings
+    if swiglu:  # the gate and up sums through the reference's roundings; an ulp of gate, of
+        # up and of the product may each move where the fp32 sum rounds differently: 2^-5
         gate, up = exact[:, :n_out], exact[:, n_out:]
         want = torch.nn.functional.silu(gate.to(torch.bfloat16).float()).to(torch.bfloat16) \
             .float() * up.to(torch.bfloat16).float()
         assert ((out.double() - want.double()).abs()
-                <= 2.0**-6 * want.double().abs() + 1e-3).all()
+                <= 2.0**-5 * want.double().abs() + 2e-3).all()
     else:
         assert ((out.double() - exact).abs() <= bound).all()
     if N == 1024:
