@@ -136,8 +136,10 @@ class GemmSkinnyWgmma(GemmSkinny):
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
                  warps: int = WARPS, m_split: int = 1, trace: bool = False,
-                 stages: int | None = None, chunk_major_out: bool = False):
+                 stages: int | None = None, chunk_major_out: bool = False,
+                 swap_strides: bool = False):
         splits = splits or wgmma_split_count(M, K, warps)
+        self.swap_strides = swap_strides
         if chunk_major_out and (residual or out_f32):
             raise ValueError("chunk_major_out: for the SwiGLU / plain bf16 outputs that feed "
                              "another wgmma projection")
@@ -238,8 +240,12 @@ class GemmSkinnyWgmma(GemmSkinny):
         M, tr = self.M, self.tile_n
         n = M // self.m_split
         wgroup = warp // 4  # which 64 of the tile's weight rows
-        desc_a = descriptor(smem_u32(sW.iterator) + wgroup * 64 * 16, tr * 16, 128)
-        desc_b = descriptor(smem_u32(sA.iterator) + half * (n // 8) * 128, M * 16, 128)
+        # K-adjacent core matrices ``rows`` x 16 bytes apart (LBO), 8-row groups 128 (SBO);
+        # ``swap_strides`` (a diagnostic, scripts/check_wgmma_layout.py) puts them the other way
+        k_a, k_b = (128, 128) if self.swap_strides else (tr * 16, M * 16)
+        r_a, r_b = (tr * 16, M * 16) if self.swap_strides else (128, 128)
+        desc_a = descriptor(smem_u32(sW.iterator) + wgroup * 64 * 16, k_a, r_a)
+        desc_b = descriptor(smem_u32(sA.iterator) + half * (n // 8) * 128, k_b, r_b)
         acc = [Float32(0.0)] * (n // 2)
         cute.nvgpu.warpgroup.fence()
         for s in cutlass.range_constexpr(self.stages):

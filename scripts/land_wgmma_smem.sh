@@ -8,6 +8,7 @@
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} WB_RESULTS_DIR=$OUT
 if [ "${1:-A}" = A ]; then
+  timeout 60 python3 scripts/check_wgmma_layout.py > "$OUT/layout.log" 2>&1; tail -2 "$OUT/layout.log"
   timeout 150 python3 -m pytest -q -m gpu tests/test_depth_kernels.py -k "wgmma or chunk_major" \
       -p no:cacheprovider > "$OUT/tests-kernels.log" 2>&1; tail -1 "$OUT/tests-kernels.log"
   timeout 120 python3 -m pytest -q -m gpu tests/test_fast_loop.py -k wgmma \
