@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for the wgmma mainloop fed from shared memory (notes/fast-loop.md v10j).
-#   part A (~4 min): GPU tests of the kernel, the chunk-major producers and the loop with
+#   part A (~4 min): the descriptor convention check (scripts/check_wgmma_layout.py), GPU tests
+#     of the kernel, the chunk-major producers and the loop with
 #     mma="wgmma"; phase traces of the five-layer chain at 64 and 16 rows, mma.sync and wgmma
 #   part B (~5 min): same-run frame A/B, defaults against mma="wgmma", at 64, 16 and 128 rows;
 #     graph profiles of both at 64 rows (what each kernel kind adds to the frame)
