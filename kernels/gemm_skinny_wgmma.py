@@ -25,8 +25,8 @@ Compile-checked only: the GPU tests are written (tests/test_depth_kernels.py), n
 from __future__ import annotations
 
 from kernels.gemm_skinny import (MAX_SPLITS, PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny,
-                                 PackedWeights, _ptr_specs, check_tiling, checked_operands,
-                                 torch_cat_groups)
+                                 PackedWeights, _ptr_specs, check_chunk_major_out, check_tiling,
+                                 checked_operands, torch_cat_groups)
 from kernels.runtime import (activation_layout, cached_compile, cute_modules, current_stream,
                              diagnostics_mailbox, pointer_args)
 from kernels.sync_sm90 import wait_parity
@@ -140,12 +140,9 @@ class GemmSkinnyWgmma(GemmSkinny):
                  swap_strides: bool = False):
         splits = splits or wgmma_split_count(M, K, warps)
         self.swap_strides = swap_strides
-        if chunk_major_out and (residual or out_f32):
-            raise ValueError("chunk_major_out: for the SwiGLU / plain bf16 outputs that feed "
-                             "another wgmma projection")
-        self.chunk_major_out = chunk_major_out
         super().__init__(M, K, residual=residual, swiglu=swiglu, out_f32=out_f32, pdl=pdl,
-                         splits=splits, warps=warps, m_split=m_split, trace=trace)
+                         splits=splits, warps=warps, m_split=m_split, trace=trace,
+                         chunk_major_out=chunk_major_out)
         if (M // m_split) % 8 or M // m_split > 256:
             raise ValueError(f"wgmma: {M // m_split} a rows a warpgroup, need a multiple of 8 "
                              "up to 256")
@@ -281,8 +278,7 @@ def gemm_skinny_wgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool =
     cfg = GemmSkinnyWgmma(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                           pdl=pdl, splits=splits, warps=warps, m_split=m_split,
                           trace=trace is not None, stages=stages, chunk_major_out=chunk_major_out)
-    if chunk_major_out and not out.is_contiguous():
-        raise ValueError("chunk_major_out: out must be contiguous")
+    check_chunk_major_out(chunk_major_out, out)
     check_tiling(cfg, N, trace)
     ptrs = pointer_args(_ptr_specs(cfg.out_f32) + ((Int32, 4),),
                         (x_cm, w.data, out, resid if resid is not None else x_cm,

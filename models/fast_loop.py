@@ -58,6 +58,23 @@ def projection_shapes(cfg) -> list:
             (I, H, True), (H, I, False), (cfg.vocab, H, False)]
 
 
+PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
+
+
+def wgmma_projections(mma) -> frozenset:
+    """FastLoop's ``mma`` -> the projections on the wgmma mainloop: "sync" none, "wgmma" all,
+    else the names given (a tuple / list / set of PROJECTIONS)."""
+    if isinstance(mma, str):
+        if mma not in ("sync", "wgmma"):
+            raise ValueError(f"mma {mma!r}: 'sync', 'wgmma' or a tuple of projections")
+        return frozenset(PROJECTIONS if mma == "wgmma" else ())
+    names = frozenset(mma)
+    if not names <= set(PROJECTIONS):
+        raise ValueError(f"mma: unknown projections {sorted(names - set(PROJECTIONS))}; "
+                         f"take {PROJECTIONS}")
+    return names
+
+
 def bucket_for(rows: int) -> int:
     for b in BUCKETS:
         if rows <= b:
@@ -196,10 +213,10 @@ class FastLoop:
     of the projection that follows, which scales its rows: kernels.gemm_skinny ``rms_eps``),
     the factors from that projection's own squares of its slices ("own") or from the sums of
     squares the residual projections wrote beside x ("producer"; layer 0 of a position, whose x
-    comes from the draw, uses its own). ``mma``: "sync" (default) or "wgmma", the projections
-    above GEMV_MAX_ROWS rows by kernels/gemm_skinny_wgmma.py (4-warp tiles unless ``tiles``
-    says otherwise), whose inputs the norm, attention and gate/up kernels then write
-    chunk-major.
+    comes from the draw, uses its own). ``mma``: "sync" (default), "wgmma", or the names of
+    the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/gemm_skinny_wgmma.py
+    ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise); their producers (the
+    norm, attention, gate/up) then write those inputs chunk-major.
     """
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
@@ -220,15 +237,17 @@ class FastLoop:
         if fold_norm not in (False, "own", "producer"):
             raise ValueError(f"fold_norm {fold_norm!r}: False, 'own' or 'producer'")
         self.fold_norm = fold_norm
-        # mma: the tensor-core projections' mainloop above GEMV_MAX_ROWS rows: "sync"
-        # (kernels/gemm_skinny.py) or "wgmma" (kernels/gemm_skinny_wgmma.py: the activations
-        # they read, xn / attn / mlp, are then kept chunk-major by their producers)
-        if mma not in ("sync", "wgmma") or (mma == "wgmma" and fold_norm):
-            raise ValueError(f"mma {mma!r}: 'sync' or 'wgmma' (the latter without fold_norm)")
-        self.mma = mma
-        unknown = set(self.tiles) - {"qkv", "wo", "gate_up", "down", "heads"}
+        unknown = set(self.tiles) - set(PROJECTIONS)
         if unknown:
             raise ValueError(f"tiles: unknown projections {sorted(unknown)}")
+        # mma: the tensor-core projections' mainloop above GEMV_MAX_ROWS rows, per projection:
+        # kernels/gemm_skinny.py (mma.sync) or, for those in self.wgmma,
+        # kernels/gemm_skinny_wgmma.py (whose inputs xn / attn / mlp their producers then
+        # write chunk-major)
+        self.mma = mma
+        self.wgmma = wgmma_projections(mma)
+        if self.wgmma and fold_norm:
+            raise ValueError(f"mma {mma!r}: the wgmma projections take no fold_norm")
         if sampler is not None:
             args = sampler.fused_draw_args()
             if args is None or sampler.uses["top_p"]:
@@ -279,8 +298,7 @@ class FastLoop:
             self.mlp = torch.zeros(P, cfg.intermediate, device=dev, dtype=dt)
             # the projections' weights as the kernels take them: plain for the GEMVs, packed for
             # the tensor-core projections
-            self.kernel_w = (self._wgmma_weights() if mma == "wgmma" else
-                             fw.skinny_weights(bool(fold_norm))) if P > GEMV_MAX_ROWS else {
+            self.kernel_w = self._packed_weights() if P > GEMV_MAX_ROWS else {
                 "qkv": fw.qkv, "wo": fw.wo, "gate_up": fw.gate_up, "down": fw.down,
                 "heads": fw.heads}
             # the draw's per-row parameters over the padded rows: the sampler's are copied in at
@@ -361,26 +379,31 @@ class FastLoop:
                 folded["ss_in"] = self.x_ss
         elif gamma is not None:
             a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl,
-                             chunk_major=self.mma == "wgmma")
-        if self.mma == "wgmma":  # a is chunk-major; so is gate/up's output, down's a
+                             chunk_major=name in self.wgmma)
+        # gate/up's output is down's input: chunk-major when down runs on wgmma
+        cm_out = dict(chunk_major_out=True) if name == "gate_up" and "down" in self.wgmma \
+            else {}
+        if name in self.wgmma:  # a is chunk-major
             from kernels.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma
 
             tile = {"warps": WGMMA_WARPS, **self.tiles.get(name, {})}
-            gemm_skinny_wgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
-                              chunk_major_out=name == "gate_up", **tile)
+            gemm_skinny_wgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl, **cm_out,
+                              **tile)
             return
         gemm_skinny(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
-                    **self.tiles.get(name, {}), **folded,
+                    **self.tiles.get(name, {}), **folded, **cm_out,
                     **(dict(ss_out=self.x_ss) if producer and resid is not None else {}))
 
-    def _wgmma_weights(self) -> dict:
-        """The wgmma projections' weights, each packed for its tile (``tiles`` warps, else
-        WGMMA_WARPS)."""
+    def _packed_weights(self) -> dict:
+        """The tensor-core projections' weights as their kernels take them: packed for
+        mma.sync (the norm's gamma folded in with fold_norm) or, for the wgmma projections, for
+        their tiles (``tiles`` warps, else WGMMA_WARPS)."""
         from kernels.gemm_skinny_wgmma import WGMMA_WARPS
 
-        return {name: self.fw.wgmma_weights(name, self.tiles.get(name, {}).get("warps",
-                                                                                WGMMA_WARPS))
-                for name in ("qkv", "wo", "gate_up", "down", "heads")}
+        fw = self.fw
+        sync = fw.skinny_weights(bool(self.fold_norm)) if set(PROJECTIONS) - self.wgmma else {}
+        return {name: fw.wgmma_weights(name, self.tiles.get(name, {}).get("warps", WGMMA_WARPS))
+                if name in self.wgmma else sync[name] for name in PROJECTIONS}
 
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""
@@ -388,7 +411,7 @@ class FastLoop:
         from kernels.depth_sampler import depth_draw
 
         fw, cfg, pdl, W = self.fw, self.cfg, self.pdl, self.kernel_w
-        wgmma_inputs = self.mma == "wgmma" and self.run_rows > GEMV_MAX_ROWS  # chunk-major
+        attn_chunk_major = "wo" in self.wgmma and self.run_rows > GEMV_MAX_ROWS
         proj = self._project
         eps = cfg.rms_eps
         self.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
@@ -412,7 +435,7 @@ class FastLoop:
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
                                 q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl,
-                                chunk_major=wgmma_inputs)
+                                chunk_major=attn_chunk_major)
                 proj("wo", self.attn, W["wo"][li], self.x, resid=self.x)
                 proj("gate_up", self.x, W["gate_up"][li], self.mlp, gamma=fw.post_norm[li],
                      swiglu=True)

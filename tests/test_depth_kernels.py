@@ -217,7 +217,7 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d):
 # ---- above 8 rows: the row norm and the split-K tensor-core projection ---------------------
 @pytest.mark.compile
 @pytest.mark.parametrize("variant", [{}, dict(residual=True), dict(swiglu=True),
-                                     dict(out_f32=True)])
+                                     dict(out_f32=True), dict(swiglu=True, chunk_major_out=True)])
 @pytest.mark.parametrize("M,K,warps,m_split", [(16, 1024, 4, 1), (128, 3072, 4, 1),
                                                (64, 1024, 8, 1), (64, 2048, 4, 2)])
 def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K, warps, m_split):
@@ -841,4 +841,11 @@ def test_chunk_major_producers_write_the_row_major_values_permuted():
     a_cm = chunk_major(x)
     plain = gemm_skinny_wgmma(a_cm, wp, _poison(M, 3072), swiglu=True)
     cm_out = gemm_skinny_wgmma(a_cm, wp, _poison(M, 3072), swiglu=True, chunk_major_out=True)
+    assert torch.equal(cm_out, chunk_major(plain))
+    # the mma.sync projection's SwiGLU output likewise (gate/up feeding a wgmma down)
+    from kernels.gemm_skinny import gemm_skinny, pack_weights
+
+    ws = pack_weights(_randn(6144, K, g=g, scale=0.03), swiglu=True)
+    plain = gemm_skinny(x, ws, _poison(M, 3072), swiglu=True)
+    cm_out = gemm_skinny(x, ws, _poison(M, 3072), swiglu=True, chunk_major_out=True)
     assert torch.equal(cm_out, chunk_major(plain))

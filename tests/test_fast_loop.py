@@ -87,6 +87,19 @@ def test_fast_loop_refuses_an_unknown_fold_norm():
         FastLoop(FastWeights(w), 2, fold_norm=True)
     with pytest.raises(ValueError, match="mma"):
         FastLoop(FastWeights(w), 2, mma="hgmma")
+    with pytest.raises(ValueError, match="unknown projections"):
+        FastLoop(FastWeights(w), 2, mma=("wo", "mlp"))
+    with pytest.raises(ValueError, match="fold_norm"):
+        FastLoop(FastWeights(w), 2, mma=("down",), fold_norm="own")
+
+
+def test_wgmma_projections_by_name():
+    from models.fast_loop import PROJECTIONS, wgmma_projections
+
+    assert wgmma_projections("sync") == frozenset()
+    assert wgmma_projections("wgmma") == frozenset(PROJECTIONS)
+    assert wgmma_projections(("wo", "down")) == {"wo", "down"}
+    assert wgmma_projections([]) == frozenset()
 
 
 def test_ab_frame_variants_take_nested_literals():
@@ -113,6 +126,19 @@ def test_profile_end_increments_sum_to_the_span_and_name_kernels_by_class():
     assert kernel_kind("kernel_cutlass_kernel_kernelsrows_rmsnormRowsRmsNorm_object_at__t") \
         == "RowsRmsNorm"
     assert kernel_kind("nvjet_sm90_tst_64x8") == "nvjet_sm90_tst_64x8"
+
+
+def test_profile_labels_the_frames_kernels_by_role():
+    from scripts.profile_fast_loop import frame_roles, label_roles
+
+    roles = frame_roles(QWEN3_TTS_1P7B)
+    # 16 positions x 5 layers x 7 kernels, and a norm, head and draw at positions 1-15
+    assert len(roles) == 16 * 5 * 7 + 15 * 3 and roles.count("heads") == 15
+    assert roles[:4] == ["norm_in", "qkv", "attention", "wo"] and roles[-1] == "draw"
+    ev = [("nvjet", 0.0, 1.0), ("GemmSkinny", 3.0, 4.0), ("RowsRmsNorm", 1.0, 2.0)]
+    assert label_roles(ev, ["norm_in", "qkv"]) == [
+        ("nvjet", 0.0, 1.0), ("GemmSkinny:qkv", 3.0, 4.0), ("RowsRmsNorm:norm_in", 1.0, 2.0)]
+    assert label_roles(ev, ["norm_in"]) == ev  # counts differ: left unlabelled
 
 
 @pytest.mark.gpu
@@ -174,9 +200,11 @@ def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mma", ["wgmma", ("wo", "down")])
 @pytest.mark.parametrize("R", [16, 64])
-def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R):
+def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma):
     """``mma="wgmma"`` (projections by kernels/gemm_skinny_wgmma.py, their inputs kept
+    chunk-major) and wgmma for o / down only (attention and the mma.sync gate/up writing
     chunk-major): the bf16 loop's bar (sampled codes agree, forced codes equal, logits within
     twice its noise)."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
@@ -184,11 +212,11 @@ def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R):
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(100, 100 + R))
     ref = depth_loop(w, h, g0, sampler=Sampler(R, seeds=seeds, device="cuda"))
-    out = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), mma="wgmma")(h, g0)
+    out = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), mma=mma)(h, g0)
     assert float((out.codes == ref.codes).float().mean()) >= 0.8
     ref32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=ref.codes)
     noise = (ref.logits - ref32.logits).norm()
-    forced = FastLoop(fw, R, teacher_forced=True, mma="wgmma")(h, g0, codes=ref.codes)
+    forced = FastLoop(fw, R, teacher_forced=True, mma=mma)(h, g0, codes=ref.codes)
     assert torch.equal(forced.codes, ref.codes)
     assert (forced.logits - ref32.logits).norm() <= 2 * noise
 
