@@ -75,6 +75,25 @@ def wgmma_projections(mma) -> frozenset:
     return names
 
 
+def default_parts(rows: int) -> tuple:
+    """The kernels path's row parts: two chains, 64 rows and the rest, above 112 rows (one
+    128-row chain 4389 µs, two 64-row chains on two streams 3714: notes/fast-loop.md v10l);
+    else one chain, ``()``."""
+    return (64, rows - 64) if kernel_rows(rows) == 128 else ()
+
+
+def check_parts(parts: tuple, rows: int, path: str) -> tuple:
+    """``parts`` validated for a ``rows``-row loop on ``path``; one part means one chain, ()."""
+    if not parts:
+        return ()
+    if path != "kernels":
+        raise ValueError(f"parts {parts}: only the kernels path splits rows")
+    if sum(parts) != rows or min(parts) < 1 or any(r % 16 for r in parts[:-1]):
+        raise ValueError(f"parts {parts}: row counts adding up to {rows}, all but the last a "
+                         "multiple of 16")
+    return tuple(parts) if len(parts) > 1 else ()
+
+
 def bucket_for(rows: int) -> int:
     for b in BUCKETS:
         if rows <= b:
@@ -217,13 +236,17 @@ class FastLoop:
     the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/gemm_skinny_wgmma.py
     ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise); their producers (the
     norm, attention, gate/up) then write those inputs chunk-major.
+    ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
+    last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
+    into this loop's outputs; the streams fork and join inside the one captured frame. Default
+    ``default_parts`` (two 64-row chains at 128 rows); ``()`` for one chain.
     """
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
-                 mma: str = "sync"):
+                 mma: str = "sync", parts: tuple | None = None):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -269,7 +292,11 @@ class FastLoop:
             raise ValueError("the kernels path runs on a CUDA device with 1-128 rows")
         # rows the kernels run on: the GEMVs up to GEMV_MAX_ROWS, else a multiple of 16 for the
         # tensor-core projections; padding rows hold zeros and their results are dropped
-        self.run_rows = kernel_rows(rows) if self.path == "kernels" else rows
+        if parts is None:
+            parts = default_parts(rows) if self.path == "kernels" else ()
+        self.parts = check_parts(tuple(parts), rows, self.path)
+        self.run_rows = (sum(kernel_rows(r) for r in self.parts) if self.parts else
+                         kernel_rows(rows) if self.path == "kernels" else rows)
         P = self.run_rows
         dt = fw.final_norm.dtype
         L, H, D = cfg.layers, cfg.kv_heads, cfg.head_dim
@@ -286,7 +313,20 @@ class FastLoop:
         self.lists = (fw.qkv, fw.wo, fw.gate_up, fw.down, fw.in_norm, fw.post_norm, fw.q_norm,
                       fw.k_norm)
         self.cfg_tuple = (cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.intermediate)
-        if self.path == "kernels":
+        self.part_loops = []
+        if self.parts:  # the parts' loops: eager, on views of this loop's outputs
+            part_kw = dict(compile=compile, graph=False, teacher_forced=teacher_forced,
+                           small_m=small_m, path="kernels", pdl=pdl, tiles=tiles,
+                           fold_norm=fold_norm, mma=mma, parts=())
+            start = 0
+            for r in self.parts:
+                view = sampler.rows_view(start, start + r) if sampler is not None else None
+                part = FastLoop(fw, r, view, **part_kw)
+                part._write_into(self, start)
+                self.part_loops.append(part)
+                start += part.run_rows
+            self.part_streams = [torch.cuda.Stream() for _ in self.parts]
+        elif self.path == "kernels":
             self.x = torch.zeros(P, cfg.hidden, device=dev, dtype=dt)
             if P > GEMV_MAX_ROWS:  # tensor-core projections take a normalised copy
                 self.xn = torch.zeros_like(self.x)
@@ -321,9 +361,25 @@ class FastLoop:
         if cuda if graph is None else graph:
             self._capture()
 
+    def _write_into(self, whole: "FastLoop", start: int):
+        """Take rows [start, start + run_rows) of ``whole``'s inputs and outputs as this loop's
+        buffers (a part of a loop built with ``parts``)."""
+        rows = slice(start, start + self.run_rows)
+        for name in ("h", "g0", "codes_in", "codes", "logits", "used", "talker_sum"):
+            setattr(self, name, getattr(whole, name)[rows])
+        self.k_cache, self.v_cache = whole.k_cache[:, rows], whole.v_cache[:, rows]
+
     # ---- one frame, eagerly (also what the graph captures) -------------------------------------
     def _run_frame(self):
-        if self.path == "kernels":
+        if self.part_loops:  # each part on its own stream, forked from and joined to this one
+            here = torch.cuda.current_stream()
+            for stream, part in zip(self.part_streams, self.part_loops):
+                stream.wait_stream(here)
+                with torch.cuda.stream(stream):
+                    part._run_frame()
+            for stream in self.part_streams:
+                here.wait_stream(stream)
+        elif self.path == "kernels":
             self._frame_kernels()
         else:
             self._frame()
