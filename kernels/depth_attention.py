@@ -20,8 +20,8 @@ projection, then lets the output projection start streaming its weights).
 from __future__ import annotations
 
 from kernels.nvfp4_device import rms_factor, rmsnorm_value, round_bf16
-from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                             pointer_args, require_hopper)
+from kernels.runtime import (activation_layout, cached_compile, check_cuda_tensor, cute_modules,
+                             current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32  # noqa: E402
@@ -33,7 +33,7 @@ class DepthAttention:
     """Static config: rows M, head counts, head_dim (128), eps."""
 
     def __init__(self, M: int, q_heads: int, kv_heads: int, head_dim: int = 128,
-                 eps: float = 1e-6, pdl: bool = True):
+                 eps: float = 1e-6, pdl: bool = True, chunk_major: bool = False):
         if q_heads % kv_heads or head_dim % 64 or head_dim > 1024 \
                 or (q_heads // kv_heads) * SLOTS != 32:
             raise ValueError(f"unsupported heads {q_heads}/{kv_heads} x {head_dim}: the step "
@@ -41,6 +41,7 @@ class DepthAttention:
         self.M, self.qh, self.kvh, self.D = M, q_heads, kv_heads, head_dim
         self.rep = q_heads // kv_heads
         self.eps, self.pdl = eps, pdl
+        self.chunk_major = chunk_major  # out as [q·D / 8][M][8] (runtime.activation_layout)
         self.warps = head_dim // 32
 
     @cute.jit
@@ -58,8 +59,8 @@ class DepthAttention:
                                  stride=(self.kvh * SLOTS * D, SLOTS * D, D, 1))
         mKc = cute.make_tensor(kc_ptr, cache)
         mVc = cute.make_tensor(vc_ptr, cache)
-        mOut = cute.make_tensor(out_ptr, cute.make_layout((M, self.qh * D),
-                                                          stride=(self.qh * D, 1)))
+        mOut = cute.make_tensor(out_ptr, activation_layout(M, self.qh * D, self.qh * D,
+                                                           self.chunk_major))
         self.kernel(mQKV, mQn, mKn, mCos, mSin, mKc, mVc, mOut, pos).launch(
             grid=[self.kvh, M, 1], block=[D, 1, 1], stream=stream, use_pdl=self.pdl)
 
@@ -172,9 +173,11 @@ def compile_args(M: int = 1):
 
 
 def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, out, *,
-                    q_heads: int, kv_heads: int, eps: float = 1e-6, pdl: bool = True):
+                    q_heads: int, kv_heads: int, eps: float = 1e-6, pdl: bool = True,
+                    chunk_major: bool = False):
     """One position of attention for every row: qkv [M, (q+2kv)·D] bf16 -> out [M, q·D] bf16,
-    appending k/v at ``pos`` to the caches [M, kv, 16, D]."""
+    appending k/v at ``pos`` to the caches [M, kv, 16, D]. ``chunk_major``: out's storage laid
+    out [q·D / 8][M][8] (kernels.runtime.activation_layout), as the wgmma projection reads it."""
     import torch
 
     require_hopper()
@@ -192,8 +195,9 @@ def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, o
         raise ValueError(f"pos = {pos} outside the {SLOTS} cache slots")
     tensors = (qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, out)
     ptrs = pointer_args(PTRS, tensors)
-    key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl)
+    key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl, chunk_major)
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthAttention(M, q_heads, kv_heads, D, eps, pdl), *ptrs, Int32(pos), current_stream()))
+        DepthAttention(M, q_heads, kv_heads, D, eps, pdl, chunk_major), *ptrs, Int32(pos),
+        current_stream()))
     compiled(*ptrs, Int32(pos), current_stream())
     return out

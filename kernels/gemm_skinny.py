@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from kernels.gemv_small_m import check_projection_out, epilogue_store, projection_dims
 from kernels.nvfp4_device import add_squares, rms_factor
-from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
+from kernels.runtime import (activation_layout, cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
@@ -134,10 +134,11 @@ def split_count(M: int, K: int, warps: int = WARPS) -> int:
 class PackedWeights:
     """A projection's weights [N, K] (SwiGLU: [2N, K], gate rows then up rows) re-laid for the
     skinny GEMM (:func:`pack_weights`): the same bytes, permuted. ``data`` keeps the [rows, K]
-    shape for the operand checks; only this kernel can read it."""
+    shape for the operand checks; only the kernel whose ``layout`` it names can read it ("mma":
+    this module's; "wgmma4" / "wgmma8": kernels/gemm_skinny_wgmma.py's, for 4- or 8-warp tiles)."""
 
-    def __init__(self, data, swiglu: bool):
-        self.data, self.swiglu = data, swiglu
+    def __init__(self, data, swiglu: bool, layout: str = "mma"):
+        self.data, self.swiglu, self.layout = data, swiglu, layout
 
 
 def pack_weights(w, swiglu: bool = False) -> PackedWeights:
@@ -207,7 +208,7 @@ class GemmSkinny:
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
                  warps: int = WARPS, m_split: int = 1, trace: bool = False,
                  rms_eps: float | None = None, ss_in: bool = False, ss_out: bool = False,
-                 a_stages: int = 1):
+                 a_stages: int = 1, chunk_major_out: bool = False):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
         if warps not in (WARPS, WIDE_WARPS):
@@ -225,6 +226,12 @@ class GemmSkinny:
                              "each a multiple of 128")
         if sum((residual, swiglu, out_f32)) > 1:
             raise ValueError("residual, swiglu and out_f32 are alternative epilogues")
+        # chunk_major_out: y laid out [N / 8][M][8] (runtime.activation_layout), the input a
+        # wgmma projection (kernels/gemm_skinny_wgmma.py) bulk-copies
+        if chunk_major_out and (residual or out_f32):
+            raise ValueError("chunk_major_out: for the SwiGLU / plain bf16 outputs that feed "
+                             "a wgmma projection")
+        self.chunk_major_out = chunk_major_out
         self.M, self.K = M, K
         self.residual, self.swiglu, self.out_f32, self.pdl = residual, swiglu, out_f32, pdl
         self.trace = trace  # thread 0 of each CTA stamps %globaltimer at TRACE_POINTS
@@ -300,7 +307,7 @@ class GemmSkinny:
         M, kc = self.M, self.K // 8  # 16-byte chunks per row
         mA = cute.make_tensor(a_ptr, cute.make_layout((4, M * kc), stride=(1, 4)))
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * kc), stride=(1, 4)))
-        mY = cute.make_tensor(y_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
+        mY = cute.make_tensor(y_ptr, activation_layout(M, N, ldy, self.chunk_major_out))
         mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
         tiles = N // self.tile_out
         points = len(TRACE_POINTS)  # row-major [CTA, point], as the torch tensor
@@ -578,20 +585,34 @@ def _check_sums(name: str, t, shape: tuple):
             raise ValueError(f"{name} {tuple(t.shape)}: need {shape} (fp32 [columns / 32, rows])")
 
 
-def checked_operands(x, w: PackedWeights, out, resid, swiglu: bool, warps, m_split) -> tuple:
-    """The checks every skinny projection makes before a launch (Hopper, packed weights of the
-    right kind, shapes, dtypes, the output and residual) and the defaulted tile: returns
-    (M, K, N, out_f32, warps, m_split)."""
+def checked_operands(x, w: PackedWeights, out, resid, swiglu: bool, warps, m_split,
+                     layout: str = "mma") -> tuple:
+    """The checks every skinny projection makes before a launch (Hopper, weights packed for
+    this kernel, shapes, dtypes, the output and residual) and the defaulted tile: returns
+    (M, K, N, out_f32, warps, m_split). ``layout``: the kernel's packing ("wgmma": 4- or 8-warp
+    tiles, ``warps`` defaulting to the packing's)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
         raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
+    if not w.layout.startswith(layout):
+        raise ValueError(f"w was packed for the {w.layout!r} kernel, not this one ({layout!r})")
     if w.swiglu != swiglu:
         raise ValueError(f"w was packed with swiglu={w.swiglu}, called with swiglu={swiglu}")
     M, K, N = projection_dims(x, w.data, swiglu)
     out_f32 = check_projection_out(out, resid, M, N, swiglu)
+    if layout == "wgmma":
+        packed = int(w.layout[len(layout):])
+        if warps not in (None, packed):
+            raise ValueError(f"w was packed for {packed}-warp tiles, called with {warps}")
+        warps = packed
     warps = warps or tile_warps(w.data.shape[0], K, M)
     m_split = m_split or warps_per_group(w.data.shape[0], K, M)
     return M, K, N, out_f32, warps, m_split
+
+
+def check_chunk_major_out(chunk_major_out: bool, out):
+    if chunk_major_out and not out.is_contiguous():
+        raise ValueError("chunk_major_out: out must be contiguous")
 
 
 def check_tiling(cfg: GemmSkinny, N: int, trace=None):
@@ -609,7 +630,8 @@ def check_tiling(cfg: GemmSkinny, N: int, trace=None):
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                 pdl: bool = False, splits: int | None = None, warps: int | None = None,
                 m_split: int | None = None, trace=None, rms_eps: float | None = None,
-                ss_in=None, ss_out=None, a_stages: int | None = None):
+                ss_in=None, ss_out=None, a_stages: int | None = None,
+                chunk_major_out: bool = False):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
     widened bf16 results; rows may be strided). ``resid`` [M, N] bf16 laid out as out (may be
@@ -625,7 +647,8 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     [K / 32, M]) from the sums of squares a residual projection wrote with ``ss_out`` (fp32
     [N / 32, M]: each 32 stored columns of each row of ``out``). ``a_stages`` (1, 2, 4): copy
     the a slice in that many K-ranges, each range's mma starting once it has landed (default
-    ``stage_count``)."""
+    ``stage_count``). ``chunk_major_out``: ``out`` (contiguous) chunk-major, [N / 8][M][8]
+    (SwiGLU or plain bf16 only): the input of a wgmma projection (kernels.gemm_skinny_wgmma)."""
     M, K, N, out_f32, warps, m_split = checked_operands(x, w, out, resid, swiglu, warps,
                                                         m_split)
     if not a_stages:
@@ -635,7 +658,9 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits, warps=warps, m_split=m_split,
                      trace=trace is not None, rms_eps=rms_eps, ss_in=ss_in is not None,
-                     ss_out=ss_out is not None, a_stages=a_stages)
+                     ss_out=ss_out is not None, a_stages=a_stages,
+                     chunk_major_out=chunk_major_out)
+    check_chunk_major_out(chunk_major_out, out)
     _check_sums("ss_in", ss_in, (K // SS_CHUNK, M))
     _check_sums("ss_out", ss_out, (N // SS_CHUNK, M))
     check_tiling(cfg, N, trace)
@@ -643,7 +668,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                         (x, w.data, out, resid if resid is not None else x,
                          *(t if t is not None else x for t in (trace, ss_in, ss_out))))
     key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, warps,
-           m_split, cfg.trace, rms_eps, cfg.ss_in, cfg.ss_out, a_stages)
+           m_split, cfg.trace, rms_eps, cfg.ss_in, cfg.ss_out, a_stages, chunk_major_out)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

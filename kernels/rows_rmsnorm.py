@@ -16,11 +16,13 @@ THREADS = 128
 
 
 class RowsRmsNorm:
-    def __init__(self, M: int, K: int, eps: float = 1e-6, pdl: bool = False):
+    def __init__(self, M: int, K: int, eps: float = 1e-6, pdl: bool = False,
+                 chunk_major: bool = False):
         if K % (8 * THREADS):
             raise ValueError(f"K = {K} must be a multiple of {8 * THREADS}")
         self.M, self.K, self.eps, self.pdl = M, K, eps, pdl
         self.chunks = K // (8 * THREADS)
+        self.chunk_major = chunk_major  # y as [K / 8][M][8] (runtime.activation_layout)
 
     @cute.jit
     def __call__(self, x_ptr: cute.Pointer, gamma_ptr: cute.Pointer, y_ptr: cute.Pointer,
@@ -65,7 +67,9 @@ class RowsRmsNorm:
             out = cute.make_rmem_tensor((4,), Uint32)
             for e in cutlass.range_constexpr(4):
                 out[e] = rmsnorm_pair(xs[i][e], g[i][e], r)
-            cute.autovec_copy(out, mY[(None, m * kc + tidx + THREADS * i)])
+            c = tidx + THREADS * i
+            dst = c * self.M + m if cutlass.const_expr(self.chunk_major) else m * kc + c
+            cute.autovec_copy(out, mY[(None, dst)])
 
 
 PTRS = ((Uint32, 16),) * 3  # x, gamma, y
@@ -77,8 +81,10 @@ def compile_args():
     return (*pointer_args(PTRS), make_fake_stream())
 
 
-def rows_rmsnorm(x, gamma, out, *, eps: float = 1e-6, pdl: bool = False):
-    """x [M, K] bf16 -> out [M, K] bf16, RMS-normalised with weight gamma [K]."""
+def rows_rmsnorm(x, gamma, out, *, eps: float = 1e-6, pdl: bool = False,
+                 chunk_major: bool = False):
+    """x [M, K] bf16 -> out [M, K] bf16, RMS-normalised with weight gamma [K]. ``chunk_major``:
+    out's storage laid out [K / 8][M][8] (kernels.runtime.activation_layout)."""
     import torch
 
     require_hopper()
@@ -89,7 +95,7 @@ def rows_rmsnorm(x, gamma, out, *, eps: float = 1e-6, pdl: bool = False):
         raise ValueError(f"x {tuple(x.shape)}, gamma {tuple(gamma.shape)}, out "
                          f"{tuple(out.shape)}: need [M, K], [K], [M, K]")
     ptrs = pointer_args(PTRS, (x, gamma, out))
-    compiled = cached_compile(("rows_rmsnorm", M, K, eps, pdl), lambda: cute.compile(
-        RowsRmsNorm(M, K, eps, pdl), *ptrs, current_stream()))
+    compiled = cached_compile(("rows_rmsnorm", M, K, eps, pdl, chunk_major), lambda: cute.compile(
+        RowsRmsNorm(M, K, eps, pdl, chunk_major), *ptrs, current_stream()))
     compiled(*ptrs, current_stream())
     return out

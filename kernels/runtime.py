@@ -77,6 +77,17 @@ def check_cuda_tensor(name: str, t, *, dtypes=None, contiguous=True, align=16):
                          f"(offset {t.data_ptr() % align}); pass a fresh or .clone()d tensor")
 
 
+def activation_layout(M: int, N: int, ld, chunk_major: bool = False):
+    """The layout of an [M, N] activation for (row, column) coordinates: row-major with row
+    stride ``ld``, or chunk-major, [N / 8][M][8] (16-byte chunks of a column range holding every
+    row in turn: what kernels/gemm_skinny_wgmma.py bulk-copies into wgmma's canonical image)."""
+    import cutlass.cute as cute
+
+    if chunk_major:
+        return cute.make_layout((M, (8, N // 8)), stride=(8, (1, 8 * M)))
+    return cute.make_layout((M, N), stride=(ld, 1))
+
+
 @functools.lru_cache(maxsize=None)
 def sm_count() -> int:
     import torch

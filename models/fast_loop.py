@@ -58,6 +58,42 @@ def projection_shapes(cfg) -> list:
             (I, H, True), (H, I, False), (cfg.vocab, H, False)]
 
 
+PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
+
+
+def wgmma_projections(mma) -> frozenset:
+    """FastLoop's ``mma`` -> the projections on the wgmma mainloop: "sync" none, "wgmma" all,
+    else the names given (a tuple / list / set of PROJECTIONS)."""
+    if isinstance(mma, str):
+        if mma not in ("sync", "wgmma"):
+            raise ValueError(f"mma {mma!r}: 'sync', 'wgmma' or a tuple of projections")
+        return frozenset(PROJECTIONS if mma == "wgmma" else ())
+    names = frozenset(mma)
+    if not names <= set(PROJECTIONS):
+        raise ValueError(f"mma: unknown projections {sorted(names - set(PROJECTIONS))}; "
+                         f"take {PROJECTIONS}")
+    return names
+
+
+def default_parts(rows: int) -> tuple:
+    """The kernels path's row parts: two chains, 64 rows and the rest, above 112 rows (one
+    128-row chain 4389 µs, two 64-row chains on two streams 3714: notes/fast-loop.md v10l);
+    else one chain, ``()``."""
+    return (64, rows - 64) if kernel_rows(rows) == 128 else ()
+
+
+def check_parts(parts: tuple, rows: int, path: str) -> tuple:
+    """``parts`` validated for a ``rows``-row loop on ``path``; one part means one chain, ()."""
+    if not parts:
+        return ()
+    if path != "kernels":
+        raise ValueError(f"parts {parts}: only the kernels path splits rows")
+    if sum(parts) != rows or min(parts) < 1 or any(r % 16 for r in parts[:-1]):
+        raise ValueError(f"parts {parts}: row counts adding up to {rows}, all but the last a "
+                         "multiple of 16")
+    return tuple(parts) if len(parts) > 1 else ()
+
+
 def bucket_for(rows: int) -> int:
     for b in BUCKETS:
         if rows <= b:
@@ -115,6 +151,19 @@ class FastWeights:
                           for name in weights}
                 self._skinny[True] = {**plain, **folded}
         return self._skinny[fold_norm]
+
+    def wgmma_weights(self, name: str, warps: int) -> list:
+        """Projection ``name`` ("qkv", "wo", "gate_up", "down": per layer; "heads") packed for
+        kernels/gemm_skinny_wgmma.py with tiles of ``warps`` (built once per pair)."""
+        key = ("wgmma", name, warps)
+        if key not in self._skinny:
+            from kernels.gemm_skinny_wgmma import pack_weights_wgmma
+
+            weights = {"qkv": self.qkv, "wo": self.wo, "gate_up": self.gate_up,
+                       "down": self.down, "heads": self.heads}[name]
+            self._skinny[key] = [pack_weights_wgmma(t, name == "gate_up", warps)
+                                 for t in weights]
+        return self._skinny[key]
 
 
 def _mm(a, w, small_m: bool):
@@ -183,13 +232,21 @@ class FastLoop:
     of the projection that follows, which scales its rows: kernels.gemm_skinny ``rms_eps``),
     the factors from that projection's own squares of its slices ("own") or from the sums of
     squares the residual projections wrote beside x ("producer"; layer 0 of a position, whose x
-    comes from the draw, uses its own).
+    comes from the draw, uses its own). ``mma``: "sync" (default), "wgmma", or the names of
+    the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/gemm_skinny_wgmma.py
+    ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise); their producers (the
+    norm, attention, gate/up) then write those inputs chunk-major.
+    ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
+    last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
+    into this loop's outputs; the streams fork and join inside the one captured frame. Default
+    ``default_parts`` (two 64-row chains at 128 rows); ``()`` for one chain.
     """
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
-                 pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False):
+                 pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
+                 mma: str = "sync", parts: tuple | None = None):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -203,9 +260,17 @@ class FastLoop:
         if fold_norm not in (False, "own", "producer"):
             raise ValueError(f"fold_norm {fold_norm!r}: False, 'own' or 'producer'")
         self.fold_norm = fold_norm
-        unknown = set(self.tiles) - {"qkv", "wo", "gate_up", "down", "heads"}
+        unknown = set(self.tiles) - set(PROJECTIONS)
         if unknown:
             raise ValueError(f"tiles: unknown projections {sorted(unknown)}")
+        # mma: the tensor-core projections' mainloop above GEMV_MAX_ROWS rows, per projection:
+        # kernels/gemm_skinny.py (mma.sync) or, for those in self.wgmma,
+        # kernels/gemm_skinny_wgmma.py (whose inputs xn / attn / mlp their producers then
+        # write chunk-major)
+        self.mma = mma
+        self.wgmma = wgmma_projections(mma)
+        if self.wgmma and fold_norm:
+            raise ValueError(f"mma {mma!r}: the wgmma projections take no fold_norm")
         if sampler is not None:
             args = sampler.fused_draw_args()
             if args is None or sampler.uses["top_p"]:
@@ -227,7 +292,11 @@ class FastLoop:
             raise ValueError("the kernels path runs on a CUDA device with 1-128 rows")
         # rows the kernels run on: the GEMVs up to GEMV_MAX_ROWS, else a multiple of 16 for the
         # tensor-core projections; padding rows hold zeros and their results are dropped
-        self.run_rows = kernel_rows(rows) if self.path == "kernels" else rows
+        if parts is None:
+            parts = default_parts(rows) if self.path == "kernels" else ()
+        self.parts = check_parts(tuple(parts), rows, self.path)
+        self.run_rows = (sum(kernel_rows(r) for r in self.parts) if self.parts else
+                         kernel_rows(rows) if self.path == "kernels" else rows)
         P = self.run_rows
         dt = fw.final_norm.dtype
         L, H, D = cfg.layers, cfg.kv_heads, cfg.head_dim
@@ -244,7 +313,20 @@ class FastLoop:
         self.lists = (fw.qkv, fw.wo, fw.gate_up, fw.down, fw.in_norm, fw.post_norm, fw.q_norm,
                       fw.k_norm)
         self.cfg_tuple = (cfg.q_heads, cfg.kv_heads, cfg.head_dim, cfg.rms_eps, cfg.intermediate)
-        if self.path == "kernels":
+        self.part_loops = []
+        if self.parts:  # the parts' loops: eager, on views of this loop's outputs
+            part_kw = dict(compile=compile, graph=False, teacher_forced=teacher_forced,
+                           small_m=small_m, path="kernels", pdl=pdl, tiles=tiles,
+                           fold_norm=fold_norm, mma=mma, parts=())
+            start = 0
+            for r in self.parts:
+                view = sampler.rows_view(start, start + r) if sampler is not None else None
+                part = FastLoop(fw, r, view, **part_kw)
+                part._write_into(self, start)
+                self.part_loops.append(part)
+                start += part.run_rows
+            self.part_streams = [torch.cuda.Stream() for _ in self.parts]
+        elif self.path == "kernels":
             self.x = torch.zeros(P, cfg.hidden, device=dev, dtype=dt)
             if P > GEMV_MAX_ROWS:  # tensor-core projections take a normalised copy
                 self.xn = torch.zeros_like(self.x)
@@ -256,7 +338,7 @@ class FastLoop:
             self.mlp = torch.zeros(P, cfg.intermediate, device=dev, dtype=dt)
             # the projections' weights as the kernels take them: plain for the GEMVs, packed for
             # the tensor-core projections
-            self.kernel_w = fw.skinny_weights(bool(fold_norm)) if P > GEMV_MAX_ROWS else {
+            self.kernel_w = self._packed_weights() if P > GEMV_MAX_ROWS else {
                 "qkv": fw.qkv, "wo": fw.wo, "gate_up": fw.gate_up, "down": fw.down,
                 "heads": fw.heads}
             # the draw's per-row parameters over the padded rows: the sampler's are copied in at
@@ -279,9 +361,25 @@ class FastLoop:
         if cuda if graph is None else graph:
             self._capture()
 
+    def _write_into(self, whole: "FastLoop", start: int):
+        """Take rows [start, start + run_rows) of ``whole``'s inputs and outputs as this loop's
+        buffers (a part of a loop built with ``parts``)."""
+        rows = slice(start, start + self.run_rows)
+        for name in ("h", "g0", "codes_in", "codes", "logits", "used", "talker_sum"):
+            setattr(self, name, getattr(whole, name)[rows])
+        self.k_cache, self.v_cache = whole.k_cache[:, rows], whole.v_cache[:, rows]
+
     # ---- one frame, eagerly (also what the graph captures) -------------------------------------
     def _run_frame(self):
-        if self.path == "kernels":
+        if self.part_loops:  # each part on its own stream, forked from and joined to this one
+            here = torch.cuda.current_stream()
+            for stream, part in zip(self.part_streams, self.part_loops):
+                stream.wait_stream(here)
+                with torch.cuda.stream(stream):
+                    part._run_frame()
+            for stream in self.part_streams:
+                here.wait_stream(stream)
+        elif self.path == "kernels":
             self._frame_kernels()
         else:
             self._frame()
@@ -336,10 +434,32 @@ class FastLoop:
             if producer and sums_ready:
                 folded["ss_in"] = self.x_ss
         elif gamma is not None:
-            a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl)
+            a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl,
+                             chunk_major=name in self.wgmma)
+        # gate/up's output is down's input: chunk-major when down runs on wgmma
+        cm_out = dict(chunk_major_out=True) if name == "gate_up" and "down" in self.wgmma \
+            else {}
+        if name in self.wgmma:  # a is chunk-major
+            from kernels.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma
+
+            tile = {"warps": WGMMA_WARPS, **self.tiles.get(name, {})}
+            gemm_skinny_wgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl, **cm_out,
+                              **tile)
+            return
         gemm_skinny(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
-                    **self.tiles.get(name, {}), **folded,
+                    **self.tiles.get(name, {}), **folded, **cm_out,
                     **(dict(ss_out=self.x_ss) if producer and resid is not None else {}))
+
+    def _packed_weights(self) -> dict:
+        """The tensor-core projections' weights as their kernels take them: packed for
+        mma.sync (the norm's gamma folded in with fold_norm) or, for the wgmma projections, for
+        their tiles (``tiles`` warps, else WGMMA_WARPS)."""
+        from kernels.gemm_skinny_wgmma import WGMMA_WARPS
+
+        fw = self.fw
+        sync = fw.skinny_weights(bool(self.fold_norm)) if set(PROJECTIONS) - self.wgmma else {}
+        return {name: fw.wgmma_weights(name, self.tiles.get(name, {}).get("warps", WGMMA_WARPS))
+                if name in self.wgmma else sync[name] for name in PROJECTIONS}
 
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""
@@ -347,6 +467,7 @@ class FastLoop:
         from kernels.depth_sampler import depth_draw
 
         fw, cfg, pdl, W = self.fw, self.cfg, self.pdl, self.kernel_w
+        attn_chunk_major = "wo" in self.wgmma and self.run_rows > GEMV_MAX_ROWS
         proj = self._project
         eps = cfg.rms_eps
         self.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
@@ -369,7 +490,8 @@ class FastLoop:
                      sums_ready=li > 0)
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
-                                q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl)
+                                q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl,
+                                chunk_major=attn_chunk_major)
                 proj("wo", self.attn, W["wo"][li], self.x, resid=self.x)
                 proj("gate_up", self.x, W["gate_up"][li], self.mlp, gamma=fw.post_norm[li],
                      swiglu=True)

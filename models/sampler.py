@@ -65,6 +65,19 @@ class Sampler:
         self.uses = {"top_p": any(x.top_p < 1 for x in s), "min_p": any(x.min_p > 0 for x in s),
                      "penalty": any(x.repetition_penalty != 1 for x in s)}
 
+    def rows_view(self, start: int, stop: int) -> "Sampler":
+        """A sampler over rows [start, stop) sharing this one's per-row tensors (views): its
+        draws and ``advance_offsets`` act on those rows of this sampler."""
+        if not 0 <= start < stop <= self.offset.shape[0]:
+            raise ValueError(f"rows [{start}, {stop}) outside 0..{self.offset.shape[0]}")
+        view = object.__new__(Sampler)
+        view.__dict__.update(self.__dict__)
+        for name in ("temperature", "top_k", "top_p", "min_p", "penalty", "seed", "offset",
+                     "logprob_buf"):
+            t = getattr(self, name)
+            setattr(view, name, None if t is None else t[start:stop])
+        return view
+
     # --- the plain per-call path --------------------------------------------------------------
     def sample(self, logits: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
         """One draw per row from [R, V] logits; advances every row's offset by one."""

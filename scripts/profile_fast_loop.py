@@ -1,7 +1,7 @@
 """Kernel breakdown of one fast-loop frame on the GPU: ``--rows 1 8 64 [--graph] [--variant ...]``.
 
 Without ``--graph`` an eager frame (kernel time by name). With it, a replay of the captured
-frame, as the benchmark runs it: under programmatic dependent launch the kernels overlap, so
+frame, as the benchmark runs it (its CuTe DSL kernels named by their role in the layer): under programmatic dependent launch the kernels overlap, so
 besides each kernel's own time it reports how far each one moved the frame's end (its end
 minus the latest end before it, summed by kernel kind: what the frame would lose without it),
 the measure that sums to the frame's span.
@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from models.codepredictor import random_weights
-from models.fast_loop import FastLoop, FastWeights
+from models.fast_loop import GEMV_MAX_ROWS, FastLoop, FastWeights
 from models.sampler import Sampler
 from workbench.results import provenance, provenance_line
 
@@ -25,6 +25,30 @@ def kernel_kind(name: str) -> str:
     carry the static config), the rest by their first 60 characters."""
     m = re.search(r"kernel_cutlass_kernel_kernels[a-z0-9_]*?([A-Z][A-Za-z0-9]*)_object_at", name)
     return m.group(1) if m else name[:60]
+
+
+def frame_roles(cfg) -> list:
+    """The frame's CuTe DSL kernels in launch order (FastLoop._frame_kernels above
+    GEMV_MAX_ROWS rows, without fold_norm), each by its role: a layer's norm / qkv / attention /
+    wo / norm / gate_up / down, and from position 1 on the final norm, the head and the draw."""
+    layer = ["norm_in", "qkv", "attention", "wo", "norm_post", "gate_up", "down"]
+    roles = []
+    for p in range(cfg.positions):
+        roles += layer * cfg.layers + (["norm_final", "heads", "draw"] if p else [])
+    return roles
+
+
+def label_roles(spans, roles) -> list:
+    """(kind, start, end) events -> the same with the CuTe DSL kernels' kinds suffixed by their
+    role (``frame_roles``) in start order; unchanged when their count is not the roles'."""
+    ours = [i for i, s in sorted(enumerate(spans), key=lambda e: e[1][1])
+            if s[0].startswith(("GemmSkinny", "RowsRmsNorm", "DepthAttention", "DepthSampler"))]
+    if len(ours) != len(roles):
+        return spans
+    out = list(spans)
+    for i, role in zip(ours, roles):
+        out[i] = (f"{spans[i][0]}:{role}", *spans[i][1:])
+    return out
 
 
 def end_increments(events) -> dict:
@@ -66,7 +90,10 @@ def main():
             fl(h, g0)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fl(h, g0)
+            if args.graph:  # the frame alone (no input copies, no host gap before the replay)
+                fl.graph.replay()
+            else:
+                fl(h, g0)
             torch.cuda.synchronize()
         ev = [e for e in prof.events() if e.device_type.name == "CUDA"]
         tot = sum(e.device_time for e in ev)
@@ -81,6 +108,8 @@ def main():
                 print(f"  {t:8.0f} us  {n:4d}x  {k}")
             continue
         spans = [(kernel_kind(e.name), e.time_range.start, e.time_range.end) for e in ev]
+        if fl.run_rows > GEMV_MAX_ROWS and not fl.fold_norm:
+            spans = label_roles(spans, frame_roles(fw.config))
         rows = end_increments(spans)
         span = max(s[2] for s in spans) - min(s[1] for s in spans)
         print(f"  span {span:.0f} us; by how much each kind moved the frame's end:")

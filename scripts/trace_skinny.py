@@ -17,6 +17,8 @@ import torch
 
 from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, fold_gamma, gemm_skinny, \
     pack_weights, tile_warps, trace_shape, warps_per_group
+from kernels.gemm_skinny_wgmma import (WGMMA_WARPS, GemmSkinnyWgmma, gemm_skinny_wgmma,
+                                       pack_weights_wgmma)
 from kernels.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
@@ -63,10 +65,12 @@ def summarize(launches, stamps) -> list:
     return out
 
 
-def _build(M: int, tiles: dict, fold_norm: str | None = None):
+def _build(M: int, tiles: dict, fold_norm: str | None = None, wgmma: bool = False):
     """The chain's buffers, packed weights and traced launches (name, callable, trace).
     ``fold_norm``: as FastLoop's ("own" or "producer"; the chain's first QKV has no producer,
-    so it takes its own squares)."""
+    so it takes its own squares). ``wgmma``: the projections by kernels/gemm_skinny_wgmma.py
+    (timing only: the chain's producers write row-major, which that kernel reads as
+    chunk-major, so the values mean nothing)."""
     dev, bf = "cuda", torch.bfloat16
     shapes = dict(zip(NAMES, projection_shapes(CFG)))
     x = torch.randn(M, CFG.hidden, device=dev).to(bf)
@@ -86,8 +90,15 @@ def _build(M: int, tiles: dict, fold_norm: str | None = None):
                                    "gate_up": (x, mlp, None, True),
                                    "down": (mlp, x, x, False)}[name]
             w = (0.03 * torch.randn(rows, k, device=dev)).to(bf)
-            w = pack_weights(fold_gamma(w, gamma) if norm and fold_norm else w, swiglu)
             kw = dict(tiles.get(name, {}))
+            if wgmma:
+                kw["warps"] = kw.get("warps") or WGMMA_WARPS  # as FastLoop(mma="wgmma")
+                w = pack_weights_wgmma(w, swiglu, kw["warps"])
+                cfg = GemmSkinnyWgmma(M, k, swiglu=swiglu, pdl=True, **kw)
+                tr = torch.full(trace_shape(cfg, n), -1, dtype=torch.int64, device=dev)
+                launches.append((name, norm, a, w, out, resid, swiglu, kw, tr))
+                continue
+            w = pack_weights(fold_gamma(w, gamma) if norm and fold_norm else w, swiglu)
             if norm and fold_norm:  # no norm kernel: the projection scales its rows
                 kw["rms_eps"], norm = 1e-6, False
                 if producer and launches:
@@ -100,10 +111,12 @@ def _build(M: int, tiles: dict, fold_norm: str | None = None):
             tr = torch.full(trace_shape(cfg, n), -1, dtype=torch.int64, device=dev)
             launches.append((name, norm, a, w, out, resid, swiglu, kw, tr))
 
+    project = gemm_skinny_wgmma if wgmma else gemm_skinny
+
     def run():
         for name, norm, a, w, out, resid, swiglu, kw, tr in launches:
             src = rows_rmsnorm(a, gamma, xn, pdl=True) if norm else a
-            gemm_skinny(src, w, out, resid=resid, swiglu=swiglu, pdl=True, trace=tr, **kw)
+            project(src, w, out, resid=resid, swiglu=swiglu, pdl=True, trace=tr, **kw)
     return launches, run
 
 
@@ -115,14 +128,18 @@ def main():
     ap.add_argument("--fold-norm", choices=("own", "producer"),
                     help="no row-norm kernels: gamma folded into the weights (rms_eps), the "
                     "factors from the projection's own squares or from the producer's sums")
+    ap.add_argument("--wgmma", action="store_true",
+                    help="the projections by kernels/gemm_skinny_wgmma.py (timing only)")
     args = ap.parse_args()
+    if args.wgmma and args.fold_norm:
+        raise SystemExit("--wgmma has no folded norm")
     tiles = ast.literal_eval(args.tiles)
     path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
                         f"skinny-trace-{args.rows}{'-' + args.tag if args.tag else ''}.json")
     if os.path.exists(path):
         raise SystemExit(f"{path} exists: pass another --tag")
     print(provenance_line(), flush=True)
-    launches, run = _build(args.rows, tiles, args.fold_norm)
+    launches, run = _build(args.rows, tiles, args.fold_norm, args.wgmma)
     run()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -147,7 +164,7 @@ def main():
               + f"  {r['critical_us']:5.2f}")
     with open(path, "w") as f:
         json.dump({"provenance": provenance(), "rows": args.rows, "tiles": tiles,
-                   "fold_norm": args.fold_norm, "chain_us": chain_us,
+                   "fold_norm": args.fold_norm, "wgmma": args.wgmma, "chain_us": chain_us,
                    "trace_points": TRACE_POINTS, "launches": rows_out}, f, indent=1)
     print(f"wrote {path}")
 

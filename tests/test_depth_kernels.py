@@ -217,7 +217,7 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d):
 # ---- above 8 rows: the row norm and the split-K tensor-core projection ---------------------
 @pytest.mark.compile
 @pytest.mark.parametrize("variant", [{}, dict(residual=True), dict(swiglu=True),
-                                     dict(out_f32=True)])
+                                     dict(out_f32=True), dict(swiglu=True, chunk_major_out=True)])
 @pytest.mark.parametrize("M,K,warps,m_split", [(16, 1024, 4, 1), (128, 3072, 4, 1),
                                                (64, 1024, 8, 1), (64, 2048, 4, 2)])
 def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K, warps, m_split):
@@ -714,3 +714,138 @@ def test_skinny_gemm_reduction_loads_a_group_before_storing(M, K):
     tail = ptx[ptx.index("ld.shared::cluster"):]  # the reduction's first partial load
     first_store = tail.index("st.global")
     assert tail[:first_store].count("ld.shared::cluster") >= REDUCE_GROUP * g.splits
+
+
+# ---- the wgmma mainloop fed from shared memory (kernels/gemm_skinny_wgmma.py, v10j) ----------
+def test_wgmma_weights_pack_chunk_major_per_tile():
+    """pack_weights_wgmma: per tile of 16 * warps rows (pack_weights' weight groups in order)
+    and 16-byte chunk of K, the tile's rows; chunk_major: [K / 8, M, 8]. Both permutations."""
+    pytest.importorskip("cutlass")
+    from kernels.gemm_skinny_wgmma import chunk_major, pack_weights_wgmma
+
+    K, warps = 64, 4
+    w = torch.arange(128 * K, dtype=torch.float32).reshape(128, K)
+    p = pack_weights_wgmma(w, warps=warps).data.reshape(2, K // 8, 64, 8)
+    assert torch.equal(p[1, 3, 5], w[64 + 5, 24:32])
+    gu = pack_weights_wgmma(w, swiglu=True, warps=warps).data.reshape(2, K // 8, 64, 8)
+    # tile 0, group 1: gate rows 8..15 then up rows 64 + 8..15 (SwiGLU groups of 8 columns)
+    assert torch.equal(gu[0, 2, 16 + 3], w[8 + 3, 16:24])
+    assert torch.equal(gu[0, 2, 16 + 8 + 3], w[64 + 8 + 3, 16:24])
+    a = torch.arange(16 * K, dtype=torch.float32).reshape(16, K)
+    cm = chunk_major(a).reshape(K // 8, 16, 8)
+    assert torch.equal(cm[5, 9], a[9, 40:48])
+    with pytest.raises(ValueError, match="rows"):
+        pack_weights_wgmma(w[:96], warps=8)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("M,K,kw", [(64, 1024, {}), (64, 3072, dict(m_split=2, residual=True)),
+                                    (32, 1024, dict(warps=8, swiglu=True)),
+                                    (16, 1024, dict(out_f32=True)), (128, 2048, {})])
+def test_skinny_wgmma_mainloop_compiles_to_bulk_copies_and_wgmma(M, K, kw):
+    """One wgmma a k16 step of the slice, two bulk copies a stage (weights before the PDL wait,
+    a after it), one wait for all wgmma, no proxy fence, no spills, few registers."""
+    from kernels.gemm_skinny_wgmma import GemmSkinnyWgmma, compile_args
+    from workbench.compile import compile_report
+
+    g = GemmSkinnyWgmma(M, K, pdl=True, **kw)
+    r = compile_report(g, *compile_args(kw.get("out_f32", False)))
+    assert r.ptx.count("wgmma.mma_async") == g.k_slice // 16
+    assert r.ptx.count("cp.async.bulk.shared::cluster.global") == 2 * g.stages
+    assert r.ptx.count("wgmma.wait_group") == 1 and "fence.proxy.async" not in r.ptx
+    ptx = r.ptx
+    assert ptx.index("griddepcontrol.wait") < ptx.rindex("cp.async.bulk.shared::cluster.global")
+    assert ptx.index("cp.async.bulk.shared::cluster.global") < ptx.index("griddepcontrol.wait")
+    assert r.spill_bytes == 0 and r.registers <= 128
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,kw", [(64, 4096, 1024, {}), (64, 1024, 3072, dict(m_split=2)),
+                                      (64, 6144, 1024, {}), (32, 6144, 1024, dict(warps=8)),
+                                      (16, 2048, 1024, {}), (128, 1024, 2048, {}),
+                                      (64, 1024, 2048, dict(m_split=2, stages=2))])
+def test_skinny_wgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
+    """The wgmma mainloop against fp64 (every output written: poisoned first), the same bits
+    on a rerun, and the epilogues (SwiGLU, fp32 logits, residual) as the mma.sync path's on
+    its own sums."""
+    from kernels.gemm_skinny import tile_warps
+    from kernels.gemm_skinny_wgmma import chunk_major, gemm_skinny_wgmma, pack_weights_wgmma
+
+    kw = dict(kw)
+    swiglu, out_f32 = N == 6144, N == 2048
+    g = torch.Generator(device="cuda").manual_seed(M * N + K + 3)
+    a = _randn(M, K, g=g)
+    w = _randn(N, K, g=g, scale=0.03)
+    warps = kw.pop("warps", None) or tile_warps(N, K, M)
+    wp = pack_weights_wgmma(w, swiglu=swiglu, warps=warps)
+    a_cm = chunk_major(a)
+    n_out = N // 2 if swiglu else N
+    dt = torch.float32 if out_f32 else torch.bfloat16
+    out = gemm_skinny_wgmma(a_cm, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu, warps=warps,
+                            **kw)
+    again = gemm_skinny_wgmma(a_cm, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu,
+                              warps=warps, **kw)
+    assert torch.equal(again, out)
+    from kernels.gemm_skinny import gemm_skinny
+
+    with pytest.raises(ValueError, match="packed for"):  # the other kernel's layout
+        gemm_skinny(a, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu)
+    exact = a.double() @ w.double().T
+    bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
+    if swiglu:  # the gate and up sums through the reference's roundings; an ulp of gate, of
+        # up and of the product may each move where the fp32 sum rounds differently: 2^-5
+        gate, up = exact[:, :n_out], exact[:, n_out:]
+        want = torch.nn.functional.silu(gate.to(torch.bfloat16).float()).to(torch.bfloat16) \
+            .float() * up.to(torch.bfloat16).float()
+        assert ((out.double() - want.double()).abs()
+                <= 2.0**-5 * want.double().abs() + 2e-3).all()
+    else:
+        assert ((out.double() - exact).abs() <= bound).all()
+    if N == 1024:
+        resid = _randn(M, N, g=g)
+        r2 = resid.clone()
+        gemm_skinny_wgmma(a_cm, wp, r2, resid=r2, warps=warps, **kw)
+        plain = gemm_skinny_wgmma(a_cm, wp, _poison(M, N, dtype=torch.float32), warps=warps,
+                                  **kw)
+        assert torch.equal(r2, (resid.float() + plain.to(torch.bfloat16).float())
+                           .to(torch.bfloat16))
+
+
+
+@pytest.mark.gpu
+def test_chunk_major_producers_write_the_row_major_values_permuted():
+    """rows_rmsnorm, depth_attention and the wgmma projection's SwiGLU output with
+    ``chunk_major``: the same bits as row-major, laid out [K / 8][M][8] (chunk_major())."""
+    from kernels.depth_attention import depth_attention
+    from kernels.gemm_skinny_wgmma import chunk_major, gemm_skinny_wgmma, pack_weights_wgmma
+    from kernels.rows_rmsnorm import rows_rmsnorm
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    M, K = 32, 1024
+    x = _randn(M, K, g=g)
+    gamma = (1 + 0.1 * torch.randn(K, device="cuda", generator=g)).to(torch.bfloat16)
+    row = rows_rmsnorm(x, gamma, _poison(M, K))
+    assert torch.equal(rows_rmsnorm(x, gamma, _poison(M, K), chunk_major=True), chunk_major(row))
+    qkv = _randn(M, 4096, g=g)
+    norms = [(1 + 0.1 * torch.randn(128, device="cuda", generator=g)).to(torch.bfloat16)
+             for _ in range(2)]
+    cos, sin = (_randn(16, 128, g=g) for _ in range(2))
+    caches = [_randn(M, 8, 16, 128, g=g) for _ in range(2)]
+    outs = []
+    for cm in (False, True):
+        kc, vc = (c.clone() for c in caches)
+        outs.append(depth_attention(qkv, *norms, cos, sin, kc, vc, 5, _poison(M, 2048),
+                                    q_heads=16, kv_heads=8, chunk_major=cm))
+    assert torch.equal(outs[1], chunk_major(outs[0]))
+    wp = pack_weights_wgmma(_randn(6144, K, g=g, scale=0.03), swiglu=True)
+    a_cm = chunk_major(x)
+    plain = gemm_skinny_wgmma(a_cm, wp, _poison(M, 3072), swiglu=True)
+    cm_out = gemm_skinny_wgmma(a_cm, wp, _poison(M, 3072), swiglu=True, chunk_major_out=True)
+    assert torch.equal(cm_out, chunk_major(plain))
+    # the mma.sync projection's SwiGLU output likewise (gate/up feeding a wgmma down)
+    from kernels.gemm_skinny import gemm_skinny, pack_weights
+
+    ws = pack_weights(_randn(6144, K, g=g, scale=0.03), swiglu=True)
+    plain = gemm_skinny(x, ws, _poison(M, 3072), swiglu=True)
+    cm_out = gemm_skinny(x, ws, _poison(M, 3072), swiglu=True, chunk_major_out=True)
+    assert torch.equal(cm_out, chunk_major(plain))

@@ -85,6 +85,21 @@ def test_fast_loop_refuses_an_unknown_fold_norm():
     w = random_weights(TINY, seed=0)
     with pytest.raises(ValueError, match="fold_norm"):
         FastLoop(FastWeights(w), 2, fold_norm=True)
+    with pytest.raises(ValueError, match="mma"):
+        FastLoop(FastWeights(w), 2, mma="hgmma")
+    with pytest.raises(ValueError, match="unknown projections"):
+        FastLoop(FastWeights(w), 2, mma=("wo", "mlp"))
+    with pytest.raises(ValueError, match="fold_norm"):
+        FastLoop(FastWeights(w), 2, mma=("down",), fold_norm="own")
+
+
+def test_wgmma_projections_by_name():
+    from models.fast_loop import PROJECTIONS, wgmma_projections
+
+    assert wgmma_projections("sync") == frozenset()
+    assert wgmma_projections("wgmma") == frozenset(PROJECTIONS)
+    assert wgmma_projections(("wo", "down")) == {"wo", "down"}
+    assert wgmma_projections([]) == frozenset()
 
 
 def test_ab_frame_variants_take_nested_literals():
@@ -111,6 +126,78 @@ def test_profile_end_increments_sum_to_the_span_and_name_kernels_by_class():
     assert kernel_kind("kernel_cutlass_kernel_kernelsrows_rmsnormRowsRmsNorm_object_at__t") \
         == "RowsRmsNorm"
     assert kernel_kind("nvjet_sm90_tst_64x8") == "nvjet_sm90_tst_64x8"
+
+
+def test_profile_labels_the_frames_kernels_by_role():
+    from scripts.profile_fast_loop import frame_roles, label_roles
+
+    roles = frame_roles(QWEN3_TTS_1P7B)
+    # 16 positions x 5 layers x 7 kernels, and a norm, head and draw at positions 1-15
+    assert len(roles) == 16 * 5 * 7 + 15 * 3 and roles.count("heads") == 15
+    assert roles[:4] == ["norm_in", "qkv", "attention", "wo"] and roles[-1] == "draw"
+    ev = [("nvjet", 0.0, 1.0), ("GemmSkinny", 3.0, 4.0), ("RowsRmsNorm", 1.0, 2.0)]
+    assert label_roles(ev, ["norm_in", "qkv"]) == [
+        ("nvjet", 0.0, 1.0), ("GemmSkinny:qkv", 3.0, 4.0), ("RowsRmsNorm:norm_in", 1.0, 2.0)]
+    assert label_roles(ev, ["norm_in"]) == ev  # counts differ: left unlabelled
+
+
+def test_row_parts_default_and_checks():
+    from models.fast_loop import check_parts, default_parts
+
+    assert default_parts(128) == (64, 64) and default_parts(120) == (64, 56)
+    assert default_parts(64) == () and default_parts(112) == ()
+    assert check_parts((64,), 64, "kernels") == () and check_parts((), 5, "compiled") == ()
+    assert check_parts((32, 16, 5), 53, "kernels") == (32, 16, 5)
+    for parts, rows, path in [((64, 64), 128, "compiled"), ((60, 4), 64, "kernels"),
+                              ((32, 16), 64, "kernels"), ((64, 0), 64, "kernels")]:
+        with pytest.raises(ValueError, match="parts"):
+            check_parts(parts, rows, path)
+    w = random_weights(TINY, seed=0)
+    with pytest.raises(ValueError, match="parts"):  # a CPU loop takes the compiled path
+        FastLoop(FastWeights(w), 4, parts=(2, 2))
+
+
+def test_sampler_rows_view_shares_the_rows():
+    settings = [SamplerSettings(temperature=0.5 + 0.1 * i, top_k=3 + i) for i in range(5)]
+    whole = Sampler(5, settings, seeds=[9, 8, 7, 6, 5])
+    twin = Sampler(5, settings, seeds=[9, 8, 7, 6, 5])
+    logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
+    view = whole.rows_view(1, 4)
+    assert torch.equal(view.sample(logits[1:4]), twin.sample(logits)[1:4])
+    view.advance_offsets(2)  # the view's rows of ``whole`` moved, the others not
+    assert whole.offset.tolist() == [0, 3, 3, 3, 0]
+    with pytest.raises(ValueError, match="rows"):
+        whole.rows_view(3, 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R,parts", [(128, None), (100, (64, 36))])
+def test_fast_loop_row_parts_equal_their_own_loops_on_h200(R, parts):
+    """``parts`` (two chains on two streams in one graph; the default at 128 rows): each part's
+    rows carry the bits a loop of that part's rows alone computes (codes, logits, talker sum,
+    KV), and the loop keeps the reference's bar (forced codes equal, logits within twice the
+    bf16 noise)."""
+    w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(w)
+    h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
+    seeds = list(range(200, 200 + R))
+    loop = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), parts=parts)
+    assert loop.parts == (64, R - 64)
+    out = loop(h, g0)
+    assert (loop.sampler.offset == QWEN3_TTS_1P7B.heads_drawn).all()
+    for a, b in ((0, 64), (64, R)):
+        alone = FastLoop(fw, b - a, Sampler(b - a, seeds=seeds[a:b], device="cuda"))(
+            h[a:b], g0[a:b])
+        assert torch.equal(out.codes[a:b], alone.codes)
+        assert torch.equal(out.logits[a:b], alone.logits)
+        assert torch.equal(out.talker_sum[a:b], alone.talker_sum)
+        for (k, v), (k1, v1) in zip(out.kv, alone.kv):
+            assert torch.equal(k[a:b], k1) and torch.equal(v[a:b], v1)
+    ref = depth_loop(w, h, g0, codes=out.codes)
+    ref32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=out.codes)
+    forced = FastLoop(fw, R, teacher_forced=True, parts=parts)(h, g0, codes=out.codes)
+    assert torch.equal(forced.codes, out.codes)
+    assert (forced.logits - ref32.logits).norm() <= 2 * (ref.logits - ref32.logits).norm()
 
 
 @pytest.mark.gpu
@@ -170,6 +257,27 @@ def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R, mode):
     own16 = depth_loop(w, h, g0, codes=greedy.codes)
     assert (greedy.logits - own32.logits).norm() <= 2 * (own16.logits - own32.logits).norm()
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mma", ["wgmma", ("wo", "down")])
+@pytest.mark.parametrize("R", [16, 64])
+def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma):
+    """``mma="wgmma"`` (projections by kernels/gemm_skinny_wgmma.py, their inputs kept
+    chunk-major) and wgmma for o / down only (attention and the mma.sync gate/up writing
+    chunk-major): the bf16 loop's bar (sampled codes agree, forced codes equal, logits within
+    twice its noise)."""
+    w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(w)
+    h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
+    seeds = list(range(100, 100 + R))
+    ref = depth_loop(w, h, g0, sampler=Sampler(R, seeds=seeds, device="cuda"))
+    out = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), mma=mma)(h, g0)
+    assert float((out.codes == ref.codes).float().mean()) >= 0.8
+    ref32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=ref.codes)
+    noise = (ref.logits - ref32.logits).norm()
+    forced = FastLoop(fw, R, teacher_forced=True, mma=mma)(h, g0, codes=ref.codes)
+    assert torch.equal(forced.codes, ref.codes)
+    assert (forced.logits - ref32.logits).norm() <= 2 * noise
 
 @pytest.mark.compile
 @pytest.mark.parametrize("M,K", [(1, 1024), (8, 3072)])
