@@ -454,12 +454,14 @@ class FastLoop:
         """The tensor-core projections' weights as their kernels take them: packed for
         mma.sync (the norm's gamma folded in with fold_norm) or, for the wgmma projections, for
         their tiles (``tiles`` warps, else WGMMA_WARPS)."""
-        from kernels.gemm_skinny_wgmma import WGMMA_WARPS
-
         fw = self.fw
-        sync = fw.skinny_weights(bool(self.fold_norm)) if set(PROJECTIONS) - self.wgmma else {}
-        return {name: fw.wgmma_weights(name, self.tiles.get(name, {}).get("warps", WGMMA_WARPS))
-                if name in self.wgmma else sync[name] for name in PROJECTIONS}
+        packed = {} if self.wgmma == set(PROJECTIONS) else fw.skinny_weights(bool(self.fold_norm))
+        if self.wgmma:
+            from kernels.gemm_skinny_wgmma import WGMMA_WARPS
+
+            packed = {**packed, **{name: fw.wgmma_weights(
+                name, self.tiles.get(name, {}).get("warps", WGMMA_WARPS)) for name in self.wgmma}}
+        return packed
 
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""
