@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from kernels.gemv_small_m import check_projection_out, epilogue_store, projection_dims
 from kernels.nvfp4_device import add_squares, rms_factor
-from kernels.runtime import (activation_layout, cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                             pointer_args, require_hopper)
+from kernels.runtime import (activation_layout, cached_compile, check_cuda_tensor, cute_modules,
+                             current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Int64, Uint32  # noqa: E402
