@@ -14,8 +14,8 @@ measured that faster: ``warps_per_group``): the warps' weights are loaded into r
 with ``cp.async`` (rows padded to 16 words mod 32, so the fragment reads are free of bank
 conflicts; v8b's 32-word padding cost up to a third of the kernel; in ``a_stages`` K-ranges,
 one commit group each, so each range's mma starts as it lands: ``stage_count``), then
-``mma.sync.m16n8k16`` bf16 -> fp32 over the slice, transposed (D = W · a^T: the weights are the A operand, the a rows
-the 8-wide B operand). The weights are pre-packed (:func:`pack_weights`, once per model) so that
+``mma.sync.m16n8k16`` bf16 -> fp32 over the slice, transposed (D = W · a^T: the weights are
+the A operand, the a rows the 8-wide B operand). The weights are pre-packed (:func:`pack_weights`, once per model) so that
 one 16-byte load gives a lane its A fragment in register order, and K is permuted inside each
 32-wide block so that one 16-byte chunk of an a row gives both k16 steps' B fragments: no
 register moves in the mainloop (v8c assembled the A fragments of every mma from two rows: ~40 %

@@ -271,8 +271,9 @@ def gemm_skinny_wgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool =
                       chunk_major_out: bool = False):
     """As :func:`kernels.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
     ``x_cm`` the activations chunk-major (:func:`chunk_major`, [M, K]-shaped storage) and ``w``
-    packed by :func:`pack_weights_wgmma` (``warps`` defaults to, and must equal, its tiles'). ``chunk_major_out``: ``out``
-    (contiguous) chunk-major too, for a next wgmma projection (SwiGLU or plain bf16 only)."""
+    packed by :func:`pack_weights_wgmma` (``warps`` defaults to, and must equal, its tiles').
+    ``chunk_major_out``: ``out`` (contiguous) chunk-major too, for a next wgmma projection
+    (SwiGLU or plain bf16 only)."""
     M, K, N, out_f32, warps, m_split = checked_operands(x_cm, w, out, resid, swiglu, warps,
                                                         m_split, layout="wgmma")
     cfg = GemmSkinnyWgmma(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
