@@ -7,19 +7,18 @@ faster) and one slice of K (``split_count``: 4 slices where registers and shared
 up to 8), so each CTA reads only its slice of a: the activations are read once per tile, which
 at 64 rows and 64-row tiles is as many bytes as the weights.
 
-Per CTA (4 or 8 weight groups of 16 rows: 16 output columns, or with SwiGLU 8 columns' gate and
-up rows; one warp a group, or two, ``m_split``, each with half of the a rows, where the frame
-measured that faster: ``warps_per_group``): the warps' weights are loaded into registers first
-(16-byte loads; constants, so before the PDL wait), the a slice is copied into shared memory
-with ``cp.async`` (rows padded to 16 words mod 32, so the fragment reads are free of bank
-conflicts; v8b's 32-word padding cost up to a third of the kernel; in ``a_stages`` K-ranges,
-one commit group each, so each range's mma starts as it lands: ``stage_count``), then
-``mma.sync.m16n8k16`` bf16 -> fp32 over the slice, transposed (D = W · a^T: the weights are
-the A operand, the a rows the 8-wide B operand). The weights are pre-packed (:func:`pack_weights`, once per model) so that
-one 16-byte load gives a lane its A fragment in register order, and K is permuted inside each
-32-wide block so that one 16-byte chunk of an a row gives both k16 steps' B fragments: no
-register moves in the mainloop (v8c assembled the A fragments of every mma from two rows: ~40 %
-of its instructions).
+Per CTA (4 or 8 weight groups of 16 rows: 16 output columns, or with SwiGLU 8 columns' gate and up
+rows; one warp a group, or two, ``m_split``, each with half of the a rows, where the frame measured
+that faster: ``warps_per_group``): the warps' weights are loaded into registers first (16-byte
+loads; constants, so before the PDL wait), the a slice is copied into shared memory with
+``cp.async`` (rows padded to 16 words mod 32, so the fragment reads are free of bank conflicts;
+v8b's 32-word padding cost up to a third of the kernel; in ``a_stages`` K-ranges, one commit group
+each, so each range's mma starts as it lands: ``stage_count``), then ``mma.sync.m16n8k16`` bf16 ->
+fp32 over the slice, transposed (D = W · a^T: the weights are the A operand, the a rows the 8-wide B
+operand). The weights are pre-packed (:func:`pack_weights`, once per model) so that one 16-byte load
+gives a lane its A fragment in register order, and K is permuted inside each 32-wide block so that
+one 16-byte chunk of an a row gives both k16 steps' B fragments: no register moves in the mainloop
+(v8c assembled the A fragments of every mma from two rows: ~40 % of its instructions).
 
 Split-K reduction through distributed shared memory, deterministic: the slices of a tile are
 the CTAs of one thread-block cluster (at most 8, the portable size). Each CTA stores its fp32

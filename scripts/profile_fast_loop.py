@@ -1,10 +1,10 @@
 """Kernel breakdown of one fast-loop frame on the GPU: ``--rows 1 8 64 [--graph] [--variant ...]``.
 
-Without ``--graph`` an eager frame (kernel time by name). With it, a replay of the captured
-frame, as the benchmark runs it (its CuTe DSL kernels named by their role in the layer):
-under programmatic dependent launch the kernels overlap, so besides each kernel's own time it reports how far each one moved the frame's end (its end
-minus the latest end before it, summed by kernel kind: what the frame would lose without it),
-the measure that sums to the frame's span.
+Without ``--graph`` an eager frame (kernel time by name). With it, a replay of the captured frame,
+as the benchmark runs it (its CuTe DSL kernels named by their role in the layer): under programmatic
+dependent launch the kernels overlap, so besides each kernel's own time it reports how far each one
+moved the frame's end (its end minus the latest end before it, summed by kernel kind: what the frame
+would lose without it), the measure that sums to the frame's span.
 """
 import argparse
 import json
