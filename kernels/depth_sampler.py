@@ -26,6 +26,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 THREADS = 256
 MODES = ("sample", "greedy", "forced")
+# trace=True builds: thread 0 of each row's CTA stamps %globaltimer (ns) at these points
+DRAW_TRACE_POINTS = ("entry", "wait_done", "logits", "selected", "drawn", "gathered")
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
 
@@ -58,30 +60,58 @@ def order_key(v: Float32) -> Uint32:
     return cutlass.select_(b >= Uint32(0x80000000), ~b, b | Uint32(0x80000000))
 
 
+@dsl_user_op
+def match_any(v: Int32, *, loc=None, ip=None) -> Uint32:
+    """``match.any.sync.b32`` over the full warp: the lanes holding the same value as this one."""
+    return Uint32(llvm.inline_asm(T.i32(), [Int32(v).ir_value(loc=loc, ip=ip)],
+                                  "match.any.sync.b32 $0, $1, -1;", "=r,r",
+                                  has_side_effects=True, is_align_stack=False,
+                                  asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def lanemask_lt(*, loc=None, ip=None) -> Uint32:
+    """The lanes below this one (``%lanemask_lt``)."""
+    return Uint32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %lanemask_lt;", "=r",
+                                  has_side_effects=False, is_align_stack=False,
+                                  asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+@dsl_user_op
+def popc(v: Uint32, *, loc=None, ip=None) -> Int32:
+    return Int32(llvm.inline_asm(T.i32(), [Uint32(v).ir_value(loc=loc, ip=ip)],
+                                 "popc.b32 $0, $1;", "=r,r", has_side_effects=False,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
 def key_value(k: Uint32) -> Float32:
     b = cutlass.select_(k >= Uint32(0x80000000), k & Uint32(0x7FFFFFFF), ~k)
     return bits_f32(b)
 
 
 class DepthSampler:
-    """Static config: rows M, vocab V (a multiple of 256), widths of the two gathered rows."""
+    """Static config: rows M, vocab V (a multiple of 256), widths of the two gathered rows.
+    ``trace``: stamp DRAW_TRACE_POINTS. ``aggregate``: each radix pass counts a warp's equal
+    digits once (match.any, one shared atomic per distinct digit instead of one per key: the
+    first pass puts nearly every key of a row into a few bins)."""
 
     def __init__(self, M: int, V: int, hidden: int, talker_hidden: int, mode: str = "sample",
-                 pdl: bool = True):
+                 pdl: bool = True, trace: bool = False, aggregate: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if V % THREADS or hidden % 8 or talker_hidden % 8 or hidden // 8 > THREADS \
                 or talker_hidden // 8 > THREADS:
             raise ValueError(f"unsupported V {V} / widths {hidden}, {talker_hidden}")
         self.M, self.V, self.hidden, self.talker = M, V, hidden, talker_hidden
-        self.mode, self.pdl = mode, pdl
+        self.mode, self.pdl, self.trace, self.aggregate = mode, pdl, trace, aggregate
         self.per_thread = V // THREADS
 
     @cute.jit
     def __call__(self, logits_ptr: cute.Pointer, temp_ptr: cute.Pointer, topk_ptr: cute.Pointer,
                  seed_ptr: cute.Pointer, offset_ptr: cute.Pointer, codes_ptr: cute.Pointer,
                  codes_in_ptr: cute.Pointer, table_ptr: cute.Pointer, embed_ptr: cute.Pointer,
-                 x_next_ptr: cute.Pointer, used_ptr: cute.Pointer, ld_logits: Int32,
+                 x_next_ptr: cute.Pointer, used_ptr: cute.Pointer, trace_ptr: cute.Pointer,
+                 ld_logits: Int32,
                  ld_codes: Int32, ld_used: Int32, draw: Int32, stream):
         M, V = self.M, self.V
         mL = cute.make_tensor(logits_ptr, cute.make_layout((M, V), stride=(ld_logits, 1)))
@@ -98,7 +128,9 @@ class DepthSampler:
         mX = cute.make_tensor(x_next_ptr, cute.make_layout((4, M * hw // 4), stride=(1, 4)))
         mUsed = cute.make_tensor(used_ptr, cute.make_layout((4, M, tw // 4),
                                                             stride=(1, ld_used // 2, 4)))
-        self.kernel(mL, mT, mK, mSeed, mOff, mCodes, mCodesIn, mTable, mEmbed, mX, mUsed,
+        points = len(DRAW_TRACE_POINTS)
+        mTr = cute.make_tensor(trace_ptr, cute.make_layout((M, points), stride=(points, 1)))
+        self.kernel(mL, mT, mK, mSeed, mOff, mCodes, mCodesIn, mTable, mEmbed, mX, mUsed, mTr,
                     draw).launch(grid=[M, 1, 1], block=[THREADS, 1, 1], stream=stream,
                                  use_pdl=self.pdl)
 
@@ -115,8 +147,17 @@ class DepthSampler:
             shift = 24 - 8 * p
             buf = p % 2
             for j in cutlass.range_constexpr(self.per_thread):
-                if (keys[j] & mask) == prefix:
-                    digit = Int32((keys[j] >> Uint32(shift)) & Uint32(255))
+                digit = Int32((keys[j] >> Uint32(shift)) & Uint32(255))
+                if cutlass.const_expr(self.aggregate):
+                    # the whole warp matches (256 for keys outside the prefix: not counted);
+                    # the lowest lane of each digit adds its peers' count
+                    digit = cutlass.select_((keys[j] & mask) == prefix, digit, Int32(256))
+                    peers = match_any(digit)
+                    if digit < 256 and (peers & lanemask_lt()) == Uint32(0):
+                        cute.arch.atomic_add(
+                            (s_hist.iterator + buf * THREADS + digit).llvm_ptr, popc(peers),
+                            scope="cta")
+                elif (keys[j] & mask) == prefix:
                     cute.arch.atomic_add((s_hist.iterator + buf * THREADS + digit).llvm_ptr,
                                          Int32(1), scope="cta")
             cute.arch.sync_threads()
@@ -149,7 +190,7 @@ class DepthSampler:
     def kernel(self, mL: cute.Tensor, mT: cute.Tensor, mK: cute.Tensor, mSeed: cute.Tensor,
                mOff: cute.Tensor, mCodes: cute.Tensor, mCodesIn: cute.Tensor,
                mTable: cute.Tensor, mEmbed: cute.Tensor, mX: cute.Tensor, mUsed: cute.Tensor,
-               draw: Int32):
+               mTr: cute.Tensor, draw: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m, _, _ = cute.arch.block_idx()
         lane, warp = tidx % 32, tidx // 32
@@ -158,16 +199,21 @@ class DepthSampler:
         s_sel = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
         s_best = smem.allocate_tensor(Float64, cute.make_layout(THREADS // 32), 16)
         s_idx = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32 + 1), 16)
+        self._stamp(mTr, m, tidx, 0)
         if cutlass.const_expr(self.pdl):
             # the next kernel (a GEMV) only prefetches weights before its own wait: let it in now
             cute.arch.griddepcontrol_launch_dependents()
             cute.arch.griddepcontrol_wait()
+        self._stamp(mTr, m, tidx, 1)
         code = Int32(0)
         if cutlass.const_expr(self.mode == "forced"):
             code = Int32(mCodesIn[m])
+            self._stamp(mTr, m, tidx, 2)
+            self._stamp(mTr, m, tidx, 3)
         else:
             code = self.choose(mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx,
-                               m, tidx, lane, warp)
+                               mTr, m, tidx, lane, warp)
+        self._stamp(mTr, m, tidx, 4)
         if tidx == 0:
             mCodes[m] = Int64(code)
         # the gathers for the next position
@@ -180,9 +226,17 @@ class DepthSampler:
             row = cute.make_rmem_tensor((4,), Uint32)
             cute.autovec_copy(mEmbed[(None, code * tw4 + tidx)], row)
             cute.autovec_copy(row, mUsed[(None, m, tidx)])
+        self._stamp(mTr, m, tidx, 5)
 
     @cute.jit
-    def choose(self, mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx, m, tidx,
+    def _stamp(self, mTr: cute.Tensor, m, tidx, point: cutlass.Constexpr[int]):
+        """Thread 0's %globaltimer at DRAW_TRACE_POINTS[point] (traced builds only)."""
+        if cutlass.const_expr(self.trace):
+            if tidx == 0:
+                mTr[m, point] = Int64(cute.arch.globaltimer())
+
+    @cute.jit
+    def choose(self, mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx, mTr, m, tidx,
                lane, warp):
         V, E = self.V, self.per_thread
         greedy = cutlass.const_expr(self.mode == "greedy")
@@ -196,9 +250,11 @@ class DepthSampler:
             else:
                 s[j] = mL[m, tidx + THREADS * j] / t
                 keys[j] = order_key(s[j])
+        self._stamp(mTr, m, tidx, 2)
         best = Float64(-1.0e308) * Float64(10.0)  # -inf
         best_i = Int32(V)
         if cutlass.const_expr(greedy):
+            self._stamp(mTr, m, tidx, 3)  # no selection
             for j in cutlass.range_constexpr(E):
                 if Float64(s[j]) > best:
                     best = Float64(s[j])
@@ -207,6 +263,7 @@ class DepthSampler:
             k = Int32(mK[m])
             k = cutlass.select_(k <= Int32(0), Int32(V), cutlass.min(k, Int32(V)))
             kth = key_value(self.kth_largest_key(keys, k, s_hist, s_sel, tidx))
+            self._stamp(mTr, m, tidx, 3)
             seed = Uint64(mSeed[m])
             off = Uint64(mOff[m]) + Uint64(draw)
             sampled = T > Float32(0.0)
@@ -248,9 +305,10 @@ class DepthSampler:
 
 
 def _ptr_specs():
-    # logits, temperature, top_k, seed, offset, codes, codes_in, table, embeds, x_next, used
+    # logits, temperature, top_k, seed, offset, codes, codes_in, table, embeds, x_next, used,
+    # trace stamps
     return ((Float32, 16), (Float32, 4), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8),
-            (Uint32, 16), (Uint32, 16), (Uint32, 16), (Uint32, 16))
+            (Uint32, 16), (Uint32, 16), (Uint32, 16), (Uint32, 16), (Int64, 8))
 
 
 def compile_args():
@@ -262,8 +320,10 @@ def compile_args():
 
 def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: str,
                temperature=None, top_k=None, seed=None, offset=None, codes_in=None,
-               pdl: bool = True):
+               pdl: bool = True, trace=None, aggregate: bool = False):
     """Draw (or take) one code per row and gather the next rows (see the module notes).
+    ``trace``: int64 [M, len(DRAW_TRACE_POINTS)], each row's %globaltimer stamps (ns);
+    ``aggregate``: radix passes with warp-aggregated counts (the same codes).
 
     logits [M, V] fp32 (rows may be strided); codes / codes_in [M] int64 (strided views of the
     [M, 15] code tensors); table [V, hidden] and embeds [V, talker_hidden] bf16; x_next
@@ -298,16 +358,22 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
         check_cuda_tensor("codes_in", codes_in, dtypes=(torch.int64,), contiguous=False, align=8)
         if codes_in.stride() != codes.stride():
             raise ValueError("codes_in must be laid out as codes")
+    if trace is not None:
+        check_cuda_tensor("trace", trace, dtypes=(torch.int64,))
+        if tuple(trace.shape) != (M, len(DRAW_TRACE_POINTS)):
+            raise ValueError(f"trace {tuple(trace.shape)}: need ({M}, {len(DRAW_TRACE_POINTS)})")
     # modes without a sampler pass stand-in pointers the kernel never reads
     tensors = (logits, temperature if temperature is not None else logits,
                top_k if top_k is not None else codes, seed if seed is not None else codes,
                offset if offset is not None else codes, codes,
-               codes_in if codes_in is not None else codes, table, embeds, x_next, used)
+               codes_in if codes_in is not None else codes, table, embeds, x_next, used,
+               trace if trace is not None else codes)
     ptrs = pointer_args(_ptr_specs(), tensors)
     scalars = (Int32(logits.stride(0)), Int32(codes.stride(0)), Int32(used.stride(0)),
                Int32(draw))
-    key = ("depth_draw", M, V, hidden, talker, mode, pdl)
+    key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, aggregate)
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthSampler(M, V, hidden, talker, mode, pdl), *ptrs, *scalars, current_stream()))
+        DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, aggregate), *ptrs,
+        *scalars, current_stream()))
     compiled(*ptrs, *scalars, current_stream())
     return codes

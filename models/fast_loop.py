@@ -236,6 +236,10 @@ class FastLoop:
     the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/gemm_skinny_wgmma.py
     ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise); their producers (the
     norm, attention, gate/up) then write those inputs chunk-major.
+    ``draw_aggregate``: the draws' radix passes with warp-aggregated counts (kernels.depth_sampler
+    ``aggregate``; the same codes). ``draw_trace``: the kernels path keeps each draw's
+    %globaltimer stamps in ``draw_traces`` [15, run rows, len(DRAW_TRACE_POINTS)]
+    (scripts/trace_draw.py).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -246,11 +250,13 @@ class FastLoop:
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
-                 mma: str = "sync", parts: tuple | None = None):
+                 mma: str = "sync", parts: tuple | None = None, draw_aggregate: bool = False,
+                 draw_trace: bool = False):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
+        self.draw_aggregate = draw_aggregate
         self.teacher_forced = teacher_forced
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
         self.tiles = dict(tiles or {})
@@ -317,7 +323,8 @@ class FastLoop:
         if self.parts:  # the parts' loops: eager, on views of this loop's outputs
             part_kw = dict(compile=compile, graph=False, teacher_forced=teacher_forced,
                            small_m=small_m, path="kernels", pdl=pdl, tiles=tiles,
-                           fold_norm=fold_norm, mma=mma, parts=())
+                           fold_norm=fold_norm, mma=mma, parts=(), draw_aggregate=draw_aggregate,
+                           draw_trace=draw_trace)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -336,6 +343,12 @@ class FastLoop:
                                        dtype=dt)
             self.attn = torch.zeros(P, cfg.q_heads * D, device=dev, dtype=dt)
             self.mlp = torch.zeros(P, cfg.intermediate, device=dev, dtype=dt)
+            self.draw_traces = None
+            if draw_trace:
+                from kernels.depth_sampler import DRAW_TRACE_POINTS
+
+                self.draw_traces = torch.zeros(cfg.heads_drawn, P, len(DRAW_TRACE_POINTS),
+                                               dtype=torch.int64, device=dev)
             # the projections' weights as the kernels take them: plain for the GEMVs, packed for
             # the tensor-core projections
             self.kernel_w = self._packed_weights() if P > GEMV_MAX_ROWS else {
@@ -504,7 +517,9 @@ class FastLoop:
             proj("heads", self.x, W["heads"][s], self.logits[:, s], gamma=fw.final_norm)
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        self.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
-                       pdl=pdl, **draw_args)
+                       pdl=pdl, aggregate=self.draw_aggregate,
+                       trace=None if self.draw_traces is None else self.draw_traces[s],
+                       **draw_args)
         if smp is not None:
             smp.advance_offsets(cfg.heads_drawn)
         self.talker_sum.copy_(self.used.sum(1))

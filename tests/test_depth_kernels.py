@@ -49,6 +49,23 @@ def test_attention_and_sampler_compile():
     assert "atom.shared" in r.ptx and "mul.hi.u32" in r.ptx
     # fp64 log inlined (libdevice's polynomial, the one torch's CUDA log uses), no approximations
     assert "lg2.approx" not in r.ptx and "fma.rn.f64" in r.ptx
+    assert "match.any" not in r.ptx and "%globaltimer" not in r.ptx
+
+
+@pytest.mark.compile
+def test_sampler_aggregated_passes_and_trace_compile():
+    """``aggregate``: one match.any per key and pass, one shared atomic per distinct digit
+    (under a leader test); ``trace``: a %globaltimer read per DRAW_TRACE_POINTS entry."""
+    from kernels.depth_sampler import DRAW_TRACE_POINTS, DepthSampler
+    from kernels.depth_sampler import compile_args as smp_args
+    from workbench.compile import compile_report
+
+    r = compile_report(DepthSampler(8, 2048, 1024, 2048, "sample", aggregate=True, trace=True),
+                       *smp_args())
+    assert r.spill_bytes == 0 and r.ptx.count("call") == 0
+    assert r.ptx.count("match.any.sync.b32") == 4 * 8  # 4 passes x 8 keys a thread
+    assert r.ptx.count("popc.b32") == 4 * 8
+    assert r.ptx.count("%globaltimer") == len(DRAW_TRACE_POINTS)
 
 
 # ---- GPU tests -------------------------------------------------------------------------------
@@ -186,9 +203,14 @@ def _draw_case(M, V, seed, g):
 
 @pytest.mark.gpu
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**20), M=st.sampled_from([1, 3, 8]), d=st.integers(0, 14))
-def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d):
-    from kernels.depth_sampler import depth_draw
+@given(seed=st.integers(0, 2**20), M=st.sampled_from([1, 3, 8]), d=st.integers(0, 14),
+       aggregate=st.booleans())
+def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, aggregate):
+    from functools import partial
+
+    from kernels.depth_sampler import depth_draw as plain_draw
+
+    depth_draw = partial(plain_draw, aggregate=aggregate)
 
     V, hidden, talker = 2048, 1024, 2048
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -212,6 +234,32 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d):
     depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="forced",
                codes_in=forced[:, d])
     assert torch.equal(codes[:, d], forced[:, d]) and torch.equal(x_next, table[forced[:, d]])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["sample", "greedy", "forced"])
+def test_depth_draw_trace_stamps_every_row_in_order(mode):
+    """``trace``: each row's CTA stamps DRAW_TRACE_POINTS, non-decreasing, and draws the same
+    code as the untraced build."""
+    from kernels.depth_sampler import DRAW_TRACE_POINTS, depth_draw
+
+    M, V, d = 64, 2048, 3
+    g = torch.Generator(device="cuda").manual_seed(17)
+    logits, smp = _draw_case(M, V, 5, g)
+    table, embeds = _randn(V, 1024, g=g), _randn(V, 2048, g=g)
+    forced = torch.randint(0, V, (M,), device="cuda", generator=g)
+    kw = dict(mode=mode, codes_in=forced) if mode != "sample" else dict(
+        mode=mode, temperature=smp.temperature, top_k=smp.top_k, seed=smp.seed,
+        offset=smp.offset)
+    codes = []
+    for trace in (None, torch.full((M, len(DRAW_TRACE_POINTS)), -1, dtype=torch.int64,
+                                   device="cuda")):
+        c = torch.full((M,), -1, dtype=torch.int64, device="cuda")
+        depth_draw(logits, c, table, embeds, _poison(M, 1024), _poison(M, 2048), d, trace=trace,
+                   **kw)
+        codes.append(c)
+    assert torch.equal(codes[0], codes[1])
+    assert (trace > 0).all() and (trace.diff(dim=1) >= 0).all()
 
 
 # ---- above 8 rows: the row norm and the split-K tensor-core projection ---------------------

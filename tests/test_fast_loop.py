@@ -128,6 +128,19 @@ def test_profile_end_increments_sum_to_the_span_and_name_kernels_by_class():
     assert kernel_kind("nvjet_sm90_tst_64x8") == "nvjet_sm90_tst_64x8"
 
 
+def test_trace_draw_phase_summary():
+    from scripts.trace_draw import phase_summary
+
+    # 2 draws x 3 rows x 6 points (ns): row r of draw d released at 1000 + 10 r
+    base = torch.tensor([0, 1000, 1600, 3600, 4100, 5100], dtype=torch.int64)
+    stamps = torch.stack([torch.stack([base + 10 * r + 100_000 * d for r in range(3)])
+                          for d in range(2)])
+    rows = phase_summary(stamps)
+    want = {"resident_before_release_us": 1.0, "logits_us": 0.6, "selected_us": 2.0,
+            "drawn_us": 0.5, "gathered_us": 1.0, "span_us": 4.12}  # release 1.0, last 5.12 µs
+    assert len(rows) == 2 and all(r == pytest.approx(want) for r in rows)
+
+
 def test_profile_labels_the_frames_kernels_by_role():
     from scripts.profile_fast_loop import frame_roles, label_roles
 
@@ -168,6 +181,24 @@ def test_sampler_rows_view_shares_the_rows():
     assert whole.offset.tolist() == [0, 3, 3, 3, 0]
     with pytest.raises(ValueError, match="rows"):
         whole.rows_view(3, 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R", [1, 64])
+def test_fast_loop_draw_aggregate_and_trace_change_no_bits_on_h200(R):
+    """``draw_aggregate`` (warp-aggregated radix passes) and ``draw_trace``: the same codes,
+    logits and talker sum as the default loop; every draw stamped in order."""
+    w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(w)
+    h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R + 2, device="cuda", dtype=torch.bfloat16)
+    seeds = list(range(400, 400 + R))
+    loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), **kw)
+             for kw in ({}, dict(draw_aggregate=True, draw_trace=True))]
+    a, b = (loop(h, g0) for loop in loops)
+    assert torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
+    assert torch.equal(a.talker_sum, b.talker_sum)
+    stamps = loops[1].draw_traces[:, :R]
+    assert (stamps > 0).all() and (stamps.diff(dim=2) >= 0).all()
 
 
 @pytest.mark.gpu
