@@ -16,6 +16,8 @@ row ``embed_proj[code]`` into ``x_next`` and the Talker-space row ``embeds[code]
 """
 from __future__ import annotations
 
+from kernels.rows_rmsnorm import THREADS as NORM_THREADS
+from kernels.rows_rmsnorm import load_gamma, normalize_chunks
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                              pointer_args, require_hopper)
 
@@ -60,30 +62,6 @@ def order_key(v: Float32) -> Uint32:
     return cutlass.select_(b >= Uint32(0x80000000), ~b, b | Uint32(0x80000000))
 
 
-@dsl_user_op
-def match_any(v: Int32, *, loc=None, ip=None) -> Uint32:
-    """``match.any.sync.b32`` over the full warp: the lanes holding the same value as this one."""
-    return Uint32(llvm.inline_asm(T.i32(), [Int32(v).ir_value(loc=loc, ip=ip)],
-                                  "match.any.sync.b32 $0, $1, -1;", "=r,r",
-                                  has_side_effects=True, is_align_stack=False,
-                                  asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-@dsl_user_op
-def lanemask_lt(*, loc=None, ip=None) -> Uint32:
-    """The lanes below this one (``%lanemask_lt``)."""
-    return Uint32(llvm.inline_asm(T.i32(), [], "mov.u32 $0, %lanemask_lt;", "=r",
-                                  has_side_effects=False, is_align_stack=False,
-                                  asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-@dsl_user_op
-def popc(v: Uint32, *, loc=None, ip=None) -> Int32:
-    return Int32(llvm.inline_asm(T.i32(), [Uint32(v).ir_value(loc=loc, ip=ip)],
-                                 "popc.b32 $0, $1;", "=r,r", has_side_effects=False,
-                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
 def key_value(k: Uint32) -> Float32:
     b = cutlass.select_(k >= Uint32(0x80000000), k & Uint32(0x7FFFFFFF), ~k)
     return bits_f32(b)
@@ -91,19 +69,24 @@ def key_value(k: Uint32) -> Float32:
 
 class DepthSampler:
     """Static config: rows M, vocab V (a multiple of 256), widths of the two gathered rows.
-    ``trace``: stamp DRAW_TRACE_POINTS. ``aggregate``: each radix pass counts a warp's equal
-    digits once (match.any, one shared atomic per distinct digit instead of one per key: the
-    first pass puts nearly every key of a row into a few bins)."""
+    ``trace``: stamp DRAW_TRACE_POINTS. ``compact``: the survivors of top-k go to shared memory
+    first, so each thread draws Philox and the two fp64 logs for one of them (off: each thread
+    for its own survivors, up to V / THREADS serial draws in a warp). ``norm_eps``: also write
+    the next position's row normalised (gamma, eps) as kernels.rows_rmsnorm rounds it."""
 
     def __init__(self, M: int, V: int, hidden: int, talker_hidden: int, mode: str = "sample",
-                 pdl: bool = True, trace: bool = False, aggregate: bool = False):
+                 pdl: bool = True, trace: bool = False, compact: bool = True,
+                 norm_eps: float | None = None):
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if V % THREADS or hidden % 8 or talker_hidden % 8 or hidden // 8 > THREADS \
                 or talker_hidden // 8 > THREADS:
             raise ValueError(f"unsupported V {V} / widths {hidden}, {talker_hidden}")
+        if norm_eps is not None and hidden != 8 * NORM_THREADS:
+            raise ValueError(f"the draw normalises rows of {8 * NORM_THREADS}, not {hidden}")
         self.M, self.V, self.hidden, self.talker = M, V, hidden, talker_hidden
-        self.mode, self.pdl, self.trace, self.aggregate = mode, pdl, trace, aggregate
+        self.mode, self.pdl, self.trace, self.compact = mode, pdl, trace, compact
+        self.norm_eps = norm_eps
         self.per_thread = V // THREADS
 
     @cute.jit
@@ -111,7 +94,7 @@ class DepthSampler:
                  seed_ptr: cute.Pointer, offset_ptr: cute.Pointer, codes_ptr: cute.Pointer,
                  codes_in_ptr: cute.Pointer, table_ptr: cute.Pointer, embed_ptr: cute.Pointer,
                  x_next_ptr: cute.Pointer, used_ptr: cute.Pointer, trace_ptr: cute.Pointer,
-                 ld_logits: Int32,
+                 gamma_ptr: cute.Pointer, xn_ptr: cute.Pointer, ld_logits: Int32,
                  ld_codes: Int32, ld_used: Int32, draw: Int32, stream):
         M, V = self.M, self.V
         mL = cute.make_tensor(logits_ptr, cute.make_layout((M, V), stride=(ld_logits, 1)))
@@ -126,12 +109,14 @@ class DepthSampler:
         mTable = cute.make_tensor(table_ptr, cute.make_layout((4, V * hw // 4), stride=(1, 4)))
         mEmbed = cute.make_tensor(embed_ptr, cute.make_layout((4, V * tw // 4), stride=(1, 4)))
         mX = cute.make_tensor(x_next_ptr, cute.make_layout((4, M * hw // 4), stride=(1, 4)))
+        mXn = cute.make_tensor(xn_ptr, cute.make_layout((4, M * hw // 4), stride=(1, 4)))
+        mG = cute.make_tensor(gamma_ptr, cute.make_layout((4, hw // 4), stride=(1, 4)))
         mUsed = cute.make_tensor(used_ptr, cute.make_layout((4, M, tw // 4),
                                                             stride=(1, ld_used // 2, 4)))
         points = len(DRAW_TRACE_POINTS)
         mTr = cute.make_tensor(trace_ptr, cute.make_layout((M, points), stride=(points, 1)))
         self.kernel(mL, mT, mK, mSeed, mOff, mCodes, mCodesIn, mTable, mEmbed, mX, mUsed, mTr,
-                    draw).launch(grid=[M, 1, 1], block=[THREADS, 1, 1], stream=stream,
+                    mG, mXn, draw).launch(grid=[M, 1, 1], block=[THREADS, 1, 1], stream=stream,
                                  use_pdl=self.pdl)
 
     @cute.jit
@@ -147,17 +132,8 @@ class DepthSampler:
             shift = 24 - 8 * p
             buf = p % 2
             for j in cutlass.range_constexpr(self.per_thread):
-                digit = Int32((keys[j] >> Uint32(shift)) & Uint32(255))
-                if cutlass.const_expr(self.aggregate):
-                    # the whole warp matches (256 for keys outside the prefix: not counted);
-                    # the lowest lane of each digit adds its peers' count
-                    digit = cutlass.select_((keys[j] & mask) == prefix, digit, Int32(256))
-                    peers = match_any(digit)
-                    if digit < 256 and (peers & lanemask_lt()) == Uint32(0):
-                        cute.arch.atomic_add(
-                            (s_hist.iterator + buf * THREADS + digit).llvm_ptr, popc(peers),
-                            scope="cta")
-                elif (keys[j] & mask) == prefix:
+                if (keys[j] & mask) == prefix:
+                    digit = Int32((keys[j] >> Uint32(shift)) & Uint32(255))
                     cute.arch.atomic_add((s_hist.iterator + buf * THREADS + digit).llvm_ptr,
                                          Int32(1), scope="cta")
             cute.arch.sync_threads()
@@ -190,7 +166,7 @@ class DepthSampler:
     def kernel(self, mL: cute.Tensor, mT: cute.Tensor, mK: cute.Tensor, mSeed: cute.Tensor,
                mOff: cute.Tensor, mCodes: cute.Tensor, mCodesIn: cute.Tensor,
                mTable: cute.Tensor, mEmbed: cute.Tensor, mX: cute.Tensor, mUsed: cute.Tensor,
-               mTr: cute.Tensor, draw: Int32):
+               mTr: cute.Tensor, mG: cute.Tensor, mXn: cute.Tensor, draw: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m, _, _ = cute.arch.block_idx()
         lane, warp = tidx % 32, tidx // 32
@@ -199,7 +175,15 @@ class DepthSampler:
         s_sel = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
         s_best = smem.allocate_tensor(Float64, cute.make_layout(THREADS // 32), 16)
         s_idx = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32 + 1), 16)
+        # the survivors of top-k (compact builds): count, columns, scores
+        s_live = smem.allocate_tensor(Int32, cute.make_layout(1 + self.V), 16)
+        s_live_s = smem.allocate_tensor(Float32, cute.make_layout(self.V), 16)
+        s_sum = smem.allocate_tensor(Float32, cute.make_layout(NORM_THREADS // 32), 16)
         self._stamp(mTr, m, tidx, 0)
+        hw4, tw4 = self.hidden // 8, self.talker // 8
+        g = None
+        if cutlass.const_expr(self.norm_eps is not None):
+            g = load_gamma(mG, tidx % NORM_THREADS, self.hidden)
         if cutlass.const_expr(self.pdl):
             # the next kernel (a GEMV) only prefetches weights before its own wait: let it in now
             cute.arch.griddepcontrol_launch_dependents()
@@ -212,20 +196,26 @@ class DepthSampler:
             self._stamp(mTr, m, tidx, 3)
         else:
             code = self.choose(mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx,
-                               mTr, m, tidx, lane, warp)
+                               s_live, s_live_s, mTr, m, tidx, lane, warp)
         self._stamp(mTr, m, tidx, 4)
         if tidx == 0:
             mCodes[m] = Int64(code)
         # the gathers for the next position
-        hw4, tw4 = self.hidden // 8, self.talker // 8
+        x_row = cute.make_rmem_tensor((4,), Uint32)
+        for e in cutlass.range_constexpr(4):
+            x_row[e] = Uint32(0)  # threads past the row add nothing to its norm
         if tidx < hw4:
-            row = cute.make_rmem_tensor((4,), Uint32)
-            cute.autovec_copy(mTable[(None, code * hw4 + tidx)], row)
-            cute.autovec_copy(row, mX[(None, m * hw4 + tidx)])
+            cute.autovec_copy(mTable[(None, code * hw4 + tidx)], x_row)
+            cute.autovec_copy(x_row, mX[(None, m * hw4 + tidx)])
         if tidx < tw4:
             row = cute.make_rmem_tensor((4,), Uint32)
             cute.autovec_copy(mEmbed[(None, code * tw4 + tidx)], row)
             cute.autovec_copy(row, mUsed[(None, m, tidx)])
+        if cutlass.const_expr(self.norm_eps is not None):
+            # the next position's first row norm from the row in registers (no norm kernel)
+            xn = normalize_chunks([x_row], g, tidx, s_sum, self.hidden, self.norm_eps)
+            if tidx < hw4:
+                cute.autovec_copy(xn[0], mXn[(None, m * hw4 + tidx)])
         self._stamp(mTr, m, tidx, 5)
 
     @cute.jit
@@ -236,8 +226,39 @@ class DepthSampler:
                 mTr[m, point] = Int64(cute.arch.globaltimer())
 
     @cute.jit
-    def choose(self, mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx, mTr, m, tidx,
-               lane, warp):
+    def perturbed(self, v, col, sampled, seed, off):
+        """v - log(-log u), u this column's Philox uniform (sampled rows; else v)."""
+        if sampled:
+            r0, r1 = philox4x32_10(Uint32(col), Uint32(off), Uint32(off >> Uint64(32)),
+                                   Uint32(0), Uint32(seed), Uint32(seed >> Uint64(32)))
+            bits = (Uint64(r0) << Uint64(21)) | Uint64(r1 >> Uint32(11))
+            u = (Float64(bits) + Float64(0.5)) * Float64(2.0 ** -53)
+            v = v - cute.math.log(-cute.math.log(u))
+        return v
+
+    @cute.jit
+    def compact_survivors(self, s, kth, s_live: cute.Tensor, s_live_s: cute.Tensor, tidx, lane):
+        """The scores s >= kth and their columns into shared memory (any order: the argmax
+        breaks ties by column), one shared atomic per warp and element; returns their count.
+        ``s_live[0]`` must be zero and visible (kth_largest_key's barriers see to it)."""
+        for j in cutlass.range_constexpr(self.per_thread):
+            keep = s[j] >= kth
+            ballot = Uint32(cute.arch.vote_ballot_sync(keep))
+            base = Int32(0)
+            if lane == 0 and ballot != Uint32(0):
+                base = cute.arch.atomic_add(s_live.iterator.llvm_ptr,
+                                            Int32(cute.arch.popc(ballot)), scope="cta")
+            base = cute.arch.shuffle_sync(base, 0)
+            if keep:
+                slot = base + Int32(cute.arch.popc(ballot & cute.arch.lanemask_lt()))
+                s_live[1 + slot] = Int32(tidx + THREADS * j)
+                s_live_s[slot] = s[j]
+        cute.arch.sync_threads()
+        return s_live[0]
+
+    @cute.jit
+    def choose(self, mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx, s_live,
+               s_live_s, mTr, m, tidx, lane, warp):
         V, E = self.V, self.per_thread
         greedy = cutlass.const_expr(self.mode == "greedy")
         T = Float32(0.0) if greedy else mT[m]
@@ -262,26 +283,30 @@ class DepthSampler:
         else:
             k = Int32(mK[m])
             k = cutlass.select_(k <= Int32(0), Int32(V), cutlass.min(k, Int32(V)))
+            if tidx == 0:
+                s_live[0] = Int32(0)
             kth = key_value(self.kth_largest_key(keys, k, s_hist, s_sel, tidx))
             self._stamp(mTr, m, tidx, 3)
             seed = Uint64(mSeed[m])
             off = Uint64(mOff[m]) + Uint64(draw)
             sampled = T > Float32(0.0)
-            for j in cutlass.range_constexpr(E):
-                # only survivors (~k of V) pay for Philox and the two fp64 logs
-                if s[j] >= kth:
-                    col = tidx + THREADS * j
-                    v = Float64(s[j])
-                    if sampled:
-                        r0, r1 = philox4x32_10(Uint32(col), Uint32(off),
-                                               Uint32(off >> Uint64(32)), Uint32(0),
-                                               Uint32(seed), Uint32(seed >> Uint64(32)))
-                        bits = (Uint64(r0) << Uint64(21)) | Uint64(r1 >> Uint32(11))
-                        u = (Float64(bits) + Float64(0.5)) * Float64(2.0 ** -53)
-                        v = v - cute.math.log(-cute.math.log(u))
-                    if v > best:
+            if cutlass.const_expr(self.compact):
+                n = self.compact_survivors(s, kth, s_live, s_live_s, tidx, lane)
+                for i in cutlass.range(tidx, n, THREADS):
+                    col = s_live[1 + i]
+                    v = self.perturbed(Float64(s_live_s[i]), col, sampled, seed, off)
+                    if v > best or (v == best and col < best_i):
                         best = v
-                        best_i = Int32(col)
+                        best_i = col
+            else:
+                for j in cutlass.range_constexpr(E):
+                    # only survivors (~k of V) pay for Philox and the two fp64 logs
+                    if s[j] >= kth:
+                        col = Int32(tidx + THREADS * j)
+                        v = self.perturbed(Float64(s[j]), col, sampled, seed, off)
+                        if v > best:
+                            best = v
+                            best_i = col
         # block argmax, first index on ties
         for o in cutlass.range_constexpr(5):
             ov = cute.arch.shuffle_sync_bfly(best, offset=1 << o)
@@ -306,9 +331,10 @@ class DepthSampler:
 
 def _ptr_specs():
     # logits, temperature, top_k, seed, offset, codes, codes_in, table, embeds, x_next, used,
-    # trace stamps
+    # trace stamps, gamma, xn
     return ((Float32, 16), (Float32, 4), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8),
-            (Uint32, 16), (Uint32, 16), (Uint32, 16), (Uint32, 16), (Int64, 8))
+            (Uint32, 16), (Uint32, 16), (Uint32, 16), (Uint32, 16), (Int64, 8), (Uint32, 16),
+            (Uint32, 16))
 
 
 def compile_args():
@@ -320,10 +346,12 @@ def compile_args():
 
 def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: str,
                temperature=None, top_k=None, seed=None, offset=None, codes_in=None,
-               pdl: bool = True, trace=None, aggregate: bool = False):
+               pdl: bool = True, trace=None, compact: bool = True, gamma=None, xn=None,
+               eps: float = 1e-6):
     """Draw (or take) one code per row and gather the next rows (see the module notes).
     ``trace``: int64 [M, len(DRAW_TRACE_POINTS)], each row's %globaltimer stamps (ns);
-    ``aggregate``: radix passes with warp-aggregated counts (the same codes).
+    ``compact``: the top-k survivors' draws one a thread (the same codes; DepthSampler);
+    ``gamma`` [hidden] and ``xn`` [M, hidden] bf16: also xn = rows_rmsnorm(x_next, gamma, eps).
 
     logits [M, V] fp32 (rows may be strided); codes / codes_in [M] int64 (strided views of the
     [M, 15] code tensors); table [V, hidden] and embeds [V, talker_hidden] bf16; x_next
@@ -358,6 +386,16 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
         check_cuda_tensor("codes_in", codes_in, dtypes=(torch.int64,), contiguous=False, align=8)
         if codes_in.stride() != codes.stride():
             raise ValueError("codes_in must be laid out as codes")
+    if (gamma is None) != (xn is None):
+        raise ValueError("gamma and xn go together")
+    if gamma is not None:
+        check_cuda_tensor("gamma", gamma, dtypes=(torch.bfloat16,))
+        check_cuda_tensor("xn", xn, dtypes=(torch.bfloat16,))
+        if tuple(gamma.shape) != (hidden,) or xn.shape != x_next.shape:
+            raise ValueError(f"gamma {tuple(gamma.shape)}, xn {tuple(xn.shape)}: need "
+                             f"[{hidden}], [{M}, {hidden}]")
+        if hidden != 8 * NORM_THREADS:
+            raise ValueError(f"the draw normalises rows of {8 * NORM_THREADS}, not {hidden}")
     if trace is not None:
         check_cuda_tensor("trace", trace, dtypes=(torch.int64,))
         if tuple(trace.shape) != (M, len(DRAW_TRACE_POINTS)):
@@ -367,13 +405,15 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
                top_k if top_k is not None else codes, seed if seed is not None else codes,
                offset if offset is not None else codes, codes,
                codes_in if codes_in is not None else codes, table, embeds, x_next, used,
-               trace if trace is not None else codes)
+               trace if trace is not None else codes, table if gamma is None else gamma,
+               x_next if xn is None else xn)
     ptrs = pointer_args(_ptr_specs(), tensors)
     scalars = (Int32(logits.stride(0)), Int32(codes.stride(0)), Int32(used.stride(0)),
                Int32(draw))
-    key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, aggregate)
+    norm_eps = None if gamma is None else eps
+    key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, compact, norm_eps)
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, aggregate), *ptrs,
-        *scalars, current_stream()))
+        DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, compact, norm_eps),
+        *ptrs, *scalars, current_stream()))
     compiled(*ptrs, *scalars, current_stream())
     return codes

@@ -38,38 +38,59 @@ class RowsRmsNorm:
     def kernel(self, mX: cute.Tensor, mG: cute.Tensor, mY: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         m, _, _ = cute.arch.block_idx()
-        lane, warp = tidx % 32, tidx // 32
         kc = self.K // 8
         s_sum = cutlass.memory.SmemAllocator().allocate_tensor(
             Float32, cute.make_layout(THREADS // 32), 16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
-        g = [cute.make_rmem_tensor((4,), Uint32) for _ in range(self.chunks)]
-        for i in cutlass.range_constexpr(self.chunks):
-            cute.autovec_copy(mG[(None, tidx + THREADS * i)], g[i])
+        g = load_gamma(mG, tidx, self.K)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         xs = [cute.make_rmem_tensor((4,), Uint32) for _ in range(self.chunks)]
-        ss = Float32(0.0)
         for i in cutlass.range_constexpr(self.chunks):
             cute.autovec_copy(mX[(None, m * kc + tidx + THREADS * i)], xs[i])
-            for e in cutlass.range_constexpr(4):
-                ss = add_squares(ss, xs[i][e])
-        ss = cute.arch.warp_reduction(ss, lambda a, b: a + b)
-        if lane == 0:
-            s_sum[warp] = ss
-        cute.arch.sync_threads()
-        tot = Float32(0.0)
-        for w in cutlass.range_constexpr(THREADS // 32):
-            tot = tot + s_sum[w]
-        r = rms_factor(tot, self.K, self.eps)
+        ys = normalize_chunks(xs, g, tidx, s_sum, self.K, self.eps)
         for i in cutlass.range_constexpr(self.chunks):
-            out = cute.make_rmem_tensor((4,), Uint32)
-            for e in cutlass.range_constexpr(4):
-                out[e] = rmsnorm_pair(xs[i][e], g[i][e], r)
             c = tidx + THREADS * i
             dst = c * self.M + m if cutlass.const_expr(self.chunk_major) else m * kc + c
-            cute.autovec_copy(out, mY[(None, dst)])
+            cute.autovec_copy(ys[i], mY[(None, dst)])
+
+
+@cute.jit
+def load_gamma(mG: cute.Tensor, t, K: cutlass.Constexpr[int]) -> list:
+    """Thread t's 16-byte chunks t, t + THREADS, ... of gamma [K / 8 chunks], for
+    :func:`normalize_chunks`."""
+    g = [cute.make_rmem_tensor((4,), Uint32) for _ in range(K // (8 * THREADS))]
+    for i in cutlass.range_constexpr(len(g)):
+        cute.autovec_copy(mG[(None, t + THREADS * i)], g[i])
+    return g
+
+
+@cute.jit
+def normalize_chunks(xs: list, g: list, t, s_sum: cute.Tensor, K: cutlass.Constexpr[int],
+                     eps: cutlass.Constexpr) -> list:
+    """A row's RMSNorm by THREADS threads, thread t holding its chunks t, t + THREADS, ... (xs,
+    gamma's in g): thread sums, warp butterflies, the warps' sums in order (the one rounding
+    every row norm of the loop shares). ``s_sum``: THREADS / 32 floats. Every thread of the CTA
+    calls it (one CTA barrier); threads t >= THREADS only take part in the barrier."""
+    lane, warp = t % 32, t // 32
+    ss = Float32(0.0)
+    for i in cutlass.range_constexpr(len(xs)):
+        for e in cutlass.range_constexpr(4):
+            ss = add_squares(ss, xs[i][e])
+    ss = cute.arch.warp_reduction(ss, lambda a, b: a + b)
+    if lane == 0 and t < THREADS:
+        s_sum[warp] = ss
+    cute.arch.sync_threads()
+    tot = Float32(0.0)
+    for w in cutlass.range_constexpr(THREADS // 32):
+        tot = tot + s_sum[w]
+    r = rms_factor(tot, K, eps)
+    ys = [cute.make_rmem_tensor((4,), Uint32) for _ in range(len(xs))]
+    for i in cutlass.range_constexpr(len(xs)):
+        for e in cutlass.range_constexpr(4):
+            ys[i][e] = rmsnorm_pair(xs[i][e], g[i][e], r)
+    return ys
 
 
 PTRS = ((Uint32, 16),) * 3  # x, gamma, y

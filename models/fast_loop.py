@@ -236,8 +236,10 @@ class FastLoop:
     the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/gemm_skinny_wgmma.py
     ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise); their producers (the
     norm, attention, gate/up) then write those inputs chunk-major.
-    ``draw_aggregate``: the draws' radix passes with warp-aggregated counts (kernels.depth_sampler
-    ``aggregate``; the same codes). ``draw_trace``: the kernels path keeps each draw's
+    ``draw_compact``: the draws' top-k survivors drawn one a thread (kernels.depth_sampler
+    ``compact``; the same codes). ``draw_norm``: above GEMV_MAX_ROWS rows without fold_norm or
+    a wgmma qkv, each draw also writes the next position's first row norm (the same bits as the
+    norm kernel it replaces). ``draw_trace``: the kernels path keeps each draw's
     %globaltimer stamps in ``draw_traces`` [15, run rows, len(DRAW_TRACE_POINTS)]
     (scripts/trace_draw.py).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
@@ -250,13 +252,13 @@ class FastLoop:
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
-                 mma: str = "sync", parts: tuple | None = None, draw_aggregate: bool = False,
-                 draw_trace: bool = False):
+                 mma: str = "sync", parts: tuple | None = None, draw_compact: bool = True,
+                 draw_norm: bool = True, draw_trace: bool = False):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
-        self.draw_aggregate = draw_aggregate
+        self.draw_compact = draw_compact
         self.teacher_forced = teacher_forced
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
         self.tiles = dict(tiles or {})
@@ -323,8 +325,8 @@ class FastLoop:
         if self.parts:  # the parts' loops: eager, on views of this loop's outputs
             part_kw = dict(compile=compile, graph=False, teacher_forced=teacher_forced,
                            small_m=small_m, path="kernels", pdl=pdl, tiles=tiles,
-                           fold_norm=fold_norm, mma=mma, parts=(), draw_aggregate=draw_aggregate,
-                           draw_trace=draw_trace)
+                           fold_norm=fold_norm, mma=mma, parts=(), draw_compact=draw_compact,
+                           draw_norm=draw_norm, draw_trace=draw_trace)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -335,6 +337,10 @@ class FastLoop:
             self.part_streams = [torch.cuda.Stream() for _ in self.parts]
         elif self.path == "kernels":
             self.x = torch.zeros(P, cfg.hidden, device=dev, dtype=dt)
+            # the draws write the next position's first normalised row (the GEMVs norm their
+            # own rows; fold_norm has no norm kernels; a wgmma qkv reads xn chunk-major)
+            self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
+                              and "qkv" not in self.wgmma)
             if P > GEMV_MAX_ROWS:  # tensor-core projections take a normalised copy
                 self.xn = torch.zeros_like(self.x)
                 # x's sums of squares per 32 columns [hidden / 32, P] (fold_norm="producer")
@@ -426,11 +432,12 @@ class FastLoop:
         self.talker_sum.copy_(self.used.sum(1))
 
     def _project(self, name, a, w, out, *, gamma=None, resid=None, swiglu: bool = False,
-                 sums_ready: bool = True):
+                 sums_ready: bool = True, normed: bool = False):
         """out = [resid +] [norm](a) · w^T [SwiGLU]: the fused GEMV for <= GEMV_MAX_ROWS rows,
         else the row norm (when gamma is given) and the split-K tensor-core projection (``w``
         then packed: FastWeights.skinny_weights). ``sums_ready``: a residual projection wrote
-        a's sums of squares (``x_ss``; not so for layer 0, whose x comes from the draw)."""
+        a's sums of squares (``x_ss``; not so for layer 0, whose x comes from the draw).
+        ``normed``: xn already holds norm(a) (the draw wrote it: ``draw_norm``)."""
         from kernels.gemm_skinny import gemm_skinny
         from kernels.gemv_small_m import gemv_small_m
         from kernels.rows_rmsnorm import rows_rmsnorm
@@ -446,6 +453,8 @@ class FastLoop:
             folded = dict(rms_eps=eps)
             if producer and sums_ready:
                 folded["ss_in"] = self.x_ss
+        elif gamma is not None and normed:
+            a = self.xn
         elif gamma is not None:
             a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl,
                              chunk_major=name in self.wgmma)
@@ -502,7 +511,7 @@ class FastLoop:
                 self.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
             for li in range(cfg.layers):
                 proj("qkv", self.x, W["qkv"][li], self.qkv_out, gamma=fw.in_norm[li],
-                     sums_ready=li > 0)
+                     sums_ready=li > 0, normed=li == 0 and p >= 2 and self.draw_norm)
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
                                 q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl,
@@ -515,11 +524,14 @@ class FastLoop:
                 continue
             s = p - 1  # this position predicts g_{s+1}
             proj("heads", self.x, W["heads"][s], self.logits[:, s], gamma=fw.final_norm)
+            # the next position's first norm in the draw (none after the last position)
+            norm = dict(gamma=fw.in_norm[0], xn=self.xn, eps=eps) \
+                if self.draw_norm and p + 1 < cfg.positions else {}
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        self.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
-                       pdl=pdl, aggregate=self.draw_aggregate,
+                       pdl=pdl, compact=self.draw_compact,
                        trace=None if self.draw_traces is None else self.draw_traces[s],
-                       **draw_args)
+                       **norm, **draw_args)
         if smp is not None:
             smp.advance_offsets(cfg.heads_drawn)
         self.talker_sum.copy_(self.used.sum(1))

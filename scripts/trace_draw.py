@@ -1,5 +1,6 @@
 """Per-phase trace of the fast loop's 15 draws inside the captured frame: ``--rows 64
-[--aggregate]`` -> results/draw-trace-<rows>[-aggregate].json and a table.
+[--variant draw_compact=False] [--label inline]`` -> results/draw-trace-<rows>[-<label>].json
+and a table.
 
 Each draw's CTAs stamp %globaltimer at kernels.depth_sampler.DRAW_TRACE_POINTS (entry, wait_done,
 logits, selected, drawn, gathered); per draw, the medians over rows of each phase (the time from
@@ -17,6 +18,7 @@ from kernels.depth_sampler import DRAW_TRACE_POINTS
 from models.codepredictor import random_weights
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
+from scripts.ab_frame import parse_variant
 from workbench.results import provenance, provenance_line
 
 
@@ -38,7 +40,8 @@ def phase_summary(stamps: torch.Tensor) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--aggregate", action="store_true", help="warp-aggregated radix passes")
+    ap.add_argument("--variant", default="", help="FastLoop keyword arguments, as ab_frame's")
+    ap.add_argument("--label", default="", help="suffix of the JSON file's name")
     args = ap.parse_args()
     print(provenance_line({"weights": 0}), flush=True)
     w = random_weights(seed=0, dtype=torch.bfloat16).to(device="cuda")
@@ -47,7 +50,7 @@ def main():
     h = torch.randn(R, w.config.talker_hidden, device="cuda", generator=g).to(torch.bfloat16)
     g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
     fl = FastLoop(FastWeights(w), R, Sampler(R, seeds=list(range(R)), device="cuda"), parts=(),
-                  draw_aggregate=args.aggregate, draw_trace=True)
+                  draw_trace=True, **parse_variant(args.variant))
     for _ in range(3):
         fl(h, g0)
     torch.cuda.synchronize()
@@ -59,11 +62,11 @@ def main():
     med = {n: sorted(r[n] for r in rows)[len(rows) // 2] for n in names}
     print("median " + "  ".join(f"{n[:-3]}={v:.2f}" for n, v in med.items()))
     out = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
-                       f"draw-trace-{R}{'-aggregate' if args.aggregate else ''}.json")
+                       f"draw-trace-{R}{'-' + args.label if args.label else ''}.json")
     if os.path.exists(out):
         raise SystemExit(f"{out} exists: move it first")
     with open(out, "w") as f:
-        json.dump({"provenance": provenance(), "rows": R, "aggregate": args.aggregate,
+        json.dump({"provenance": provenance(), "rows": R, "variant": args.variant,
                    "points": DRAW_TRACE_POINTS, "draws": rows, "median": med}, f, indent=1)
     print(f"wrote {out}")
 

@@ -49,22 +49,29 @@ def test_attention_and_sampler_compile():
     assert "atom.shared" in r.ptx and "mul.hi.u32" in r.ptx
     # fp64 log inlined (libdevice's polynomial, the one torch's CUDA log uses), no approximations
     assert "lg2.approx" not in r.ptx and "fma.rn.f64" in r.ptx
-    assert "match.any" not in r.ptx and "%globaltimer" not in r.ptx
+    assert "rsqrt" not in r.ptx and "%globaltimer" not in r.ptx
 
 
 @pytest.mark.compile
-def test_sampler_aggregated_passes_and_trace_compile():
-    """``aggregate``: one match.any per key and pass, one shared atomic per distinct digit
-    (under a leader test); ``trace``: a %globaltimer read per DRAW_TRACE_POINTS entry."""
+@pytest.mark.parametrize("compact", [True, False])
+def test_sampler_compact_norm_and_trace_compile(compact):
+    """``compact``: the survivors go to shared memory by one ballot and one leader's atomic
+    per element slot, then one Philox draw a thread in a loop over them (off: one draw per
+    element slot, unrolled); ``norm_eps``: the next row normalised (the norm kernel's bf16x2
+    roundings); ``trace``: a %globaltimer read per DRAW_TRACE_POINTS entry."""
     from kernels.depth_sampler import DRAW_TRACE_POINTS, DepthSampler
     from kernels.depth_sampler import compile_args as smp_args
     from workbench.compile import compile_report
 
-    r = compile_report(DepthSampler(8, 2048, 1024, 2048, "sample", aggregate=True, trace=True),
-                       *smp_args())
+    r = compile_report(DepthSampler(8, 2048, 1024, 2048, "sample", trace=True, compact=compact,
+                                    norm_eps=1e-6), *smp_args())
     assert r.spill_bytes == 0 and r.ptx.count("call") == 0
-    assert r.ptx.count("match.any.sync.b32") == 4 * 8  # 4 passes x 8 keys a thread
-    assert r.ptx.count("popc.b32") == 4 * 8
+    # Philox4x32-10 inlined once (compact) or once per element slot: up to 20 mul.hi each (the
+    # compiler folds or drops a few: only two of the four words are used)
+    muls = r.ptx.count("mul.hi.u32")
+    assert 16 <= muls <= 20 if compact else muls >= 8 * 16
+    assert r.ptx.count("vote.sync.ballot") == (8 if compact else 0)
+    assert r.ptx.count("rsqrt.approx.f32") == 1  # the row norm's factor
     assert r.ptx.count("%globaltimer") == len(DRAW_TRACE_POINTS)
 
 
@@ -203,19 +210,29 @@ def _draw_case(M, V, seed, g):
 
 @pytest.mark.gpu
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 2**20), M=st.sampled_from([1, 3, 8]), d=st.integers(0, 14),
-       aggregate=st.booleans())
-def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, aggregate):
+@given(seed=st.integers(0, 2**20), M=st.sampled_from([1, 3, 8, 64]), d=st.integers(0, 14),
+       compact=st.booleans(), norm=st.booleans())
+def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, compact, norm):
+    """The codes of models.sampler on the same logits (ties at the k-th value, k from 1 to
+    past V, greedy rows), the gathered rows, and with ``norm`` the next row normalised with
+    the norm kernel's bits; ``compact`` either way."""
     from functools import partial
 
     from kernels.depth_sampler import depth_draw as plain_draw
-
-    depth_draw = partial(plain_draw, aggregate=aggregate)
+    from kernels.rows_rmsnorm import rows_rmsnorm
 
     V, hidden, talker = 2048, 1024, 2048
     g = torch.Generator(device="cuda").manual_seed(seed)
     logits, smp = _draw_case(M, V, seed, g)
     table, embeds = _randn(V, hidden, g=g), _randn(V, talker, g=g)
+    gamma, xn = _randn(hidden, g=g), _poison(M, hidden)
+    depth_draw = partial(plain_draw, compact=compact,
+                         **(dict(gamma=gamma, xn=xn) if norm else {}))
+
+    def check_norm(x_next):
+        if norm:
+            assert torch.equal(xn, rows_rmsnorm(x_next, gamma, _poison(M, hidden)))
+
     ref = draw(filtered_scores(logits, smp.temperature, smp.top_k), smp.temperature, smp.seed,
                smp.offset + d)
     big = torch.zeros(M, 15, V, device="cuda")
@@ -227,6 +244,7 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, aggregate):
                offset=smp.offset)
     assert torch.equal(codes[:, d], ref)
     assert torch.equal(x_next, table[ref]) and torch.equal(used[:, d + 1], embeds[ref])
+    check_norm(x_next)
     # greedy and teacher-forced modes
     depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="greedy")
     assert torch.equal(codes[:, d], logits.argmax(-1))
@@ -234,6 +252,7 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, aggregate):
     depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="forced",
                codes_in=forced[:, d])
     assert torch.equal(codes[:, d], forced[:, d]) and torch.equal(x_next, table[forced[:, d]])
+    check_norm(x_next)
 
 
 @pytest.mark.gpu
