@@ -28,6 +28,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 THREADS = 256
 MODES = ("sample", "greedy", "forced")
+# where the Gumbel terms log(-log u) are drawn: for every column before the dependency wait
+# (they depend on seed, offset and column only), for the survivors one a thread after the
+# selection, or for each thread's own survivors in turn
+NOISE = ("early", "compact", "inline")
 # trace=True builds: thread 0 of each row's CTA stamps %globaltimer (ns) at these points
 DRAW_TRACE_POINTS = ("entry", "wait_done", "logits", "selected", "drawn", "gathered")
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -69,23 +73,27 @@ def key_value(k: Uint32) -> Float32:
 
 class DepthSampler:
     """Static config: rows M, vocab V (a multiple of 256), widths of the two gathered rows.
-    ``trace``: stamp DRAW_TRACE_POINTS. ``compact``: the survivors of top-k go to shared memory
-    first, so each thread draws Philox and the two fp64 logs for one of them (off: each thread
-    for its own survivors, up to V / THREADS serial draws in a warp). ``norm_eps``: also write
+    ``trace``: stamp DRAW_TRACE_POINTS. ``noise`` (NOISE): "early" draws Philox and the two
+    fp64 logs for all of a row's columns while the CTA waits for the logits (no parameter of a
+    draw is written inside the frame: the sampler's tensors change between frames only);
+    "compact" moves the top-k survivors to shared memory and draws one a thread; "inline" has
+    each thread draw its own survivors, up to V / THREADS in series. ``norm_eps``: also write
     the next position's row normalised (gamma, eps) as kernels.rows_rmsnorm rounds it."""
 
     def __init__(self, M: int, V: int, hidden: int, talker_hidden: int, mode: str = "sample",
-                 pdl: bool = True, trace: bool = False, compact: bool = True,
+                 pdl: bool = True, trace: bool = False, noise: str = "early",
                  norm_eps: float | None = None):
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
+        if noise not in NOISE:
+            raise ValueError(f"noise {noise!r} not in {NOISE}")
         if V % THREADS or hidden % 8 or talker_hidden % 8 or hidden // 8 > THREADS \
                 or talker_hidden // 8 > THREADS:
             raise ValueError(f"unsupported V {V} / widths {hidden}, {talker_hidden}")
         if norm_eps is not None and hidden != 8 * NORM_THREADS:
             raise ValueError(f"the draw normalises rows of {8 * NORM_THREADS}, not {hidden}")
         self.M, self.V, self.hidden, self.talker = M, V, hidden, talker_hidden
-        self.mode, self.pdl, self.trace, self.compact = mode, pdl, trace, compact
+        self.mode, self.pdl, self.trace, self.noise = mode, pdl, trace, noise
         self.norm_eps = norm_eps
         self.per_thread = V // THREADS
 
@@ -184,6 +192,9 @@ class DepthSampler:
         g = None
         if cutlass.const_expr(self.norm_eps is not None):
             g = load_gamma(mG, tidx % NORM_THREADS, self.hidden)
+        terms = None
+        if cutlass.const_expr(self.mode == "sample" and self.noise == "early"):
+            terms = self.early_terms(mT, mSeed, mOff, draw, m, tidx)
         if cutlass.const_expr(self.pdl):
             # the next kernel (a GEMV) only prefetches weights before its own wait: let it in now
             cute.arch.griddepcontrol_launch_dependents()
@@ -196,7 +207,7 @@ class DepthSampler:
             self._stamp(mTr, m, tidx, 3)
         else:
             code = self.choose(mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx,
-                               s_live, s_live_s, mTr, m, tidx, lane, warp)
+                               s_live, s_live_s, terms, mTr, m, tidx, lane, warp)
         self._stamp(mTr, m, tidx, 4)
         if tidx == 0:
             mCodes[m] = Int64(code)
@@ -226,15 +237,34 @@ class DepthSampler:
                 mTr[m, point] = Int64(cute.arch.globaltimer())
 
     @cute.jit
+    def gumbel_term(self, col, seed, off) -> Float64:
+        """log(-log u), u column col's Philox uniform (models.philox.uniform)."""
+        r0, r1 = philox4x32_10(Uint32(col), Uint32(off), Uint32(off >> Uint64(32)), Uint32(0),
+                               Uint32(seed), Uint32(seed >> Uint64(32)))
+        bits = (Uint64(r0) << Uint64(21)) | Uint64(r1 >> Uint32(11))
+        u = (Float64(bits) + Float64(0.5)) * Float64(2.0 ** -53)
+        return cute.math.log(-cute.math.log(u))
+
+    @cute.jit
     def perturbed(self, v, col, sampled, seed, off):
-        """v - log(-log u), u this column's Philox uniform (sampled rows; else v)."""
+        """v - log(-log u) on sampled rows, else v."""
         if sampled:
-            r0, r1 = philox4x32_10(Uint32(col), Uint32(off), Uint32(off >> Uint64(32)),
-                                   Uint32(0), Uint32(seed), Uint32(seed >> Uint64(32)))
-            bits = (Uint64(r0) << Uint64(21)) | Uint64(r1 >> Uint32(11))
-            u = (Float64(bits) + Float64(0.5)) * Float64(2.0 ** -53)
-            v = v - cute.math.log(-cute.math.log(u))
+            v = v - self.gumbel_term(col, seed, off)
         return v
+
+    @cute.jit
+    def early_terms(self, mT, mSeed, mOff, draw, m, tidx):
+        """The Gumbel terms of this thread's columns (0 on T == 0 rows, whose draw is the
+        argmax), before the dependency wait: they hide in the CTA's early residency."""
+        terms = cute.make_rmem_tensor((self.per_thread,), Float64)
+        for j in cutlass.range_constexpr(self.per_thread):
+            terms[j] = Float64(0.0)
+        if mT[m] > Float32(0.0):
+            seed = Uint64(mSeed[m])
+            off = Uint64(mOff[m]) + Uint64(draw)
+            for j in cutlass.range_constexpr(self.per_thread):
+                terms[j] = self.gumbel_term(tidx + THREADS * j, seed, off)
+        return terms
 
     @cute.jit
     def compact_survivors(self, s, kth, s_live: cute.Tensor, s_live_s: cute.Tensor, tidx, lane):
@@ -258,7 +288,7 @@ class DepthSampler:
 
     @cute.jit
     def choose(self, mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx, s_live,
-               s_live_s, mTr, m, tidx, lane, warp):
+               s_live_s, terms, mTr, m, tidx, lane, warp):
         V, E = self.V, self.per_thread
         greedy = cutlass.const_expr(self.mode == "greedy")
         T = Float32(0.0) if greedy else mT[m]
@@ -290,7 +320,14 @@ class DepthSampler:
             seed = Uint64(mSeed[m])
             off = Uint64(mOff[m]) + Uint64(draw)
             sampled = T > Float32(0.0)
-            if cutlass.const_expr(self.compact):
+            if cutlass.const_expr(self.noise == "early"):
+                for j in cutlass.range_constexpr(E):
+                    if s[j] >= kth:
+                        v = Float64(s[j]) - terms[j]  # 0 on T == 0 rows: v = s exactly
+                        if v > best:
+                            best = v
+                            best_i = Int32(tidx + THREADS * j)
+            elif cutlass.const_expr(self.noise == "compact"):
                 n = self.compact_survivors(s, kth, s_live, s_live_s, tidx, lane)
                 for i in cutlass.range(tidx, n, THREADS):
                     col = s_live[1 + i]
@@ -346,11 +383,11 @@ def compile_args():
 
 def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: str,
                temperature=None, top_k=None, seed=None, offset=None, codes_in=None,
-               pdl: bool = True, trace=None, compact: bool = True, gamma=None, xn=None,
+               pdl: bool = True, trace=None, noise: str = "early", gamma=None, xn=None,
                eps: float = 1e-6):
     """Draw (or take) one code per row and gather the next rows (see the module notes).
     ``trace``: int64 [M, len(DRAW_TRACE_POINTS)], each row's %globaltimer stamps (ns);
-    ``compact``: the top-k survivors' draws one a thread (the same codes; DepthSampler);
+    ``noise``: where the Gumbel terms are drawn (NOISE; the same codes; DepthSampler);
     ``gamma`` [hidden] and ``xn`` [M, hidden] bf16: also xn = rows_rmsnorm(x_next, gamma, eps).
 
     logits [M, V] fp32 (rows may be strided); codes / codes_in [M] int64 (strided views of the
@@ -362,6 +399,8 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
     require_hopper()
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} not in {MODES}")
+    if noise not in NOISE:
+        raise ValueError(f"noise {noise!r} not in {NOISE}")
     M, V = logits.shape
     hidden, talker = table.shape[1], embeds.shape[1]
     check_cuda_tensor("logits", logits, dtypes=(torch.float32,), contiguous=False)
@@ -411,9 +450,9 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
     scalars = (Int32(logits.stride(0)), Int32(codes.stride(0)), Int32(used.stride(0)),
                Int32(draw))
     norm_eps = None if gamma is None else eps
-    key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, compact, norm_eps)
+    key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps)
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, compact, norm_eps),
+        DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps),
         *ptrs, *scalars, current_stream()))
     compiled(*ptrs, *scalars, current_stream())
     return codes

@@ -236,8 +236,8 @@ class FastLoop:
     the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/gemm_skinny_wgmma.py
     ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise); their producers (the
     norm, attention, gate/up) then write those inputs chunk-major.
-    ``draw_compact``: the draws' top-k survivors drawn one a thread (kernels.depth_sampler
-    ``compact``; the same codes). ``draw_norm``: above GEMV_MAX_ROWS rows without fold_norm or
+    ``draw_noise``: where the draws' Gumbel terms are drawn (kernels.depth_sampler NOISE; the
+    same codes). ``draw_norm``: above GEMV_MAX_ROWS rows without fold_norm or
     a wgmma qkv, each draw also writes the next position's first row norm (the same bits as the
     norm kernel it replaces). ``draw_trace``: the kernels path keeps each draw's
     %globaltimer stamps in ``draw_traces`` [15, run rows, len(DRAW_TRACE_POINTS)]
@@ -252,13 +252,13 @@ class FastLoop:
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
-                 mma: str = "sync", parts: tuple | None = None, draw_compact: bool = True,
+                 mma: str = "sync", parts: tuple | None = None, draw_noise: str = "early",
                  draw_norm: bool = True, draw_trace: bool = False):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
-        self.draw_compact = draw_compact
+        self.draw_noise = draw_noise
         self.teacher_forced = teacher_forced
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
         self.tiles = dict(tiles or {})
@@ -325,7 +325,7 @@ class FastLoop:
         if self.parts:  # the parts' loops: eager, on views of this loop's outputs
             part_kw = dict(compile=compile, graph=False, teacher_forced=teacher_forced,
                            small_m=small_m, path="kernels", pdl=pdl, tiles=tiles,
-                           fold_norm=fold_norm, mma=mma, parts=(), draw_compact=draw_compact,
+                           fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
                            draw_norm=draw_norm, draw_trace=draw_trace)
             start = 0
             for r in self.parts:
@@ -529,7 +529,7 @@ class FastLoop:
                 if self.draw_norm and p + 1 < cfg.positions else {}
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        self.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
-                       pdl=pdl, compact=self.draw_compact,
+                       pdl=pdl, noise=self.draw_noise,
                        trace=None if self.draw_traces is None else self.draw_traces[s],
                        **norm, **draw_args)
         if smp is not None:

@@ -1,5 +1,5 @@
 """Per-phase trace of the fast loop's 15 draws inside the captured frame: ``--rows 64
-[--variant draw_compact=False] [--label inline]`` -> results/draw-trace-<rows>[-<label>].json
+[--variant draw_noise=inline] [--label inline]`` -> results/draw-trace-<rows>[-<label>].json
 and a table.
 
 Each draw's CTAs stamp %globaltimer at kernels.depth_sampler.DRAW_TRACE_POINTS (entry, wait_done,

@@ -53,18 +53,19 @@ def test_attention_and_sampler_compile():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("compact", [True, False])
-def test_sampler_compact_norm_and_trace_compile(compact):
-    """``compact``: the survivors go to shared memory by one ballot and one leader's atomic
-    per element slot, then one Philox draw a thread in a loop over them (off: one draw per
-    element slot, unrolled); ``norm_eps``: the next row normalised (the norm kernel's bf16x2
+@pytest.mark.parametrize("noise", ["early", "compact", "inline"])
+def test_sampler_noise_norm_and_trace_compile(noise):
+    """``noise``: "compact" moves the survivors to shared memory by one ballot and one leader's
+    atomic per element slot, then draws one a thread in a loop over them; "early" and "inline"
+    draw once per element slot, unrolled (early before the dependency wait); ``norm_eps``: the next row normalised (the norm kernel's bf16x2
     roundings); ``trace``: a %globaltimer read per DRAW_TRACE_POINTS entry."""
     from kernels.depth_sampler import DRAW_TRACE_POINTS, DepthSampler
     from kernels.depth_sampler import compile_args as smp_args
     from workbench.compile import compile_report
 
-    r = compile_report(DepthSampler(8, 2048, 1024, 2048, "sample", trace=True, compact=compact,
+    r = compile_report(DepthSampler(8, 2048, 1024, 2048, "sample", trace=True, noise=noise,
                                     norm_eps=1e-6), *smp_args())
+    compact = noise == "compact"
     assert r.spill_bytes == 0 and r.ptx.count("call") == 0
     # Philox4x32-10 inlined once (compact) or once per element slot: up to 20 mul.hi each (the
     # compiler folds or drops a few: only two of the four words are used)
@@ -73,6 +74,9 @@ def test_sampler_compact_norm_and_trace_compile(compact):
     assert r.ptx.count("vote.sync.ballot") == (8 if compact else 0)
     assert r.ptx.count("rsqrt.approx.f32") == 1  # the row norm's factor
     assert r.ptx.count("%globaltimer") == len(DRAW_TRACE_POINTS)
+    if noise == "early":  # every Philox product before the wait
+        wait = r.ptx.index("griddepcontrol.wait")
+        assert r.ptx.count("mul.hi.u32", 0, wait) == muls
 
 
 # ---- GPU tests -------------------------------------------------------------------------------
@@ -211,11 +215,11 @@ def _draw_case(M, V, seed, g):
 @pytest.mark.gpu
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**20), M=st.sampled_from([1, 3, 8, 64]), d=st.integers(0, 14),
-       compact=st.booleans(), norm=st.booleans())
-def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, compact, norm):
+       noise=st.sampled_from(["early", "compact", "inline"]), norm=st.booleans())
+def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, noise, norm):
     """The codes of models.sampler on the same logits (ties at the k-th value, k from 1 to
     past V, greedy rows), the gathered rows, and with ``norm`` the next row normalised with
-    the norm kernel's bits; ``compact`` either way."""
+    the norm kernel's bits; with the Gumbel terms drawn in each of the NOISE places."""
     from functools import partial
 
     from kernels.depth_sampler import depth_draw as plain_draw
@@ -226,7 +230,7 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, compact, no
     logits, smp = _draw_case(M, V, seed, g)
     table, embeds = _randn(V, hidden, g=g), _randn(V, talker, g=g)
     gamma, xn = _randn(hidden, g=g), _poison(M, hidden)
-    depth_draw = partial(plain_draw, compact=compact,
+    depth_draw = partial(plain_draw, noise=noise,
                          **(dict(gamma=gamma, xn=xn) if norm else {}))
 
     def check_norm(x_next):

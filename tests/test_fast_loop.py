@@ -185,15 +185,15 @@ def test_sampler_rows_view_shares_the_rows():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("R", [1, 16, 64])
-def test_fast_loop_draw_compact_norm_and_trace_change_no_bits_on_h200(R):
-    """The default draws (``draw_compact``, ``draw_norm``) against neither, traced: the same
-    codes, logits, talker sum and KV; every draw stamped in order."""
+def test_fast_loop_draw_noise_norm_and_trace_change_no_bits_on_h200(R):
+    """The default draws (early Gumbel terms, ``draw_norm``) against the inline terms without
+    the norm, traced: the same codes, logits, talker sum and KV; every draw stamped in order."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R + 2, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(400, 400 + R))
     loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), **kw)
-             for kw in ({}, dict(draw_compact=False, draw_norm=False, draw_trace=True))]
+             for kw in ({}, dict(draw_noise="inline", draw_norm=False, draw_trace=True))]
     a, b = (loop(h, g0) for loop in loops)
     assert torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
     assert torch.equal(a.talker_sum, b.talker_sum)
