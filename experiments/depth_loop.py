@@ -85,16 +85,18 @@ def _main(argv) -> int:
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "models/fast_loop.py v8e (CuTe DSL kernels + PDL: "
+                                  "fast_loop": "models/fast_loop.py v10q (CuTe DSL kernels + PDL: "
                                                "GEMVs at <= 2 rows, cluster split-K mma.sync "
-                                               "projections at 3-128 rows padded to 16s; "
-                                               "graphs)"},
+                                               "projections at 3-128 rows padded to 16s, two "
+                                               "64-row chains at 128; graphs)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "fast loop v8e = v8d (8b8d21f: 1425 / 1836 / 1823 / 2208 / 3391 / "
-                             "5386 µs) without the QKV 8-slice entry, which the frame A/B "
-                             "(b3663ea) measured slower: 64 rows ~3300 µs, the rest unchanged. "
-                             "History in notes/fast-loop.md.",
+        notes={"prediction": "fast loop v10q: the draw's Gumbel terms before its dependency "
+                             "wait above 2 rows, compacted to one a thread at 1-2 rows, and "
+                             "the next position's first row norm in the draw (same-run A/Bs, "
+                             "9a8edc9: 64 rows 2582 -> 2521 µs, 1 row 1417 -> 1397); against "
+                             "19b4900 (1420 / 1775 / 1773 / 2019 / 2580 / 3714 µs): ~-20 at 1 "
+                             "row, ~-50 to -60 at 8-128 rows. History in notes/fast-loop.md.",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})

@@ -237,7 +237,8 @@ class FastLoop:
     ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise); their producers (the
     norm, attention, gate/up) then write those inputs chunk-major.
     ``draw_noise``: where the draws' Gumbel terms are drawn (kernels.depth_sampler NOISE; the
-    same codes). ``draw_norm``: above GEMV_MAX_ROWS rows without fold_norm or
+    same codes); default "early" on the tensor-core path, "compact" on the GEMVs' (whose draw
+    CTA is released too soon to hide them: notes/fast-loop.md v10q). ``draw_norm``: above GEMV_MAX_ROWS rows without fold_norm or
     a wgmma qkv, each draw also writes the next position's first row norm (the same bits as the
     norm kernel it replaces). ``draw_trace``: the kernels path keeps each draw's
     %globaltimer stamps in ``draw_traces`` [15, run rows, len(DRAW_TRACE_POINTS)]
@@ -252,13 +253,12 @@ class FastLoop:
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
-                 mma: str = "sync", parts: tuple | None = None, draw_noise: str = "early",
+                 mma: str = "sync", parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
-        self.draw_noise = draw_noise
         self.teacher_forced = teacher_forced
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
         self.tiles = dict(tiles or {})
@@ -341,6 +341,11 @@ class FastLoop:
             # own rows; fold_norm has no norm kernels; a wgmma qkv reads xn chunk-major)
             self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
                               and "qkv" not in self.wgmma)
+            from kernels.depth_sampler import NOISE
+
+            if draw_noise not in (None, *NOISE):
+                raise ValueError(f"draw_noise {draw_noise!r}: one of {NOISE} or None")
+            self.draw_noise = draw_noise or ("early" if P > GEMV_MAX_ROWS else "compact")
             if P > GEMV_MAX_ROWS:  # tensor-core projections take a normalised copy
                 self.xn = torch.zeros_like(self.x)
                 # x's sums of squares per 32 columns [hidden / 32, P] (fold_norm="producer")
