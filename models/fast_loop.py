@@ -238,9 +238,9 @@ class FastLoop:
     norm, attention, gate/up) then write those inputs chunk-major.
     ``draw_noise``: where the draws' Gumbel terms are drawn (kernels.depth_sampler NOISE; the
     same codes); default "early" on the tensor-core path, "compact" on the GEMVs' (whose draw
-    CTA is released too soon to hide them: notes/fast-loop.md v10q). ``draw_norm``: above GEMV_MAX_ROWS rows without fold_norm or
-    a wgmma qkv, each draw also writes the next position's first row norm (the same bits as the
-    norm kernel it replaces). ``draw_trace``: the kernels path keeps each draw's
+    CTA is released too soon to hide them: notes/fast-loop.md v10q). ``draw_norm``: above
+    GEMV_MAX_ROWS rows without fold_norm or a wgmma qkv, each draw also writes the next
+    position's first row norm (the same bits as the norm kernel it replaces). ``draw_trace``: the kernels path keeps each draw's
     %globaltimer stamps in ``draw_traces`` [15, run rows, len(DRAW_TRACE_POINTS)]
     (scripts/trace_draw.py).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
