@@ -240,9 +240,9 @@ class FastLoop:
     same codes); default "early" on the tensor-core path, "compact" on the GEMVs' (whose draw
     CTA is released too soon to hide them: notes/fast-loop.md v10q). ``draw_norm``: above
     GEMV_MAX_ROWS rows without fold_norm or a wgmma qkv, each draw also writes the next
-    position's first row norm (the same bits as the norm kernel it replaces). ``draw_trace``: the kernels path keeps each draw's
-    %globaltimer stamps in ``draw_traces`` [15, run rows, len(DRAW_TRACE_POINTS)]
-    (scripts/trace_draw.py).
+    position's first row norm (the same bits as the norm kernel it replaces). ``draw_trace``:
+    the kernels path keeps each draw's %globaltimer stamps in ``draw_traces`` [15, run rows,
+    len(DRAW_TRACE_POINTS)] (scripts/trace_draw.py).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
