@@ -144,10 +144,14 @@ def test_trace_draw_phase_summary():
 def test_profile_labels_the_frames_kernels_by_role():
     from scripts.profile_fast_loop import frame_roles, label_roles
 
-    roles = frame_roles(QWEN3_TTS_1P7B)
+    roles = frame_roles(QWEN3_TTS_1P7B, draw_norm=False)
     # 16 positions x 5 layers x 7 kernels, and a norm, head and draw at positions 1-15
     assert len(roles) == 16 * 5 * 7 + 15 * 3 and roles.count("heads") == 15
     assert roles[:4] == ["norm_in", "qkv", "attention", "wo"] and roles[-1] == "draw"
+    # the draws at positions 1-14 normalise the next position's first row
+    with_draw_norm = frame_roles(QWEN3_TTS_1P7B)
+    assert len(with_draw_norm) == len(roles) - 14
+    assert with_draw_norm.count("norm_in") == roles.count("norm_in") - 14
     ev = [("nvjet", 0.0, 1.0), ("GemmSkinny", 3.0, 4.0), ("RowsRmsNorm", 1.0, 2.0)]
     assert label_roles(ev, ["norm_in", "qkv"]) == [
         ("nvjet", 0.0, 1.0), ("GemmSkinny:qkv", 3.0, 4.0), ("RowsRmsNorm:norm_in", 1.0, 2.0)]
