@@ -24,16 +24,20 @@ from kernels.runtime import (activation_layout, cached_compile, check_cuda_tenso
                              current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
-from cutlass import BFloat16, Float32, Int32  # noqa: E402
+from cutlass import BFloat16, Float32, Int32, Int64  # noqa: E402
 
 SLOTS = 16
+# trace=True builds: thread 0 of each (kv head, row) CTA stamps %globaltimer (ns) at these points
+ATTN_TRACE_POINTS = ("entry", "wait_done", "normed", "rotated", "scored", "softmaxed", "stored")
 
 
 class DepthAttention:
-    """Static config: rows M, head counts, head_dim (128), eps."""
+    """Static config: rows M, head counts, head_dim (128), eps. ``trace``: stamp
+    ATTN_TRACE_POINTS (normed: after the norms' barrier, so it includes the qkv loads)."""
 
     def __init__(self, M: int, q_heads: int, kv_heads: int, head_dim: int = 128,
-                 eps: float = 1e-6, pdl: bool = True, chunk_major: bool = False):
+                 eps: float = 1e-6, pdl: bool = True, chunk_major: bool = False,
+                 trace: bool = False):
         if q_heads % kv_heads or head_dim % 64 or head_dim > 1024 \
                 or (q_heads // kv_heads) * SLOTS != 32:
             raise ValueError(f"unsupported heads {q_heads}/{kv_heads} x {head_dim}: the step "
@@ -43,11 +47,13 @@ class DepthAttention:
         self.eps, self.pdl = eps, pdl
         self.chunk_major = chunk_major  # out as [q·D / 8][M][8] (runtime.activation_layout)
         self.warps = head_dim // 32
+        self.trace = trace
 
     @cute.jit
     def __call__(self, qkv_ptr: cute.Pointer, qn_ptr: cute.Pointer, kn_ptr: cute.Pointer,
                  cos_ptr: cute.Pointer, sin_ptr: cute.Pointer, kc_ptr: cute.Pointer,
-                 vc_ptr: cute.Pointer, out_ptr: cute.Pointer, pos: Int32, stream):
+                 vc_ptr: cute.Pointer, out_ptr: cute.Pointer, trace_ptr: cute.Pointer, pos: Int32,
+                 stream):
         D, M = self.D, self.M
         width = (self.qh + 2 * self.kvh) * D
         mQKV = cute.make_tensor(qkv_ptr, cute.make_layout((M, width), stride=(width, 1)))
@@ -61,15 +67,19 @@ class DepthAttention:
         mVc = cute.make_tensor(vc_ptr, cache)
         mOut = cute.make_tensor(out_ptr, activation_layout(M, self.qh * D, self.qh * D,
                                                            self.chunk_major))
-        self.kernel(mQKV, mQn, mKn, mCos, mSin, mKc, mVc, mOut, pos).launch(
+        points = len(ATTN_TRACE_POINTS)
+        mTr = cute.make_tensor(trace_ptr, cute.make_layout((M, self.kvh, points),
+                                                           stride=(self.kvh * points, points, 1)))
+        self.kernel(mQKV, mQn, mKn, mCos, mSin, mKc, mVc, mOut, mTr, pos).launch(
             grid=[self.kvh, M, 1], block=[D, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mQKV: cute.Tensor, mQn: cute.Tensor, mKn: cute.Tensor, mCos: cute.Tensor,
                mSin: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mOut: cute.Tensor,
-               pos: Int32):
+               mTr: cute.Tensor, pos: Int32):
         d, _, _ = cute.arch.thread_idx()
         h, m, _ = cute.arch.block_idx()
+        self._stamp(mTr, m, h, d, 0)
         D, rep, W = self.D, self.rep, self.warps
         nvec = rep + 1  # the rep query heads, then k
         smem = cutlass.memory.SmemAllocator()
@@ -92,6 +102,7 @@ class DepthAttention:
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
+        self._stamp(mTr, m, h, d, 1)
         raw = [mQKV[m, (h * rep + r) * D + d].to(Float32) for r in range(rep)]
         raw.append(mQKV[m, (self.qh + h) * D + d].to(Float32))
         v_new = mQKV[m, (self.qh + self.kvh + h) * D + d]
@@ -101,6 +112,7 @@ class DepthAttention:
             if lane == 0:
                 s_norm[warp, j] = sq
         cute.arch.sync_threads()
+        self._stamp(mTr, m, h, d, 2)
         normed = []
         for j in cutlass.range_constexpr(nvec):
             tot = Float32(0.0)
@@ -121,6 +133,7 @@ class DepthAttention:
         k_new = rot[rep]
         mKc[m, h, pos, d] = k_new.to(BFloat16)
         mVc[m, h, pos, d] = v_new
+        self._stamp(mTr, m, h, d, 3)
         keys = [cutlass.select_(t == pos, k_new, kv_old[0][t]) for t in range(SLOTS)]
         vals = [cutlass.select_(t == pos, v_new.to(Float32), kv_old[1][t]) for t in range(SLOTS)]
         # 3. the 32 (head, slot) dot products: this thread's terms, summed over each warp by a
@@ -138,6 +151,7 @@ class DepthAttention:
             part = nxt
         s_part[warp, lane] = part[0]
         cute.arch.sync_threads()
+        self._stamp(mTr, m, h, d, 4)
         # 4. softmax in warp 0, lane = head * 16 + slot; p rounded to bf16 as the reference
         if warp == 0:
             t = lane % SLOTS
@@ -155,15 +169,25 @@ class DepthAttention:
                 den = den + cute.arch.shuffle_sync_bfly(den, offset=8 >> k)
             s_p[lane] = round_bf16(e / den)
         cute.arch.sync_threads()
+        self._stamp(mTr, m, h, d, 5)
         # 5. p·V for this thread's dimension (masked slots hold p = 0 but maybe junk V: select)
         for r in cutlass.range_constexpr(rep):
             acc = Float32(0.0)
             for t in cutlass.range_constexpr(SLOTS):
                 acc = acc + cutlass.select_(t <= pos, s_p[r * SLOTS + t] * vals[t], Float32(0.0))
             mOut[m, (h * rep + r) * D + d] = acc.to(BFloat16)
+        self._stamp(mTr, m, h, d, 6)
+
+    @cute.jit
+    def _stamp(self, mTr: cute.Tensor, m, h, d, point: cutlass.Constexpr[int]):
+        """Thread 0's %globaltimer at ATTN_TRACE_POINTS[point] (traced builds only)."""
+        if cutlass.const_expr(self.trace):
+            if d == 0:
+                mTr[m, h, point] = Int64(cute.arch.globaltimer())
 
 
-PTRS = ((BFloat16, 16),) * 8  # qkv, q_norm, k_norm, cos, sin, k cache, v cache, out
+# qkv, q_norm, k_norm, cos, sin, k cache, v cache, out, trace stamps
+PTRS = ((BFloat16, 16),) * 8 + ((Int64, 8),)
 
 
 def compile_args(M: int = 1):
@@ -174,10 +198,11 @@ def compile_args(M: int = 1):
 
 def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, out, *,
                     q_heads: int, kv_heads: int, eps: float = 1e-6, pdl: bool = True,
-                    chunk_major: bool = False):
+                    chunk_major: bool = False, trace=None):
     """One position of attention for every row: qkv [M, (q+2kv)·D] bf16 -> out [M, q·D] bf16,
     appending k/v at ``pos`` to the caches [M, kv, 16, D]. ``chunk_major``: out's storage laid
-    out [q·D / 8][M][8] (kernels.runtime.activation_layout), as the wgmma projection reads it."""
+    out [q·D / 8][M][8] (kernels.runtime.activation_layout), as the wgmma projection reads it.
+    ``trace``: int64 [M, kv_heads, len(ATTN_TRACE_POINTS)], each CTA's %globaltimer stamps."""
     import torch
 
     require_hopper()
@@ -193,11 +218,17 @@ def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, o
             raise ValueError(f"{name} has shape {tuple(t.shape)}; need {list(shape)}")
     if not 0 <= pos < SLOTS:
         raise ValueError(f"pos = {pos} outside the {SLOTS} cache slots")
-    tensors = (qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, out)
+    if trace is not None:
+        check_cuda_tensor("trace", trace, dtypes=(torch.int64,))
+        if tuple(trace.shape) != (M, kv_heads, len(ATTN_TRACE_POINTS)):
+            raise ValueError(f"trace {tuple(trace.shape)}: need ({M}, {kv_heads}, "
+                             f"{len(ATTN_TRACE_POINTS)})")
+    tensors = (qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, out,
+               trace if trace is not None else k_cache)
     ptrs = pointer_args(PTRS, tensors)
-    key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl, chunk_major)
+    key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None)
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthAttention(M, q_heads, kv_heads, D, eps, pdl, chunk_major), *ptrs, Int32(pos),
-        current_stream()))
+        DepthAttention(M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None), *ptrs,
+        Int32(pos), current_stream()))
     compiled(*ptrs, Int32(pos), current_stream())
     return out

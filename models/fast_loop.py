@@ -242,7 +242,9 @@ class FastLoop:
     GEMV_MAX_ROWS rows without fold_norm or a wgmma qkv, each draw also writes the next
     position's first row norm (the same bits as the norm kernel it replaces). ``draw_trace``:
     the kernels path keeps each draw's %globaltimer stamps in ``draw_traces`` [15, run rows,
-    len(DRAW_TRACE_POINTS)] (scripts/trace_draw.py).
+    len(DRAW_TRACE_POINTS)] (scripts/trace_frame.py); ``attn_trace``: each attention CTA's in
+    ``attn_traces`` [positions, layers, run rows, kv heads, len(ATTN_TRACE_POINTS)]
+    (scripts/trace_frame.py --kernel attention).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -254,7 +256,7 @@ class FastLoop:
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
                  mma: str = "sync", parts: tuple | None = None, draw_noise: str | None = None,
-                 draw_norm: bool = True, draw_trace: bool = False):
+                 draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -326,7 +328,7 @@ class FastLoop:
             part_kw = dict(compile=compile, graph=False, teacher_forced=teacher_forced,
                            small_m=small_m, path="kernels", pdl=pdl, tiles=tiles,
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
-                           draw_norm=draw_norm, draw_trace=draw_trace)
+                           draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -359,6 +361,12 @@ class FastLoop:
                 from kernels.depth_sampler import DRAW_TRACE_POINTS
 
                 self.draw_traces = torch.zeros(cfg.heads_drawn, P, len(DRAW_TRACE_POINTS),
+                                               dtype=torch.int64, device=dev)
+            self.attn_traces = None
+            if attn_trace:
+                from kernels.depth_attention import ATTN_TRACE_POINTS
+
+                self.attn_traces = torch.zeros(cfg.positions, L, P, H, len(ATTN_TRACE_POINTS),
                                                dtype=torch.int64, device=dev)
             # the projections' weights as the kernels take them: plain for the GEMVs, packed for
             # the tensor-core projections
@@ -520,7 +528,9 @@ class FastLoop:
                 depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
                                 self.k_cache[li], self.v_cache[li], p, self.attn,
                                 q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl,
-                                chunk_major=attn_chunk_major)
+                                chunk_major=attn_chunk_major,
+                                trace=None if self.attn_traces is None else
+                                self.attn_traces[p, li])
                 proj("wo", self.attn, W["wo"][li], self.x, resid=self.x)
                 proj("gate_up", self.x, W["gate_up"][li], self.mlp, gamma=fw.post_norm[li],
                      swiglu=True)

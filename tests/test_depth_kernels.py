@@ -33,7 +33,7 @@ def test_fused_gemv_compiles_with_pdl_and_no_spills(variant, M):
 
 @pytest.mark.compile
 def test_attention_and_sampler_compile():
-    from kernels.depth_attention import DepthAttention
+    from kernels.depth_attention import ATTN_TRACE_POINTS, DepthAttention
     from kernels.depth_attention import compile_args as att_args
     from kernels.depth_sampler import DepthSampler
     from kernels.depth_sampler import compile_args as smp_args
@@ -44,6 +44,9 @@ def test_attention_and_sampler_compile():
     # every bf16 rounding of the reference is there (an extf(truncf) pair folds away silently):
     # norm 2 and RoPE 3 per vector (2 q heads + k), p (one per lane), 2 outputs, the k store
     assert r.ptx.count("cvt.rn.bf16.f32") == 3 * 2 + 3 * 3 + 1 + 2 + 1
+    assert "%globaltimer" not in r.ptx
+    traced = compile_report(DepthAttention(8, 16, 8, trace=True), *att_args(8))
+    assert traced.spill_bytes == 0 and traced.ptx.count("%globaltimer") == len(ATTN_TRACE_POINTS)
     r = compile_report(DepthSampler(8, 2048, 1024, 2048, "sample"), *smp_args())
     assert r.spill_bytes == 0 and r.ptx.count("call") == 0
     assert "atom.shared" in r.ptx and "mul.hi.u32" in r.ptx

@@ -129,7 +129,7 @@ def test_profile_end_increments_sum_to_the_span_and_name_kernels_by_class():
 
 
 def test_trace_draw_phase_summary():
-    from scripts.trace_draw import phase_summary
+    from scripts.trace_frame import phase_summary
 
     # 2 draws x 3 rows x 6 points (ns): row r of draw d released at 1000 + 10 r
     base = torch.tensor([0, 1000, 1600, 3600, 4100, 5100], dtype=torch.int64)
@@ -139,6 +139,24 @@ def test_trace_draw_phase_summary():
     want = {"resident_before_release_us": 1.0, "logits_us": 0.6, "selected_us": 2.0,
             "drawn_us": 0.5, "gathered_us": 1.0, "span_us": 4.12}  # release 1.0, last 5.12 µs
     assert len(rows) == 2 and all(r == pytest.approx(want) for r in rows)
+
+
+def test_trace_frame_takes_attention_stamps_per_launch():
+    from types import SimpleNamespace
+
+    from kernels.depth_attention import ATTN_TRACE_POINTS
+    from scripts.trace_frame import phase_summary, traced_stamps
+
+    P = len(ATTN_TRACE_POINTS)
+    # 16 positions x 5 layers x 4 run rows (3 real) x 8 kv heads; launch (p, l) at 1000 (5 p + l)
+    launch = torch.arange(16 * 5, dtype=torch.int64).reshape(16, 5, 1, 1, 1) * 1000
+    stamps = launch + torch.arange(P, dtype=torch.int64) * 100 + torch.zeros(16, 5, 4, 8, P,
+                                                                            dtype=torch.int64)
+    got, points = traced_stamps(SimpleNamespace(attn_traces=stamps), "attention", 3)
+    assert points == ATTN_TRACE_POINTS and tuple(got.shape) == (80, 3 * 8, P)
+    summary = phase_summary(got, points)
+    assert summary[7]["scored_us"] == pytest.approx(0.1)
+    assert summary[7]["span_us"] == pytest.approx(0.1 * (P - 2))
 
 
 def test_profile_labels_the_frames_kernels_by_role():
@@ -191,13 +209,15 @@ def test_sampler_rows_view_shares_the_rows():
 @pytest.mark.parametrize("R", [1, 16, 64])
 def test_fast_loop_draw_noise_norm_and_trace_change_no_bits_on_h200(R):
     """The default draws (early Gumbel terms, ``draw_norm``) against the inline terms without
-    the norm, traced: the same codes, logits, talker sum and KV; every draw stamped in order."""
+    the norm, with the draws and the attention steps traced: the same codes, logits, talker
+    sum and KV; every draw and attention CTA stamped in order."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R + 2, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(400, 400 + R))
     loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), **kw)
-             for kw in ({}, dict(draw_noise="inline", draw_norm=False, draw_trace=True))]
+             for kw in ({}, dict(draw_noise="inline", draw_norm=False, draw_trace=True,
+                                   attn_trace=True))]
     a, b = (loop(h, g0) for loop in loops)
     assert torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
     assert torch.equal(a.talker_sum, b.talker_sum)
@@ -205,6 +225,8 @@ def test_fast_loop_draw_noise_norm_and_trace_change_no_bits_on_h200(R):
     assert torch.equal(loops[0].v_cache, loops[1].v_cache)
     stamps = loops[1].draw_traces[:, :R]
     assert (stamps > 0).all() and (stamps.diff(dim=2) >= 0).all()
+    stamps = loops[1].attn_traces[:, :, :R]
+    assert (stamps > 0).all() and (stamps.diff(dim=-1) >= 0).all()
 
 
 @pytest.mark.gpu

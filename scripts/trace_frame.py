@@ -1,0 +1,91 @@
+"""Per-phase traces of one kind of the fast loop's kernels inside the captured frame:
+``--kernel draw|attention --rows 64 [--variant draw_noise=inline] [--label inline]`` ->
+results/<kernel>-trace-<rows>[-<label>].json and a table.
+
+Traced builds stamp %globaltimer from thread 0 of each CTA: the draws at
+kernels.depth_sampler.DRAW_TRACE_POINTS (entry, wait_done, logits, selected, drawn, gathered),
+one CTA a row; the attention steps at kernels.depth_attention.ATTN_TRACE_POINTS (entry,
+wait_done, normed, rotated, scored, softmaxed, stored), one CTA a (row, kv head). Per launch:
+the medians over its CTAs of each phase (the time from the previous point), how long the CTAs
+were resident before their release (entry -> wait_done), and the span from the first release
+to the last CTA's last stamp (the launch's share of the frame's critical path).
+"""
+import argparse
+import json
+import os
+
+import torch
+
+from kernels.depth_attention import ATTN_TRACE_POINTS
+from kernels.depth_sampler import DRAW_TRACE_POINTS
+from models.codepredictor import random_weights
+from models.fast_loop import FastLoop, FastWeights
+from models.sampler import Sampler
+from scripts.ab_frame import parse_variant
+from workbench.results import provenance, provenance_line
+
+
+def phase_summary(stamps: torch.Tensor, points=DRAW_TRACE_POINTS) -> list:
+    """stamps int64 [launches, CTAs, points] (ns; points named by ``points``, the first two
+    entry and wait_done) -> per launch: median µs of each phase over its CTAs, the residency
+    before release, and the span from the first release to the last stamp."""
+    t = stamps.double() / 1e3
+    phases = t.diff(dim=2)  # [launches, CTAs, points - 1]
+    out = []
+    for d in range(t.shape[0]):
+        med = phases[d].median(dim=0).values
+        out.append({"resident_before_release_us": float(med[0]),
+                    **{f"{points[i + 1]}_us": float(med[i]) for i in range(1, len(points) - 1)},
+                    "span_us": float(t[d, :, -1].max() - t[d, :, 1].min())})
+    return out
+
+
+def traced_stamps(fl: FastLoop, kernel: str, rows: int):
+    """The loop's stamps of ``kernel`` as [launches, CTAs, points] over the real rows, and the
+    names of the points."""
+    if kernel == "draw":
+        return fl.draw_traces[:, :rows], DRAW_TRACE_POINTS
+    t = fl.attn_traces[:, :, :rows]  # [positions, layers, rows, kv heads, points]
+    return t.reshape(t.shape[0] * t.shape[1], -1, t.shape[-1]), ATTN_TRACE_POINTS
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=("draw", "attention"), default="draw")
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--variant", default="", help="FastLoop keyword arguments, as ab_frame's")
+    ap.add_argument("--label", default="", help="suffix of the JSON file's name")
+    args = ap.parse_args()
+    R = args.rows
+    out = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
+                       f"{args.kernel}-trace-{R}{'-' + args.label if args.label else ''}.json")
+    if os.path.exists(out):
+        raise SystemExit(f"{out} exists: move it first or pass another --label")
+    print(provenance_line({"weights": 0}), flush=True)
+    w = random_weights(seed=0, dtype=torch.bfloat16).to(device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(R)
+    h = torch.randn(R, w.config.talker_hidden, device="cuda", generator=g).to(torch.bfloat16)
+    g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
+    trace = {"draw_trace": True} if args.kernel == "draw" else {"attn_trace": True}
+    fl = FastLoop(FastWeights(w), R, Sampler(R, seeds=list(range(R)), device="cuda"), parts=(),
+                  **trace, **parse_variant(args.variant))
+    for _ in range(3):
+        fl(h, g0)
+    torch.cuda.synchronize()
+    stamps, points = traced_stamps(fl, args.kernel, R)
+    launches = phase_summary(stamps, points)
+    names = list(launches[0])
+    print("launch  " + "  ".join(f"{n[:-3]:>12}" for n in names))
+    for d, r in enumerate(launches):
+        print(f"{d:6d}  " + "  ".join(f"{r[n]:12.2f}" for n in names))
+    med = {n: sorted(r[n] for r in launches)[len(launches) // 2] for n in names}
+    print("median " + "  ".join(f"{n[:-3]}={v:.2f}" for n, v in med.items()))
+    with open(out, "w") as f:
+        json.dump({"provenance": provenance(), "kernel": args.kernel, "rows": R,
+                   "variant": args.variant, "points": points, "launches": launches,
+                   "median": med}, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
