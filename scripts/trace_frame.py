@@ -40,6 +40,16 @@ def phase_summary(stamps: torch.Tensor, points=DRAW_TRACE_POINTS) -> list:
     return out
 
 
+def cta_spread(stamps: torch.Tensor, points) -> dict:
+    """One launch's stamps [CTAs, points] (ns) -> quantiles (0, 10, 50, 90, 100 %) over its
+    CTAs of each point's time (µs) after the first CTA's release: whether the span comes from
+    CTAs that became resident late, were released late, or ran long."""
+    t = (stamps.double() - stamps[:, 1].min().double()) / 1e3
+    q = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
+    return {name: [round(float(v), 3) for v in torch.quantile(t[:, i], q)]
+            for i, name in enumerate(points)}
+
+
 def traced_stamps(fl: FastLoop, kernel: str, rows: int):
     """The loop's stamps of ``kernel`` as [launches, CTAs, points] over the real rows, and the
     names of the points."""
@@ -55,6 +65,8 @@ def main():
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--variant", default="", help="FastLoop keyword arguments, as ab_frame's")
     ap.add_argument("--label", default="", help="suffix of the JSON file's name")
+    ap.add_argument("--spread", type=int, nargs="*", default=[],
+                    help="launches whose per-CTA quantiles to print and keep (cta_spread)")
     args = ap.parse_args()
     R = args.rows
     out = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
@@ -80,10 +92,16 @@ def main():
         print(f"{d:6d}  " + "  ".join(f"{r[n]:12.2f}" for n in names))
     med = {n: sorted(r[n] for r in launches)[len(launches) // 2] for n in names}
     print("median " + "  ".join(f"{n[:-3]}={v:.2f}" for n, v in med.items()))
+    spread = {}
+    for d in args.spread:
+        spread[d] = cta_spread(stamps[d], points)
+        print(f"launch {d}, µs after the first release, CTA quantiles 0/10/50/90/100 %:")
+        for name, qs in spread[d].items():
+            print(f"  {name:>10}  " + "  ".join(f"{v:7.2f}" for v in qs))
     with open(out, "w") as f:
         json.dump({"provenance": provenance(), "kernel": args.kernel, "rows": R,
                    "variant": args.variant, "points": points, "launches": launches,
-                   "median": med}, f, indent=1)
+                   "median": med, "cta_spread": spread}, f, indent=1)
     print(f"wrote {out}")
 
 

@@ -159,6 +159,16 @@ def test_trace_frame_takes_attention_stamps_per_launch():
     assert summary[7]["span_us"] == pytest.approx(0.1 * (P - 2))
 
 
+def test_trace_frame_cta_spread_quantiles():
+    from scripts.trace_frame import cta_spread
+
+    # 5 CTAs released at 1000 + 100 c ns, each done 400 ns later
+    stamps = torch.tensor([[0, 1000 + 100 * c, 1400 + 100 * c] for c in range(5)])
+    got = cta_spread(stamps, ("entry", "wait_done", "done"))
+    assert got["wait_done"] == pytest.approx([0.0, 0.04, 0.2, 0.36, 0.4])
+    assert got["done"][0] == pytest.approx(0.4) and got["entry"][-1] == pytest.approx(-1.0)
+
+
 def test_profile_labels_the_frames_kernels_by_role():
     from scripts.profile_fast_loop import frame_roles, label_roles
 
@@ -209,15 +219,16 @@ def test_sampler_rows_view_shares_the_rows():
 @pytest.mark.parametrize("R", [1, 16, 64])
 def test_fast_loop_draw_noise_norm_and_trace_change_no_bits_on_h200(R):
     """The default draws (early Gumbel terms, ``draw_norm``) against the inline terms without
-    the norm, with the draws and the attention steps traced: the same codes, logits, talker
-    sum and KV; every draw and attention CTA stamped in order."""
+    the norm, with the draws and the attention steps traced (4 rows an attention CTA from 16
+    rows): the same codes, logits, talker sum and KV; every draw and attention row stamped in
+    order."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R + 2, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(400, 400 + R))
     loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), **kw)
              for kw in ({}, dict(draw_noise="inline", draw_norm=False, draw_trace=True,
-                                   attn_trace=True))]
+                                   attn_trace=True, attn_rows=4 if R >= 16 else 1))]
     a, b = (loop(h, g0) for loop in loops)
     assert torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
     assert torch.equal(a.talker_sum, b.talker_sum)
