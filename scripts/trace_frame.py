@@ -45,7 +45,7 @@ def cta_spread(stamps: torch.Tensor, points) -> dict:
     CTAs of each point's time (µs) after the first CTA's release: whether the span comes from
     CTAs that became resident late, were released late, or ran long."""
     t = (stamps.double() - stamps[:, 1].min().double()) / 1e3
-    q = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
+    q = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64, device=t.device)
     return {name: [round(float(v), 3) for v in torch.quantile(t[:, i], q)]
             for i, name in enumerate(points)}
 
