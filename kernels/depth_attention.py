@@ -33,13 +33,11 @@ ATTN_TRACE_POINTS = ("entry", "wait_done", "normed", "rotated", "scored", "softm
 
 class DepthAttention:
     """Static config: rows M, head counts, head_dim (128), eps. ``trace``: stamp
-    ATTN_TRACE_POINTS (normed: after the norms' barrier, so it includes the qkv loads).
-    ``rows_per_cta``: a CTA of rows_per_cta x head_dim threads takes that many rows of one kv
-    head, each group of head_dim threads one row as above (fewer, larger CTAs)."""
+    ATTN_TRACE_POINTS (normed: after the norms' barrier, so it includes the qkv loads)."""
 
     def __init__(self, M: int, q_heads: int, kv_heads: int, head_dim: int = 128,
                  eps: float = 1e-6, pdl: bool = True, chunk_major: bool = False,
-                 trace: bool = False, rows_per_cta: int = 1):
+                 trace: bool = False):
         if q_heads % kv_heads or head_dim % 64 or head_dim > 1024 \
                 or (q_heads // kv_heads) * SLOTS != 32:
             raise ValueError(f"unsupported heads {q_heads}/{kv_heads} x {head_dim}: the step "
@@ -50,10 +48,6 @@ class DepthAttention:
         self.chunk_major = chunk_major  # out as [q·D / 8][M][8] (runtime.activation_layout)
         self.warps = head_dim // 32
         self.trace = trace
-        if rows_per_cta < 1 or M % rows_per_cta or rows_per_cta * head_dim > 1024:
-            raise ValueError(f"rows_per_cta {rows_per_cta}: must divide M = {M} and keep the "
-                             f"CTA within 1024 threads")
-        self.R = rows_per_cta
 
     @cute.jit
     def __call__(self, qkv_ptr: cute.Pointer, qn_ptr: cute.Pointer, kn_ptr: cute.Pointer,
@@ -77,32 +71,22 @@ class DepthAttention:
         mTr = cute.make_tensor(trace_ptr, cute.make_layout((M, self.kvh, points),
                                                            stride=(self.kvh * points, points, 1)))
         self.kernel(mQKV, mQn, mKn, mCos, mSin, mKc, mVc, mOut, mTr, pos).launch(
-            grid=[self.kvh, M // self.R, 1], block=[D * self.R, 1, 1], stream=stream,
-            use_pdl=self.pdl)
+            grid=[self.kvh, M, 1], block=[D, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mQKV: cute.Tensor, mQn: cute.Tensor, mKn: cute.Tensor, mCos: cute.Tensor,
                mSin: cute.Tensor, mKc: cute.Tensor, mVc: cute.Tensor, mOut: cute.Tensor,
                mTr: cute.Tensor, pos: Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        h, mb, _ = cute.arch.block_idx()
-        grp, d = tidx // self.D, tidx % self.D  # this thread's row in the CTA, its dimension
-        m = mb * self.R + grp
+        d, _, _ = cute.arch.thread_idx()
+        h, m, _ = cute.arch.block_idx()
         self._stamp(mTr, m, h, d, 0)
         D, rep, W = self.D, self.rep, self.warps
         nvec = rep + 1  # the rep query heads, then k
         smem = cutlass.memory.SmemAllocator()
-        R = self.R  # each row's group of threads has its own slice of every buffer
-        s_norm = smem.allocate_tensor(Float32, cute.make_layout((R, W, nvec)), 16)[grp, None,
-                                                                                   None]
-        s_vec = smem.allocate_tensor(Float32, cute.make_layout((R, nvec, D),
-                                                               stride=(nvec * D, D, 1)), 16)
-        s_vec = s_vec[grp, None, None]
-        s_part = smem.allocate_tensor(Float32, cute.make_layout((R, W, 32),
-                                                                stride=(W * 32, 32, 1)), 16)
-        s_part = s_part[grp, None, None]
-        s_p = smem.allocate_tensor(Float32, cute.make_layout((R, 32), stride=(32, 1)), 16)
-        s_p = s_p[grp, None]
+        s_norm = smem.allocate_tensor(Float32, cute.make_layout((W, nvec)), 16)
+        s_vec = smem.allocate_tensor(Float32, cute.make_layout((nvec, D), stride=(D, 1)), 16)
+        s_part = smem.allocate_tensor(Float32, cute.make_layout((W, 32), stride=(32, 1)), 16)
+        s_p = smem.allocate_tensor(Float32, cute.make_layout(32), 16)
         warp, lane = d // 32, d % 32
         # constants before the dependency wait: the tables, and the cache slots of earlier
         # positions (written by attention kernels many launches back, long complete); slot pos
@@ -214,12 +198,11 @@ def compile_args(M: int = 1):
 
 def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, out, *,
                     q_heads: int, kv_heads: int, eps: float = 1e-6, pdl: bool = True,
-                    chunk_major: bool = False, trace=None, rows_per_cta: int = 1):
+                    chunk_major: bool = False, trace=None):
     """One position of attention for every row: qkv [M, (q+2kv)·D] bf16 -> out [M, q·D] bf16,
     appending k/v at ``pos`` to the caches [M, kv, 16, D]. ``chunk_major``: out's storage laid
     out [q·D / 8][M][8] (kernels.runtime.activation_layout), as the wgmma projection reads it.
-    ``trace``: int64 [M, kv_heads, len(ATTN_TRACE_POINTS)], each row's %globaltimer stamps;
-    ``rows_per_cta``: rows of one kv head a CTA takes (DepthAttention; the same bits)."""
+    ``trace``: int64 [M, kv_heads, len(ATTN_TRACE_POINTS)], each CTA's %globaltimer stamps."""
     import torch
 
     require_hopper()
@@ -243,10 +226,9 @@ def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, o
     tensors = (qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, out,
                trace if trace is not None else k_cache)
     ptrs = pointer_args(PTRS, tensors)
-    key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None,
-           rows_per_cta)
+    key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None)
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthAttention(M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None,
-                       rows_per_cta), *ptrs, Int32(pos), current_stream()))
+        DepthAttention(M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None), *ptrs,
+        Int32(pos), current_stream()))
     compiled(*ptrs, Int32(pos), current_stream())
     return out

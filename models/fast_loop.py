@@ -244,8 +244,7 @@ class FastLoop:
     the kernels path keeps each draw's %globaltimer stamps in ``draw_traces`` [15, run rows,
     len(DRAW_TRACE_POINTS)] (scripts/trace_frame.py); ``attn_trace``: each attention CTA's in
     ``attn_traces`` [positions, layers, run rows, kv heads, len(ATTN_TRACE_POINTS)]
-    (scripts/trace_frame.py --kernel attention). ``attn_rows``: rows of one kv head per
-    attention CTA (kernels.depth_attention ``rows_per_cta``; the same bits).
+    (scripts/trace_frame.py --kernel attention).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -257,8 +256,7 @@ class FastLoop:
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
                  mma: str = "sync", parts: tuple | None = None, draw_noise: str | None = None,
-                 draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
-                 attn_rows: int = 1):
+                 draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -330,8 +328,7 @@ class FastLoop:
             part_kw = dict(compile=compile, graph=False, teacher_forced=teacher_forced,
                            small_m=small_m, path="kernels", pdl=pdl, tiles=tiles,
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
-                           draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace,
-                           attn_rows=attn_rows)
+                           draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -365,9 +362,6 @@ class FastLoop:
 
                 self.draw_traces = torch.zeros(cfg.heads_drawn, P, len(DRAW_TRACE_POINTS),
                                                dtype=torch.int64, device=dev)
-            if P % attn_rows:
-                raise ValueError(f"attn_rows {attn_rows} must divide the {P} run rows")
-            self.attn_rows = attn_rows
             self.attn_traces = None
             if attn_trace:
                 from kernels.depth_attention import ATTN_TRACE_POINTS
@@ -536,7 +530,7 @@ class FastLoop:
                                 q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl,
                                 chunk_major=attn_chunk_major,
                                 trace=None if self.attn_traces is None else
-                                self.attn_traces[p, li], rows_per_cta=self.attn_rows)
+                                self.attn_traces[p, li])
                 proj("wo", self.attn, W["wo"][li], self.x, resid=self.x)
                 proj("gate_up", self.x, W["gate_up"][li], self.mlp, gamma=fw.post_norm[li],
                      swiglu=True)

@@ -219,16 +219,15 @@ def test_sampler_rows_view_shares_the_rows():
 @pytest.mark.parametrize("R", [1, 16, 64])
 def test_fast_loop_draw_noise_norm_and_trace_change_no_bits_on_h200(R):
     """The default draws (early Gumbel terms, ``draw_norm``) against the inline terms without
-    the norm, with the draws and the attention steps traced (4 rows an attention CTA from 16
-    rows): the same codes, logits, talker sum and KV; every draw and attention row stamped in
-    order."""
+    the norm, with the draws and the attention steps traced: the same codes, logits, talker
+    sum and KV; every draw and attention CTA stamped in order."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R + 2, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(400, 400 + R))
     loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), **kw)
              for kw in ({}, dict(draw_noise="inline", draw_norm=False, draw_trace=True,
-                                   attn_trace=True, attn_rows=4 if R >= 16 else 1))]
+                                   attn_trace=True))]
     a, b = (loop(h, g0) for loop in loops)
     assert torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
     assert torch.equal(a.talker_sum, b.talker_sum)
