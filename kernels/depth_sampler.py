@@ -12,7 +12,10 @@ winning ties; T == 0 rows take the argmax of s.
 
 Modes: ``sample``, ``greedy`` (argmax of the logits) and ``forced`` (teacher forcing: the code
 is read from ``codes_in``). Every mode then writes the code, copies the next position's input
-row ``embed_proj[code]`` into ``x_next`` and the Talker-space row ``embeds[code]`` into ``used``.
+row ``embed_proj[code]`` into ``x_next`` and the Talker-space row ``embeds[code]`` into ``used``,
+and with ``norm_eps`` writes that input row normalised into ``xn`` (the next position's first
+row norm, as kernels.rows_rmsnorm rounds it). Where the Gumbel terms are drawn (``noise``) changes
+timing only: by default every column's before the dependency wait (notes/fast-loop.md v10q).
 """
 from __future__ import annotations
 
