@@ -67,6 +67,7 @@ def _main(argv) -> int:
         fast[str(R_)] = round(t_fast.median_us, 1)
         rows_out.append({"rows": R_, "eager": t_eager.as_dict(), "captured": t_graph.as_dict(),
                          "fast": t_fast.as_dict(), "fast_path": fl.path,
+                         "fast_tiles": fl.tiles,
                          "fast_compiled": compiled, "fast_build_s": build_s,
                          "fast_codes_equal_reference": agree,
                          "fast_gbps": FRAME_BYTES / t_fast.median_us / 1e3,
@@ -85,18 +86,18 @@ def _main(argv) -> int:
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "models/fast_loop.py v10q (CuTe DSL kernels + PDL: "
+                                  "fast_loop": "models/fast_loop.py v10u (CuTe DSL kernels + PDL: "
                                                "GEMVs at <= 2 rows, cluster split-K mma.sync "
                                                "projections at 3-128 rows padded to 16s, two "
                                                "64-row chains at 128; graphs)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "fast loop v10q: the draw's Gumbel terms before its dependency "
-                             "wait above 2 rows, compacted to one a thread at 1-2 rows, and "
-                             "the next position's first row norm in the draw (same-run A/Bs, "
-                             "9a8edc9: 64 rows 2582 -> 2521 µs, 1 row 1417 -> 1397); against "
-                             "19b4900 (1420 / 1775 / 1773 / 2019 / 2580 / 3714 µs): ~-20 at 1 "
-                             "row, ~-50 to -60 at 8-128 rows. History in notes/fast-loop.md.",
+        notes={"prediction": "fast loop v10u: at 64 rows gate/up in 2 K-slices of 2 stages and "
+                             "the heads in 8-warp tiles of two warps a weight group "
+                             "(FRAME_TILES; same-run A/B at 612b67d: 2525 -> 2420 µs); the "
+                             "other buckets unchanged against c494d17 (1392 / 1732 / 1740 / "
+                             "1971 / 2526 / 3486 µs): 64 rows ~2420-2430, the rest within "
+                             "run-to-run noise (~10 µs). History in notes/fast-loop.md.",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})

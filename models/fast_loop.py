@@ -59,6 +59,30 @@ def projection_shapes(cfg) -> list:
 
 
 PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
+# kernel rows of a one-chain frame -> mma.sync tiles that beat the skinny GEMM's own defaults in
+# the same-run frame A/B on the H200 (results/logs/612b67d-ab-*.log): at 64 rows gate/up in 2
+# K-slices of 2 stages, 2525 -> 2455 µs, and the heads in 8-warp tiles of two warps a weight group,
+# 2 stages, -> 2420 µs (gate/up's lost at 16, 32 and 128 rows, the heads' at 32 and 128)
+FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 2},
+                    "heads": {"warps": 8, "m_split": 2, "a_stages": 2}}}
+
+
+def frame_tiles(run_rows: int, wgmma: frozenset = frozenset()) -> dict:
+    """The measured tiles (``FRAME_TILES``) of a one-chain frame on ``run_rows`` kernel rows,
+    less the projections on the wgmma mainloop; {} where none were measured faster."""
+    return {name: dict(tile) for name, tile in FRAME_TILES.get(run_rows, {}).items()
+            if name not in wgmma}
+
+
+def checked_tiles(tiles: dict) -> dict:
+    """FastLoop's ``tiles`` -> a copy, after checking it maps projections to keyword dicts."""
+    if not isinstance(tiles, dict) or not all(isinstance(t, dict) for t in tiles.values()):
+        raise ValueError(f"tiles {tiles!r}: a dict of projection -> dict of GEMM keywords, "
+                         "e.g. {'qkv': {'warps': 8}}")
+    unknown = set(tiles) - set(PROJECTIONS)
+    if unknown:
+        raise ValueError(f"tiles: unknown projections {sorted(unknown)}; take {PROJECTIONS}")
+    return {name: dict(tile) for name, tile in tiles.items()}
 
 
 def wgmma_projections(mma) -> frozenset:
@@ -227,7 +251,8 @@ class FastLoop:
     [R, 15] (teacher forcing; only when built with ``teacher_forced=True``). ``tiles``: per
     projection ("qkv", "wo", "gate_up", "down", "heads"), keyword arguments for the skinny
     GEMM (``warps``, ``splits``, ``m_split``, ``a_stages``) instead of its defaults, for
-    same-run A/B tests of the frame.
+    same-run A/B tests of the frame; None: the bucket's measured tiles (``FRAME_TILES``) on
+    the kernels path of a one-chain frame without fold_norm, else the GEMM's defaults.
     ``fold_norm``: above GEMV_MAX_ROWS rows, no row-norm kernels (gamma folded into the weights
     of the projection that follows, which scales its rows: kernels.gemm_skinny ``rms_eps``),
     the factors from that projection's own squares of its slices ("own") or from the sums of
@@ -263,16 +288,13 @@ class FastLoop:
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
         self.teacher_forced = teacher_forced
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
-        self.tiles = dict(tiles or {})
+        self.tiles = checked_tiles(tiles or {})
         # kernels path above GEMV_MAX_ROWS: no row-norm kernels; the projection after a norm
         # scales its rows by the norm's factor with gamma folded into its weights (off: faster
         # only at 16 rows, and it drops the reference's rounding; notes/fast-loop.md v10b/v10d)
         if fold_norm not in (False, "own", "producer"):
             raise ValueError(f"fold_norm {fold_norm!r}: False, 'own' or 'producer'")
         self.fold_norm = fold_norm
-        unknown = set(self.tiles) - set(PROJECTIONS)
-        if unknown:
-            raise ValueError(f"tiles: unknown projections {sorted(unknown)}")
         # mma: the tensor-core projections' mainloop above GEMV_MAX_ROWS rows, per projection:
         # kernels/gemm_skinny.py (mma.sync) or, for those in self.wgmma,
         # kernels/gemm_skinny_wgmma.py (whose inputs xn / attn / mlp their producers then
@@ -308,6 +330,9 @@ class FastLoop:
         self.run_rows = (sum(kernel_rows(r) for r in self.parts) if self.parts else
                          kernel_rows(rows) if self.path == "kernels" else rows)
         P = self.run_rows
+        if tiles is None and self.path == "kernels" and not self.parts and not fold_norm:
+            # the measured tiles of this bucket (a part's loop is given its parent's: none)
+            self.tiles = frame_tiles(P, self.wgmma)
         dt = fw.final_norm.dtype
         L, H, D = cfg.layers, cfg.kv_heads, cfg.head_dim
         self.k_cache = torch.zeros(L, P, H, cfg.positions, D, device=dev, dtype=dt)
@@ -326,7 +351,7 @@ class FastLoop:
         self.part_loops = []
         if self.parts:  # the parts' loops: eager, on views of this loop's outputs
             part_kw = dict(compile=compile, graph=False, teacher_forced=teacher_forced,
-                           small_m=small_m, path="kernels", pdl=pdl, tiles=tiles,
+                           small_m=small_m, path="kernels", pdl=pdl, tiles=self.tiles,
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
                            draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace)
             start = 0

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.codepredictor import rms_norm, rotate_half
+from models.fast_loop import FRAME_TILES
 from models.sampler import Sampler, SamplerSettings, draw, filtered_scores
 
 BF16_ULP = 2.0**-7  # relative spacing bound of bf16 (8 significant bits)
@@ -563,10 +564,11 @@ KNOWN_SPILLS = {(128, "wo"): 20}
 @pytest.mark.parametrize("M", [16, 32, 64, 128])
 def test_skinny_gemm_default_builds_of_the_loop_spill_only_where_known(M):
     """Every projection of the 1.7B loop as the fast loop builds it (tile_warps,
-    warps_per_group, stage_count, PDL): no spills beyond ``KNOWN_SPILLS``, so a new one is
-    noticed."""
+    warps_per_group, stage_count, the bucket's FRAME_TILES, PDL): no spills beyond
+    ``KNOWN_SPILLS``, so a new one is noticed."""
     from kernels.gemm_skinny import (GemmSkinny, compile_args, stage_count, tile_warps,
                                      warps_per_group)
+    from models.fast_loop import frame_tiles
     from workbench.compile import compile_report
 
     shapes = {"qkv": (4096, 1024, {}), "wo": (1024, 2048, dict(residual=True)),
@@ -574,11 +576,44 @@ def test_skinny_gemm_default_builds_of_the_loop_spill_only_where_known(M):
                                                              dict(residual=True)),
               "heads": (2048, 1024, dict(out_f32=True))}
     for name, (rows, K, kw) in shapes.items():
-        g = GemmSkinny(M, K, pdl=True, warps=tile_warps(rows, K, M),
-                       m_split=warps_per_group(rows, K, M), a_stages=stage_count(rows, K, M),
-                       **kw)
+        tile = {**dict(warps=tile_warps(rows, K, M), m_split=warps_per_group(rows, K, M),
+                       a_stages=stage_count(rows, K, M)), **frame_tiles(M).get(name, {})}
+        g = GemmSkinny(M, K, pdl=True, **tile, **kw)
         r = compile_report(g, *compile_args(kw.get("out_f32", False)))
         assert r.spill_bytes <= KNOWN_SPILLS.get((M, name), 0), (name, r.spill_bytes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,name", [(M, name) for M, tiles in FRAME_TILES.items()
+                                    for name in tiles])
+def test_skinny_gemm_frame_tiles_match_fp64(M, name):
+    """The loop's measured tiles (FRAME_TILES), every output written (poisoned first): the
+    plain projections within fp32 split-K noise of the fp64 product (bf16 or fp32 out), SwiGLU
+    within two bf16 ulps of silu(gate) · up from gate and up projected alone in as many
+    slices (the same sums)."""
+    from kernels.gemm_skinny import gemm_skinny, pack_weights
+
+    N, K = {"qkv": (4096, 1024), "gate_up": (3072, 1024), "heads": (2048, 1024),
+            "wo": (1024, 2048), "down": (1024, 3072)}[name]
+    tile = FRAME_TILES[M][name]
+    g = torch.Generator(device="cuda").manual_seed(M + N)
+    a = _randn(M, K, g=g)
+    if name == "gate_up":
+        w = _randn(2 * N, K, g=g, scale=0.03)
+        gate, up = (gemm_skinny(a, pack_weights(half), _poison(M, N), splits=tile.get("splits"))
+                    for half in (w[:N], w[N:]))
+        got = gemm_skinny(a, pack_weights(w, swiglu=True), _poison(M, N), swiglu=True, **tile)
+        want = torch.nn.functional.silu(gate) * up
+        diff = (got.float() - want.float()).abs()
+        assert (diff <= 2 * BF16_ULP * want.float().abs()).all()
+        assert (diff == 0).float().mean() >= 0.99
+        return
+    w = _randn(N, K, g=g, scale=0.03)
+    exact = a.double() @ w.double().T
+    bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
+    for dtype in (torch.bfloat16, torch.float32):
+        out = gemm_skinny(a, pack_weights(w), _poison(M, N, dtype=dtype), **tile)
+        assert ((out.double() - exact).abs() <= bound).all(), dtype
 
 
 @pytest.mark.gpu

@@ -79,6 +79,8 @@ def test_fast_loop_refuses_what_it_cannot_draw():
         FastLoop(FastWeights(w), 2, path="fused")
     with pytest.raises(ValueError, match="tiles"):
         FastLoop(FastWeights(w), 2, tiles={"mlp": {"warps": 8}})  # not a projection's name
+    with pytest.raises(ValueError, match="tiles"):
+        FastLoop(FastWeights(w), 2, tiles="{'qkv': {'warps': 8}}}")  # a literal that failed
 
 
 def test_fast_loop_refuses_an_unknown_fold_norm():
@@ -91,6 +93,17 @@ def test_fast_loop_refuses_an_unknown_fold_norm():
         FastLoop(FastWeights(w), 2, mma=("wo", "mlp"))
     with pytest.raises(ValueError, match="fold_norm"):
         FastLoop(FastWeights(w), 2, mma=("down",), fold_norm="own")
+
+
+def test_frame_tiles_per_bucket():
+    """The measured tiles apply to their bucket's one-chain frame only, less wgmma projections,
+    and are copies (a loop's edits reach no other loop)."""
+    from models.fast_loop import FRAME_TILES, frame_tiles
+
+    assert frame_tiles(64) == FRAME_TILES[64] and frame_tiles(128) == {} == frame_tiles(16)
+    assert "heads" not in frame_tiles(64, frozenset({"heads"}))
+    frame_tiles(64)["gate_up"]["splits"] = 8
+    assert FRAME_TILES[64]["gate_up"]["splits"] == 2
 
 
 def test_wgmma_projections_by_name():
@@ -254,9 +267,9 @@ def test_fast_loop_row_parts_equal_their_own_loops_on_h200(R, parts):
     assert loop.parts == (64, R - 64)
     out = loop(h, g0)
     assert (loop.sampler.offset == QWEN3_TTS_1P7B.heads_drawn).all()
-    for a, b in ((0, 64), (64, R)):
-        alone = FastLoop(fw, b - a, Sampler(b - a, seeds=seeds[a:b], device="cuda"))(
-            h[a:b], g0[a:b])
+    for a, b in ((0, 64), (64, R)):  # alone with the parts' tiles (not a 64-row frame's own)
+        alone = FastLoop(fw, b - a, Sampler(b - a, seeds=seeds[a:b], device="cuda"),
+                         tiles=loop.tiles)(h[a:b], g0[a:b])
         assert torch.equal(out.codes[a:b], alone.codes)
         assert torch.equal(out.logits[a:b], alone.logits)
         assert torch.equal(out.talker_sum[a:b], alone.talker_sum)
@@ -273,8 +286,9 @@ def test_fast_loop_row_parts_equal_their_own_loops_on_h200(R, parts):
 def test_fast_loop_on_h200_matches_reference_1p7b():
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
-    # the fused GEMVs (<= 2 rows), the split-K tensor-core path on 5 rows padded to 16, and 16
-    for R in (1, 2, 5, 16):
+    # the fused GEMVs (<= 2 rows), the split-K tensor-core path on 5 rows padded to 16, 16, and
+    # 64 (its own tiles, FRAME_TILES)
+    for R in (1, 2, 5, 16, 64):
         h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
         seeds = list(range(100, 100 + R))
         ref = depth_loop(w, h, g0, sampler=Sampler(R, seeds=seeds, device="cuda"))
