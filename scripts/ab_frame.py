@@ -1,10 +1,13 @@
 """Same-run A/B of whole fast-loop frames: builds one FastLoop per variant (FastLoop keyword
-arguments) at a row count and times them in turn, several rounds, so drift hits all alike.
+arguments; ``--instances N``: N each) at a row count and times them in turn, several rounds, so
+drift hits all alike. Identical builds differ by up to ~50 µs a frame (buffer placement:
+notes/fast-loop.md v10v), so a difference below that needs several instances.
 Tune on the frame, not on a kernel alone (notes/fast-loop.md, v8d: an isolated 1.7 µs win was a
 90 µs frame loss under PDL).
 
     python3 scripts/ab_frame.py --rows 64 --variant pdl=True --variant pdl=False
     python3 scripts/ab_frame.py --rows 64 --variant "" --variant "tiles={'qkv': {'warps': 4}}"
+    python3 scripts/ab_frame.py --rows 1 --variant "" --variant "" --instances 3  # A/A
 """
 import argparse
 import ast
@@ -48,8 +51,14 @@ def main():
     ap.add_argument("--variant", action="append", default=[],
                     help="FastLoop keyword arguments, e.g. pdl=False (repeat; '' = defaults)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--instances", type=int, default=1,
+                    help="loops built per variant (each with its own buffers): the spread "
+                         "between identical builds, up to ~50 µs a frame on the H200, is the "
+                         "resolution of a one-instance A/B")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.instances < 1 or args.rounds < 1:
+        ap.error("--instances and --rounds must be at least 1")
     variants = args.variant or [""]
     print(provenance_line({"weights": args.seed}), flush=True)
     w = random_weights(seed=args.seed, dtype=torch.bfloat16).to(device="cuda")
@@ -58,16 +67,30 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(R)
     h = torch.randn(R, w.config.talker_hidden, device="cuda", generator=g).to(torch.bfloat16)
     g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
-    loops = {v or "defaults": FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
-                                       **parse_variant(v)) for v in variants}
-    times = {name: [] for name in loops}
+    # one entry per (variant, instance), duplicates kept (an A/A test repeats a variant); the
+    # instances of all variants are interleaved in every round, so drift hits all alike
+    names = [v or "defaults" for v in variants]
+    loops = [(j, FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
+                          **parse_variant(v)))
+             for _ in range(args.instances) for j, v in enumerate(variants)]
+    times = [[] for _ in loops]
     for rnd in range(args.rounds):
-        for name, fl in loops.items():
-            times[name].append(bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=400).median_us)
-            print(f"round {rnd} {name}: {times[name][-1]:.0f} µs", flush=True)
-    for name, ts in times.items():
-        print(f"{R} rows {name}: median of rounds {sorted(ts)[len(ts) // 2]:.0f} µs")
+        for (j, fl), ts in zip(loops, times):
+            ts.append(bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=400).median_us)
+            print(f"round {rnd} {names[j]}: {ts[-1]:.0f} µs", flush=True)
+    for j, name in enumerate(names):
+        per_instance = sorted(_median(ts) for (i, _), ts in zip(loops, times) if i == j)
+        if len(per_instance) == 1:
+            print(f"{R} rows {name}: median of rounds {per_instance[0]:.0f} µs")
+        else:  # each instance's median of rounds, then their mean and range
+            print(f"{R} rows {name}: mean of {len(per_instance)} instances "
+                  f"{sum(per_instance) / len(per_instance):.0f} µs (medians of rounds "
+                  f"{per_instance[0]:.0f}-{per_instance[-1]:.0f})")
 
+
+def _median(xs: list) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
 
 if __name__ == "__main__":
     main()
