@@ -60,9 +60,10 @@ def projection_shapes(cfg) -> list:
 
 PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
 # kernel rows of a one-chain frame -> mma.sync tiles that beat the skinny GEMM's own defaults in
-# the same-run frame A/B on the H200 (results/logs/612b67d-ab-*.log): at 64 rows gate/up in 2
-# K-slices of 2 stages, 2525 -> 2455 µs, and the heads in 8-warp tiles of two warps a weight group,
-# 2 stages, -> 2420 µs (gate/up's lost at 16, 32 and 128 rows, the heads' at 32 and 128)
+# the same-run frame A/B on the H200 (results/logs/612b67d-ab-*.log; three builds each in
+# 50faf82-ab-instances-64.log): at 64 rows gate/up in 2 K-slices of 2 stages, 2543 -> 2464 µs,
+# and the heads in 8-warp tiles of two warps a weight group, 2 stages, -> 2439 µs (gate/up's
+# lost at 16, 32 and 128 rows, the heads' at 32 and 128)
 FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 2},
                     "heads": {"warps": 8, "m_split": 2, "a_stages": 2}}}
 
