@@ -186,9 +186,11 @@ class DepthSampler:
         s_sel = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
         s_best = smem.allocate_tensor(Float64, cute.make_layout(THREADS // 32), 16)
         s_idx = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32 + 1), 16)
-        # the survivors of top-k (compact builds): count, columns, scores
-        s_live = smem.allocate_tensor(Int32, cute.make_layout(1 + self.V), 16)
-        s_live_s = smem.allocate_tensor(Float32, cute.make_layout(self.V), 16)
+        # the survivors of top-k: count, columns, scores (16 KB at V = 2048: compact builds
+        # only; the others get one-element stand-ins, of which only the count is zeroed)
+        live = self.V if self.noise == "compact" else 1
+        s_live = smem.allocate_tensor(Int32, cute.make_layout(1 + live), 16)
+        s_live_s = smem.allocate_tensor(Float32, cute.make_layout(live), 16)
         s_sum = smem.allocate_tensor(Float32, cute.make_layout(NORM_THREADS // 32), 16)
         self._stamp(mTr, m, tidx, 0)
         hw4, tw4 = self.hidden // 8, self.talker // 8
