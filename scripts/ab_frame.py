@@ -70,22 +70,37 @@ def main():
     # one entry per (variant, instance), duplicates kept (an A/A test repeats a variant); the
     # instances of all variants are interleaved in every round, so drift hits all alike
     names = [v or "defaults" for v in variants]
-    loops = [(j, FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
-                          **parse_variant(v)))
-             for _ in range(args.instances) for j, v in enumerate(variants)]
+    loops = []
+    for _ in range(args.instances):
+        for j, v in enumerate(variants):
+            try:
+                loops.append((j, FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
+                                          **parse_variant(v))))
+            except ValueError as e:  # refused before any launch: time the others
+                print(f"variant {names[j]} refused: {e}", flush=True)
     times = [[] for _ in loops]
     for rnd in range(args.rounds):
         for (j, fl), ts in zip(loops, times):
             ts.append(bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=400).median_us)
             print(f"round {rnd} {names[j]}: {ts[-1]:.0f} µs", flush=True)
+    for line in summary_lines(R, names, [j for j, _ in loops], times):
+        print(line)
+
+
+def summary_lines(rows: int, names: list, variant_of: list, times: list) -> list:
+    """One line per variant that was built: the median of its rounds, or with several
+    instances (``variant_of[i]`` names instance i's variant) the mean of their medians and
+    their range."""
+    lines = []
     for j, name in enumerate(names):
-        per_instance = sorted(_median(ts) for (i, _), ts in zip(loops, times) if i == j)
+        per_instance = sorted(_median(ts) for i, ts in zip(variant_of, times) if i == j)
         if len(per_instance) == 1:
-            print(f"{R} rows {name}: median of rounds {per_instance[0]:.0f} µs")
-        else:  # each instance's median of rounds, then their mean and range
-            print(f"{R} rows {name}: mean of {len(per_instance)} instances "
-                  f"{sum(per_instance) / len(per_instance):.0f} µs (medians of rounds "
-                  f"{per_instance[0]:.0f}-{per_instance[-1]:.0f})")
+            lines.append(f"{rows} rows {name}: median of rounds {per_instance[0]:.0f} µs")
+        elif per_instance:
+            lines.append(f"{rows} rows {name}: mean of {len(per_instance)} instances "
+                         f"{sum(per_instance) / len(per_instance):.0f} µs (medians of rounds "
+                         f"{per_instance[0]:.0f}-{per_instance[-1]:.0f})")
+    return lines
 
 
 def _median(xs: list) -> float:

@@ -115,6 +115,16 @@ def test_wgmma_projections_by_name():
     assert wgmma_projections([]) == frozenset()
 
 
+def test_ab_frame_summarises_instances_per_variant():
+    from scripts.ab_frame import summary_lines
+
+    times = [[2440, 2438, 2439], [2500, 2501, 2502], [2450, 2449, 2451]]
+    assert summary_lines(64, ["defaults", "tiles={}"], [0, 1, 0], times) == [
+        "64 rows defaults: mean of 2 instances 2444 µs (medians of rounds 2439-2450)",
+        "64 rows tiles={}: median of rounds 2501 µs"]
+    assert summary_lines(1, ["refused"], [], []) == []  # a variant refused at build
+
+
 def test_ab_frame_variants_take_nested_literals():
     from scripts.ab_frame import parse_variant
 
