@@ -1,6 +1,6 @@
 """Same-run A/B of whole fast-loop frames: builds one FastLoop per variant (FastLoop keyword
 arguments; ``--instances N``: N each) at a row count and times them in turn, several rounds, so
-drift hits all alike. Identical builds differ by up to ~50 µs a frame (buffer placement:
+drift hits all alike. Identical builds differ by up to ~60 µs a frame (buffer placement:
 notes/fast-loop.md v10v), so a difference below that needs several instances.
 Tune on the frame, not on a kernel alone (notes/fast-loop.md, v8d: an isolated 1.7 µs win was a
 90 µs frame loss under PDL).
@@ -53,7 +53,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--instances", type=int, default=1,
                     help="loops built per variant (each with its own buffers): the spread "
-                         "between identical builds, up to ~50 µs a frame on the H200, is the "
+                         "between identical builds, up to ~60 µs a frame on the H200, is the "
                          "resolution of a one-instance A/B")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -106,6 +106,7 @@ def summary_lines(rows: int, names: list, variant_of: list, times: list) -> list
 def _median(xs: list) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2]
+
 
 if __name__ == "__main__":
     main()
