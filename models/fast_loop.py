@@ -244,6 +244,27 @@ def draw_topk(logits, temperature, top_k, seed, offset, kmax: int):
     s = filtered_scores(logits, temperature, top_k, kmax=kmax)
     return draw(s, temperature, seed, offset)
 
+
+PREFILL = ("serial", "overlap")
+
+
+class ChainBuffers:
+    """One position chain's activations on the kernels path: the residual rows ``x``, their
+    normalised copy ``xn`` and per-32-column sums of squares ``x_ss`` (tensor-core path only),
+    and the QKV, attention and SwiGLU outputs."""
+
+    def __init__(self, cfg, rows: int, device, dtype, tensor_core: bool):
+        self.x = torch.zeros(rows, cfg.hidden, device=device, dtype=dtype)
+        if tensor_core:  # the tensor-core projections take a normalised copy
+            self.xn = torch.zeros_like(self.x)
+            # x's sums of squares per 32 columns [hidden / 32, rows] (fold_norm="producer")
+            self.x_ss = torch.zeros(cfg.hidden // 32, rows, device=device)
+        self.qkv_out = torch.zeros(rows, (cfg.q_heads + 2 * cfg.kv_heads) * cfg.head_dim,
+                                   device=device, dtype=dtype)
+        self.attn = torch.zeros(rows, cfg.q_heads * cfg.head_dim, device=device, dtype=dtype)
+        self.mlp = torch.zeros(rows, cfg.intermediate, device=device, dtype=dtype)
+
+
 class FastLoop:
     """One frame for a fixed row bucket; ``compile`` and ``graph`` on a CUDA device.
 
@@ -271,6 +292,11 @@ class FastLoop:
     len(DRAW_TRACE_POINTS)] (scripts/trace_frame.py); ``attn_trace``: each attention CTA's in
     ``attn_traces`` [positions, layers, run rows, kv heads, len(ATTN_TRACE_POINTS)]
     (scripts/trace_frame.py --kernel attention).
+    ``prefill``: the kernels path's positions 0 and 1 (both inputs are known when the frame
+    starts) "serial", or "overlap": position 0's chain on a second stream with its own
+    activations, position 1's attention of a layer waiting only for position 0's cache append
+    of that layer (the same bits). Either way position 0's last layer stops after its cache
+    append: nothing reads that position's output.
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -282,7 +308,8 @@ class FastLoop:
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
                  mma: str = "sync", parts: tuple | None = None, draw_noise: str | None = None,
-                 draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False):
+                 draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
+                 prefill: str = "serial"):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -323,6 +350,10 @@ class FastLoop:
             raise ValueError(f"path {path!r}: 'kernels' or 'compiled'")
         if self.path == "kernels" and not kernels_ok:
             raise ValueError("the kernels path runs on a CUDA device with 1-128 rows")
+        if prefill not in PREFILL or (prefill != "serial" and self.path != "kernels"):
+            raise ValueError(f"prefill {prefill!r}: one of {PREFILL}, and 'serial' off the "
+                             "kernels path")
+        self.prefill = prefill
         # rows the kernels run on: the GEMVs up to GEMV_MAX_ROWS, else a multiple of 16 for the
         # tensor-core projections; padding rows hold zeros and their results are dropped
         if parts is None:
@@ -354,7 +385,8 @@ class FastLoop:
             part_kw = dict(compile=compile, graph=False, teacher_forced=teacher_forced,
                            small_m=small_m, path="kernels", pdl=pdl, tiles=self.tiles,
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
-                           draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace)
+                           draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace,
+                           prefill=prefill)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -364,7 +396,15 @@ class FastLoop:
                 start += part.run_rows
             self.part_streams = [torch.cuda.Stream() for _ in self.parts]
         elif self.path == "kernels":
-            self.x = torch.zeros(P, cfg.hidden, device=dev, dtype=dt)
+            # the main chain's activations, and position 0's when it runs beside position 1
+            self.buf = ChainBuffers(cfg, P, dev, dt, P > GEMV_MAX_ROWS)
+            self.buf0 = self.buf
+            if prefill == "overlap":
+                self.buf0 = ChainBuffers(cfg, P, dev, dt, P > GEMV_MAX_ROWS)
+                self.prefill_stream = torch.cuda.Stream()
+                # recorded after each layer's cache append at position 0; position 1's
+                # attention of that layer waits for it
+                self.cache_events = [torch.cuda.Event() for _ in range(L)]
             # the draws write the next position's first normalised row (the GEMVs norm their
             # own rows; fold_norm has no norm kernels; a wgmma qkv reads xn chunk-major)
             self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
@@ -374,14 +414,6 @@ class FastLoop:
             if draw_noise not in (None, *NOISE):
                 raise ValueError(f"draw_noise {draw_noise!r}: one of {NOISE} or None")
             self.draw_noise = draw_noise or ("early" if P > GEMV_MAX_ROWS else "compact")
-            if P > GEMV_MAX_ROWS:  # tensor-core projections take a normalised copy
-                self.xn = torch.zeros_like(self.x)
-                # x's sums of squares per 32 columns [hidden / 32, P] (fold_norm="producer")
-                self.x_ss = torch.zeros(cfg.hidden // 32, P, device=dev)
-            self.qkv_out = torch.zeros(P, (cfg.q_heads + 2 * cfg.kv_heads) * D, device=dev,
-                                       dtype=dt)
-            self.attn = torch.zeros(P, cfg.q_heads * D, device=dev, dtype=dt)
-            self.mlp = torch.zeros(P, cfg.intermediate, device=dev, dtype=dt)
             self.draw_traces = None
             if draw_trace:
                 from kernels.depth_sampler import DRAW_TRACE_POINTS
@@ -470,13 +502,14 @@ class FastLoop:
             self.used[:, s + 1].copy_(fw.embeds[s].index_select(0, g))
         self.talker_sum.copy_(self.used.sum(1))
 
-    def _project(self, name, a, w, out, *, gamma=None, resid=None, swiglu: bool = False,
-                 sums_ready: bool = True, normed: bool = False):
+    def _project(self, name, a, w, out, buf: ChainBuffers, *, gamma=None, resid=None,
+                 swiglu: bool = False, sums_ready: bool = True, normed: bool = False):
         """out = [resid +] [norm](a) · w^T [SwiGLU]: the fused GEMV for <= GEMV_MAX_ROWS rows,
         else the row norm (when gamma is given) and the split-K tensor-core projection (``w``
         then packed: FastWeights.skinny_weights). ``sums_ready``: a residual projection wrote
         a's sums of squares (``x_ss``; not so for layer 0, whose x comes from the draw).
-        ``normed``: xn already holds norm(a) (the draw wrote it: ``draw_norm``)."""
+        ``normed``: xn already holds norm(a) (the draw wrote it: ``draw_norm``). ``buf``: the
+        chain's activations (its xn and x_ss)."""
         from kernels.gemm_skinny import gemm_skinny
         from kernels.gemv_small_m import gemv_small_m
         from kernels.rows_rmsnorm import rows_rmsnorm
@@ -491,11 +524,11 @@ class FastLoop:
         if gamma is not None and self.fold_norm:  # gamma is in w (skinny_weights)
             folded = dict(rms_eps=eps)
             if producer and sums_ready:
-                folded["ss_in"] = self.x_ss
+                folded["ss_in"] = buf.x_ss
         elif gamma is not None and normed:
-            a = self.xn
+            a = buf.xn
         elif gamma is not None:
-            a = rows_rmsnorm(a, gamma, self.xn, eps=eps, pdl=self.pdl,
+            a = rows_rmsnorm(a, gamma, buf.xn, eps=eps, pdl=self.pdl,
                              chunk_major=name in self.wgmma)
         # gate/up's output is down's input: chunk-major when down runs on wgmma
         cm_out = dict(chunk_major_out=True) if name == "gate_up" and "down" in self.wgmma \
@@ -509,7 +542,7 @@ class FastLoop:
             return
         gemm_skinny(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl,
                     **self.tiles.get(name, {}), **folded, **cm_out,
-                    **(dict(ss_out=self.x_ss) if producer and resid is not None else {}))
+                    **(dict(ss_out=buf.x_ss) if producer and resid is not None else {}))
 
     def _packed_weights(self) -> dict:
         """The tensor-core projections' weights as their kernels take them: packed for
@@ -524,16 +557,40 @@ class FastLoop:
                 name, self.tiles.get(name, {}).get("warps", WGMMA_WARPS)) for name in self.wgmma}}
         return packed
 
+    def _layer(self, p: int, li: int, buf: ChainBuffers, *, normed: bool = False,
+               cache_wait=None, cache_done=None):
+        """Layer ``li`` of position ``p`` on the chain's activations ``buf`` (x in place).
+        ``cache_wait``: an event the attention waits for (position 0's cache append of this
+        layer, when position 0 runs on its own stream); ``cache_done``: recorded after it."""
+        from kernels.depth_attention import depth_attention
+
+        fw, cfg, W, proj = self.fw, self.cfg, self.kernel_w, self._project
+        proj("qkv", buf.x, W["qkv"][li], buf.qkv_out, buf, gamma=fw.in_norm[li],
+             sums_ready=li > 0, normed=normed)
+        if cache_wait is not None:
+            torch.cuda.current_stream().wait_event(cache_wait)
+        depth_attention(buf.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
+                        self.k_cache[li], self.v_cache[li], p, buf.attn,
+                        q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=cfg.rms_eps,
+                        pdl=self.pdl,
+                        chunk_major="wo" in self.wgmma and self.run_rows > GEMV_MAX_ROWS,
+                        trace=None if self.attn_traces is None else self.attn_traces[p, li])
+        if cache_done is not None:
+            cache_done.record()
+        if p == 0 and li == cfg.layers - 1:
+            return  # nothing reads position 0's output: its last layer ends at the cache
+        proj("wo", buf.attn, W["wo"][li], buf.x, buf, resid=buf.x)
+        proj("gate_up", buf.x, W["gate_up"][li], buf.mlp, buf, gamma=fw.post_norm[li],
+             swiglu=True)
+        proj("down", buf.mlp, W["down"][li], buf.x, buf, resid=buf.x)
+
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""
-        from kernels.depth_attention import depth_attention
         from kernels.depth_sampler import depth_draw
 
-        fw, cfg, pdl, W = self.fw, self.cfg, self.pdl, self.kernel_w
-        attn_chunk_major = "wo" in self.wgmma and self.run_rows > GEMV_MAX_ROWS
-        proj = self._project
-        eps = cfg.rms_eps
-        self.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
+        fw, cfg, buf = self.fw, self.cfg, self.buf
+        overlap = self.prefill == "overlap"
+        self.buf0.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
         self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
         smp = self.sampler
         mode = "forced" if self.teacher_forced else ("greedy" if smp is None else "sample")
@@ -545,32 +602,33 @@ class FastLoop:
             draw_args = self.draw_params
             for name, t in draw_args.items():
                 t[:self.rows].copy_(getattr(smp, name))
+        here = torch.cuda.current_stream()
         for p in range(cfg.positions):
+            if p == 0 and overlap:  # position 0 on its own stream, a cache append ahead
+                side = self.prefill_stream
+                side.wait_stream(here)
+                with torch.cuda.stream(side):
+                    for li in range(cfg.layers):
+                        self._layer(0, li, self.buf0, cache_done=self.cache_events[li])
+                # the last layer's event follows that stream's last kernel, so position 1's
+                # wait for it also rejoins the stream (as a capture requires)
+                continue
             if p == 1:
-                self.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
+                buf.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
             for li in range(cfg.layers):
-                proj("qkv", self.x, W["qkv"][li], self.qkv_out, gamma=fw.in_norm[li],
-                     sums_ready=li > 0, normed=li == 0 and p >= 2 and self.draw_norm)
-                depth_attention(self.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
-                                self.k_cache[li], self.v_cache[li], p, self.attn,
-                                q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=eps, pdl=pdl,
-                                chunk_major=attn_chunk_major,
-                                trace=None if self.attn_traces is None else
-                                self.attn_traces[p, li])
-                proj("wo", self.attn, W["wo"][li], self.x, resid=self.x)
-                proj("gate_up", self.x, W["gate_up"][li], self.mlp, gamma=fw.post_norm[li],
-                     swiglu=True)
-                proj("down", self.mlp, W["down"][li], self.x, resid=self.x)
+                self._layer(p, li, buf, normed=li == 0 and p >= 2 and self.draw_norm,
+                            cache_wait=self.cache_events[li] if overlap and p == 1 else None)
             if p == 0:
                 continue
             s = p - 1  # this position predicts g_{s+1}
-            proj("heads", self.x, W["heads"][s], self.logits[:, s], gamma=fw.final_norm)
+            self._project("heads", buf.x, self.kernel_w["heads"][s], self.logits[:, s], buf,
+                          gamma=fw.final_norm)
             # the next position's first norm in the draw (none after the last position)
-            norm = dict(gamma=fw.in_norm[0], xn=self.xn, eps=eps) \
+            norm = dict(gamma=fw.in_norm[0], xn=buf.xn, eps=cfg.rms_eps) \
                 if self.draw_norm and p + 1 < cfg.positions else {}
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
-                       self.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
-                       pdl=pdl, noise=self.draw_noise,
+                       buf.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
+                       pdl=self.pdl, noise=self.draw_noise,
                        trace=None if self.draw_traces is None else self.draw_traces[s],
                        **norm, **draw_args)
         if smp is not None:

@@ -30,13 +30,17 @@ def kernel_kind(name: str) -> str:
 def frame_roles(cfg, draw_norm: bool = True) -> list:
     """The frame's CuTe DSL kernels in launch order (FastLoop._frame_kernels above
     GEMV_MAX_ROWS rows, without fold_norm), each by its role: a layer's norm / qkv / attention /
-    wo / norm / gate_up / down, and from position 1 on the final norm, the head and the draw.
-    ``draw_norm`` (FastLoop's): the draws normalise layer 0's input from position 2 on."""
+    wo / norm / gate_up / down (position 0's last layer ends at its attention), and from
+    position 1 on the final norm, the head and the draw; ``prefill="serial"`` only (with
+    "overlap" positions 0 and 1 interleave). ``draw_norm`` (FastLoop's): the draws normalise
+    layer 0's input from position 2 on."""
     layer = ["norm_in", "qkv", "attention", "wo", "norm_post", "gate_up", "down"]
     roles = []
     for p in range(cfg.positions):
         first = layer[1:] if draw_norm and p >= 2 else layer
-        roles += first + layer * (cfg.layers - 1) + (["norm_final", "heads", "draw"] if p else [])
+        last = layer[:3] if p == 0 else layer
+        roles += first + layer * (cfg.layers - 2) + last
+        roles += ["norm_final", "heads", "draw"] if p else []
     return roles
 
 
@@ -110,7 +114,7 @@ def main():
                 print(f"  {t:8.0f} us  {n:4d}x  {k}")
             continue
         spans = [(kernel_kind(e.name), e.time_range.start, e.time_range.end) for e in ev]
-        if fl.run_rows > GEMV_MAX_ROWS and not fl.fold_norm:
+        if fl.run_rows > GEMV_MAX_ROWS and not fl.fold_norm and fl.prefill == "serial":
             spans = label_roles(spans, frame_roles(fw.config, getattr(fl, "draw_norm", False)))
         rows = end_increments(spans)
         span = max(s[2] for s in spans) - min(s[1] for s in spans)

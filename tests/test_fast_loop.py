@@ -93,6 +93,10 @@ def test_fast_loop_refuses_an_unknown_fold_norm():
         FastLoop(FastWeights(w), 2, mma=("wo", "mlp"))
     with pytest.raises(ValueError, match="fold_norm"):
         FastLoop(FastWeights(w), 2, mma=("down",), fold_norm="own")
+    with pytest.raises(ValueError, match="prefill"):
+        FastLoop(FastWeights(w), 2, prefill="parallel")
+    with pytest.raises(ValueError, match="prefill"):  # a CPU loop runs the compiled path
+        FastLoop(FastWeights(w), 2, prefill="overlap")
 
 
 def test_frame_tiles_per_bucket():
@@ -196,9 +200,11 @@ def test_profile_labels_the_frames_kernels_by_role():
     from scripts.profile_fast_loop import frame_roles, label_roles
 
     roles = frame_roles(QWEN3_TTS_1P7B, draw_norm=False)
-    # 16 positions x 5 layers x 7 kernels, and a norm, head and draw at positions 1-15
-    assert len(roles) == 16 * 5 * 7 + 15 * 3 and roles.count("heads") == 15
+    # 16 positions x 5 layers x 7 kernels less position 0's last wo, norm, gate_up and down,
+    # and a norm, head and draw at positions 1-15
+    assert len(roles) == 16 * 5 * 7 - 4 + 15 * 3 and roles.count("heads") == 15
     assert roles[:4] == ["norm_in", "qkv", "attention", "wo"] and roles[-1] == "draw"
+    assert roles[4 * 7:4 * 7 + 4] == ["norm_in", "qkv", "attention", "norm_in"]
     # the draws at positions 1-14 normalise the next position's first row
     with_draw_norm = frame_roles(QWEN3_TTS_1P7B)
     assert len(with_draw_norm) == len(roles) - 14
@@ -260,6 +266,25 @@ def test_fast_loop_draw_noise_norm_and_trace_change_no_bits_on_h200(R):
     assert (stamps > 0).all() and (stamps.diff(dim=2) >= 0).all()
     stamps = loops[1].attn_traces[:, :, :R]
     assert (stamps > 0).all() and (stamps.diff(dim=-1) >= 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("R", [1, 2, 16, 64, 128])
+def test_fast_loop_prefill_overlap_changes_no_bits_on_h200(R):
+    """Position 0 on its own stream beside position 1 (``prefill="overlap"``; at 128 rows in
+    each of the two parts) computes the serial loop's bits: codes, logits, talker sum, KV."""
+    w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
+    fw = FastWeights(w)
+    h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R + 5, device="cuda", dtype=torch.bfloat16)
+    seeds = list(range(500, 500 + R))
+    loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), prefill=mode)
+             for mode in ("serial", "overlap")]
+    for frame in range(2):  # the second frame replays over the first's caches
+        a, b = (loop(h, g0) for loop in loops)
+        assert torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
+        assert torch.equal(a.talker_sum, b.talker_sum)
+        for (k, v), (k1, v1) in zip(a.kv, b.kv):
+            assert torch.equal(k, k1) and torch.equal(v, v1)
 
 
 @pytest.mark.gpu
