@@ -14,8 +14,11 @@ Modes: ``sample``, ``greedy`` (argmax of the logits) and ``forced`` (teacher for
 is read from ``codes_in``). Every mode then writes the code, copies the next position's input
 row ``embed_proj[code]`` into ``x_next`` and the Talker-space row ``embeds[code]`` into ``used``,
 and with ``norm_eps`` writes that input row normalised into ``xn`` (the next position's first
-row norm, as kernels.rows_rmsnorm rounds it). Where the Gumbel terms are drawn (``noise``) changes
-timing only: by default every column's before the dependency wait (notes/fast-loop.md v10q).
+row norm, as kernels.rows_rmsnorm rounds it), or with ``qkv_width`` copies the row
+``qkv_table[code]`` into ``qkv_next`` (the next position's first QKV projection, precomputed
+per code: models.fast_loop.FastLoop._layer0_qkv_table). Where the Gumbel terms are drawn
+(``noise``) changes timing only: by default every column's before the dependency wait
+(notes/fast-loop.md v10q).
 """
 from __future__ import annotations
 
@@ -81,11 +84,12 @@ class DepthSampler:
     draw is written inside the frame: the sampler's tensors change between frames only);
     "compact" moves the top-k survivors to shared memory and draws one a thread; "inline" has
     each thread draw its own survivors, up to V / THREADS in series. ``norm_eps``: also write
-    the next position's row normalised (gamma, eps) as kernels.rows_rmsnorm rounds it."""
+    the next position's row normalised (gamma, eps) as kernels.rows_rmsnorm rounds it.
+    ``qkv_width``: also gather a row of that many bf16 from a per-code QKV table (0: none)."""
 
     def __init__(self, M: int, V: int, hidden: int, talker_hidden: int, mode: str = "sample",
                  pdl: bool = True, trace: bool = False, noise: str = "early",
-                 norm_eps: float | None = None):
+                 norm_eps: float | None = None, qkv_width: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if noise not in NOISE:
@@ -95,6 +99,10 @@ class DepthSampler:
             raise ValueError(f"unsupported V {V} / widths {hidden}, {talker_hidden}")
         if norm_eps is not None and hidden != 8 * NORM_THREADS:
             raise ValueError(f"the draw normalises rows of {8 * NORM_THREADS}, not {hidden}")
+        if qkv_width % (8 * THREADS):
+            raise ValueError(f"the draw gathers QKV rows of whole {8 * THREADS}-element runs, "
+                             f"not {qkv_width}")
+        self.qkv_width = qkv_width
         self.M, self.V, self.hidden, self.talker = M, V, hidden, talker_hidden
         self.mode, self.pdl, self.trace, self.noise = mode, pdl, trace, noise
         self.norm_eps = norm_eps
@@ -105,7 +113,8 @@ class DepthSampler:
                  seed_ptr: cute.Pointer, offset_ptr: cute.Pointer, codes_ptr: cute.Pointer,
                  codes_in_ptr: cute.Pointer, table_ptr: cute.Pointer, embed_ptr: cute.Pointer,
                  x_next_ptr: cute.Pointer, used_ptr: cute.Pointer, trace_ptr: cute.Pointer,
-                 gamma_ptr: cute.Pointer, xn_ptr: cute.Pointer, ld_logits: Int32,
+                 gamma_ptr: cute.Pointer, xn_ptr: cute.Pointer, qkv_table_ptr: cute.Pointer,
+                 qkv_next_ptr: cute.Pointer, ld_logits: Int32,
                  ld_codes: Int32, ld_used: Int32, draw: Int32, stream):
         M, V = self.M, self.V
         mL = cute.make_tensor(logits_ptr, cute.make_layout((M, V), stride=(ld_logits, 1)))
@@ -122,13 +131,16 @@ class DepthSampler:
         mX = cute.make_tensor(x_next_ptr, cute.make_layout((4, M * hw // 4), stride=(1, 4)))
         mXn = cute.make_tensor(xn_ptr, cute.make_layout((4, M * hw // 4), stride=(1, 4)))
         mG = cute.make_tensor(gamma_ptr, cute.make_layout((4, hw // 4), stride=(1, 4)))
+        qw = max(self.qkv_width // 2, 4)  # (one 16-byte stand-in run when there is no table)
+        mQkvT = cute.make_tensor(qkv_table_ptr, cute.make_layout((4, V * qw // 4), stride=(1, 4)))
+        mQkv = cute.make_tensor(qkv_next_ptr, cute.make_layout((4, M * qw // 4), stride=(1, 4)))
         mUsed = cute.make_tensor(used_ptr, cute.make_layout((4, M, tw // 4),
                                                             stride=(1, ld_used // 2, 4)))
         points = len(DRAW_TRACE_POINTS)
         mTr = cute.make_tensor(trace_ptr, cute.make_layout((M, points), stride=(points, 1)))
         self.kernel(mL, mT, mK, mSeed, mOff, mCodes, mCodesIn, mTable, mEmbed, mX, mUsed, mTr,
-                    mG, mXn, draw).launch(grid=[M, 1, 1], block=[THREADS, 1, 1], stream=stream,
-                                 use_pdl=self.pdl)
+                    mG, mXn, mQkvT, mQkv, draw).launch(grid=[M, 1, 1], block=[THREADS, 1, 1],
+                                                       stream=stream, use_pdl=self.pdl)
 
     @cute.jit
     def kth_largest_key(self, keys, k, s_hist: cute.Tensor, s_sel: cute.Tensor, tidx):
@@ -177,7 +189,8 @@ class DepthSampler:
     def kernel(self, mL: cute.Tensor, mT: cute.Tensor, mK: cute.Tensor, mSeed: cute.Tensor,
                mOff: cute.Tensor, mCodes: cute.Tensor, mCodesIn: cute.Tensor,
                mTable: cute.Tensor, mEmbed: cute.Tensor, mX: cute.Tensor, mUsed: cute.Tensor,
-               mTr: cute.Tensor, mG: cute.Tensor, mXn: cute.Tensor, draw: Int32):
+               mTr: cute.Tensor, mG: cute.Tensor, mXn: cute.Tensor, mQkvT: cute.Tensor,
+               mQkv: cute.Tensor, draw: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m, _, _ = cute.arch.block_idx()
         lane, warp = tidx % 32, tidx // 32
@@ -232,6 +245,12 @@ class DepthSampler:
             xn = normalize_chunks([x_row], g, tidx, s_sum, self.hidden, self.norm_eps)
             if tidx < hw4:
                 cute.autovec_copy(xn[0], mXn[(None, m * hw4 + tidx)])
+        if cutlass.const_expr(self.qkv_width > 0):
+            qw4 = self.qkv_width // 8
+            for j in cutlass.range_constexpr(qw4 // THREADS):
+                row = cute.make_rmem_tensor((4,), Uint32)
+                cute.autovec_copy(mQkvT[(None, code * qw4 + j * THREADS + tidx)], row)
+                cute.autovec_copy(row, mQkv[(None, m * qw4 + j * THREADS + tidx)])
         self._stamp(mTr, m, tidx, 5)
 
     @cute.jit
@@ -373,10 +392,10 @@ class DepthSampler:
 
 def _ptr_specs():
     # logits, temperature, top_k, seed, offset, codes, codes_in, table, embeds, x_next, used,
-    # trace stamps, gamma, xn
+    # trace stamps, gamma, xn, qkv_table, qkv_next
     return ((Float32, 16), (Float32, 4), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8),
             (Uint32, 16), (Uint32, 16), (Uint32, 16), (Uint32, 16), (Int64, 8), (Uint32, 16),
-            (Uint32, 16))
+            (Uint32, 16), (Uint32, 16), (Uint32, 16))
 
 
 def compile_args():
@@ -389,11 +408,13 @@ def compile_args():
 def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: str,
                temperature=None, top_k=None, seed=None, offset=None, codes_in=None,
                pdl: bool = True, trace=None, noise: str = "early", gamma=None, xn=None,
-               eps: float = 1e-6):
+               eps: float = 1e-6, qkv_table=None, qkv_next=None):
     """Draw (or take) one code per row and gather the next rows (see the module notes).
     ``trace``: int64 [M, len(DRAW_TRACE_POINTS)], each row's %globaltimer stamps (ns);
     ``noise``: where the Gumbel terms are drawn (NOISE; the same codes; DepthSampler);
     ``gamma`` [hidden] and ``xn`` [M, hidden] bf16: also xn = rows_rmsnorm(x_next, gamma, eps).
+    ``qkv_table`` [V, W] and ``qkv_next`` [M, W] bf16 (W a multiple of 8 x THREADS): also
+    qkv_next = qkv_table[code].
 
     logits [M, V] fp32 (rows may be strided); codes / codes_in [M] int64 (strided views of the
     [M, 15] code tensors); table [V, hidden] and embeds [V, talker_hidden] bf16; x_next
@@ -440,6 +461,18 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
                              f"[{hidden}], [{M}, {hidden}]")
         if hidden != 8 * NORM_THREADS:
             raise ValueError(f"the draw normalises rows of {8 * NORM_THREADS}, not {hidden}")
+    if (qkv_table is None) != (qkv_next is None):
+        raise ValueError("qkv_table and qkv_next go together")
+    qkv_width = 0
+    if qkv_table is not None:
+        check_cuda_tensor("qkv_table", qkv_table, dtypes=(torch.bfloat16,))
+        check_cuda_tensor("qkv_next", qkv_next, dtypes=(torch.bfloat16,))
+        qkv_width = qkv_table.shape[1]
+        if qkv_table.shape[0] != V or tuple(qkv_next.shape) != (M, qkv_width) \
+                or qkv_width % (8 * THREADS):
+            raise ValueError(f"qkv_table {tuple(qkv_table.shape)}, qkv_next "
+                             f"{tuple(qkv_next.shape)}: need [{V}, W], [{M}, W], W a multiple of "
+                             f"{8 * THREADS}")
     if trace is not None:
         check_cuda_tensor("trace", trace, dtypes=(torch.int64,))
         if tuple(trace.shape) != (M, len(DRAW_TRACE_POINTS)):
@@ -450,14 +483,17 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
                offset if offset is not None else codes, codes,
                codes_in if codes_in is not None else codes, table, embeds, x_next, used,
                trace if trace is not None else codes, table if gamma is None else gamma,
-               x_next if xn is None else xn)
+               x_next if xn is None else xn, table if qkv_table is None else qkv_table,
+               x_next if qkv_next is None else qkv_next)
     ptrs = pointer_args(_ptr_specs(), tensors)
     scalars = (Int32(logits.stride(0)), Int32(codes.stride(0)), Int32(used.stride(0)),
                Int32(draw))
     norm_eps = None if gamma is None else eps
-    key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps)
+    key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps,
+           qkv_width)
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps),
+        DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps,
+                     qkv_width),
         *ptrs, *scalars, current_stream()))
     compiled(*ptrs, *scalars, current_stream())
     return codes

@@ -63,9 +63,11 @@ PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
 # the same-run frame A/B on the H200 (results/logs/612b67d-ab-*.log; three builds each in
 # 50faf82-ab-instances-64.log): at 64 rows gate/up in 2 K-slices of 2 stages, 2543 -> 2464 µs,
 # and the heads in 8-warp tiles of two warps a weight group, 2 stages, -> 2439 µs (gate/up's
-# lost at 16, 32 and 128 rows, the heads' at 32 and 128)
+# lost at 16, 32 and 128 rows, the heads' at 32 and 128); then qkv in 2 K-slices of two warps
+# a group, 2352 -> 2315 µs (4fab9d1-ab-qkv-64.log)
 FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 2},
-                    "heads": {"warps": 8, "m_split": 2, "a_stages": 2}}}
+                    "heads": {"warps": 8, "m_split": 2, "a_stages": 2},
+                    "qkv": {"splits": 2, "m_split": 2}}}
 
 
 def frame_tiles(run_rows: int, wgmma: frozenset = frozenset()) -> dict:
@@ -151,6 +153,7 @@ class FastWeights:
         cos, sin = rope_tables(cfg, torch.arange(cfg.positions, device=dev), dt, dev)
         self.cos, self.sin = cos, sin  # [16, head_dim]
         self._skinny = {}
+        self.layer0_tables = {}  # FastLoop._layer0_qkv_table's, by the loop's configuration
 
     def skinny_weights(self, fold_norm: bool = False) -> dict:
         """The projections packed for kernels/gemm_skinny.py (built once, shared by the loops of
@@ -293,10 +296,15 @@ class FastLoop:
     ``attn_traces`` [positions, layers, run rows, kv heads, len(ATTN_TRACE_POINTS)]
     (scripts/trace_frame.py --kernel attention).
     ``prefill``: the kernels path's positions 0 and 1 (both inputs are known when the frame
-    starts) "serial", or "overlap": position 0's chain on a second stream with its own
-    activations, position 1's attention of a layer waiting only for position 0's cache append
-    of that layer (the same bits). Either way position 0's last layer stops after its cache
-    append: nothing reads that position's output.
+    starts) "serial", or "overlap" (the kernels path's default): position 0's chain on a
+    second stream with its own activations, position 1's attention of a layer waiting only
+    for position 0's cache append of that layer (the same bits). Either way position 0's last
+    layer stops after its cache append: nothing reads that position's output.
+    ``qkv_table``: on the kernels path, layer 0's QKV rows of positions 2-15 are not projected
+    but gathered by the draw from a table of every code's (``_layer0_qkv_table``: 14 x vocab x
+    4096 bf16, 235 MB, built once per bucket configuration by this loop's own kernels, so the
+    same bits): a position's input is a row of a pre-projected embedding table, so its first
+    norm and QKV are functions of the code alone.
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -309,7 +317,7 @@ class FastLoop:
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
                  mma: str = "sync", parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
-                 prefill: str = "serial"):
+                 prefill: str | None = None, qkv_table: bool = False):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -350,10 +358,15 @@ class FastLoop:
             raise ValueError(f"path {path!r}: 'kernels' or 'compiled'")
         if self.path == "kernels" and not kernels_ok:
             raise ValueError("the kernels path runs on a CUDA device with 1-128 rows")
+        # position 0 beside position 1 won at every bucket measured (notes/fast-loop.md v10x)
+        prefill = prefill or ("overlap" if self.path == "kernels" else "serial")
         if prefill not in PREFILL or (prefill != "serial" and self.path != "kernels"):
             raise ValueError(f"prefill {prefill!r}: one of {PREFILL}, and 'serial' off the "
                              "kernels path")
         self.prefill = prefill
+        if qkv_table and self.path != "kernels":
+            raise ValueError("qkv_table: the kernels path only")
+        self.qkv_table = qkv_table
         # rows the kernels run on: the GEMVs up to GEMV_MAX_ROWS, else a multiple of 16 for the
         # tensor-core projections; padding rows hold zeros and their results are dropped
         if parts is None:
@@ -386,7 +399,7 @@ class FastLoop:
                            small_m=small_m, path="kernels", pdl=pdl, tiles=self.tiles,
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
                            draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace,
-                           prefill=prefill)
+                           prefill=prefill, qkv_table=qkv_table)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -408,7 +421,7 @@ class FastLoop:
             # the draws write the next position's first normalised row (the GEMVs norm their
             # own rows; fold_norm has no norm kernels; a wgmma qkv reads xn chunk-major)
             self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
-                              and "qkv" not in self.wgmma)
+                              and "qkv" not in self.wgmma and not qkv_table)
             from kernels.depth_sampler import NOISE
 
             if draw_noise not in (None, *NOISE):
@@ -440,6 +453,7 @@ class FastLoop:
                     "top_k": torch.ones(P, dtype=sampler.top_k.dtype, device=dev),
                     "seed": torch.zeros(P, dtype=sampler.seed.dtype, device=dev),
                     "offset": torch.zeros(P, dtype=sampler.offset.dtype, device=dev)}
+            self.layer0_qkv = self._layer0_qkv_table() if qkv_table else None
         if self.small_m:
             from kernels.gemv_small_m import register_torch_op
 
@@ -557,16 +571,45 @@ class FastLoop:
                 name, self.tiles.get(name, {}).get("warps", WGMMA_WARPS)) for name in self.wgmma}}
         return packed
 
+    def _layer0_qkv_table(self) -> torch.Tensor:
+        """[positions - 2, vocab, QKV width] bf16: for each draw that feeds a next position
+        (0-13) and each code, layer 0's QKV output on that code's input row (``embed_proj``),
+        computed as the frame computes it (this loop's ``_project``, its tiles and row count:
+        a row's outputs do not depend on the other rows), so gathering it gives the same bits.
+        Built once per (rows, qkv tile, fold_norm, mma) and kept on the FastWeights."""
+        fw, cfg, P = self.fw, self.cfg, self.run_rows
+        key = (P, tuple(sorted(self.tiles.get("qkv", {}).items())), self.fold_norm,
+               "qkv" in self.wgmma)
+        if key not in fw.layer0_tables:
+            tmp = ChainBuffers(cfg, P, fw.final_norm.device, fw.final_norm.dtype,
+                               P > GEMV_MAX_ROWS)
+            V, width = cfg.vocab, tmp.qkv_out.shape[1]
+            table = torch.empty(cfg.positions - 2, V, width, device=tmp.x.device,
+                                dtype=tmp.x.dtype)
+            for s in range(cfg.positions - 2):
+                for c0 in range(0, V, P):
+                    n = min(P, V - c0)
+                    tmp.x.zero_()
+                    tmp.x[:n].copy_(fw.embed_proj[s, c0:c0 + n])
+                    self._project("qkv", tmp.x, self.kernel_w["qkv"][0], tmp.qkv_out, tmp,
+                                  gamma=fw.in_norm[0], sums_ready=False)
+                    table[s, c0:c0 + n].copy_(tmp.qkv_out[:n])
+            fw.layer0_tables[key] = table
+        return fw.layer0_tables[key]
+
     def _layer(self, p: int, li: int, buf: ChainBuffers, *, normed: bool = False,
                cache_wait=None, cache_done=None):
         """Layer ``li`` of position ``p`` on the chain's activations ``buf`` (x in place).
         ``cache_wait``: an event the attention waits for (position 0's cache append of this
-        layer, when position 0 runs on its own stream); ``cache_done``: recorded after it."""
+        layer, when position 0 runs on its own stream); ``cache_done``: recorded after it.
+        With ``qkv_table`` layer 0 from position 2 on starts at the attention (the draw wrote
+        its QKV rows)."""
         from kernels.depth_attention import depth_attention
 
         fw, cfg, W, proj = self.fw, self.cfg, self.kernel_w, self._project
-        proj("qkv", buf.x, W["qkv"][li], buf.qkv_out, buf, gamma=fw.in_norm[li],
-             sums_ready=li > 0, normed=normed)
+        if not (self.qkv_table and li == 0 and p >= 2):
+            proj("qkv", buf.x, W["qkv"][li], buf.qkv_out, buf, gamma=fw.in_norm[li],
+                 sums_ready=li > 0, normed=normed)
         if cache_wait is not None:
             torch.cuda.current_stream().wait_event(cache_wait)
         depth_attention(buf.qkv_out, fw.q_norm[li], fw.k_norm[li], fw.cos, fw.sin,
@@ -623,14 +666,17 @@ class FastLoop:
             s = p - 1  # this position predicts g_{s+1}
             self._project("heads", buf.x, self.kernel_w["heads"][s], self.logits[:, s], buf,
                           gamma=fw.final_norm)
-            # the next position's first norm in the draw (none after the last position)
-            norm = dict(gamma=fw.in_norm[0], xn=buf.xn, eps=cfg.rms_eps) \
-                if self.draw_norm and p + 1 < cfg.positions else {}
+            # the next position's first QKV rows or norm in the draw (none after the last)
+            nxt = {}
+            if self.qkv_table and p + 1 < cfg.positions:
+                nxt = dict(qkv_table=self.layer0_qkv[s], qkv_next=buf.qkv_out)
+            elif self.draw_norm and p + 1 < cfg.positions:
+                nxt = dict(gamma=fw.in_norm[0], xn=buf.xn, eps=cfg.rms_eps)
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        buf.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
                        pdl=self.pdl, noise=self.draw_noise,
                        trace=None if self.draw_traces is None else self.draw_traces[s],
-                       **norm, **draw_args)
+                       **nxt, **draw_args)
         if smp is not None:
             smp.advance_offsets(cfg.heads_drawn)
         self.talker_sum.copy_(self.used.sum(1))

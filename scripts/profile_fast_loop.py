@@ -27,17 +27,18 @@ def kernel_kind(name: str) -> str:
     return m.group(1) if m else name[:60]
 
 
-def frame_roles(cfg, draw_norm: bool = True) -> list:
+def frame_roles(cfg, draw_norm: bool = True, qkv_table: bool = False) -> list:
     """The frame's CuTe DSL kernels in launch order (FastLoop._frame_kernels above
     GEMV_MAX_ROWS rows, without fold_norm), each by its role: a layer's norm / qkv / attention /
     wo / norm / gate_up / down (position 0's last layer ends at its attention), and from
     position 1 on the final norm, the head and the draw; ``prefill="serial"`` only (with
     "overlap" positions 0 and 1 interleave). ``draw_norm`` (FastLoop's): the draws normalise
-    layer 0's input from position 2 on."""
+    layer 0's input from position 2 on; ``qkv_table``: they gather its QKV rows (layer 0 starts
+    at the attention)."""
     layer = ["norm_in", "qkv", "attention", "wo", "norm_post", "gate_up", "down"]
     roles = []
     for p in range(cfg.positions):
-        first = layer[1:] if draw_norm and p >= 2 else layer
+        first = layer[2 if qkv_table else 1 if draw_norm else 0:] if p >= 2 else layer
         last = layer[:3] if p == 0 else layer
         roles += first + layer * (cfg.layers - 2) + last
         roles += ["norm_final", "heads", "draw"] if p else []
@@ -115,7 +116,8 @@ def main():
             continue
         spans = [(kernel_kind(e.name), e.time_range.start, e.time_range.end) for e in ev]
         if fl.run_rows > GEMV_MAX_ROWS and not fl.fold_norm and fl.prefill == "serial":
-            spans = label_roles(spans, frame_roles(fw.config, getattr(fl, "draw_norm", False)))
+            spans = label_roles(spans, frame_roles(fw.config, getattr(fl, "draw_norm", False),
+                                                   fl.qkv_table))
         rows = end_increments(spans)
         span = max(s[2] for s in spans) - min(s[1] for s in spans)
         print(f"  span {span:.0f} us; by how much each kind moved the frame's end:")

@@ -83,6 +83,24 @@ def test_sampler_noise_norm_and_trace_compile(noise):
         assert r.ptx.count("mul.hi.u32", 0, wait) == muls
 
 
+@pytest.mark.compile
+def test_sampler_qkv_gather_compiles_to_16_byte_copies():
+    """``qkv_width``: the next position's QKV row gathered from the per-code table in 16-byte
+    runs, two a thread at 4096 columns, after the draw and without spills."""
+    from kernels.depth_sampler import DepthSampler
+    from kernels.depth_sampler import compile_args as smp_args
+    from workbench.compile import compile_report
+
+    plain = compile_report(DepthSampler(64, 2048, 1024, 2048, "greedy"), *smp_args())
+    r = compile_report(DepthSampler(64, 2048, 1024, 2048, "greedy", qkv_width=4096),
+                       *smp_args())
+    assert r.spill_bytes == 0
+    v4 = "ld.global.v4.b32", "st.global.v4.b32"
+    assert [r.ptx.count(op) - plain.ptx.count(op) for op in v4] == [2, 2]
+    with pytest.raises(ValueError, match="QKV"):
+        DepthSampler(64, 2048, 1024, 2048, "greedy", qkv_width=1000)
+
+
 # ---- GPU tests -------------------------------------------------------------------------------
 def _randn(*shape, g, scale=1.0):
     return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)

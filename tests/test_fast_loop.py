@@ -209,6 +209,9 @@ def test_profile_labels_the_frames_kernels_by_role():
     with_draw_norm = frame_roles(QWEN3_TTS_1P7B)
     assert len(with_draw_norm) == len(roles) - 14
     assert with_draw_norm.count("norm_in") == roles.count("norm_in") - 14
+    # the draws gather the next position's first QKV rows: no norm_in nor qkv there
+    tabled = frame_roles(QWEN3_TTS_1P7B, draw_norm=False, qkv_table=True)
+    assert len(tabled) == len(roles) - 2 * 14 and tabled.count("qkv") == 16 * 5 - 14
     ev = [("nvjet", 0.0, 1.0), ("GemmSkinny", 3.0, 4.0), ("RowsRmsNorm", 1.0, 2.0)]
     assert label_roles(ev, ["norm_in", "qkv"]) == [
         ("nvjet", 0.0, 1.0), ("GemmSkinny:qkv", 3.0, 4.0), ("RowsRmsNorm:norm_in", 1.0, 2.0)]
@@ -270,21 +273,30 @@ def test_fast_loop_draw_noise_norm_and_trace_change_no_bits_on_h200(R):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("R", [1, 2, 16, 64, 128])
-def test_fast_loop_prefill_overlap_changes_no_bits_on_h200(R):
+def test_fast_loop_prefill_overlap_and_qkv_table_change_no_bits_on_h200(R):
     """Position 0 on its own stream beside position 1 (``prefill="overlap"``; at 128 rows in
-    each of the two parts) computes the serial loop's bits: codes, logits, talker sum, KV."""
+    each of the two parts), and layer 0's QKV rows gathered from the per-code table
+    (``qkv_table``), compute the serial loop's bits: codes, logits, talker sum, KV; sampled
+    and teacher-forced."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R + 5, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(500, 500 + R))
-    loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), prefill=mode)
-             for mode in ("serial", "overlap")]
+    variants = [dict(prefill="serial", qkv_table=False), dict(prefill="overlap", qkv_table=False),
+                dict(prefill="overlap", qkv_table=True)]
+    loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), **kw) for kw in variants]
     for frame in range(2):  # the second frame replays over the first's caches
-        a, b = (loop(h, g0) for loop in loops)
-        assert torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
-        assert torch.equal(a.talker_sum, b.talker_sum)
-        for (k, v), (k1, v1) in zip(a.kv, b.kv):
-            assert torch.equal(k, k1) and torch.equal(v, v1)
+        a, *others = (loop(h, g0) for loop in loops)
+        for b in others:
+            assert torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
+            assert torch.equal(a.talker_sum, b.talker_sum)
+            for (k, v), (k1, v1) in zip(a.kv, b.kv):
+                assert torch.equal(k, k1) and torch.equal(v, v1)
+    codes = torch.randint(0, QWEN3_TTS_1P7B.vocab, (R, 15), device="cuda")
+    a, b = (FastLoop(fw, R, teacher_forced=True, **kw)(h, g0, codes=codes)
+            for kw in (variants[0], variants[2]))
+    assert torch.equal(a.codes, codes) and torch.equal(a.logits, b.logits)
+    assert torch.equal(a.talker_sum, b.talker_sum)
 
 
 @pytest.mark.gpu
