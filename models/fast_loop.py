@@ -300,11 +300,11 @@ class FastLoop:
     second stream with its own activations, position 1's attention of a layer waiting only
     for position 0's cache append of that layer (the same bits). Either way position 0's last
     layer stops after its cache append: nothing reads that position's output.
-    ``qkv_table``: on the kernels path, layer 0's QKV rows of positions 2-15 are not projected
-    but gathered by the draw from a table of every code's (``_layer0_qkv_table``: 14 x vocab x
-    4096 bf16, 235 MB, built once per bucket configuration by this loop's own kernels, so the
-    same bits): a position's input is a row of a pre-projected embedding table, so its first
-    norm and QKV are functions of the code alone.
+    ``qkv_table`` (default on the kernels path): layer 0's QKV rows of positions 2-15 are not
+    projected but gathered by the draw from a table of every code's (``_layer0_qkv_table``: 14
+    x vocab x 4096 bf16, 235 MB, built once per bucket configuration by this loop's own
+    kernels, so the same bits): a position's input is a row of a pre-projected embedding
+    table, so its first norm and QKV are functions of the code alone.
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -317,7 +317,7 @@ class FastLoop:
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
                  mma: str = "sync", parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
-                 prefill: str | None = None, qkv_table: bool = False):
+                 prefill: str | None = None, qkv_table: bool | None = None):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -366,7 +366,8 @@ class FastLoop:
         self.prefill = prefill
         if qkv_table and self.path != "kernels":
             raise ValueError("qkv_table: the kernels path only")
-        self.qkv_table = qkv_table
+        # the gathered QKV rows won at every bucket measured (notes/fast-loop.md v10y)
+        self.qkv_table = self.path == "kernels" if qkv_table is None else qkv_table
         # rows the kernels run on: the GEMVs up to GEMV_MAX_ROWS, else a multiple of 16 for the
         # tensor-core projections; padding rows hold zeros and their results are dropped
         if parts is None:
@@ -421,7 +422,7 @@ class FastLoop:
             # the draws write the next position's first normalised row (the GEMVs norm their
             # own rows; fold_norm has no norm kernels; a wgmma qkv reads xn chunk-major)
             self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
-                              and "qkv" not in self.wgmma and not qkv_table)
+                              and "qkv" not in self.wgmma and not self.qkv_table)
             from kernels.depth_sampler import NOISE
 
             if draw_noise not in (None, *NOISE):
@@ -453,7 +454,7 @@ class FastLoop:
                     "top_k": torch.ones(P, dtype=sampler.top_k.dtype, device=dev),
                     "seed": torch.zeros(P, dtype=sampler.seed.dtype, device=dev),
                     "offset": torch.zeros(P, dtype=sampler.offset.dtype, device=dev)}
-            self.layer0_qkv = self._layer0_qkv_table() if qkv_table else None
+            self.layer0_qkv = self._layer0_qkv_table() if self.qkv_table else None
         if self.small_m:
             from kernels.gemv_small_m import register_torch_op
 
@@ -633,7 +634,16 @@ class FastLoop:
 
         fw, cfg, buf = self.fw, self.cfg, self.buf
         overlap = self.prefill == "overlap"
-        self.buf0.x.copy_(self.h @ fw.proj_w.T + fw.proj_b)
+        torch.add(self.h @ fw.proj_w.T, fw.proj_b, out=self.buf0.x)
+        here = torch.cuda.current_stream()
+        if overlap:  # position 0 on its own stream, a cache append ahead of position 1
+            side = self.prefill_stream
+            side.wait_stream(here)
+            with torch.cuda.stream(side):
+                for li in range(cfg.layers):
+                    self._layer(0, li, self.buf0, cache_done=self.cache_events[li])
+            # the last layer's event follows that stream's last kernel, so position 1's wait
+            # for it also rejoins the stream (as a capture requires)
         self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
         smp = self.sampler
         mode = "forced" if self.teacher_forced else ("greedy" if smp is None else "sample")
@@ -645,19 +655,9 @@ class FastLoop:
             draw_args = self.draw_params
             for name, t in draw_args.items():
                 t[:self.rows].copy_(getattr(smp, name))
-        here = torch.cuda.current_stream()
-        for p in range(cfg.positions):
-            if p == 0 and overlap:  # position 0 on its own stream, a cache append ahead
-                side = self.prefill_stream
-                side.wait_stream(here)
-                with torch.cuda.stream(side):
-                    for li in range(cfg.layers):
-                        self._layer(0, li, self.buf0, cache_done=self.cache_events[li])
-                # the last layer's event follows that stream's last kernel, so position 1's
-                # wait for it also rejoins the stream (as a capture requires)
-                continue
+        for p in range(1 if overlap else 0, cfg.positions):
             if p == 1:
-                buf.x.copy_(fw.talker_embed_proj.index_select(0, self.g0))
+                torch.index_select(fw.talker_embed_proj, 0, self.g0, out=buf.x)
             for li in range(cfg.layers):
                 self._layer(p, li, buf, normed=li == 0 and p >= 2 and self.draw_norm,
                             cache_wait=self.cache_events[li] if overlap and p == 1 else None)
