@@ -389,13 +389,13 @@ def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R, mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mma", ["wgmma", ("wo", "down")])
+@pytest.mark.parametrize("mma", ["wgmma", ("wo", "down"), ("down",)])
 @pytest.mark.parametrize("R", [16, 64])
 def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma):
     """``mma="wgmma"`` (projections by kernels/gemm_skinny_wgmma.py, their inputs kept
-    chunk-major) and wgmma for o / down only (attention and the mma.sync gate/up writing
-    chunk-major): the bf16 loop's bar (sampled codes agree, forced codes equal, logits within
-    twice its noise)."""
+    chunk-major), wgmma for o / down (attention and the mma.sync gate/up writing chunk-major)
+    and for down alone: the bf16 loop's bar (sampled codes agree, forced codes equal, logits
+    within twice its noise)."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
