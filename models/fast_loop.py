@@ -70,6 +70,21 @@ FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 2},
                     "qkv": {"splits": 2, "m_split": 2}}}
 
 
+# kernel rows of a frame -> the projections on the wgmma mainloop by default (FastLoop ``mma``):
+# down at 64 rows, 2251 -> 2179 µs, and at 128 rows (two 64-row parts), 3239 -> 3216; lost at 32
+# (+11), even at 16 (feceb4d-ab-wgmma-*.log; v10k's loss at 64 rows came from crowding the
+# 256-CTA qkv after it, which the gathered QKV rows and the 2-slice qkv tile removed)
+FRAME_MMA = {64: ("down",), 128: ("down",)}
+
+
+def frame_mma(rows: int, path: str, fold_norm=False):
+    """FastLoop's default ``mma`` for a ``rows``-row loop: the bucket's ``FRAME_MMA`` on the
+    kernels path without fold_norm, else "sync"."""
+    if path != "kernels" or fold_norm:
+        return "sync"
+    return FRAME_MMA.get(kernel_rows(rows), "sync")
+
+
 def frame_tiles(run_rows: int, wgmma: frozenset = frozenset()) -> dict:
     """The measured tiles (``FRAME_TILES``) of a one-chain frame on ``run_rows`` kernel rows,
     less the projections on the wgmma mainloop; {} where none were measured faster."""
@@ -282,10 +297,11 @@ class FastLoop:
     of the projection that follows, which scales its rows: kernels.gemm_skinny ``rms_eps``),
     the factors from that projection's own squares of its slices ("own") or from the sums of
     squares the residual projections wrote beside x ("producer"; layer 0 of a position, whose x
-    comes from the draw, uses its own). ``mma``: "sync" (default), "wgmma", or the names of
+    comes from the draw, uses its own). ``mma``: "sync", "wgmma", or the names of
     the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/gemm_skinny_wgmma.py
     ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise); their producers (the
-    norm, attention, gate/up) then write those inputs chunk-major.
+    norm, attention, gate/up) then write those inputs chunk-major; None: the bucket's
+    ``FRAME_MMA`` on the kernels path without fold_norm, else "sync".
     ``draw_noise``: where the draws' Gumbel terms are drawn (kernels.depth_sampler NOISE; the
     same codes); default "early" on the tensor-core path, "compact" on the GEMVs' (whose draw
     CTA is released too soon to hide them: notes/fast-loop.md v10q). ``draw_norm``: above
@@ -315,7 +331,7 @@ class FastLoop:
                  compile: bool | None = None, graph: bool | None = None,
                  teacher_forced: bool = False, small_m: bool = True, path: str | None = None,
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
-                 mma: str = "sync", parts: tuple | None = None, draw_noise: str | None = None,
+                 mma=None, parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
                  prefill: str | None = None, qkv_table: bool | None = None):
         cfg = fw.config
@@ -331,14 +347,6 @@ class FastLoop:
         if fold_norm not in (False, "own", "producer"):
             raise ValueError(f"fold_norm {fold_norm!r}: False, 'own' or 'producer'")
         self.fold_norm = fold_norm
-        # mma: the tensor-core projections' mainloop above GEMV_MAX_ROWS rows, per projection:
-        # kernels/gemm_skinny.py (mma.sync) or, for those in self.wgmma,
-        # kernels/gemm_skinny_wgmma.py (whose inputs xn / attn / mlp their producers then
-        # write chunk-major)
-        self.mma = mma
-        self.wgmma = wgmma_projections(mma)
-        if self.wgmma and fold_norm:
-            raise ValueError(f"mma {mma!r}: the wgmma projections take no fold_norm")
         if sampler is not None:
             args = sampler.fused_draw_args()
             if args is None or sampler.uses["top_p"]:
@@ -360,6 +368,16 @@ class FastLoop:
             raise ValueError("the kernels path runs on a CUDA device with 1-128 rows")
         # position 0 beside position 1 won at every bucket measured (notes/fast-loop.md v10x)
         prefill = prefill or ("overlap" if self.path == "kernels" else "serial")
+        # mma: the tensor-core projections' mainloop above GEMV_MAX_ROWS rows, per projection:
+        # kernels/gemm_skinny.py (mma.sync) or, for those in self.wgmma,
+        # kernels/gemm_skinny_wgmma.py (whose inputs xn / attn / mlp their producers then
+        # write chunk-major); None: the bucket's measured choice (FRAME_MMA) on the kernels
+        # path without fold_norm, else "sync"
+        mma = frame_mma(rows, self.path, fold_norm) if mma is None else mma
+        self.mma = mma
+        self.wgmma = wgmma_projections(mma)
+        if self.wgmma and fold_norm:
+            raise ValueError(f"mma {mma!r}: the wgmma projections take no fold_norm")
         if prefill not in PREFILL or (prefill != "serial" and self.path != "kernels"):
             raise ValueError(f"prefill {prefill!r}: one of {PREFILL}, and 'serial' off the "
                              "kernels path")

@@ -110,6 +110,17 @@ def test_frame_tiles_per_bucket():
     assert FRAME_TILES[64]["gate_up"]["splits"] == 2
 
 
+def test_frame_mma_per_bucket():
+    """wgmma for down where the frame A/B measured it faster (64 and 128 kernel rows), on the
+    kernels path without fold_norm only."""
+    from models.fast_loop import frame_mma
+
+    assert frame_mma(64, "kernels") == ("down",) == frame_mma(50, "kernels")
+    assert frame_mma(128, "kernels") == ("down",)
+    assert frame_mma(32, "kernels") == "sync" == frame_mma(1, "kernels")
+    assert frame_mma(64, "compiled") == "sync" == frame_mma(64, "kernels", fold_norm="own")
+
+
 def test_wgmma_projections_by_name():
     from models.fast_loop import PROJECTIONS, wgmma_projections
 
@@ -314,9 +325,10 @@ def test_fast_loop_row_parts_equal_their_own_loops_on_h200(R, parts):
     assert loop.parts == (64, R - 64)
     out = loop(h, g0)
     assert (loop.sampler.offset == QWEN3_TTS_1P7B.heads_drawn).all()
-    for a, b in ((0, 64), (64, R)):  # alone with the parts' tiles (not a 64-row frame's own)
+    # each part alone, with the parts' tiles and mma (not a lone 64-row frame's own)
+    for a, b in ((0, 64), (64, R)):
         alone = FastLoop(fw, b - a, Sampler(b - a, seeds=seeds[a:b], device="cuda"),
-                         tiles=loop.tiles)(h[a:b], g0[a:b])
+                         tiles=loop.tiles, mma=loop.mma)(h[a:b], g0[a:b])
         assert torch.equal(out.codes[a:b], alone.codes)
         assert torch.equal(out.logits[a:b], alone.logits)
         assert torch.equal(out.talker_sum[a:b], alone.talker_sum)
