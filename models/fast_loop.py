@@ -27,7 +27,10 @@ predecessor's tail (kernels/gemv_small_m.py, depth_attention.py, depth_sampler.p
 rows are padded to a multiple of 16 (padding rows are zeros, drawn greedily, and dropped) and
 each normed projection becomes a row-norm kernel plus a split-K tensor-core projection
 (kernels/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues; ``fold_norm`` (off) folds the
-row norms into the projections instead. On a CPU (tests) everything runs eagerly.
+row norms into the projections instead. Two structural shortcuts keep the same bits: positions 0
+and 1 run side by side on two streams (``prefill``), and from position 2 on the draw gathers
+layer 0's QKV rows from a per-code table (``qkv_table``). On a CPU (tests) everything runs
+eagerly.
 """
 from __future__ import annotations
 
