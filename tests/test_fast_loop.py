@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.codepredictor import depth_loop, random_weights
+from models.codepredictor import depth_loop, random_weights, rms_norm
 from models.codepredictor_config import QWEN3_TTS_1P7B, CodePredictorConfig
 from models.fast_loop import FastLoop, FastWeights, bucket_for, draw_topk
 from models.sampler import Sampler, SamplerSettings, draw, filtered_scores
@@ -108,6 +108,34 @@ def test_frame_tiles_per_bucket():
     assert "heads" not in frame_tiles(64, frozenset({"heads"}))
     frame_tiles(64)["gate_up"]["splits"] = 8
     assert FRAME_TILES[64]["gate_up"]["splits"] == 2
+
+
+@pytest.mark.parametrize("rows", [1, 48])
+def test_layer0_qkv_table_rows_are_each_codes_projection(rows):
+    """The per-code table in chunks of the loop's rows (48 rows: one short chunk of TINY's 32
+    codes): row (s, code) is layer 0's QKV of ``embed_proj[s][code]``, through the loop's
+    own projection (here a float64 stand-in for the kernels), and is built once."""
+    w = random_weights(TINY, seed=3, dtype=torch.float64)
+    fw = FastWeights(w)
+    loop = FastLoop.__new__(FastLoop)
+    loop.fw, loop.cfg, loop.run_rows = fw, TINY, rows
+    loop.tiles, loop.fold_norm, loop.wgmma = {}, False, frozenset()
+    loop.kernel_w = {"qkv": fw.qkv}
+    calls = []
+
+    def project(name, a, w_, out, buf, *, gamma, sums_ready):
+        assert name == "qkv" and a.shape[0] == rows and not sums_ready
+        calls.append(1)
+        out.copy_(rms_norm(a, gamma, TINY.rms_eps) @ w_.T)
+
+    loop._project = project
+    table = loop._layer0_qkv_table()
+    assert table.shape == (TINY.positions - 2, TINY.vocab, fw.qkv[0].shape[0])
+    want = rms_norm(fw.embed_proj[:TINY.positions - 2], fw.in_norm[0], TINY.rms_eps) @ fw.qkv[0].T
+    assert torch.allclose(table, want, rtol=0, atol=1e-12)
+    launches = (TINY.positions - 2) * -(-TINY.vocab // rows)
+    assert len(calls) == launches
+    assert loop._layer0_qkv_table() is table and len(calls) == launches  # kept on fw
 
 
 def test_frame_mma_per_bucket():
