@@ -37,10 +37,12 @@ def frame_roles(cfg, draw_norm: bool = True, qkv_table: bool = False) -> list:
     at the attention)."""
     layer = ["norm_in", "qkv", "attention", "wo", "norm_post", "gate_up", "down"]
     roles = []
+    skip = 2 if qkv_table else 1 if draw_norm else 0  # layer 0's kernels the draw took over
     for p in range(cfg.positions):
-        first = layer[2 if qkv_table else 1 if draw_norm else 0:] if p >= 2 else layer
-        last = layer[:3] if p == 0 else layer
-        roles += first + layer * (cfg.layers - 2) + last
+        for li in range(cfg.layers):
+            kernels = layer[skip:] if li == 0 and p >= 2 else layer
+            roles += kernels[:kernels.index("attention") + 1] \
+                if p == 0 and li == cfg.layers - 1 else kernels
         roles += ["norm_final", "heads", "draw"] if p else []
     return roles
 
