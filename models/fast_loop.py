@@ -106,6 +106,23 @@ def checked_tiles(tiles: dict) -> dict:
     return {name: dict(tile) for name, tile in tiles.items()}
 
 
+MAINLOOPS = ("sync", "wgmma", "rwgmma")  # gemm_skinny, gemm_skinny_wgmma, gemm_skinny_rwgmma
+
+
+def mainloops(mma) -> dict:
+    """FastLoop's ``mma`` -> {projection: mainloop} for the projections not on mma.sync: a
+    dict names each one's ("wgmma": shared-memory operands, kernels/gemm_skinny_wgmma.py;
+    "rwgmma": weights in registers, kernels/gemm_skinny_rwgmma.py; "sync"), anything else is
+    :func:`wgmma_projections`' (all on "wgmma")."""
+    if not isinstance(mma, dict):
+        return {name: "wgmma" for name in wgmma_projections(mma)}
+    unknown = set(mma) - set(PROJECTIONS)
+    bad = {k: v for k, v in mma.items() if v not in MAINLOOPS}
+    if unknown or bad:
+        raise ValueError(f"mma {mma!r}: projections of {PROJECTIONS} -> one of {MAINLOOPS}")
+    return {name: kind for name, kind in mma.items() if kind != "sync"}
+
+
 def wgmma_projections(mma) -> frozenset:
     """FastLoop's ``mma`` -> the projections on the wgmma mainloop: "sync" none, "wgmma" all,
     else the names given (a tuple / list / set of PROJECTIONS)."""
@@ -197,6 +214,17 @@ class FastWeights:
                           for name in weights}
                 self._skinny[True] = {**plain, **folded}
         return self._skinny[fold_norm]
+
+    def rwgmma_weights(self, name: str) -> list:
+        """Projection ``name`` packed for kernels/gemm_skinny_rwgmma.py (built once)."""
+        key = ("rwgmma", name)
+        if key not in self._skinny:
+            from kernels.gemm_skinny_rwgmma import pack_weights_rwgmma
+
+            weights = {"qkv": self.qkv, "wo": self.wo, "gate_up": self.gate_up,
+                       "down": self.down, "heads": self.heads}[name]
+            self._skinny[key] = [pack_weights_rwgmma(t, name == "gate_up") for t in weights]
+        return self._skinny[key]
 
     def wgmma_weights(self, name: str, warps: int) -> list:
         """Projection ``name`` ("qkv", "wo", "gate_up", "down": per layer; "heads") packed for
@@ -302,9 +330,11 @@ class FastLoop:
     squares the residual projections wrote beside x ("producer"; layer 0 of a position, whose x
     comes from the draw, uses its own). ``mma``: "sync", "wgmma", or the names of
     the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/gemm_skinny_wgmma.py
-    ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise); their producers (the
-    norm, attention, gate/up) then write those inputs chunk-major; None: the bucket's
-    ``FRAME_MMA`` on the kernels path without fold_norm, else "sync".
+    ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise), or a dict naming each
+    projection's mainloop (:func:`mainloops`: "rwgmma" is kernels/gemm_skinny_rwgmma.py, wgmma
+    with the weights in registers, on mma.sync's tiles); their producers (the norm, attention,
+    gate/up) then write those inputs chunk-major; None: the bucket's ``FRAME_MMA`` on the
+    kernels path without fold_norm, else "sync".
     ``draw_noise``: where the draws' Gumbel terms are drawn (kernels.depth_sampler NOISE; the
     same codes); default "early" on the tensor-core path, "compact" on the GEMVs' (whose draw
     CTA is released too soon to hide them: notes/fast-loop.md v10q). ``draw_norm``: above
@@ -378,8 +408,13 @@ class FastLoop:
         # path without fold_norm, else "sync"
         mma = frame_mma(rows, self.path, fold_norm) if mma is None else mma
         self.mma = mma
-        self.wgmma = wgmma_projections(mma)
-        if self.wgmma and fold_norm:
+        kinds = mainloops(mma)
+        self.wgmma = frozenset(n for n, k in kinds.items() if k == "wgmma")
+        self.rwgmma = frozenset(n for n, k in kinds.items() if k == "rwgmma")
+        # the projections whose input their producer writes chunk-major (both wgmma kernels
+        # bulk-copy it)
+        self.chunk_in = self.wgmma | self.rwgmma
+        if self.chunk_in and fold_norm:
             raise ValueError(f"mma {mma!r}: the wgmma projections take no fold_norm")
         if prefill not in PREFILL or (prefill != "serial" and self.path != "kernels"):
             raise ValueError(f"prefill {prefill!r}: one of {PREFILL}, and 'serial' off the "
@@ -443,7 +478,7 @@ class FastLoop:
             # the draws write the next position's first normalised row (the GEMVs norm their
             # own rows; fold_norm has no norm kernels; a wgmma qkv reads xn chunk-major)
             self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
-                              and "qkv" not in self.wgmma and not self.qkv_table)
+                              and "qkv" not in self.chunk_in and not self.qkv_table)
             from kernels.depth_sampler import NOISE
 
             if draw_noise not in (None, *NOISE):
@@ -565,10 +600,16 @@ class FastLoop:
             a = buf.xn
         elif gamma is not None:
             a = rows_rmsnorm(a, gamma, buf.xn, eps=eps, pdl=self.pdl,
-                             chunk_major=name in self.wgmma)
+                             chunk_major=name in self.chunk_in)
         # gate/up's output is down's input: chunk-major when down runs on wgmma
-        cm_out = dict(chunk_major_out=True) if name == "gate_up" and "down" in self.wgmma \
+        cm_out = dict(chunk_major_out=True) if name == "gate_up" and "down" in self.chunk_in \
             else {}
+        if name in self.rwgmma:  # a is chunk-major; mma.sync's tiles
+            from kernels.gemm_skinny_rwgmma import gemm_skinny_rwgmma
+
+            gemm_skinny_rwgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl, **cm_out,
+                               **self.tiles.get(name, {}))
+            return
         if name in self.wgmma:  # a is chunk-major
             from kernels.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma
 
@@ -585,7 +626,9 @@ class FastLoop:
         mma.sync (the norm's gamma folded in with fold_norm) or, for the wgmma projections, for
         their tiles (``tiles`` warps, else WGMMA_WARPS)."""
         fw = self.fw
-        packed = {} if self.wgmma == set(PROJECTIONS) else fw.skinny_weights(bool(self.fold_norm))
+        packed = {} if self.chunk_in == set(PROJECTIONS) else \
+            dict(fw.skinny_weights(bool(self.fold_norm)))  # a copy: that dict is shared
+        packed.update({name: fw.rwgmma_weights(name) for name in self.rwgmma})
         if self.wgmma:
             from kernels.gemm_skinny_wgmma import WGMMA_WARPS
 
@@ -601,7 +644,7 @@ class FastLoop:
         Built once per (rows, qkv tile, fold_norm, mma) and kept on the FastWeights."""
         fw, cfg, P = self.fw, self.cfg, self.run_rows
         key = (P, tuple(sorted(self.tiles.get("qkv", {}).items())), self.fold_norm,
-               "qkv" in self.wgmma)
+               mainloops(self.mma).get("qkv", "sync"))
         if key not in fw.layer0_tables:
             tmp = ChainBuffers(cfg, P, fw.final_norm.device, fw.final_norm.dtype,
                                P > GEMV_MAX_ROWS)
@@ -638,7 +681,7 @@ class FastLoop:
                         self.k_cache[li], self.v_cache[li], p, buf.attn,
                         q_heads=cfg.q_heads, kv_heads=cfg.kv_heads, eps=cfg.rms_eps,
                         pdl=self.pdl,
-                        chunk_major="wo" in self.wgmma and self.run_rows > GEMV_MAX_ROWS,
+                        chunk_major="wo" in self.chunk_in and self.run_rows > GEMV_MAX_ROWS,
                         trace=None if self.attn_traces is None else self.attn_traces[p, li])
         if cache_done is not None:
             cache_done.record()

@@ -939,6 +939,107 @@ def test_skinny_wgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
 
 
 
+# ---- the wgmma mainloop with the weights in registers (kernels/gemm_skinny_rwgmma.py, v11a) ---
+def test_rwgmma_weights_pack_register_fragments():
+    """pack_weights_rwgmma: per weight group, k16 step and lane (g, q), wgmma's register A
+    fragment a0..a3 = (row g, k), (g + 8, k), (g, k + 8), (g + 8, k + 8) at k = 16t + 2q, each a
+    bf16 pair; SwiGLU groups are the gate then the up rows of 8 columns."""
+    pytest.importorskip("cutlass")
+    from kernels.gemm_skinny_rwgmma import pack_weights_rwgmma
+
+    K = 64
+    w = torch.arange(64 * K, dtype=torch.float32).reshape(64, K)
+    p = pack_weights_rwgmma(w).data.reshape(4, K // 16, 8, 4, 8)  # group, step, g, q, 8
+    assert p.shape[0] * p.shape[1] * 32 * 8 == w.numel()
+    for grp, t, g, q in ((0, 0, 0, 0), (2, 3, 5, 1), (3, 1, 7, 3)):
+        k, r = 16 * t + 2 * q, 16 * grp + g
+        want = [w[r, k], w[r, k + 1], w[r + 8, k], w[r + 8, k + 1],
+                w[r, k + 8], w[r, k + 9], w[r + 8, k + 8], w[r + 8, k + 9]]
+        assert p[grp, t, g, q].tolist() == [float(x) for x in want]
+    gu = pack_weights_rwgmma(w, swiglu=True).data.reshape(4, K // 16, 8, 4, 8)
+    # group 1, lane (g 3, q 0), step 0: gate row 8 + 3, up row 32 + 8 + 3
+    assert gu[1, 0, 3, 0, :2].tolist() == w[11, :2].tolist()
+    assert gu[1, 0, 3, 0, 2:4].tolist() == w[32 + 11, :2].tolist()
+    with pytest.raises(ValueError, match="rows"):
+        pack_weights_rwgmma(w[:40])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("M,K,kw", [(64, 1024, dict(swiglu=True, splits=2, stages=2)),
+                                    (64, 1024, dict(splits=2, m_split=2, stages=4)),
+                                    (64, 2048, dict(residual=True, m_split=2, stages=4)),
+                                    (64, 1024, dict(out_f32=True, warps=8, m_split=2)),
+                                    (32, 1024, dict(warps=8, swiglu=True))])
+def test_skinny_rwgmma_compiles_to_register_wgmma_and_bulk_copies(M, K, kw):
+    """One register-A wgmma a k16 step of the slice, every weight load before the PDL wait and
+    every a copy (one bulk copy a stage) after it, one wait for all wgmma, no proxy fence, no
+    spills."""
+    from kernels.gemm_skinny_rwgmma import GemmSkinnyRegWgmma, compile_args
+    from workbench.compile import compile_report
+
+    g = GemmSkinnyRegWgmma(M, K, pdl=True, **kw)
+    r = compile_report(g, *compile_args(kw.get("out_f32", False)))
+    ptx = r.ptx
+    assert ptx.count("wgmma.mma_async") == g.k_slice // 16
+    assert "f32.bf16.bf16 {" in ptx and ptx.count("cp.async.bulk.shared::cluster.global") == \
+        g.stages
+    assert ptx.count("wgmma.wait_group") == 1 and "fence.proxy.async" not in ptx
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.rindex("ld.global.v4") < wait < ptx.index("cp.async.bulk.shared::cluster")
+    assert r.spill_bytes == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K,kw", [(64, 6144, 1024, dict(splits=2, a_stages=2)),
+                                      (64, 4096, 1024, dict(splits=2, m_split=2)),
+                                      (64, 1024, 2048, {}), (64, 2048, 1024,
+                                                             dict(warps=8, m_split=2)),
+                                      (32, 6144, 1024, {}), (16, 4096, 1024, {}),
+                                      (128, 1024, 3072, {})])
+def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
+    """The register-A wgmma mainloop against fp64 (every output written: poisoned first), the
+    same bits on a rerun, the epilogues (SwiGLU, fp32 logits, residual) on its own sums, and
+    the chunk-major SwiGLU output equal to the row-major one permuted."""
+    from kernels.gemm_skinny_rwgmma import gemm_skinny_rwgmma, pack_weights_rwgmma
+    from kernels.gemm_skinny_wgmma import chunk_major
+
+    swiglu, out_f32 = N == 6144, N == 2048
+    g = torch.Generator(device="cuda").manual_seed(M * N + K + 5)
+    a = _randn(M, K, g=g)
+    w = _randn(N, K, g=g, scale=0.03)
+    wp = pack_weights_rwgmma(w, swiglu=swiglu)
+    a_cm = chunk_major(a)
+    n_out = N // 2 if swiglu else N
+    dt = torch.float32 if out_f32 else torch.bfloat16
+    out = gemm_skinny_rwgmma(a_cm, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu, **kw)
+    again = gemm_skinny_rwgmma(a_cm, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu, **kw)
+    assert torch.equal(again, out)
+    from kernels.gemm_skinny import gemm_skinny
+
+    with pytest.raises(ValueError, match="packed for"):  # the other kernel's layout
+        gemm_skinny(a, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu)
+    exact = a.double() @ w.double().T
+    bound = K * 2.0**-23 * (a.double().abs() @ w.double().abs().T) + exact.abs() * 2.0**-8
+    if swiglu:  # an ulp of gate, of up and of the product may each move: 2^-5 (as wgmma's)
+        gate, up = exact[:, :n_out], exact[:, n_out:]
+        want = torch.nn.functional.silu(gate.to(torch.bfloat16).float()).to(torch.bfloat16) \
+            .float() * up.to(torch.bfloat16).float()
+        assert ((out.double() - want.double()).abs()
+                <= 2.0**-5 * want.double().abs() + 2e-3).all()
+        cm = gemm_skinny_rwgmma(a_cm, wp, _poison(M, n_out), swiglu=True,
+                                chunk_major_out=True, **kw)
+        assert torch.equal(cm, chunk_major(out))
+    else:
+        assert ((out.double() - exact).abs() <= bound).all()
+    if N == 1024:
+        resid = _randn(M, N, g=g)
+        r2 = resid.clone()
+        gemm_skinny_rwgmma(a_cm, wp, r2, resid=r2, **kw)
+        plain = gemm_skinny_rwgmma(a_cm, wp, _poison(M, N, dtype=torch.float32), **kw)
+        assert torch.equal(r2, (resid.float() + plain.to(torch.bfloat16).float())
+                           .to(torch.bfloat16))
+
+
 @pytest.mark.gpu
 def test_chunk_major_producers_write_the_row_major_values_permuted():
     """rows_rmsnorm, depth_attention and the wgmma projection's SwiGLU output with

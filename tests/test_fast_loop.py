@@ -119,7 +119,7 @@ def test_layer0_qkv_table_rows_are_each_codes_projection(rows):
     fw = FastWeights(w)
     loop = FastLoop.__new__(FastLoop)
     loop.fw, loop.cfg, loop.run_rows = fw, TINY, rows
-    loop.tiles, loop.fold_norm, loop.wgmma = {}, False, frozenset()
+    loop.tiles, loop.fold_norm, loop.wgmma, loop.mma = {}, False, frozenset(), "sync"
     loop.kernel_w = {"qkv": fw.qkv}
     calls = []
 
@@ -147,6 +147,21 @@ def test_frame_mma_per_bucket():
     assert frame_mma(128, "kernels") == ("down",)
     assert frame_mma(32, "kernels") == "sync" == frame_mma(1, "kernels")
     assert frame_mma(64, "compiled") == "sync" == frame_mma(64, "kernels", fold_norm="own")
+
+
+RWGMMA_ALL = {"qkv": "rwgmma", "wo": "rwgmma", "gate_up": "rwgmma", "down": "wgmma",
+              "heads": "rwgmma"}
+
+
+def test_mainloops_by_projection():
+    from models.fast_loop import mainloops
+
+    assert mainloops(("down",)) == {"down": "wgmma"} and mainloops("sync") == {}
+    assert mainloops({"qkv": "rwgmma", "wo": "sync"}) == {"qkv": "rwgmma"}
+    with pytest.raises(ValueError, match="projections"):
+        mainloops({"qkv": "tensor"})
+    with pytest.raises(ValueError, match="projections"):
+        mainloops({"attention": "wgmma"})
 
 
 def test_wgmma_projections_by_name():
@@ -429,13 +444,14 @@ def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R, mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mma", ["wgmma", ("wo", "down"), ("down",)])
+@pytest.mark.parametrize("mma", ["wgmma", ("wo", "down"), ("down",), RWGMMA_ALL])
 @pytest.mark.parametrize("R", [16, 64])
 def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma):
     """``mma="wgmma"`` (projections by kernels/gemm_skinny_wgmma.py, their inputs kept
-    chunk-major), wgmma for o / down (attention and the mma.sync gate/up writing chunk-major)
-    and for down alone: the bf16 loop's bar (sampled codes agree, forced codes equal, logits
-    within twice its noise)."""
+    chunk-major), wgmma for o / down (attention and the mma.sync gate/up writing chunk-major),
+    for down alone, and the register-A wgmma (kernels/gemm_skinny_rwgmma.py) for the other
+    four: the bf16 loop's bar (sampled codes agree, forced codes equal, logits within twice
+    its noise)."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)

@@ -1,0 +1,251 @@
+"""The skinny split-K projection with ``wgmma`` taking the weights from registers
+(notes/fast-loop.md v11a).
+
+The mma.sync kernel (kernels/gemm_skinny.py) keeps its weight fragments in registers, loaded
+before the PDL wait, so a CTA resident under its predecessor streams its weights early; its mma
+phase is issue-bound (1.6-2.4 µs a projection at 64 rows). The shared-memory wgmma kernel
+(kernels/gemm_skinny_wgmma.py) halves that phase but its CTAs need 58-231 KB of shared memory,
+which keeps them, and the next kernel's, from becoming resident early (v10j/v10k). This one
+keeps mma.sync's residency and takes wgmma's mma phase:
+
+* the weights as wgmma's A operand in registers (``wgmma.m64nNk16`` with A in registers: per
+  warp the fragment layout of mma.m16n8k16's A), packed once (:func:`pack_weights_rwgmma`) so
+  that one 16-byte load gives a lane its fragment of one k16 step; loaded before the PDL wait;
+* the a slice as the B operand from shared memory, brought by 1-D bulk copies (the async proxy:
+  no proxy fence; v10a's register-A wgmma lost because cp.async's fence compiled to a MEMBAR
+  that waited for every weight load), one mbarrier a stage, so the producer must write a
+  chunk-major ([K / 8][M][8]), as for the shared-memory wgmma kernel.
+
+The D fragment of m64nN is, per warp, that of N / 8 m16n8 tiles, so the partial tile, the
+cluster reduction and the epilogues are GemmSkinny's.
+"""
+from __future__ import annotations
+
+from kernels.gemm_skinny import (PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny, PackedWeights,
+                                 _ptr_specs, check_chunk_major_out, check_tiling,
+                                 checked_operands, fitting_stages, stage_count,
+                                 torch_cat_groups)
+from kernels.gemm_skinny_wgmma import STAGE_BARRIER, bulk_copy_g2s, descriptor, smem_u32
+from kernels.runtime import (activation_layout, cached_compile, cute_modules, current_stream,
+                             diagnostics_mailbox, pointer_args)
+from kernels.sync_sm90 import wait_parity
+
+cutlass, cute = cute_modules()
+from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
+from cutlass._mlir.dialects import llvm  # noqa: E402
+from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
+
+LAYOUT = "rwgmma"  # PackedWeights.layout of this kernel's weights
+
+
+def pack_weights_rwgmma(w, swiglu: bool = False) -> PackedWeights:
+    """``w`` [N, K] (SwiGLU [2N, K], gate rows then up rows) as wgmma's register A fragments:
+    pack_weights' groups of 16 rows (16 output columns, or 8 columns' gate and up rows), and
+    per k16 step t and lane (g, q) one 16-byte unit, a0..a3 = the bf16 pairs (row g, k), (row
+    g + 8, k), (g, k + 8), (g + 8, k + 8) at k = 16t + 2q. K keeps its order (the hardware
+    reads B in it). Order: [group, step, lane, 8 elements]."""
+    rows, K = w.shape
+    if K % 16 or rows % (32 if swiglu else 16):
+        raise ValueError(f"w {tuple(w.shape)}: K a multiple of 16, rows of 16 (SwiGLU 32)")
+    if swiglu:
+        n = rows // 2
+        grouped = torch_cat_groups(w[:n].reshape(n // 8, 8, K), w[n:].reshape(n // 8, 8, K))
+    else:
+        grouped = w.reshape(rows // 16, 16, K)
+    G = grouped.shape[0]
+    # [group, h, g, t, j, q, e] -> [group, t, g, q, j, h, e]: row 8h + g, k = 16t + 8j + 2q + e
+    packed = grouped.reshape(G, 2, 8, K // 16, 2, 4, 2).permute(0, 3, 2, 5, 4, 1, 6)
+    return PackedWeights(packed.contiguous().reshape(rows, K), swiglu, layout=LAYOUT)
+
+
+@dsl_user_op
+def wgmma_rs_m64k16(acc, a, desc_b, *, loc=None, ip=None):
+    """``wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16`` with A in registers (4 words a
+    thread) and B from shared memory (K-major descriptor): acc (N / 2 fp32 a thread) += A ·
+    B^T. Issue only between warpgroup.fence() and commit_group() / wait_group()."""
+    na = len(acc)
+    d = ",".join(f"${i}" for i in range(na))
+    ops = [Float32(x).ir_value(loc=loc, ip=ip) for x in acc] + \
+        [Uint32(x).ir_value(loc=loc, ip=ip) for x in a] + [Int64(desc_b).ir_value(loc=loc, ip=ip)]
+    cons = ",".join(["=f"] * na + [str(i) for i in range(na)] + ["r"] * 4 + ["l"])
+    a_regs = ",".join(f"${2 * na + i}" for i in range(4))
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32()] * na), ops,
+        "{ .reg .pred p; setp.ne.b32 p, 1, 0; "
+        f"wgmma.mma_async.sync.aligned.m64n{2 * na}k16.f32.bf16.bf16 {{{d}}}, "
+        f"{{{a_regs}}}, ${2 * na + 4}, p, 1, 1, 0; }}",
+        cons, has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(na)]
+
+
+def rwgmma_smem_bytes(M: int, k_slice: int, tile_rows: int, stages: int) -> int:
+    """Shared memory of a CTA: the a slice, the fp32 partial tile, the stages' mbarriers (and
+    the slice's 1024-byte alignment)."""
+    return 2 * k_slice * M + M * (tile_rows + PART_PAD) * 4 + 8 * stages + 1024
+
+
+class GemmSkinnyRegWgmma(GemmSkinny):
+    """:class:`GemmSkinny` (its tiles, slices, launch bounds, reduction and epilogues) with the
+    register-A wgmma mainloop (module notes). ``stages``: K-ranges of the a slice, each with
+    its own bulk copy and mbarrier."""
+
+    def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
+                 out_f32: bool = False, pdl: bool = False, splits: int | None = None,
+                 warps: int = WARPS, m_split: int = 1, trace: bool = False, stages: int = 1,
+                 chunk_major_out: bool = False):
+        super().__init__(M, K, residual=residual, swiglu=swiglu, out_f32=out_f32, pdl=pdl,
+                         splits=splits, warps=warps, m_split=m_split, trace=trace,
+                         chunk_major_out=chunk_major_out)
+        if (M // m_split) % 8 or M // m_split > 256:
+            raise ValueError(f"wgmma: {M // m_split} a rows a warpgroup, need a multiple of 8 "
+                             "up to 256")
+        steps = self.k_slice // 16
+        if stages not in (1, 2, 4) or steps % stages:
+            raise ValueError(f"stages = {stages}: 1, 2 or 4 dividing the slice's {steps} k16 "
+                             "steps")
+        self.stages = stages
+        self.smem_bytes = rwgmma_smem_bytes(M, self.k_slice, self.tile_n, stages)
+        if self.smem_bytes > SMEM_LIMIT:
+            raise ValueError(f"M = {M}, K = {K} in {self.splits} slices: {self.smem_bytes} "
+                             f"bytes of shared memory exceed {SMEM_LIMIT}")
+
+    @cute.jit
+    def __call__(self, a_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
+                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, ss_in_ptr: cute.Pointer,
+                 ss_out_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, N: Int32, ldy: Int32,
+                 stream):
+        M = self.M
+        mY = cute.make_tensor(y_ptr, activation_layout(M, N, ldy, self.chunk_major_out))
+        mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
+        tiles = N // self.tile_out
+        points = 7
+        mT = cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits, points),
+                                                          stride=(points, 1)))
+        mSo = cute.make_tensor(ss_out_ptr, cute.make_layout((N // 32, M), stride=(M, 1)))
+        mailbox = cute.make_tensor(mailbox_ptr, cute.make_layout(8))
+        # a (chunk-major) as 32-bit words for the bulk copies; W as 16-byte fragment units
+        mA = cute.make_tensor(a_ptr, cute.make_layout(M * self.K // 2))
+        mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * self.K // 8),
+                                                      stride=(1, 4)))
+        self.kernel(mA, mW, mY, mR, mT, mSo, mailbox).launch(
+            grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
+            cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl,
+            **self._occupancy())
+
+    @cute.kernel
+    def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
+               mT: cute.Tensor, mSo: cute.Tensor, mailbox: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, split, _ = cute.arch.block_idx()  # split == rank in the (1, splits, 1) cluster
+        self._stamp(mT, tile, split, tidx, 0)
+        lane, warp_idx = tidx % 32, tidx // 32
+        warp, half = warp_idx % self.warps, warp_idx // self.warps  # weight group, a-row part
+        g, q = lane // 4, lane % 4
+        M = self.M
+        slice_c = self.k_slice // 8
+        stage_c = slice_c // self.stages  # 16-byte chunks of a row per stage
+        c0 = split * slice_c
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        # 1. the warp's weight fragments (constants) into registers, before the PDL wait: one
+        # 16-byte unit a lane and k16 step of the slice (pack_weights_rwgmma)
+        group = tile * self.warps + warp
+        frags = []
+        for t in cutlass.range_constexpr(slice_c // 2):
+            frag = cute.make_rmem_tensor((4,), Uint32)
+            cute.autovec_copy(mW[(None, (group * (self.K // 16) + c0 // 2 + t) * 32 + lane)],
+                              frag)
+            frags.append(frag)
+        smem = cutlass.memory.SmemAllocator()
+        sA = smem.allocate_tensor(Uint32, cute.make_layout(slice_c * M * 4), 1024)
+        sP = smem.allocate_tensor(Float32, cute.make_layout(
+            (M, self.tile_n), stride=(self.tile_n + PART_PAD, 1)), 16)
+        full = smem.allocate_tensor(Int64, cute.make_layout(self.stages), 8).iterator
+        a_bytes = stage_c * M * 16
+        if tidx == 0:
+            for s in cutlass.range_constexpr(self.stages):
+                cute.arch.mbarrier_init(full + s, 1)
+                cute.arch.mbarrier_arrive_and_expect_tx(full + s, a_bytes)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()  # the barriers are initialised before anyone waits on them
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+        self._stamp(mT, tile, split, tidx, 1)
+        # 2. the a slice (chunk-major in global memory: one contiguous run a stage)
+        if tidx == 0:
+            for s in cutlass.range_constexpr(self.stages):
+                bulk_copy_g2s(sA.iterator + s * a_bytes // 4,
+                              mA.iterator + (c0 + s * stage_c) * M * 4, a_bytes, full + s)
+        # 3. per stage, as it lands: this warpgroup's wgmma over its k16 steps
+        acc = self._mainloop(frags, sA, full, half, stage_c, mailbox, mT, tile, split, tidx)
+        self._store_partials(acc, sP, half * self.ntiles_warp, warp, g, q)
+        self._stamp(mT, tile, split, tidx, 3)
+        self._exchange_and_store(sP, None, None, None, mY, mR, mSo, mT, tile, split, tidx, lane)
+
+    @cute.jit
+    def _mainloop(self, frags: list, sA: cute.Tensor, full: cute.Pointer, half,
+                  stage_c: cutlass.Constexpr[int], mailbox: cute.Tensor, mT: cute.Tensor,
+                  tile, split, tidx) -> list:
+        """wgmma m64nNk16 (N = M / m_split a rows, this warpgroup's part) per k16 step, each
+        stage's after its mbarrier; the accumulators as the mma.sync path's n-tiles of 4. B's
+        canonical no-swizzle K-major image: K-adjacent core matrices M x 16 bytes apart (LBO),
+        8-row groups 128 bytes apart (SBO), as kernels/gemm_skinny_wgmma.py measured it."""
+        M = self.M
+        n = M // self.m_split
+        desc_b = descriptor(smem_u32(sA.iterator) + half * (n // 8) * 128, M * 16, 128)
+        acc = [Float32(0.0)] * (n // 2)
+        cute.nvgpu.warpgroup.fence()
+        for s in cutlass.range_constexpr(self.stages):
+            wait_parity(full + s, Int32(0), STAGE_BARRIER, Int32(s), mailbox)
+            if cutlass.const_expr(s == 0):
+                self._stamp(mT, tile, split, tidx, 2)
+            for k in cutlass.range_constexpr(stage_c // 2):  # k16 steps: two chunks each
+                t = s * (stage_c // 2) + k
+                f = frags[t]
+                acc = wgmma_rs_m64k16(acc, tuple(f[i] for i in range(4)),
+                                      desc_b + Int64(2 * t * M))
+        cute.nvgpu.warpgroup.commit_group()
+        cute.nvgpu.warpgroup.wait_group(0)
+        return [acc[4 * t: 4 * t + 4] for t in range(self.ntiles_warp)]
+
+
+def compile_args(out_f32: bool = False):
+    from cutlass.cute.runtime import make_fake_stream
+
+    return (*pointer_args(_ptr_specs(out_f32) + ((Int32, 4),)), Int32(4096), Int32(4096),
+            make_fake_stream())
+
+
+def gemm_skinny_rwgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
+                       pdl: bool = False, splits: int | None = None, warps: int | None = None,
+                       m_split: int | None = None, trace=None, a_stages: int | None = None,
+                       chunk_major_out: bool = False):
+    """As :func:`kernels.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
+    ``x_cm`` the activations chunk-major (kernels.gemm_skinny_wgmma.chunk_major) and ``w``
+    packed by :func:`pack_weights_rwgmma`. The tile defaults are gemm_skinny's; ``a_stages``:
+    the slice's K-ranges (bulk copies), default gemm_skinny's ``stage_count`` where it divides
+    the slice's k16 steps."""
+    M, K, N, out_f32, warps, m_split = checked_operands(x_cm, w, out, resid, swiglu, warps,
+                                                        m_split, layout=LAYOUT)
+    if not a_stages:
+        from kernels.gemm_skinny import split_count
+
+        k_slice = K // (splits or split_count(M, K, warps))
+        a_stages = fitting_stages(stage_count(w.data.shape[0], K, M), M, k_slice,
+                                  32 * warps * m_split)
+    cfg = GemmSkinnyRegWgmma(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
+                             pdl=pdl, splits=splits, warps=warps, m_split=m_split,
+                             trace=trace is not None, stages=a_stages,
+                             chunk_major_out=chunk_major_out)
+    check_chunk_major_out(chunk_major_out, out)
+    check_tiling(cfg, N, trace)
+    ptrs = pointer_args(_ptr_specs(cfg.out_f32) + ((Int32, 4),),
+                        (x_cm, w.data, out, resid if resid is not None else x_cm,
+                         trace if trace is not None else x_cm, x_cm, x_cm,
+                         diagnostics_mailbox()))
+    key = ("gemm_skinny_rwgmma", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits,
+           warps, m_split, cfg.trace, cfg.stages, chunk_major_out)
+    compiled = cached_compile(key, lambda: cute.compile(
+        cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
+    compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())
+    return out
