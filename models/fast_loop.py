@@ -67,25 +67,31 @@ PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
 # 50faf82-ab-instances-64.log): at 64 rows gate/up in 2 K-slices of 2 stages, 2543 -> 2464 µs,
 # and the heads in 8-warp tiles of two warps a weight group, 2 stages, -> 2439 µs (gate/up's
 # lost at 16, 32 and 128 rows, the heads' at 32 and 128); then qkv in 2 K-slices of two warps
-# a group, 2352 -> 2315 µs (4fab9d1-ab-qkv-64.log)
-FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 2},
+# a group, 2352 -> 2315 µs (4fab9d1-ab-qkv-64.log); on the register-A wgmma (FRAME_MMA)
+# gate/up's a slice in 4 stages, 2085 -> 2067 (6f29f92-ab-rwgmma-tiles-64.log)
+FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 4},
                     "heads": {"warps": 8, "m_split": 2, "a_stages": 2},
                     "qkv": {"splits": 2, "m_split": 2}}}
 
 
-# kernel rows of a frame -> the projections on the wgmma mainloop by default (FastLoop ``mma``):
-# down at 64 rows, 2251 -> 2179 µs, and at 128 rows (two 64-row parts), 3239 -> 3216; lost at 32
-# (+11), even at 16 (feceb4d-ab-wgmma-*.log; v10k's loss at 64 rows came from crowding the
-# 256-CTA qkv after it, which the gathered QKV rows and the 2-slice qkv tile removed)
-FRAME_MMA = {64: ("down",), 128: ("down",)}
+# kernel rows of a frame -> the projections' mainloops by default (FastLoop ``mma``, mainloops):
+# down on the shared-memory wgmma at 64 rows, 2251 -> 2179 µs, and at 128 rows (two 64-row
+# parts), 3239 -> 3216; lost at 32 (+11), even at 16 (feceb4d-ab-wgmma-*.log; v10k's loss at 64
+# rows came from crowding the 256-CTA qkv after it, which the gathered QKV rows and the 2-slice
+# qkv tile removed). gate/up and qkv on the register-A wgmma (v11a): 64 rows 2182 -> 2060 (with
+# gate/up's 4 stages, two builds each), 32 rows 1834 -> 1762, 128 rows 3213 -> 3040; 16 rows
+# level (3b1235f-ab-rwgmma-*.log); o and the heads lost or were level (179111d-ab-rwgmma-64.log)
+_RWGMMA = {"gate_up": "rwgmma", "qkv": "rwgmma"}
+FRAME_MMA = {32: dict(_RWGMMA), 64: {"down": "wgmma", **_RWGMMA},
+             128: {"down": "wgmma", **_RWGMMA}}
 
 
 def frame_mma(rows: int, path: str, fold_norm=False):
-    """FastLoop's default ``mma`` for a ``rows``-row loop: the bucket's ``FRAME_MMA`` on the
-    kernels path without fold_norm, else "sync"."""
+    """FastLoop's default ``mma`` for a ``rows``-row loop: (a copy of) the bucket's
+    ``FRAME_MMA`` on the kernels path without fold_norm, else "sync"."""
     if path != "kernels" or fold_norm:
         return "sync"
-    return FRAME_MMA.get(kernel_rows(rows), "sync")
+    return dict(FRAME_MMA.get(kernel_rows(rows), {})) or "sync"
 
 
 def frame_tiles(run_rows: int, wgmma: frozenset = frozenset()) -> dict:
@@ -354,6 +360,8 @@ class FastLoop:
     x vocab x 4096 bf16, 235 MB, built once per bucket configuration by this loop's own
     kernels, so the same bits): a position's input is a row of a pre-projected embedding
     table, so its first norm and QKV are functions of the code alone.
+    ``norm_rows``: rows a CTA of the row norms that feed a wgmma projection (chunk-major
+    output; None: kernels.rows_rmsnorm's default, 8), for A/B tests; the same bits.
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -366,13 +374,17 @@ class FastLoop:
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
                  mma=None, parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
-                 prefill: str | None = None, qkv_table: bool | None = None):
+                 prefill: str | None = None, qkv_table: bool | None = None,
+                 norm_rows: int | None = None):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
         self.teacher_forced = teacher_forced
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
+        # rows a CTA of the row norms that write chunk-major (None: kernels.rows_rmsnorm's
+        # default; the same bits at any count)
+        self.norm_rows = norm_rows
         self.tiles = checked_tiles(tiles or {})
         # kernels path above GEMV_MAX_ROWS: no row-norm kernels; the projection after a norm
         # scales its rows by the norm's factor with gamma folded into its weights (off: faster
@@ -456,7 +468,7 @@ class FastLoop:
                            small_m=small_m, path="kernels", pdl=pdl, tiles=self.tiles,
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
                            draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace,
-                           prefill=prefill, qkv_table=qkv_table)
+                           prefill=prefill, qkv_table=qkv_table, norm_rows=norm_rows)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -571,7 +583,7 @@ class FastLoop:
                 g = torch.argmax(logits, dim=-1)
             self.codes[:, s].copy_(g)
             self.used[:, s + 1].copy_(fw.embeds[s].index_select(0, g))
-        self.talker_sum.copy_(self.used.sum(1))
+        torch.sum(self.used, 1, out=self.talker_sum)  # no copy kernel after it
 
     def _project(self, name, a, w, out, buf: ChainBuffers, *, gamma=None, resid=None,
                  swiglu: bool = False, sums_ready: bool = True, normed: bool = False):
@@ -599,8 +611,9 @@ class FastLoop:
         elif gamma is not None and normed:
             a = buf.xn
         elif gamma is not None:
-            a = rows_rmsnorm(a, gamma, buf.xn, eps=eps, pdl=self.pdl,
-                             chunk_major=name in self.chunk_in)
+            cm = name in self.chunk_in
+            a = rows_rmsnorm(a, gamma, buf.xn, eps=eps, pdl=self.pdl, chunk_major=cm,
+                             rows_per_cta=self.norm_rows if cm else None)
         # gate/up's output is down's input: chunk-major when down runs on wgmma
         cm_out = dict(chunk_major_out=True) if name == "gate_up" and "down" in self.chunk_in \
             else {}
@@ -743,7 +756,7 @@ class FastLoop:
                        **nxt, **draw_args)
         if smp is not None:
             smp.advance_offsets(cfg.heads_drawn)
-        self.talker_sum.copy_(self.used.sum(1))
+        torch.sum(self.used, 1, out=self.talker_sum)  # no copy kernel after it
 
     def _capture(self):
         offset0 = self.sampler.offset.clone() if self.sampler is not None else None

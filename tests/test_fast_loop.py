@@ -139,14 +139,19 @@ def test_layer0_qkv_table_rows_are_each_codes_projection(rows):
 
 
 def test_frame_mma_per_bucket():
-    """wgmma for down where the frame A/B measured it faster (64 and 128 kernel rows), on the
-    kernels path without fold_norm only."""
-    from models.fast_loop import frame_mma
+    """The mainloops the frame A/B measured faster: down on the shared-memory wgmma at 64 and
+    128 kernel rows, gate/up and qkv on the register-A wgmma at 32-128; on the kernels path
+    without fold_norm only, and as copies."""
+    from models.fast_loop import FRAME_MMA, frame_mma
 
-    assert frame_mma(64, "kernels") == ("down",) == frame_mma(50, "kernels")
-    assert frame_mma(128, "kernels") == ("down",)
-    assert frame_mma(32, "kernels") == "sync" == frame_mma(1, "kernels")
+    rw = {"gate_up": "rwgmma", "qkv": "rwgmma"}
+    assert frame_mma(64, "kernels") == {"down": "wgmma", **rw} == frame_mma(50, "kernels")
+    assert frame_mma(128, "kernels") == {"down": "wgmma", **rw}
+    assert frame_mma(32, "kernels") == rw
+    assert frame_mma(16, "kernels") == "sync" == frame_mma(1, "kernels")
     assert frame_mma(64, "compiled") == "sync" == frame_mma(64, "kernels", fold_norm="own")
+    frame_mma(64, "kernels")["down"] = "sync"
+    assert FRAME_MMA[64]["down"] == "wgmma"
 
 
 RWGMMA_ALL = {"qkv": "rwgmma", "wo": "rwgmma", "gate_up": "rwgmma", "down": "wgmma",
