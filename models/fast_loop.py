@@ -360,8 +360,6 @@ class FastLoop:
     x vocab x 4096 bf16, 235 MB, built once per bucket configuration by this loop's own
     kernels, so the same bits): a position's input is a row of a pre-projected embedding
     table, so its first norm and QKV are functions of the code alone.
-    ``norm_rows``: rows a CTA of the row norms that feed a wgmma projection (chunk-major
-    output; None: kernels.rows_rmsnorm's default, 8), for A/B tests; the same bits.
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -374,17 +372,13 @@ class FastLoop:
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
                  mma=None, parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
-                 prefill: str | None = None, qkv_table: bool | None = None,
-                 norm_rows: int | None = None):
+                 prefill: str | None = None, qkv_table: bool | None = None):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
         self.teacher_forced = teacher_forced
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
-        # rows a CTA of the row norms that write chunk-major (None: kernels.rows_rmsnorm's
-        # default; the same bits at any count)
-        self.norm_rows = norm_rows
         self.tiles = checked_tiles(tiles or {})
         # kernels path above GEMV_MAX_ROWS: no row-norm kernels; the projection after a norm
         # scales its rows by the norm's factor with gamma folded into its weights (off: faster
@@ -468,7 +462,7 @@ class FastLoop:
                            small_m=small_m, path="kernels", pdl=pdl, tiles=self.tiles,
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
                            draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace,
-                           prefill=prefill, qkv_table=qkv_table, norm_rows=norm_rows)
+                           prefill=prefill, qkv_table=qkv_table)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -611,9 +605,8 @@ class FastLoop:
         elif gamma is not None and normed:
             a = buf.xn
         elif gamma is not None:
-            cm = name in self.chunk_in
-            a = rows_rmsnorm(a, gamma, buf.xn, eps=eps, pdl=self.pdl, chunk_major=cm,
-                             rows_per_cta=self.norm_rows if cm else None)
+            a = rows_rmsnorm(a, gamma, buf.xn, eps=eps, pdl=self.pdl,
+                             chunk_major=name in self.chunk_in)
         # gate/up's output is down's input: chunk-major when down runs on wgmma
         cm_out = dict(chunk_major_out=True) if name == "gate_up" and "down" in self.chunk_in \
             else {}

@@ -1044,7 +1044,7 @@ def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
 
 @pytest.mark.gpu
 def test_chunk_major_producers_write_the_row_major_values_permuted():
-    """rows_rmsnorm (one or several rows a CTA), depth_attention and the wgmma projection's
+    """rows_rmsnorm, depth_attention and the wgmma projection's
     SwiGLU output with ``chunk_major``: the same bits as row-major, laid out [K / 8][M][8] (chunk_major())."""
     from kernels.depth_attention import depth_attention
     from kernels.gemm_skinny_wgmma import chunk_major, gemm_skinny_wgmma, pack_weights_wgmma
@@ -1055,9 +1055,7 @@ def test_chunk_major_producers_write_the_row_major_values_permuted():
     x = _randn(M, K, g=g)
     gamma = (1 + 0.1 * torch.randn(K, device="cuda", generator=g)).to(torch.bfloat16)
     row = rows_rmsnorm(x, gamma, _poison(M, K))
-    for rows in (1, 2, 8, None):  # CTAs of several rows store through shared memory
-        assert torch.equal(rows_rmsnorm(x, gamma, _poison(M, K), chunk_major=True,
-                                        rows_per_cta=rows), chunk_major(row))
+    assert torch.equal(rows_rmsnorm(x, gamma, _poison(M, K), chunk_major=True), chunk_major(row))
     qkv = _randn(M, 4096, g=g)
     norms = [(1 + 0.1 * torch.randn(128, device="cuda", generator=g)).to(torch.bfloat16)
              for _ in range(2)]
@@ -1082,19 +1080,3 @@ def test_chunk_major_producers_write_the_row_major_values_permuted():
     cm_out = gemm_skinny(x, ws, _poison(M, 3072), swiglu=True, chunk_major_out=True)
     assert torch.equal(cm_out, chunk_major(plain))
 
-
-@pytest.mark.compile
-@pytest.mark.parametrize("rows", [2, 8])
-def test_rows_rmsnorm_chunk_major_ctas_store_whole_runs(rows):
-    """A CTA of several rows: one CTA barrier for all the rows' sums and one before the
-    stores, a 16-byte load and store a thread per row, no spills; bad row counts refused."""
-    from kernels.rows_rmsnorm import RowsRmsNorm, compile_args
-    from workbench.compile import compile_report
-
-    r = compile_report(RowsRmsNorm(64, 1024, 1e-6, True, True, rows), *compile_args())
-    assert r.ptx.count("bar.sync") == 2 and r.spill_bytes == 0
-    assert r.census["st.global.v4"] == rows and r.census["ld.global.v4"] == rows + 1
-    with pytest.raises(ValueError, match="chunk-major"):
-        RowsRmsNorm(64, 1024, chunk_major=False, rows_per_cta=rows)
-    with pytest.raises(ValueError, match="dividing"):
-        RowsRmsNorm(36, 1024, chunk_major=True, rows_per_cta=8)
