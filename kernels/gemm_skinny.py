@@ -425,28 +425,11 @@ class GemmSkinny:
         ... in order, then the epilogue (loads of a group of outputs are issued before any of
         their stores); 6. a second barrier, so no CTA leaves (freeing its shared memory)
         before its peers have read it."""
+        M = self.M
+        part_row = self.tile_n + PART_PAD
         cute.arch.cluster_arrive()  # release: the partial tile is visible to the cluster
         cute.arch.cluster_wait()  # acquire: so are the peers'
         self._stamp(mT, tile, split, tidx, 4)
-        if cutlass.const_expr(self.extra_threads):  # a copy warp beyond the reducers
-            if tidx < self.threads:
-                self._reduce_share(sP, sS, sQ, sR, mY, mR, mSo, tile, split, tidx, lane)
-        else:
-            self._reduce_share(sP, sS, sQ, sR, mY, mR, mSo, tile, split, tidx, lane)
-        self._stamp(mT, tile, split, tidx, 5)
-        cute.arch.cluster_arrive_relaxed()
-        cute.arch.cluster_wait()
-        self._stamp(mT, tile, split, tidx, 6)
-
-    extra_threads = 0  # threads a CTA beyond ``threads`` that take no share of the reduction
-
-    @cute.jit
-    def _reduce_share(self, sP: cute.Tensor, sS, sQ, sR, mY: cute.Tensor, mR: cute.Tensor,
-                      mSo: cute.Tensor, tile, split, tidx, lane):
-        """5. this CTA's share of the tile's outputs: each output's partials from CTAs 0, 1, ...
-        in order, then the epilogue."""
-        M = self.M
-        part_row = self.tile_n + PART_PAD
         peers = [cute.arch.map_dsmem_ptr(sP.iterator, sp) for sp in range(self.splits)]
         peers_ss = []
         if cutlass.const_expr(self.own_squares):
@@ -480,6 +463,10 @@ class GemmSkinny:
                     self._store(mY, mSo, resids[j], m, tile * self.tile_out + c, sums[j], lane)
                 elif tidx + self.threads * i < self.share:  # whole warps (shares of 32s)
                     self._store(mY, mSo, resids[j], m, tile * self.tile_out + c, sums[j], lane)
+        self._stamp(mT, tile, split, tidx, 5)
+        cute.arch.cluster_arrive_relaxed()
+        cute.arch.cluster_wait()
+        self._stamp(mT, tile, split, tidx, 6)
 
     def _owned_tiles(self) -> int:
         """Sums of squares: n-tile nt0 + w + j * warps of a warp's part belongs to weight group

@@ -11,13 +11,10 @@ keeps mma.sync's residency and takes wgmma's mma phase:
 * the weights as wgmma's A operand in registers (``wgmma.m64nNk16`` with A in registers: per
   warp the fragment layout of mma.m16n8k16's A), packed once (:func:`pack_weights_rwgmma`) so
   that one 16-byte load gives a lane its fragment of one k16 step; loaded before the PDL wait;
-* the a slice as the B operand from shared memory (wgmma's canonical no-swizzle K-major
-  image), one mbarrier a stage, brought either (``a_copy="bulk"``) by 1-D bulk copies (the
-  async proxy: no proxy fence), so the producer must write a chunk-major ([K / 8][M][8]), as
-  for the shared-memory wgmma kernel; or (``a_copy="warp"``) from a row-major a by one extra
-  warp with ``cp.async``, which then fences its writes to the async proxy and arrives. v10a's
-  register-A wgmma lost because that fence compiles to a MEMBAR waiting for every outstanding
-  load of the thread, the weight fragments included; the copy warp loads no weights.
+* the a slice as the B operand from shared memory, brought by 1-D bulk copies (the async proxy:
+  no proxy fence; v10a's register-A wgmma lost because cp.async's fence compiled to a MEMBAR
+  that waited for every weight load), one mbarrier a stage, so the producer must write a
+  chunk-major ([K / 8][M][8]), as for the shared-memory wgmma kernel.
 
 The D fragment of m64nN is, per warp, that of N / 8 m16n8 tiles, so the partial tile, the
 cluster reduction and the epilogues are GemmSkinny's.
@@ -36,11 +33,9 @@ from kernels.sync_sm90 import wait_parity
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
-from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 LAYOUT = "rwgmma"  # PackedWeights.layout of this kernel's weights
-A_COPIES = ("bulk", "warp")  # how the a slice reaches shared memory (module notes)
 
 
 def pack_weights_rwgmma(w, swiglu: bool = False) -> PackedWeights:
@@ -97,14 +92,10 @@ class GemmSkinnyRegWgmma(GemmSkinny):
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
                  warps: int = WARPS, m_split: int = 1, trace: bool = False, stages: int = 1,
-                 chunk_major_out: bool = False, a_copy: str = "bulk"):
+                 chunk_major_out: bool = False):
         super().__init__(M, K, residual=residual, swiglu=swiglu, out_f32=out_f32, pdl=pdl,
                          splits=splits, warps=warps, m_split=m_split, trace=trace,
                          chunk_major_out=chunk_major_out)
-        if a_copy not in A_COPIES:
-            raise ValueError(f"a_copy {a_copy!r}: one of {A_COPIES}")
-        self.a_copy = a_copy
-        self.extra_threads = 32 if a_copy == "warp" else 0  # the copy warp, after the mma warps
         if (M // m_split) % 8 or M // m_split > 256:
             raise ValueError(f"wgmma: {M // m_split} a rows a warpgroup, need a multiple of 8 "
                              "up to 256")
@@ -132,12 +123,12 @@ class GemmSkinnyRegWgmma(GemmSkinny):
                                                           stride=(points, 1)))
         mSo = cute.make_tensor(ss_out_ptr, cute.make_layout((N // 32, M), stride=(M, 1)))
         mailbox = cute.make_tensor(mailbox_ptr, cute.make_layout(8))
-        # a and W as 16-byte units (a chunk-major for the bulk copies, else row-major)
-        mA = cute.make_tensor(a_ptr, cute.make_layout((4, M * self.K // 8), stride=(1, 4)))
+        # a (chunk-major) as 32-bit words for the bulk copies; W as 16-byte fragment units
+        mA = cute.make_tensor(a_ptr, cute.make_layout(M * self.K // 2))
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * self.K // 8),
                                                       stride=(1, 4)))
         self.kernel(mA, mW, mY, mR, mT, mSo, mailbox).launch(
-            grid=[tiles, self.splits, 1], block=[self.threads + self.extra_threads, 1, 1],
+            grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
             cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl,
             **self._occupancy())
 
@@ -158,82 +149,38 @@ class GemmSkinnyRegWgmma(GemmSkinny):
             cute.arch.griddepcontrol_launch_dependents()
         # 1. the warp's weight fragments (constants) into registers, before the PDL wait: one
         # 16-byte unit a lane and k16 step of the slice (pack_weights_rwgmma)
-        frags = [cute.make_rmem_tensor((4,), Uint32) for _ in range(slice_c // 2)]
-        if cutlass.const_expr(self.a_copy == "bulk"):
-            self._load_fragments(mW, frags, tile * self.warps + warp, c0, lane)
-        elif warp_idx < self.threads // 32:  # not the copy warp: its fence would wait for them
-            self._load_fragments(mW, frags, tile * self.warps + warp, c0, lane)
+        group = tile * self.warps + warp
+        frags = []
+        for t in cutlass.range_constexpr(slice_c // 2):
+            frag = cute.make_rmem_tensor((4,), Uint32)
+            cute.autovec_copy(mW[(None, (group * (self.K // 16) + c0 // 2 + t) * 32 + lane)],
+                              frag)
+            frags.append(frag)
         smem = cutlass.memory.SmemAllocator()
-        sA = smem.allocate_tensor(Uint32, cute.make_layout((4, slice_c * M), stride=(1, 4)),
-                                  1024)
+        sA = smem.allocate_tensor(Uint32, cute.make_layout(slice_c * M * 4), 1024)
         sP = smem.allocate_tensor(Float32, cute.make_layout(
             (M, self.tile_n), stride=(self.tile_n + PART_PAD, 1)), 16)
         full = smem.allocate_tensor(Int64, cute.make_layout(self.stages), 8).iterator
         a_bytes = stage_c * M * 16
         if tidx == 0:
             for s in cutlass.range_constexpr(self.stages):
-                if cutlass.const_expr(self.a_copy == "bulk"):
-                    cute.arch.mbarrier_init(full + s, 1)
-                    cute.arch.mbarrier_arrive_and_expect_tx(full + s, a_bytes)
-                else:  # each lane of the copy warp arrives once its share has landed
-                    cute.arch.mbarrier_init(full + s, 32)
+                cute.arch.mbarrier_init(full + s, 1)
+                cute.arch.mbarrier_arrive_and_expect_tx(full + s, a_bytes)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()  # the barriers are initialised before anyone waits on them
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         self._stamp(mT, tile, split, tidx, 1)
-        # 2. the a slice: one contiguous chunk-major run a stage, or the copy warp's cp.async
-        if cutlass.const_expr(self.a_copy == "bulk"):
-            if tidx == 0:
-                for s in cutlass.range_constexpr(self.stages):
-                    bulk_copy_g2s(sA.iterator + s * a_bytes // 4,
-                                  mA.iterator + (c0 + s * stage_c) * M * 4, a_bytes, full + s)
-            self._consume(frags, sA, sP, full, half, warp, g, q, stage_c, mailbox, mT, tile,
-                          split, tidx)
-        else:
-            if warp_idx == self.threads // 32:
-                self._copy_warp(mA, sA, full, c0, stage_c, lane)
-            else:
-                self._consume(frags, sA, sP, full, half, warp, g, q, stage_c, mailbox, mT, tile,
-                              split, tidx)
-        self._exchange_and_store(sP, None, None, None, mY, mR, mSo, mT, tile, split, tidx, lane)
-
-    @cute.jit
-    def _load_fragments(self, mW: cute.Tensor, frags: list, group, c0, lane):
-        """1. one 16-byte unit of ``group``'s packed weights a lane and k16 step of the slice."""
-        for t in cutlass.range_constexpr(len(frags)):
-            cute.autovec_copy(mW[(None, (group * (self.K // 16) + c0 // 2 + t) * 32 + lane)],
-                              frags[t])
-
-    @cute.jit
-    def _consume(self, frags: list, sA: cute.Tensor, sP: cute.Tensor, full: cute.Pointer, half,
-                 warp, g, q, stage_c: cutlass.Constexpr[int], mailbox: cute.Tensor,
-                 mT: cute.Tensor, tile, split, tidx):
-        """3. per stage, as it lands: this warpgroup's wgmma over its k16 steps; 4. the partial
-        tile into shared memory."""
+        # 2. the a slice (chunk-major in global memory: one contiguous run a stage)
+        if tidx == 0:
+            for s in cutlass.range_constexpr(self.stages):
+                bulk_copy_g2s(sA.iterator + s * a_bytes // 4,
+                              mA.iterator + (c0 + s * stage_c) * M * 4, a_bytes, full + s)
+        # 3. per stage, as it lands: this warpgroup's wgmma over its k16 steps
         acc = self._mainloop(frags, sA, full, half, stage_c, mailbox, mT, tile, split, tidx)
         self._store_partials(acc, sP, half * self.ntiles_warp, warp, g, q)
         self._stamp(mT, tile, split, tidx, 3)
-
-    @cute.jit
-    def _copy_warp(self, mA: cute.Tensor, sA: cute.Tensor, full: cute.Pointer, c0,
-                   stage_c: cutlass.Constexpr[int], lane):
-        """2. (a_copy "warp") the a slice from row-major a into the canonical image [chunk][row]
-        by 16-byte cp.async, one commit group a stage; per stage, once its group has landed,
-        each lane fences its writes to the async proxy (wgmma reads through it) and arrives."""
-        M, kc = self.M, self.K // 8
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), Uint32,
-                                   num_bits_per_copy=128)
-        for st in cutlass.range_constexpr(self.stages):
-            for i in cutlass.range(M * stage_c // 32, unroll=4):  # few address registers
-                idx = lane + 32 * i
-                m, c = idx // stage_c, st * stage_c + idx % stage_c
-                cute.copy(atom, mA[(None, m * kc + c0 + c)], sA[(None, c * M + m)])
-            cute.arch.cp_async_commit_group()
-        for st in cutlass.range_constexpr(self.stages):
-            cute.arch.cp_async_wait_group(self.stages - 1 - st)
-            cute.arch.fence_view_async_shared()
-            cute.arch.mbarrier_arrive(full + st)
+        self._exchange_and_store(sP, None, None, None, mY, mR, mSo, mT, tile, split, tidx, lane)
 
     @cute.jit
     def _mainloop(self, frags: list, sA: cute.Tensor, full: cute.Pointer, half,
@@ -272,12 +219,12 @@ def compile_args(out_f32: bool = False):
 def gemm_skinny_rwgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                        pdl: bool = False, splits: int | None = None, warps: int | None = None,
                        m_split: int | None = None, trace=None, a_stages: int | None = None,
-                       chunk_major_out: bool = False, a_copy: str = "bulk"):
+                       chunk_major_out: bool = False):
     """As :func:`kernels.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
-    ``w`` packed by :func:`pack_weights_rwgmma` and ``x_cm`` the activations chunk-major
-    (kernels.gemm_skinny_wgmma.chunk_major) for ``a_copy="bulk"``, row-major for "warp" (one
-    more warp a CTA copies them). The tile defaults are gemm_skinny's; ``a_stages``: the
-    slice's K-ranges, default gemm_skinny's ``stage_count`` where it fits."""
+    ``x_cm`` the activations chunk-major (kernels.gemm_skinny_wgmma.chunk_major) and ``w``
+    packed by :func:`pack_weights_rwgmma`. The tile defaults are gemm_skinny's; ``a_stages``:
+    the slice's K-ranges (bulk copies), default gemm_skinny's ``stage_count`` where it divides
+    the slice's k16 steps."""
     M, K, N, out_f32, warps, m_split = checked_operands(x_cm, w, out, resid, swiglu, warps,
                                                         m_split, layout=LAYOUT)
     if not a_stages:
@@ -289,7 +236,7 @@ def gemm_skinny_rwgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool 
     cfg = GemmSkinnyRegWgmma(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                              pdl=pdl, splits=splits, warps=warps, m_split=m_split,
                              trace=trace is not None, stages=a_stages,
-                             chunk_major_out=chunk_major_out, a_copy=a_copy)
+                             chunk_major_out=chunk_major_out)
     check_chunk_major_out(chunk_major_out, out)
     check_tiling(cfg, N, trace)
     ptrs = pointer_args(_ptr_specs(cfg.out_f32) + ((Int32, 4),),
@@ -297,7 +244,7 @@ def gemm_skinny_rwgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool 
                          trace if trace is not None else x_cm, x_cm, x_cm,
                          diagnostics_mailbox()))
     key = ("gemm_skinny_rwgmma", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits,
-           warps, m_split, cfg.trace, cfg.stages, chunk_major_out, a_copy)
+           warps, m_split, cfg.trace, cfg.stages, chunk_major_out)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())
