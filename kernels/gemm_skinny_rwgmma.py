@@ -11,10 +11,12 @@ keeps mma.sync's residency and takes wgmma's mma phase:
 * the weights as wgmma's A operand in registers (``wgmma.m64nNk16`` with A in registers: per
   warp the fragment layout of mma.m16n8k16's A), packed once (:func:`pack_weights_rwgmma`) so
   that one 16-byte load gives a lane its fragment of one k16 step; loaded before the PDL wait;
-* the a slice as the B operand from shared memory, brought by 1-D bulk copies (the async proxy:
-  no proxy fence; v10a's register-A wgmma lost because cp.async's fence compiled to a MEMBAR
-  that waited for every weight load), one mbarrier a stage, so the producer must write a
-  chunk-major ([K / 8][M][8]), as for the shared-memory wgmma kernel.
+* the a slice as the B operand from shared memory, brought by the async proxy (no proxy
+  fence; v10a's register-A wgmma lost because cp.async's fence compiled to a MEMBAR that
+  waited for every weight load), one mbarrier a stage: ``a_copy="bulk"``, 1-D bulk copies
+  into wgmma's canonical no-swizzle image, so the producer must write a chunk-major ([K / 8][M]
+  [8]), as for the shared-memory wgmma kernel; or ``a_copy="tma"``, a row-major a by TMA, one
+  box of M rows x 64 columns a 64-wide K chunk, into the 128-byte-swizzled K-major image.
 
 The D fragment of m64nN is, per warp, that of N / 8 m16n8 tiles, so the partial tile, the
 cluster reduction and the epilogues are GemmSkinny's.
@@ -31,11 +33,15 @@ from kernels.runtime import (activation_layout, cached_compile, cute_modules, cu
 from kernels.sync_sm90 import wait_parity
 
 cutlass, cute = cute_modules()
-from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
+from cutlass import BFloat16, Float32, Int32, Int64, Uint32  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
+from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 LAYOUT = "rwgmma"  # PackedWeights.layout of this kernel's weights
+A_COPIES = ("bulk", "tma")  # how the a slice reaches shared memory (module notes)
+TMA_K = 64  # K columns of a TMA box: one 128-byte swizzle row of bf16
+SW128_ATOM = 1024  # bytes of an 8-row swizzle atom: the SBO of the swizzled image
 
 
 def pack_weights_rwgmma(w, swiglu: bool = False) -> PackedWeights:
@@ -92,10 +98,16 @@ class GemmSkinnyRegWgmma(GemmSkinny):
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
                  warps: int = WARPS, m_split: int = 1, trace: bool = False, stages: int = 1,
-                 chunk_major_out: bool = False):
+                 chunk_major_out: bool = False, a_copy: str = "bulk"):
         super().__init__(M, K, residual=residual, swiglu=swiglu, out_f32=out_f32, pdl=pdl,
                          splits=splits, warps=warps, m_split=m_split, trace=trace,
                          chunk_major_out=chunk_major_out)
+        if a_copy not in A_COPIES:
+            raise ValueError(f"a_copy {a_copy!r}: one of {A_COPIES}")
+        if a_copy == "tma" and (self.k_slice // TMA_K) % stages:
+            raise ValueError(f"a_copy 'tma': {stages} stages must divide the slice's "
+                             f"{self.k_slice // TMA_K} boxes of {TMA_K} columns")
+        self.a_copy = a_copy
         if (M // m_split) % 8 or M // m_split > 256:
             raise ValueError(f"wgmma: {M // m_split} a rows a warpgroup, need a multiple of 8 "
                              "up to 256")
@@ -123,14 +135,26 @@ class GemmSkinnyRegWgmma(GemmSkinny):
                                                           stride=(points, 1)))
         mSo = cute.make_tensor(ss_out_ptr, cute.make_layout((N // 32, M), stride=(M, 1)))
         mailbox = cute.make_tensor(mailbox_ptr, cute.make_layout(8))
-        # a (chunk-major) as 32-bit words for the bulk copies; W as 16-byte fragment units
-        mA = cute.make_tensor(a_ptr, cute.make_layout(M * self.K // 2))
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * self.K // 8),
                                                       stride=(1, 4)))
-        self.kernel(mA, mW, mY, mR, mT, mSo, mailbox).launch(
-            grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
-            cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl,
-            **self._occupancy())
+        launch = dict(grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
+                      cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl,
+                      **self._occupancy())
+        if cutlass.const_expr(self.a_copy == "tma"):  # a row-major bf16 [M, K]
+            gA = cute.make_tensor(a_ptr, cute.make_layout((M, self.K), stride=(self.K, 1)))
+            tma_atom, tma_a = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileG2SOp(), gA, self._box_layout(), (M, TMA_K))
+            self.kernel_tma(tma_atom, tma_a, mW, mY, mR, mT, mSo, mailbox).launch(**launch)
+        else:  # a chunk-major, as 32-bit words for the bulk copies
+            mA = cute.make_tensor(a_ptr, cute.make_layout(M * self.K // 2))
+            self.kernel(mA, mW, mY, mR, mT, mSo, mailbox).launch(**launch)
+
+    def _box_layout(self):
+        """The shared-memory image of one TMA box: M rows x TMA_K columns, K-major, in 8-row
+        128-byte-swizzled atoms (wgmma's SW128 K-major layout)."""
+        atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
+            cute.nvgpu.warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
+        return cute.tile_to_shape(atom, (self.M, TMA_K), order=(0, 1))
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
@@ -147,31 +171,15 @@ class GemmSkinnyRegWgmma(GemmSkinny):
         c0 = split * slice_c
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_launch_dependents()
-        # 1. the warp's weight fragments (constants) into registers, before the PDL wait: one
-        # 16-byte unit a lane and k16 step of the slice (pack_weights_rwgmma)
-        group = tile * self.warps + warp
-        frags = []
-        for t in cutlass.range_constexpr(slice_c // 2):
-            frag = cute.make_rmem_tensor((4,), Uint32)
-            cute.autovec_copy(mW[(None, (group * (self.K // 16) + c0 // 2 + t) * 32 + lane)],
-                              frag)
-            frags.append(frag)
+        frags = self._load_fragments(mW, tile * self.warps + warp, c0, lane)
         smem = cutlass.memory.SmemAllocator()
         sA = smem.allocate_tensor(Uint32, cute.make_layout(slice_c * M * 4), 1024)
-        sP = smem.allocate_tensor(Float32, cute.make_layout(
-            (M, self.tile_n), stride=(self.tile_n + PART_PAD, 1)), 16)
-        full = smem.allocate_tensor(Int64, cute.make_layout(self.stages), 8).iterator
-        a_bytes = stage_c * M * 16
-        if tidx == 0:
-            for s in cutlass.range_constexpr(self.stages):
-                cute.arch.mbarrier_init(full + s, 1)
-                cute.arch.mbarrier_arrive_and_expect_tx(full + s, a_bytes)
-            cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()  # the barriers are initialised before anyone waits on them
+        sP, full = self._partials_and_barriers(smem, tidx)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         self._stamp(mT, tile, split, tidx, 1)
         # 2. the a slice (chunk-major in global memory: one contiguous run a stage)
+        a_bytes = stage_c * M * 16
         if tidx == 0:
             for s in cutlass.range_constexpr(self.stages):
                 bulk_copy_g2s(sA.iterator + s * a_bytes // 4,
@@ -181,6 +189,75 @@ class GemmSkinnyRegWgmma(GemmSkinny):
         self._store_partials(acc, sP, half * self.ntiles_warp, warp, g, q)
         self._stamp(mT, tile, split, tidx, 3)
         self._exchange_and_store(sP, None, None, None, mY, mR, mSo, mT, tile, split, tidx, lane)
+
+    @cute.kernel
+    def kernel_tma(self, tma_atom: cute.CopyAtom, tma_a: cute.Tensor, mW: cute.Tensor,
+                   mY: cute.Tensor, mR: cute.Tensor, mT: cute.Tensor, mSo: cute.Tensor,
+                   mailbox: cute.Tensor):
+        """:meth:`kernel` with the a slice by TMA from a row-major a (``a_copy="tma"``)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, split, _ = cute.arch.block_idx()
+        self._stamp(mT, tile, split, tidx, 0)
+        lane, warp_idx = tidx % 32, tidx // 32
+        warp, half = warp_idx % self.warps, warp_idx // self.warps
+        g, q = lane // 4, lane % 4
+        M = self.M
+        slice_c = self.k_slice // 8
+        c0 = split * slice_c
+        boxes = self.k_slice // TMA_K  # of this slice
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
+        frags = self._load_fragments(mW, tile * self.warps + warp, c0, lane)
+        smem = cutlass.memory.SmemAllocator()
+        sA = smem.allocate_tensor(BFloat16, cute.append(
+            self._box_layout(), cute.make_layout(boxes, stride=M * TMA_K)), SW128_ATOM)
+        sP, full = self._partials_and_barriers(smem, tidx)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+        self._stamp(mT, tile, split, tidx, 1)
+        # 2. the slice's boxes (M rows x 64 columns of a), each stage's on its mbarrier
+        if tidx == 0:
+            gA = cute.local_tile(tma_a, (M, TMA_K), (0, None))  # [(M, 64), K / 64]
+            ts, tg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1),
+                                           cute.group_modes(sA, 0, 2),
+                                           cute.group_modes(gA, 0, 2))
+            per_stage = boxes // self.stages
+            for j in cutlass.range_constexpr(boxes):
+                cute.copy(tma_atom, tg[(None, split * boxes + j)], ts[(None, j)],
+                          tma_bar_ptr=full + j // per_stage)
+        acc = self._mainloop(frags, sA, full, half, slice_c // self.stages, mailbox, mT, tile,
+                             split, tidx)
+        self._store_partials(acc, sP, half * self.ntiles_warp, warp, g, q)
+        self._stamp(mT, tile, split, tidx, 3)
+        self._exchange_and_store(sP, None, None, None, mY, mR, mSo, mT, tile, split, tidx, lane)
+
+    @cute.jit
+    def _load_fragments(self, mW: cute.Tensor, group, c0, lane) -> list:
+        """1. the warp's weight fragments (constants) into registers, before the PDL wait: one
+        16-byte unit a lane and k16 step of the slice (pack_weights_rwgmma)."""
+        frags = []
+        for t in cutlass.range_constexpr(self.k_slice // 16):
+            frag = cute.make_rmem_tensor((4,), Uint32)
+            cute.autovec_copy(mW[(None, (group * (self.K // 16) + c0 // 2 + t) * 32 + lane)],
+                              frag)
+            frags.append(frag)
+        return frags
+
+    @cute.jit
+    def _partials_and_barriers(self, smem, tidx):
+        """The fp32 partial tile and the stages' mbarriers (each expecting its stage's bytes),
+        initialised before any thread goes on."""
+        sP = smem.allocate_tensor(Float32, cute.make_layout(
+            (self.M, self.tile_n), stride=(self.tile_n + PART_PAD, 1)), 16)
+        full = smem.allocate_tensor(Int64, cute.make_layout(self.stages), 8).iterator
+        a_bytes = self.k_slice * self.M * 2 // self.stages
+        if tidx == 0:
+            for s in cutlass.range_constexpr(self.stages):
+                cute.arch.mbarrier_init(full + s, 1)
+                cute.arch.mbarrier_arrive_and_expect_tx(full + s, a_bytes)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()  # the barriers are initialised before anyone waits on them
+        return sP, full
 
     @cute.jit
     def _mainloop(self, frags: list, sA: cute.Tensor, full: cute.Pointer, half,
@@ -192,7 +269,12 @@ class GemmSkinnyRegWgmma(GemmSkinny):
         8-row groups 128 bytes apart (SBO), as kernels/gemm_skinny_wgmma.py measured it."""
         M = self.M
         n = M // self.m_split
-        desc_b = descriptor(smem_u32(sA.iterator) + half * (n // 8) * 128, M * 16, 128)
+        if cutlass.const_expr(self.a_copy == "tma"):  # SW128 K-major: 8-row atoms 1024 apart
+            start = smem_u32(sA.iterator) + half * (n // 8) * SW128_ATOM
+            desc_b = Int64((start >> 4) & 0x3FFF) | Int64(1 << 16) \
+                | (Int64(SW128_ATOM >> 4) << 32) | (Int64(1) << 62)
+        else:
+            desc_b = descriptor(smem_u32(sA.iterator) + half * (n // 8) * 128, M * 16, 128)
         acc = [Float32(0.0)] * (n // 2)
         cute.nvgpu.warpgroup.fence()
         for s in cutlass.range_constexpr(self.stages):
@@ -203,28 +285,44 @@ class GemmSkinnyRegWgmma(GemmSkinny):
                 t = s * (stage_c // 2) + k
                 f = frags[t]
                 acc = wgmma_rs_m64k16(acc, tuple(f[i] for i in range(4)),
-                                      desc_b + Int64(2 * t * M))
+                                      desc_b + Int64(self._step_offset(t)))
         cute.nvgpu.warpgroup.commit_group()
         cute.nvgpu.warpgroup.wait_group(0)
         return [acc[4 * t: 4 * t + 4] for t in range(self.ntiles_warp)]
 
 
-def compile_args(out_f32: bool = False):
+    def _step_offset(self, t: int) -> int:
+        """k16 step t's start in B's image, in 16-byte units: two chunks of M rows further
+        (no swizzle), or within a 64-column box 32 bytes further, boxes M x 128 bytes apart
+        (SW128: the hardware applies the swizzle to the advanced address)."""
+        if self.a_copy == "tma":
+            per_box = TMA_K // 16
+            return (t // per_box) * self.M * 8 + (t % per_box) * 2
+        return 2 * t * self.M
+
+
+def compile_args(out_f32: bool = False, a_copy: str = "bulk"):
     from cutlass.cute.runtime import make_fake_stream
 
-    return (*pointer_args(_ptr_specs(out_f32) + ((Int32, 4),)), Int32(4096), Int32(4096),
+    return (*pointer_args(_specs(out_f32, a_copy)), Int32(4096), Int32(4096),
             make_fake_stream())
+
+
+def _specs(out_f32: bool, a_copy: str) -> tuple:
+    """Pointer specs: gemm_skinny's (a as 16-byte words; bf16 elements for TMA), a mailbox."""
+    specs = _ptr_specs(out_f32) + ((Int32, 4),)
+    return ((BFloat16, 16),) + specs[1:] if a_copy == "tma" else specs
 
 
 def gemm_skinny_rwgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                        pdl: bool = False, splits: int | None = None, warps: int | None = None,
                        m_split: int | None = None, trace=None, a_stages: int | None = None,
-                       chunk_major_out: bool = False):
+                       chunk_major_out: bool = False, a_copy: str = "bulk"):
     """As :func:`kernels.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
-    ``x_cm`` the activations chunk-major (kernels.gemm_skinny_wgmma.chunk_major) and ``w``
-    packed by :func:`pack_weights_rwgmma`. The tile defaults are gemm_skinny's; ``a_stages``:
-    the slice's K-ranges (bulk copies), default gemm_skinny's ``stage_count`` where it divides
-    the slice's k16 steps."""
+    ``w`` packed by :func:`pack_weights_rwgmma` and ``x_cm`` the activations chunk-major
+    (kernels.gemm_skinny_wgmma.chunk_major) for ``a_copy="bulk"``, row-major for "tma". The
+    tile defaults are gemm_skinny's; ``a_stages``: the slice's K-ranges, default gemm_skinny's
+    ``stage_count`` where it fits."""
     M, K, N, out_f32, warps, m_split = checked_operands(x_cm, w, out, resid, swiglu, warps,
                                                         m_split, layout=LAYOUT)
     if not a_stages:
@@ -236,15 +334,15 @@ def gemm_skinny_rwgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool 
     cfg = GemmSkinnyRegWgmma(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                              pdl=pdl, splits=splits, warps=warps, m_split=m_split,
                              trace=trace is not None, stages=a_stages,
-                             chunk_major_out=chunk_major_out)
+                             chunk_major_out=chunk_major_out, a_copy=a_copy)
     check_chunk_major_out(chunk_major_out, out)
     check_tiling(cfg, N, trace)
-    ptrs = pointer_args(_ptr_specs(cfg.out_f32) + ((Int32, 4),),
+    ptrs = pointer_args(_specs(cfg.out_f32, a_copy),
                         (x_cm, w.data, out, resid if resid is not None else x_cm,
                          trace if trace is not None else x_cm, x_cm, x_cm,
                          diagnostics_mailbox()))
     key = ("gemm_skinny_rwgmma", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits,
-           warps, m_split, cfg.trace, cfg.stages, chunk_major_out)
+           warps, m_split, cfg.trace, cfg.stages, chunk_major_out, a_copy)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

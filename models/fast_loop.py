@@ -112,13 +112,15 @@ def checked_tiles(tiles: dict) -> dict:
     return {name: dict(tile) for name, tile in tiles.items()}
 
 
-MAINLOOPS = ("sync", "wgmma", "rwgmma")  # gemm_skinny, gemm_skinny_wgmma, gemm_skinny_rwgmma
+# gemm_skinny, gemm_skinny_wgmma, gemm_skinny_rwgmma with its a_copy "bulk" / "tma"
+MAINLOOPS = ("sync", "wgmma", "rwgmma", "rwgmma_tma")
 
 
 def mainloops(mma) -> dict:
     """FastLoop's ``mma`` -> {projection: mainloop} for the projections not on mma.sync: a
     dict names each one's ("wgmma": shared-memory operands, kernels/gemm_skinny_wgmma.py;
-    "rwgmma": weights in registers, kernels/gemm_skinny_rwgmma.py; "sync"), anything else is
+    "rwgmma": weights in registers, kernels/gemm_skinny_rwgmma.py, its input chunk-major;
+    "rwgmma_tma": the same with a row-major input brought by TMA; "sync"), anything else is
     :func:`wgmma_projections`' (all on "wgmma")."""
     if not isinstance(mma, dict):
         return {name: "wgmma" for name in wgmma_projections(mma)}
@@ -416,10 +418,11 @@ class FastLoop:
         self.mma = mma
         kinds = mainloops(mma)
         self.wgmma = frozenset(n for n, k in kinds.items() if k == "wgmma")
-        self.rwgmma = frozenset(n for n, k in kinds.items() if k == "rwgmma")
+        self.rwgmma = frozenset(n for n, k in kinds.items() if k.startswith("rwgmma"))
+        self.tma_in = frozenset(n for n, k in kinds.items() if k == "rwgmma_tma")
         # the projections whose input their producer writes chunk-major (both wgmma kernels
         # bulk-copy it)
-        self.chunk_in = self.wgmma | self.rwgmma
+        self.chunk_in = self.wgmma | (self.rwgmma - self.tma_in)
         if self.chunk_in and fold_norm:
             raise ValueError(f"mma {mma!r}: the wgmma projections take no fold_norm")
         if prefill not in PREFILL or (prefill != "serial" and self.path != "kernels"):
@@ -610,10 +613,11 @@ class FastLoop:
         # gate/up's output is down's input: chunk-major when down runs on wgmma
         cm_out = dict(chunk_major_out=True) if name == "gate_up" and "down" in self.chunk_in \
             else {}
-        if name in self.rwgmma:  # a is chunk-major; mma.sync's tiles
+        if name in self.rwgmma:  # mma.sync's tiles; a chunk-major unless brought by TMA
             from kernels.gemm_skinny_rwgmma import gemm_skinny_rwgmma
 
             gemm_skinny_rwgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl, **cm_out,
+                               a_copy="tma" if name in self.tma_in else "bulk",
                                **self.tiles.get(name, {}))
             return
         if name in self.wgmma:  # a is chunk-major

@@ -969,6 +969,10 @@ def test_rwgmma_weights_pack_register_fragments():
                                     (64, 1024, dict(splits=2, m_split=2, stages=4)),
                                     (128, 1024, dict(swiglu=True, stages=4)),
                                     (128, 1024, dict(stages=4)), (32, 1024, dict(warps=8)),
+                                    (64, 1024, dict(swiglu=True, splits=2, stages=4,
+                                                    a_copy="tma")),
+                                    (64, 2048, dict(residual=True, m_split=2, stages=4,
+                                                    a_copy="tma")),
                                     (64, 2048, dict(residual=True, m_split=2, stages=4)),
                                     (64, 1024, dict(out_f32=True, warps=8, m_split=2)),
                                     (32, 1024, dict(warps=8, swiglu=True))])
@@ -980,14 +984,19 @@ def test_skinny_rwgmma_compiles_to_register_wgmma_and_bulk_copies(M, K, kw):
     from workbench.compile import compile_report
 
     g = GemmSkinnyRegWgmma(M, K, pdl=True, **kw)
-    r = compile_report(g, *compile_args(kw.get("out_f32", False)))
+    r = compile_report(g, *compile_args(kw.get("out_f32", False), kw.get("a_copy", "bulk")))
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async") == g.k_slice // 16
-    assert "f32.bf16.bf16 {" in ptx and ptx.count("cp.async.bulk.shared::cluster.global") == \
-        g.stages
-    assert ptx.count("wgmma.wait_group") == 1 and "fence.proxy.async" not in ptx
+    assert "f32.bf16.bf16 {" in ptx and ptx.count("wgmma.wait_group") == 1
+    assert "fence.proxy.async" not in ptx
+    copy = "cp.async.bulk.shared::cluster.global"
+    if kw.get("a_copy") == "tma":  # one box of 64 columns each
+        copy = "cp.async.bulk.tensor.2d.shared::cta.global.tile"
+        assert ptx.count(copy) == g.k_slice // 64
+    else:
+        assert ptx.count(copy) == g.stages
     wait = ptx.index("griddepcontrol.wait")
-    assert ptx.rindex("ld.global.v4") < wait < ptx.index("cp.async.bulk.shared::cluster")
+    assert ptx.rindex("ld.global.v4") < wait < ptx.index(copy)
     assert r.spill_bytes == 0
 
 
@@ -997,7 +1006,11 @@ def test_skinny_rwgmma_compiles_to_register_wgmma_and_bulk_copies(M, K, kw):
                                       (64, 1024, 2048, {}), (64, 2048, 1024,
                                                              dict(warps=8, m_split=2)),
                                       (32, 6144, 1024, {}), (16, 4096, 1024, {}),
-                                      (128, 1024, 3072, {})])
+                                      (128, 1024, 3072, {}),
+                                      (64, 6144, 1024, dict(splits=2, a_copy="tma")),
+                                      (64, 4096, 1024, dict(splits=2, m_split=2, a_copy="tma")),
+                                      (64, 1024, 2048, dict(a_copy="tma")),
+                                      (32, 2048, 1024, dict(warps=8, a_copy="tma"))])
 def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
     """The register-A wgmma mainloop against fp64 (every output written: poisoned first), the
     same bits on a rerun, the epilogues (SwiGLU, fp32 logits, residual) on its own sums, and
@@ -1010,7 +1023,7 @@ def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
     a = _randn(M, K, g=g)
     w = _randn(N, K, g=g, scale=0.03)
     wp = pack_weights_rwgmma(w, swiglu=swiglu)
-    a_cm = chunk_major(a)
+    a_cm = a if kw.get("a_copy") == "tma" else chunk_major(a)  # TMA reads a row-major
     n_out = N // 2 if swiglu else N
     dt = torch.float32 if out_f32 else torch.bfloat16
     out = gemm_skinny_rwgmma(a_cm, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu, **kw)

@@ -156,6 +156,7 @@ def test_frame_mma_per_bucket():
 
 RWGMMA_ALL = {"qkv": "rwgmma", "wo": "rwgmma", "gate_up": "rwgmma", "down": "wgmma",
               "heads": "rwgmma"}
+RWGMMA_TMA = {name: "rwgmma_tma" for name in ("qkv", "wo", "gate_up", "down", "heads")}
 
 
 def test_mainloops_by_projection():
@@ -449,7 +450,7 @@ def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R, mode):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mma", ["wgmma", ("wo", "down"), ("down",), RWGMMA_ALL])
+@pytest.mark.parametrize("mma", ["wgmma", ("wo", "down"), ("down",), RWGMMA_ALL, RWGMMA_TMA])
 @pytest.mark.parametrize("R", [16, 64])
 def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma):
     """``mma="wgmma"`` (projections by kernels/gemm_skinny_wgmma.py, their inputs kept
