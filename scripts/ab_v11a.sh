@@ -6,7 +6,7 @@ Q="'qkv': {'splits': 2, 'm_split': 2}"
 D="'down': 'wgmma'"
 T="'rwgmma_tma'"
 python3 -m pytest -q -m gpu tests/test_depth_kernels.py -k rwgmma 2>&1 | tee $OUT/tests-rwgmma-tma.log | tail -2
-python3 -m pytest -q -m gpu tests/test_fast_loop.py -k "wgmma_on_h200 and TMA" 2>&1 | tee $OUT/tests-loop-tma.log | tail -2
+python3 -m pytest -q -m gpu tests/test_fast_loop.py -k "wgmma_on_h200 and mma4" 2>&1 | tee $OUT/tests-loop-tma.log | tail -2
 timeout 300 python3 scripts/ab_frame.py --rows 64 --rounds 3 --variant "" \
   --variant "mma={$D, 'gate_up': $T, 'qkv': 'rwgmma'}" \
   --variant "mma={$D, 'gate_up': 'rwgmma', 'qkv': $T}" \
