@@ -215,8 +215,9 @@ class GemmSkinnyRegWgmma(GemmSkinny):
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         self._stamp(mT, tile, split, tidx, 1)
-        # 2. the slice's boxes (M rows x 64 columns of a), each stage's on its mbarrier
-        if tidx == 0:
+        # 2. the slice's boxes (M rows x 64 columns of a), each stage's on its mbarrier; warp 0
+        # issues them (the TMA copy elects one lane of a whole warp)
+        if warp_idx == 0:
             gA = cute.local_tile(tma_a, (M, TMA_K), (0, None))  # [(M, 64), K / 64]
             ts, tg = cpasync.tma_partition(tma_atom, 0, cute.make_layout(1),
                                            cute.group_modes(sA, 0, 2),

@@ -82,7 +82,8 @@ FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 4},
 # gate/up's 4 stages, two builds each), 32 rows 1834 -> 1762, 128 rows 3213 -> 3040; 16 rows
 # level (3b1235f-ab-rwgmma-*.log); o and the heads lost or were level (179111d-ab-rwgmma-64.log)
 _RWGMMA = {"gate_up": "rwgmma", "qkv": "rwgmma"}
-FRAME_MMA = {32: dict(_RWGMMA), 64: {"down": "wgmma", **_RWGMMA},
+FRAME_MMA = {32: dict(_RWGMMA), 64: {"down": "wgmma", "gate_up": "rwgmma_tma",
+                                     "qkv": "rwgmma_tma", "wo": "rwgmma_tma"},
              128: {"down": "wgmma", **_RWGMMA}}
 
 

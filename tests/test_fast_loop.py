@@ -145,7 +145,8 @@ def test_frame_mma_per_bucket():
     from models.fast_loop import FRAME_MMA, frame_mma
 
     rw = {"gate_up": "rwgmma", "qkv": "rwgmma"}
-    assert frame_mma(64, "kernels") == {"down": "wgmma", **rw} == frame_mma(50, "kernels")
+    tma = {"gate_up": "rwgmma_tma", "qkv": "rwgmma_tma", "wo": "rwgmma_tma"}
+    assert frame_mma(64, "kernels") == {"down": "wgmma", **tma} == frame_mma(50, "kernels")
     assert frame_mma(128, "kernels") == {"down": "wgmma", **rw}
     assert frame_mma(32, "kernels") == rw
     assert frame_mma(16, "kernels") == "sync" == frame_mma(1, "kernels")
