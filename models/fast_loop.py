@@ -26,11 +26,12 @@ launched with programmatic dependent launch so each kernel's weight stream start
 predecessor's tail (kernels/gemv_small_m.py, depth_attention.py, depth_sampler.py). Above that the
 rows are padded to a multiple of 16 (padding rows are zeros, drawn greedily, and dropped) and
 each normed projection becomes a row-norm kernel plus a split-K tensor-core projection
-(kernels/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues; ``fold_norm`` (off) folds the
-row norms into the projections instead. Two structural shortcuts keep the same bits: positions 0
-and 1 run side by side on two streams (``prefill``), and from position 2 on the draw gathers
-layer 0's QKV rows from a per-code table (``qkv_table``). On a CPU (tests) everything runs
-eagerly.
+(kernels/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues; per bucket (``FRAME_MMA``)
+some projections run wgmma instead of mma.sync (gemm_skinny_wgmma.py, gemm_skinny_rwgmma.py);
+``fold_norm`` (off) folds the row norms into the projections instead. Two structural
+shortcuts keep the same bits: positions 0 and 1 run side by side on two streams (``prefill``),
+and from position 2 on the draw gathers layer 0's QKV rows from a per-code table
+(``qkv_table``). On a CPU (tests) everything runs eagerly.
 """
 from __future__ import annotations
 
@@ -80,7 +81,9 @@ FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 4},
 # rows came from crowding the 256-CTA qkv after it, which the gathered QKV rows and the 2-slice
 # qkv tile removed). gate/up and qkv on the register-A wgmma (v11a): 64 rows 2182 -> 2060 (with
 # gate/up's 4 stages, two builds each), 32 rows 1834 -> 1762, 128 rows 3213 -> 3040; 16 rows
-# level (3b1235f-ab-rwgmma-*.log); o and the heads lost or were level (179111d-ab-rwgmma-64.log)
+# level (3b1235f-ab-rwgmma-*.log); o and the heads lost or were level with chunk-major inputs
+# (179111d-ab-rwgmma-64.log). At 64 rows gate/up, qkv and o with their row-major inputs by TMA
+# (v11e): 2060 -> 2016, without o 2044 (1f3986c-ab-rwgmma-tma-64.log); not measured elsewhere
 _RWGMMA = {"gate_up": "rwgmma", "qkv": "rwgmma"}
 FRAME_MMA = {32: dict(_RWGMMA), 64: {"down": "wgmma", "gate_up": "rwgmma_tma",
                                      "qkv": "rwgmma_tma", "wo": "rwgmma_tma"},
