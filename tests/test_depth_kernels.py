@@ -1057,8 +1057,8 @@ def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
 
 @pytest.mark.gpu
 def test_chunk_major_producers_write_the_row_major_values_permuted():
-    """rows_rmsnorm, depth_attention and the wgmma projection's
-    SwiGLU output with ``chunk_major``: the same bits as row-major, laid out [K / 8][M][8] (chunk_major())."""
+    """rows_rmsnorm, depth_attention and the wgmma projection's SwiGLU output with
+    ``chunk_major``: the same bits as row-major, laid out [K / 8][M][8] (chunk_major())."""
     from kernels.depth_attention import depth_attention
     from kernels.gemm_skinny_wgmma import chunk_major, gemm_skinny_wgmma, pack_weights_wgmma
     from kernels.rows_rmsnorm import rows_rmsnorm
@@ -1092,4 +1092,3 @@ def test_chunk_major_producers_write_the_row_major_values_permuted():
     plain = gemm_skinny(x, ws, _poison(M, 3072), swiglu=True)
     cm_out = gemm_skinny(x, ws, _poison(M, 3072), swiglu=True, chunk_major_out=True)
     assert torch.equal(cm_out, chunk_major(plain))
-
