@@ -151,16 +151,24 @@ def pack_weights(w, swiglu: bool = False) -> PackedWeights:
     same bijection for A and B, so the sum is unchanged (tests/test_depth_kernels.py checks it
     under an emulation of the PTX layouts). Order: [group, block, step, lane, 8 elements]."""
     rows, K = w.shape
-    if K % 32 or rows % (32 if swiglu else 16):
-        raise ValueError(f"w {tuple(w.shape)}: K a multiple of 32, rows of 16 (SwiGLU 32)")
-    if swiglu:
-        n = rows // 2
-        grouped = torch_cat_groups(w[:n].reshape(n // 8, 8, K), w[n:].reshape(n // 8, 8, K))
-    else:
-        grouped = w.reshape(rows // 16, 16, K)
+    grouped = weight_groups(w, swiglu, 32)
     G = grouped.shape[0]
     packed = grouped.reshape(G, 2, 8, K // 32, 4, 2, 2, 2).permute(0, 3, 5, 2, 4, 6, 1, 7)
     return PackedWeights(packed.contiguous().reshape(rows, K), swiglu)
+
+
+def weight_groups(w, swiglu: bool, k_multiple: int):
+    """``w`` [rows, K] as [rows / 16, 16, K]: groups of 16 consecutive rows (16 output
+    columns) or, with SwiGLU ([2N, K], gate rows then up rows), the 8 gate then the 8 up rows
+    of 8 output columns; K must be a multiple of ``k_multiple``."""
+    rows, K = w.shape
+    if K % k_multiple or rows % (32 if swiglu else 16):
+        raise ValueError(f"w {tuple(w.shape)}: K a multiple of {k_multiple}, rows of 16 "
+                         "(SwiGLU 32)")
+    if swiglu:
+        n = rows // 2
+        return torch_cat_groups(w[:n].reshape(n // 8, 8, K), w[n:].reshape(n // 8, 8, K))
+    return w.reshape(rows // 16, 16, K)
 
 
 def fold_gamma(w, gamma):
@@ -281,6 +289,20 @@ class GemmSkinny:
         if self.warps == WIDE_WARPS and self.m_split == 1 and self.M <= 64:
             return dict(min_blocks_per_mp=2, preferred_smem_carveout=100)
         return {}
+
+    def _output_views(self, y_ptr: cute.Pointer, resid_ptr: cute.Pointer,
+                      trace_ptr: cute.Pointer, ss_out_ptr: cute.Pointer,
+                      mailbox_ptr: cute.Pointer, N: Int32, ldy: Int32) -> tuple:
+        """(y, resid, trace, ss_out, mailbox) tensors of a wgmma mainloop's launch (the
+        subclasses' __call__)."""
+        M, tiles, points = self.M, N // self.tile_out, len(TRACE_POINTS)
+        return (cute.make_tensor(y_ptr, activation_layout(M, N, ldy, self.chunk_major_out)),
+                cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1))),
+                cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits, points),
+                                                             stride=(points, 1))),
+                cute.make_tensor(ss_out_ptr, cute.make_layout((N // SS_CHUNK, M),
+                                                              stride=(M, 1))),
+                cute.make_tensor(mailbox_ptr, cute.make_layout(8)))
 
     def _partial_column(self, warp, g, h):
         """Partial-tile column (r * tile_out + output column) of A-row g + 8h of ``warp``'s mma:

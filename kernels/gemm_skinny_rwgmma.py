@@ -26,9 +26,9 @@ from __future__ import annotations
 from kernels.gemm_skinny import (PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny, PackedWeights,
                                  _ptr_specs, check_chunk_major_out, check_tiling,
                                  checked_operands, fitting_stages, stage_count,
-                                 torch_cat_groups)
+                                 weight_groups)
 from kernels.gemm_skinny_wgmma import STAGE_BARRIER, bulk_copy_g2s, descriptor, smem_u32
-from kernels.runtime import (activation_layout, cached_compile, cute_modules, current_stream,
+from kernels.runtime import (cached_compile, cute_modules, current_stream,
                              diagnostics_mailbox, pointer_args)
 from kernels.sync_sm90 import wait_parity
 
@@ -51,13 +51,7 @@ def pack_weights_rwgmma(w, swiglu: bool = False) -> PackedWeights:
     g + 8, k), (g, k + 8), (g + 8, k + 8) at k = 16t + 2q. K keeps its order (the hardware
     reads B in it). Order: [group, step, lane, 8 elements]."""
     rows, K = w.shape
-    if K % 16 or rows % (32 if swiglu else 16):
-        raise ValueError(f"w {tuple(w.shape)}: K a multiple of 16, rows of 16 (SwiGLU 32)")
-    if swiglu:
-        n = rows // 2
-        grouped = torch_cat_groups(w[:n].reshape(n // 8, 8, K), w[n:].reshape(n // 8, 8, K))
-    else:
-        grouped = w.reshape(rows // 16, 16, K)
+    grouped = weight_groups(w, swiglu, 16)
     G = grouped.shape[0]
     # [group, h, g, t, j, q, e] -> [group, t, g, q, j, h, e]: row 8h + g, k = 16t + 8j + 2q + e
     packed = grouped.reshape(G, 2, 8, K // 16, 2, 4, 2).permute(0, 3, 2, 5, 4, 1, 6)
@@ -126,15 +120,9 @@ class GemmSkinnyRegWgmma(GemmSkinny):
                  resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, ss_in_ptr: cute.Pointer,
                  ss_out_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, N: Int32, ldy: Int32,
                  stream):
-        M = self.M
-        mY = cute.make_tensor(y_ptr, activation_layout(M, N, ldy, self.chunk_major_out))
-        mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
-        tiles = N // self.tile_out
-        points = 7
-        mT = cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits, points),
-                                                          stride=(points, 1)))
-        mSo = cute.make_tensor(ss_out_ptr, cute.make_layout((N // 32, M), stride=(M, 1)))
-        mailbox = cute.make_tensor(mailbox_ptr, cute.make_layout(8))
+        M, tiles = self.M, N // self.tile_out
+        mY, mR, mT, mSo, mailbox = self._output_views(y_ptr, resid_ptr, trace_ptr, ss_out_ptr,
+                                                      mailbox_ptr, N, ldy)
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * self.K // 8),
                                                       stride=(1, 4)))
         launch = dict(grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],

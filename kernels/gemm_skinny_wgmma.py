@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from kernels.gemm_skinny import (MAX_SPLITS, PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny,
                                  PackedWeights, _ptr_specs, check_chunk_major_out, check_tiling,
-                                 checked_operands, torch_cat_groups)
-from kernels.runtime import (activation_layout, cached_compile, cute_modules, current_stream,
+                                 checked_operands, weight_groups)
+from kernels.runtime import (cached_compile, cute_modules, current_stream,
                              diagnostics_mailbox, pointer_args)
 from kernels.sync_sm90 import wait_parity
 
@@ -66,11 +66,7 @@ def pack_weights_wgmma(w, swiglu: bool = False, warps: int = WARPS) -> PackedWei
     if K % 8 or rows % t or (swiglu and rows % 32):
         raise ValueError(f"w {tuple(w.shape)}: K a multiple of 8, rows of {t} (tiles of "
                          f"{warps} warps)")
-    if swiglu:
-        n = rows // 2
-        grouped = torch_cat_groups(w[:n].reshape(n // 8, 8, K), w[n:].reshape(n // 8, 8, K))
-    else:
-        grouped = w.reshape(rows // 16, 16, K)
+    grouped = weight_groups(w, swiglu, 8)
     tiles = grouped.reshape(rows // t, t, K // 8, 8).permute(0, 2, 1, 3)
     return PackedWeights(tiles.contiguous().reshape(rows, K), swiglu, layout=f"wgmma{warps}")
 
@@ -164,15 +160,9 @@ class GemmSkinnyWgmma(GemmSkinny):
                  resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, ss_in_ptr: cute.Pointer,
                  ss_out_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, N: Int32, ldy: Int32,
                  stream):
-        M = self.M
-        mY = cute.make_tensor(y_ptr, activation_layout(M, N, ldy, self.chunk_major_out))
-        mR = cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1)))
-        tiles = N // self.tile_out
-        points = 7
-        mT = cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits, points),
-                                                          stride=(points, 1)))
-        mSo = cute.make_tensor(ss_out_ptr, cute.make_layout((N // 32, M), stride=(M, 1)))
-        mailbox = cute.make_tensor(mailbox_ptr, cute.make_layout(8))
+        M, tiles = self.M, N // self.tile_out
+        mY, mR, mT, mSo, mailbox = self._output_views(y_ptr, resid_ptr, trace_ptr, ss_out_ptr,
+                                                      mailbox_ptr, N, ldy)
         # a (chunk-major) and the packed weights as 32-bit words: only bulk copies read them
         mA = cute.make_tensor(a_ptr, cute.make_layout(M * self.K // 2))
         mW = cute.make_tensor(w_ptr, cute.make_layout(self.w_rows * N * self.K // 2))
