@@ -304,6 +304,18 @@ class GemmSkinny:
                                                               stride=(M, 1))),
                 cute.make_tensor(mailbox_ptr, cute.make_layout(8)))
 
+    @cute.jit
+    def _thread_coords(self, mT: cute.Tensor) -> tuple:
+        """(tidx, tile, split, lane, warp_idx, warp, half, g, q) of this thread (split == rank
+        in the (1, splits, 1) cluster; warp: weight group, half: a-row part; g, q: the mma
+        fragment's row and column pair), after the entry stamp (the wgmma mainloops)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, split, _ = cute.arch.block_idx()
+        self._stamp(mT, tile, split, tidx, 0)
+        lane, warp_idx = tidx % 32, tidx // 32
+        return (tidx, tile, split, lane, warp_idx, warp_idx % self.warps,
+                warp_idx // self.warps, lane // 4, lane % 4)
+
     def _partial_column(self, warp, g, h):
         """Partial-tile column (r * tile_out + output column) of A-row g + 8h of ``warp``'s mma:
         16 consecutive columns, or with SwiGLU the gate (h = 0) and up (h = 1) rows of 8 output

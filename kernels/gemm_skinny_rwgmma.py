@@ -147,12 +147,7 @@ class GemmSkinnyRegWgmma(GemmSkinny):
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
                mT: cute.Tensor, mSo: cute.Tensor, mailbox: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        tile, split, _ = cute.arch.block_idx()  # split == rank in the (1, splits, 1) cluster
-        self._stamp(mT, tile, split, tidx, 0)
-        lane, warp_idx = tidx % 32, tidx // 32
-        warp, half = warp_idx % self.warps, warp_idx // self.warps  # weight group, a-row part
-        g, q = lane // 4, lane % 4
+        tidx, tile, split, lane, warp_idx, warp, half, g, q = self._thread_coords(mT)
         M = self.M
         slice_c = self.k_slice // 8
         stage_c = slice_c // self.stages  # 16-byte chunks of a row per stage
@@ -183,12 +178,7 @@ class GemmSkinnyRegWgmma(GemmSkinny):
                    mY: cute.Tensor, mR: cute.Tensor, mT: cute.Tensor, mSo: cute.Tensor,
                    mailbox: cute.Tensor):
         """:meth:`kernel` with the a slice by TMA from a row-major a (``a_copy="tma"``)."""
-        tidx, _, _ = cute.arch.thread_idx()
-        tile, split, _ = cute.arch.block_idx()
-        self._stamp(mT, tile, split, tidx, 0)
-        lane, warp_idx = tidx % 32, tidx // 32
-        warp, half = warp_idx % self.warps, warp_idx // self.warps
-        g, q = lane // 4, lane % 4
+        tidx, tile, split, lane, warp_idx, warp, half, g, q = self._thread_coords(mT)
         M = self.M
         slice_c = self.k_slice // 8
         c0 = split * slice_c

@@ -173,12 +173,7 @@ class GemmSkinnyWgmma(GemmSkinny):
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
                mT: cute.Tensor, mSo: cute.Tensor, mailbox: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        tile, split, _ = cute.arch.block_idx()  # split == rank in the (1, splits, 1) cluster
-        self._stamp(mT, tile, split, tidx, 0)
-        lane, warp_idx = tidx % 32, tidx // 32
-        warp, half = warp_idx % self.warps, warp_idx // self.warps  # weight group, a-row part
-        g, q = lane // 4, lane % 4
+        tidx, tile, split, lane, warp_idx, warp, half, g, q = self._thread_coords(mT)
         M, tr = self.M, self.tile_n  # a rows, weight rows of the tile
         slice_c = self.k_slice // 8
         stage_c = slice_c // self.stages  # 16-byte chunks of a row per stage
