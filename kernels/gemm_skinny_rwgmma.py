@@ -106,9 +106,9 @@ class GemmSkinnyRegWgmma(GemmSkinny):
             raise ValueError(f"wgmma: {M // m_split} a rows a warpgroup, need a multiple of 8 "
                              "up to 256")
         steps = self.k_slice // 16
-        if stages not in (1, 2, 4) or steps % stages:
-            raise ValueError(f"stages = {stages}: 1, 2 or 4 dividing the slice's {steps} k16 "
-                             "steps")
+        if stages not in (1, 2, 4, 8) or steps % stages:
+            raise ValueError(f"stages = {stages}: 1, 2, 4 or 8 dividing the slice's {steps} "
+                             "k16 steps")
         self.stages = stages
         self.smem_bytes = rwgmma_smem_bytes(M, self.k_slice, self.tile_n, stages)
         if self.smem_bytes > SMEM_LIMIT:

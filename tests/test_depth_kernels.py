@@ -973,6 +973,8 @@ def test_rwgmma_weights_pack_register_fragments():
                                                     a_copy="tma")),
                                     (64, 2048, dict(residual=True, m_split=2, stages=4,
                                                     a_copy="tma")),
+                                    (64, 1024, dict(splits=2, m_split=2, stages=8,
+                                                    a_copy="tma")),
                                     (64, 2048, dict(residual=True, m_split=2, stages=4)),
                                     (64, 1024, dict(out_f32=True, warps=8, m_split=2)),
                                     (32, 1024, dict(warps=8, swiglu=True))])
@@ -1009,6 +1011,8 @@ def test_skinny_rwgmma_compiles_to_register_wgmma_and_bulk_copies(M, K, kw):
                                       (128, 1024, 3072, {}),
                                       (64, 6144, 1024, dict(splits=2, a_copy="tma")),
                                       (64, 4096, 1024, dict(splits=2, m_split=2, a_copy="tma")),
+                                      (64, 4096, 1024, dict(splits=2, m_split=2, a_stages=8,
+                                                            a_copy="tma")),
                                       (64, 1024, 2048, dict(a_copy="tma")),
                                       (32, 2048, 1024, dict(warps=8, a_copy="tma"))])
 def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
