@@ -227,6 +227,15 @@ class FastWeights:
                 self._skinny[True] = {**plain, **folded}
         return self._skinny[fold_norm]
 
+    def input_proj_weights(self):
+        """The Talker-state projection (proj_w) packed for kernels/gemm_skinny.py (built
+        once)."""
+        if "input_proj" not in self._skinny:
+            from kernels.gemm_skinny import pack_weights
+
+            self._skinny["input_proj"] = pack_weights(self.proj_w)
+        return self._skinny["input_proj"]
+
     def rwgmma_weights(self, name: str) -> list:
         """Projection ``name`` packed for kernels/gemm_skinny_rwgmma.py (built once)."""
         key = ("rwgmma", name)
@@ -366,6 +375,9 @@ class FastLoop:
     x vocab x 4096 bf16, 235 MB, built once per bucket configuration by this loop's own
     kernels, so the same bits): a position's input is a row of a pre-projected embedding
     table, so its first norm and QKV are functions of the code alone.
+    ``input_proj``: position 0's input, h · proj_w^T + proj_b rounded twice as the reference
+    does, by "torch" (a cuBLAS GEMM, then the bias add) or, on the tensor-core kernels path,
+    "skinny" (kernels/gemm_skinny.py with the bias rows as its residual: one PDL kernel).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -378,7 +390,8 @@ class FastLoop:
                  pdl: bool = True, tiles: dict | None = None, fold_norm: str | bool = False,
                  mma=None, parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
-                 prefill: str | None = None, qkv_table: bool | None = None):
+                 prefill: str | None = None, qkv_table: bool | None = None,
+                 input_proj: str = "torch"):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -433,6 +446,11 @@ class FastLoop:
             raise ValueError(f"prefill {prefill!r}: one of {PREFILL}, and 'serial' off the "
                              "kernels path")
         self.prefill = prefill
+        if input_proj not in ("torch", "skinny") or (
+                input_proj == "skinny" and (self.path != "kernels" or rows <= GEMV_MAX_ROWS)):
+            raise ValueError(f"input_proj {input_proj!r}: 'torch', or 'skinny' on the kernels "
+                             f"path above {GEMV_MAX_ROWS} rows")
+        self.input_proj = input_proj
         if qkv_table and self.path != "kernels":
             raise ValueError("qkv_table: the kernels path only")
         # the gathered QKV rows won at every bucket measured (notes/fast-loop.md v10y)
@@ -469,7 +487,7 @@ class FastLoop:
                            small_m=small_m, path="kernels", pdl=pdl, tiles=self.tiles,
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
                            draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace,
-                           prefill=prefill, qkv_table=qkv_table)
+                           prefill=prefill, qkv_table=qkv_table, input_proj=input_proj)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -524,6 +542,8 @@ class FastLoop:
                     "seed": torch.zeros(P, dtype=sampler.seed.dtype, device=dev),
                     "offset": torch.zeros(P, dtype=sampler.offset.dtype, device=dev)}
             self.layer0_qkv = self._layer0_qkv_table() if self.qkv_table else None
+            if input_proj == "skinny":  # the bias as the projection's residual rows
+                self.proj_bias_rows = fw.proj_b.expand(P, -1).contiguous()
         if self.small_m:
             from kernels.gemv_small_m import register_torch_op
 
@@ -712,7 +732,13 @@ class FastLoop:
 
         fw, cfg, buf = self.fw, self.cfg, self.buf
         overlap = self.prefill == "overlap"
-        torch.add(self.h @ fw.proj_w.T, fw.proj_b, out=self.buf0.x)
+        if self.input_proj == "skinny":  # bf16(b + bf16(h · W^T)), as torch rounds it
+            from kernels.gemm_skinny import gemm_skinny
+
+            gemm_skinny(self.h, fw.input_proj_weights(), self.buf0.x, resid=self.proj_bias_rows,
+                        pdl=self.pdl)
+        else:
+            torch.add(self.h @ fw.proj_w.T, fw.proj_b, out=self.buf0.x)
         here = torch.cuda.current_stream()
         if overlap:  # position 0 on its own stream, a cache append ahead of position 1
             side = self.prefill_stream

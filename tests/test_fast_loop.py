@@ -97,6 +97,10 @@ def test_fast_loop_refuses_an_unknown_fold_norm():
         FastLoop(FastWeights(w), 2, prefill="parallel")
     with pytest.raises(ValueError, match="prefill"):  # a CPU loop runs the compiled path
         FastLoop(FastWeights(w), 2, prefill="overlap")
+    with pytest.raises(ValueError, match="input_proj"):
+        FastLoop(FastWeights(w), 2, input_proj="cublas")
+    with pytest.raises(ValueError, match="input_proj"):  # the kernels path only
+        FastLoop(FastWeights(w), 2, input_proj="skinny")
 
 
 def test_frame_tiles_per_bucket():
@@ -451,9 +455,17 @@ def test_fast_loop_fold_norm_on_h200_matches_reference_1p7b(R, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("R", [16, 64])
+def test_fast_loop_skinny_input_projection_on_h200_matches_reference_1p7b(R):
+    """``input_proj="skinny"`` (position 0's input by the skinny GEMM with the bias rows as
+    its residual): the bf16 loop's bar, as the wgmma mainloops' below."""
+    test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, None, input_proj="skinny")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("mma", ["wgmma", ("wo", "down"), ("down",), RWGMMA_ALL, RWGMMA_TMA])
 @pytest.mark.parametrize("R", [16, 64])
-def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma):
+def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma, **loop_kw):
     """``mma="wgmma"`` (projections by kernels/gemm_skinny_wgmma.py, their inputs kept
     chunk-major), wgmma for o / down (attention and the mma.sync gate/up writing chunk-major),
     for down alone, and the register-A wgmma (kernels/gemm_skinny_rwgmma.py) for the other
@@ -464,11 +476,11 @@ def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma):
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(100, 100 + R))
     ref = depth_loop(w, h, g0, sampler=Sampler(R, seeds=seeds, device="cuda"))
-    out = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), mma=mma)(h, g0)
+    out = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), mma=mma, **loop_kw)(h, g0)
     assert float((out.codes == ref.codes).float().mean()) >= 0.8
     ref32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=ref.codes)
     noise = (ref.logits - ref32.logits).norm()
-    forced = FastLoop(fw, R, teacher_forced=True, mma=mma)(h, g0, codes=ref.codes)
+    forced = FastLoop(fw, R, teacher_forced=True, mma=mma, **loop_kw)(h, g0, codes=ref.codes)
     assert torch.equal(forced.codes, ref.codes)
     assert (forced.logits - ref32.logits).norm() <= 2 * noise
 
