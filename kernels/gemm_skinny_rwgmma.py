@@ -87,7 +87,8 @@ def rwgmma_smem_bytes(M: int, k_slice: int, tile_rows: int, stages: int) -> int:
 class GemmSkinnyRegWgmma(GemmSkinny):
     """:class:`GemmSkinny` (its tiles, slices, launch bounds, reduction and epilogues) with the
     register-A wgmma mainloop (module notes). ``stages``: K-ranges of the a slice, each with
-    its own bulk copy and mbarrier."""
+    its own mbarrier (and bulk copy; with TMA a whole number of 64-column boxes). ``a_copy``:
+    "bulk" (a chunk-major) or "tma" (a row-major)."""
 
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
