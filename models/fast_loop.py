@@ -212,20 +212,23 @@ class FastWeights:
 
             plain = self._skinny.get(False)
             if plain is None:
-                plain = {name: [pack_weights(t, swiglu=name == "gate_up") for t in ts]
-                         for name, ts in (("qkv", self.qkv), ("wo", self.wo),
-                                          ("gate_up", self.gate_up), ("down", self.down),
-                                          ("heads", self.heads))}
+                plain = {name: [pack_weights(t, swiglu=name == "gate_up")
+                                for t in self.projection(name)] for name in PROJECTIONS}
                 self._skinny[False] = plain
             if fold_norm:
                 gammas = {"qkv": self.in_norm, "gate_up": self.post_norm,
                           "heads": [self.final_norm] * len(self.heads)}
-                weights = {"qkv": self.qkv, "gate_up": self.gate_up, "heads": self.heads}
                 folded = {name: [pack_weights(fold_gamma(t, gm), swiglu=name == "gate_up")
-                                 for t, gm in zip(weights[name], gammas[name])]
-                          for name in weights}
+                                 for t, gm in zip(self.projection(name), gammas[name])]
+                          for name in gammas}
                 self._skinny[True] = {**plain, **folded}
         return self._skinny[fold_norm]
+
+    def projection(self, name: str) -> list:
+        """Projection ``name``'s unpacked weights: one a layer ("qkv", "wo", "gate_up",
+        "down"), one a drawn group ("heads")."""
+        return {"qkv": self.qkv, "wo": self.wo, "gate_up": self.gate_up, "down": self.down,
+                "heads": self.heads}[name]
 
     def input_proj_weights(self):
         """The Talker-state projection (proj_w) packed for kernels/gemm_skinny.py (built
@@ -242,9 +245,8 @@ class FastWeights:
         if key not in self._skinny:
             from kernels.gemm_skinny_rwgmma import pack_weights_rwgmma
 
-            weights = {"qkv": self.qkv, "wo": self.wo, "gate_up": self.gate_up,
-                       "down": self.down, "heads": self.heads}[name]
-            self._skinny[key] = [pack_weights_rwgmma(t, name == "gate_up") for t in weights]
+            self._skinny[key] = [pack_weights_rwgmma(t, name == "gate_up")
+                                 for t in self.projection(name)]
         return self._skinny[key]
 
     def wgmma_weights(self, name: str, warps: int) -> list:
@@ -254,10 +256,8 @@ class FastWeights:
         if key not in self._skinny:
             from kernels.gemm_skinny_wgmma import pack_weights_wgmma
 
-            weights = {"qkv": self.qkv, "wo": self.wo, "gate_up": self.gate_up,
-                       "down": self.down, "heads": self.heads}[name]
             self._skinny[key] = [pack_weights_wgmma(t, name == "gate_up", warps)
-                                 for t in weights]
+                                 for t in self.projection(name)]
         return self._skinny[key]
 
 
@@ -354,8 +354,9 @@ class FastLoop:
     ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise), or a dict naming each
     projection's mainloop (:func:`mainloops`: "rwgmma" is kernels/gemm_skinny_rwgmma.py, wgmma
     with the weights in registers, on mma.sync's tiles); their producers (the norm, attention,
-    gate/up) then write those inputs chunk-major; None: the bucket's ``FRAME_MMA`` on the
-    kernels path without fold_norm, else "sync".
+    gate/up) then write those inputs chunk-major, except for "rwgmma_tma" (TMA reads them
+    row-major); None: the bucket's ``FRAME_MMA`` on the kernels path without fold_norm, else
+    "sync".
     ``draw_noise``: where the draws' Gumbel terms are drawn (kernels.depth_sampler NOISE; the
     same codes); default "early" on the tensor-core path, "compact" on the GEMVs' (whose draw
     CTA is released too soon to hide them: notes/fast-loop.md v10q). ``draw_norm``: above
@@ -660,7 +661,7 @@ class FastLoop:
         mma.sync (the norm's gamma folded in with fold_norm) or, for the wgmma projections, for
         their tiles (``tiles`` warps, else WGMMA_WARPS)."""
         fw = self.fw
-        packed = {} if self.chunk_in == set(PROJECTIONS) else \
+        packed = {} if self.wgmma | self.rwgmma == set(PROJECTIONS) else \
             dict(fw.skinny_weights(bool(self.fold_norm)))  # a copy: that dict is shared
         packed.update({name: fw.rwgmma_weights(name) for name in self.rwgmma})
         if self.wgmma:
