@@ -977,7 +977,14 @@ def test_rwgmma_weights_pack_register_fragments():
                                                     a_copy="tma")),
                                     (64, 2048, dict(residual=True, m_split=2, stages=4)),
                                     (64, 1024, dict(out_f32=True, warps=8, m_split=2)),
-                                    (32, 1024, dict(warps=8, swiglu=True))])
+                                    (32, 1024, dict(warps=8, swiglu=True)),
+                                    # session 13's candidates at 64 rows (gate/up in 8
+                                    # stages, the heads in 2 slices, down on TMA)
+                                    (64, 1024, dict(swiglu=True, splits=2, stages=8,
+                                                    a_copy="tma")),
+                                    (64, 1024, dict(out_f32=True, splits=2, stages=4,
+                                                    a_copy="tma")),
+                                    (64, 3072, dict(residual=True, a_copy="tma"))])
 def test_skinny_rwgmma_compiles_to_register_wgmma_and_bulk_copies(M, K, kw):
     """One register-A wgmma a k16 step of the slice, every weight load before the PDL wait and
     every a copy (one bulk copy a stage) after it, one wait for all wgmma, no proxy fence, no
@@ -1014,7 +1021,14 @@ def test_skinny_rwgmma_compiles_to_register_wgmma_and_bulk_copies(M, K, kw):
                                       (64, 4096, 1024, dict(splits=2, m_split=2, a_stages=8,
                                                             a_copy="tma")),
                                       (64, 1024, 2048, dict(a_copy="tma")),
-                                      (32, 2048, 1024, dict(warps=8, a_copy="tma"))])
+                                      (32, 2048, 1024, dict(warps=8, a_copy="tma")),
+                                      # session 13's candidates at 64 rows: gate/up in 8
+                                      # stages, the heads in 2 slices, down on TMA
+                                      (64, 6144, 1024, dict(splits=2, a_stages=8,
+                                                            a_copy="tma")),
+                                      (64, 2048, 1024, dict(splits=2, a_stages=4,
+                                                            a_copy="tma")),
+                                      (64, 1024, 3072, dict(a_copy="tma"))])
 def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
     """The register-A wgmma mainloop against fp64 (every output written: poisoned first), the
     same bits on a rerun, the epilogues (SwiGLU, fp32 logits, residual) on its own sums, and
