@@ -379,6 +379,10 @@ class FastLoop:
     ``input_proj``: position 0's input, h · proj_w^T + proj_b rounded twice as the reference
     does, by "torch" (a cuBLAS GEMM, then the bias add) or, on the tensor-core kernels path,
     "skinny" (kernels/gemm_skinny.py with the bias rows as its residual: one PDL kernel).
+    ``side_copies`` (default on; with ``prefill="overlap"``): the talker sum's slot 0 (the
+    gather of ``g0``'s embedding) and the sampler's offset advance run on position 0's stream,
+    off position 1's chain and off the frame's tail (the same bits; off: in the main stream's
+    order, for A/Bs).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -392,7 +396,7 @@ class FastLoop:
                  mma=None, parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
                  prefill: str | None = None, qkv_table: bool | None = None,
-                 input_proj: str = "torch"):
+                 input_proj: str = "torch", side_copies: bool = True):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -452,6 +456,7 @@ class FastLoop:
             raise ValueError(f"input_proj {input_proj!r}: 'torch', or 'skinny' on the kernels "
                              f"path above {GEMV_MAX_ROWS} rows")
         self.input_proj = input_proj
+        self.side_copies = side_copies and prefill == "overlap"
         if qkv_table and self.path != "kernels":
             raise ValueError("qkv_table: the kernels path only")
         # the gathered QKV rows won at every bucket measured (notes/fast-loop.md v10y)
@@ -488,7 +493,8 @@ class FastLoop:
                            small_m=small_m, path="kernels", pdl=pdl, tiles=self.tiles,
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
                            draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace,
-                           prefill=prefill, qkv_table=qkv_table, input_proj=input_proj)
+                           prefill=prefill, qkv_table=qkv_table, input_proj=input_proj,
+                           side_copies=side_copies)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -507,6 +513,7 @@ class FastLoop:
                 # recorded after each layer's cache append at position 0; position 1's
                 # attention of that layer waits for it
                 self.cache_events = [torch.cuda.Event() for _ in range(L)]
+                self.slot0_done = torch.cuda.Event()  # side_copies: the sum waits for it
             # the draws write the next position's first normalised row (the GEMVs norm their
             # own rows; fold_norm has no norm kernels; a wgmma qkv reads xn chunk-major)
             self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
@@ -747,9 +754,13 @@ class FastLoop:
             with torch.cuda.stream(side):
                 for li in range(cfg.layers):
                     self._layer(0, li, self.buf0, cache_done=self.cache_events[li])
-            # the last layer's event follows that stream's last kernel, so position 1's wait
-            # for it also rejoins the stream (as a capture requires)
-        self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
+                if self.side_copies:  # nothing but the talker sum reads slot 0
+                    self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
+                    self.slot0_done.record()
+            # the last layer's event (or slot 0's) follows that stream's last kernel, so a
+            # wait for it also rejoins the stream (as a capture requires)
+        if not self.side_copies:
+            self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
         smp = self.sampler
         mode = "forced" if self.teacher_forced else ("greedy" if smp is None else "sample")
         draw_args = {}
@@ -782,6 +793,15 @@ class FastLoop:
                        pdl=self.pdl, noise=self.draw_noise,
                        trace=None if self.draw_traces is None else self.draw_traces[s],
                        **nxt, **draw_args)
+        if self.side_copies:  # the offsets beside the sum: neither reads what the other writes
+            here.wait_event(self.slot0_done)
+            if smp is not None:
+                side.wait_stream(here)  # after the last draw read the offsets
+                with torch.cuda.stream(side):
+                    smp.advance_offsets(cfg.heads_drawn)
+            torch.sum(self.used, 1, out=self.talker_sum)
+            here.wait_stream(side)
+            return
         if smp is not None:
             smp.advance_offsets(cfg.heads_drawn)
         torch.sum(self.used, 1, out=self.talker_sum)  # no copy kernel after it
