@@ -380,9 +380,13 @@ class FastLoop:
     does, by "torch" (a cuBLAS GEMM, then the bias add) or, on the tensor-core kernels path,
     "skinny" (kernels/gemm_skinny.py with the bias rows as its residual: one PDL kernel).
     ``side_copies`` (default on; with ``prefill="overlap"``): the talker sum's slot 0 (the
-    gather of ``g0``'s embedding) and the sampler's offset advance run on position 0's stream,
-    off position 1's chain and off the frame's tail (the same bits; off: in the main stream's
-    order, for A/Bs).
+    gather of ``g0``'s embedding), the fp32 sum of its first 15 slots (during the last
+    position) and the sampler's offset advance run on position 0's stream, off position 1's
+    chain and off the frame's tail (the same bits; off: in the main stream's order, for A/Bs).
+    On the kernels path the talker sum is that fp32 partial sum plus the last slot, rounded
+    once (one elementwise kernel on the tail instead of a 16-slot reduction): the reference's
+    contract (fp32 accumulation, one rounding), its last slot added last rather than in
+    torch's order, so an element may differ from the reference's ``sum(1)`` in its last bit.
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -513,7 +517,9 @@ class FastLoop:
                 # recorded after each layer's cache append at position 0; position 1's
                 # attention of that layer waits for it
                 self.cache_events = [torch.cuda.Event() for _ in range(L)]
-                self.slot0_done = torch.cuda.Event()  # side_copies: the sum waits for it
+                self.first_slots_done = torch.cuda.Event()  # side_copies: the sum waits
+            # the talker sum's first 15 slots summed in fp32 before the last draw (see the notes)
+            self.first_slots_sum = torch.zeros(P, cfg.talker_hidden, device=dev)
             # the draws write the next position's first normalised row (the GEMVs norm their
             # own rows; fold_norm has no norm kernels; a wgmma qkv reads xn chunk-major)
             self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
@@ -756,11 +762,12 @@ class FastLoop:
                     self._layer(0, li, self.buf0, cache_done=self.cache_events[li])
                 if self.side_copies:  # nothing but the talker sum reads slot 0
                     self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
-                    self.slot0_done.record()
             # the last layer's event (or slot 0's) follows that stream's last kernel, so a
             # wait for it also rejoins the stream (as a capture requires)
         if not self.side_copies:
             self.used[:, 0].copy_(fw.talker_embed.index_select(0, self.g0))
+        if cfg.heads_drawn < 2:  # slot 0 is all the partial sum holds
+            self._sum_first_slots()
         smp = self.sampler
         mode = "forced" if self.teacher_forced else ("greedy" if smp is None else "sample")
         draw_args = {}
@@ -793,18 +800,33 @@ class FastLoop:
                        pdl=self.pdl, noise=self.draw_noise,
                        trace=None if self.draw_traces is None else self.draw_traces[s],
                        **nxt, **draw_args)
+            if s == cfg.heads_drawn - 2:  # every slot but the last is written
+                self._sum_first_slots()
         if self.side_copies:  # the offsets beside the sum: neither reads what the other writes
-            here.wait_event(self.slot0_done)
             if smp is not None:
                 side.wait_stream(here)  # after the last draw read the offsets
                 with torch.cuda.stream(side):
                     smp.advance_offsets(cfg.heads_drawn)
-            torch.sum(self.used, 1, out=self.talker_sum)
-            here.wait_stream(side)
-            return
-        if smp is not None:
+            here.wait_event(self.first_slots_done)
+        elif smp is not None:
             smp.advance_offsets(cfg.heads_drawn)
-        torch.sum(self.used, 1, out=self.talker_sum)  # no copy kernel after it
+        # fp32 partial + the last slot, rounded to bf16 once by the add's output cast
+        torch.add(self.first_slots_sum, self.used[:, -1], out=self.talker_sum)
+        if self.side_copies:
+            here.wait_stream(side)
+
+    def _sum_first_slots(self):
+        """The fp32 sum of the talker sum's slots but the last (``first_slots_sum``): on
+        position 0's stream with side_copies (the main stream waits for ``first_slots_done``
+        before the last add), else in the main stream's order."""
+        if not self.side_copies:
+            torch.sum(self.used[:, :-1], 1, dtype=torch.float32, out=self.first_slots_sum)
+            return
+        here, side = torch.cuda.current_stream(), self.prefill_stream
+        side.wait_stream(here)
+        with torch.cuda.stream(side):
+            torch.sum(self.used[:, :-1], 1, dtype=torch.float32, out=self.first_slots_sum)
+            self.first_slots_done.record()
 
     def _capture(self):
         offset0 = self.sampler.offset.clone() if self.sampler is not None else None
