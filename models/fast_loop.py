@@ -69,10 +69,15 @@ PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
 # and the heads in 8-warp tiles of two warps a weight group, 2 stages, -> 2439 µs (gate/up's
 # lost at 16, 32 and 128 rows, the heads' at 32 and 128); then qkv in 2 K-slices of two warps
 # a group, 2352 -> 2315 µs (4fab9d1-ab-qkv-64.log); on the register-A wgmma (FRAME_MMA)
-# gate/up's a slice in 4 stages, 2085 -> 2067 (6f29f92-ab-rwgmma-tiles-64.log)
-FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 4},
-                    "heads": {"warps": 8, "m_split": 2, "a_stages": 2},
+# gate/up's a slice in 4 stages, 2085 -> 2067 (6f29f92-ab-rwgmma-tiles-64.log); with TMA
+# (v12, two builds each) gate/up in 8 stages and the heads on rwgmma_tma in 2 K-slices of 8
+# stages: 2031 -> 2008 together with input_proj (0c0c266-ab-v12b-64.log, 6084099-ab-v12c-64.log)
+FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 8},
+                    "heads": {"splits": 2, "a_stages": 8},
                     "qkv": {"splits": 2, "m_split": 2}}}
+# kernel rows -> FastLoop's default ``input_proj`` (v12: the skinny GEMM at 64 rows, -2 / -3 µs
+# in two runs; not measured elsewhere)
+FRAME_INPUT_PROJ = {64: "skinny"}
 
 
 # kernel rows of a frame -> the projections' mainloops by default (FastLoop ``mma``, mainloops):
@@ -83,10 +88,12 @@ FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 4},
 # gate/up's 4 stages, two builds each), 32 rows 1834 -> 1762, 128 rows 3213 -> 3040; 16 rows
 # level (3b1235f-ab-rwgmma-*.log); o and the heads lost or were level with chunk-major inputs
 # (179111d-ab-rwgmma-64.log). At 64 rows gate/up, qkv and o with their row-major inputs by TMA
-# (v11e): 2060 -> 2016, without o 2044 (1f3986c-ab-rwgmma-tma-64.log); not measured elsewhere
+# (v11e): 2060 -> 2016, without o 2044 (1f3986c-ab-rwgmma-tma-64.log); not measured elsewhere;
+# the heads too (v12a/b: -10, -13 with their tile; 5f5af78-ab-v12a-64.log, 0c0c266-ab-v12b-64.log)
 _RWGMMA = {"gate_up": "rwgmma", "qkv": "rwgmma"}
 FRAME_MMA = {32: dict(_RWGMMA), 64: {"down": "wgmma", "gate_up": "rwgmma_tma",
-                                     "qkv": "rwgmma_tma", "wo": "rwgmma_tma"},
+                                     "qkv": "rwgmma_tma", "wo": "rwgmma_tma",
+                                     "heads": "rwgmma_tma"},
              128: {"down": "wgmma", **_RWGMMA}}
 
 
@@ -378,7 +385,8 @@ class FastLoop:
     table, so its first norm and QKV are functions of the code alone.
     ``input_proj``: position 0's input, h · proj_w^T + proj_b rounded twice as the reference
     does, by "torch" (a cuBLAS GEMM, then the bias add) or, on the tensor-core kernels path,
-    "skinny" (kernels/gemm_skinny.py with the bias rows as its residual: one PDL kernel).
+    "skinny" (kernels/gemm_skinny.py with the bias rows as its residual: one PDL kernel);
+    default the bucket's ``FRAME_INPUT_PROJ`` on a one-chain kernels path, else "torch".
     ``side_copies`` (default on; with ``prefill="overlap"``): the talker sum's slot 0 (the
     gather of ``g0``'s embedding), the fp32 sum of its first 15 slots (during the last
     position) and the sampler's offset advance run on position 0's stream, off position 1's
@@ -400,7 +408,7 @@ class FastLoop:
                  mma=None, parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
                  prefill: str | None = None, qkv_table: bool | None = None,
-                 input_proj: str = "torch", side_copies: bool = True):
+                 input_proj: str | None = None, side_copies: bool = True):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -455,6 +463,10 @@ class FastLoop:
             raise ValueError(f"prefill {prefill!r}: one of {PREFILL}, and 'serial' off the "
                              "kernels path")
         self.prefill = prefill
+        if input_proj is None:  # the bucket's measured choice on a one-chain kernels path
+            one_chain = self.path == "kernels" and not parts and not default_parts(rows)
+            input_proj = FRAME_INPUT_PROJ.get(kernel_rows(rows), "torch") if one_chain \
+                else "torch"
         if input_proj not in ("torch", "skinny") or (
                 input_proj == "skinny" and (self.path != "kernels" or rows <= GEMV_MAX_ROWS)):
             raise ValueError(f"input_proj {input_proj!r}: 'torch', or 'skinny' on the kernels "

@@ -1028,6 +1028,8 @@ def test_skinny_rwgmma_compiles_to_register_wgmma_and_bulk_copies(M, K, kw):
                                                             a_copy="tma")),
                                       (64, 2048, 1024, dict(splits=2, a_stages=4,
                                                             a_copy="tma")),
+                                      (64, 2048, 1024, dict(splits=2, a_stages=8,
+                                                            a_copy="tma")),
                                       (64, 1024, 3072, dict(a_copy="tma"))])
 def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
     """The register-A wgmma mainloop against fp64 (every output written: poisoned first), the

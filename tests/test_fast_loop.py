@@ -101,6 +101,7 @@ def test_fast_loop_refuses_an_unknown_fold_norm():
         FastLoop(FastWeights(w), 2, input_proj="cublas")
     with pytest.raises(ValueError, match="input_proj"):  # the kernels path only
         FastLoop(FastWeights(w), 2, input_proj="skinny")
+    assert FastLoop(FastWeights(w), 2).input_proj == "torch"  # FRAME_INPUT_PROJ: kernels only
 
 
 def test_frame_tiles_per_bucket():
@@ -144,12 +145,13 @@ def test_layer0_qkv_table_rows_are_each_codes_projection(rows):
 
 def test_frame_mma_per_bucket():
     """The mainloops the frame A/B measured faster: down on the shared-memory wgmma at 64 and
-    128 kernel rows, gate/up and qkv on the register-A wgmma at 32-128; on the kernels path
-    without fold_norm only, and as copies."""
+    128 kernel rows, gate/up and qkv on the register-A wgmma at 32-128 (at 64 rows by TMA, o
+    and the heads too); on the kernels path without fold_norm only, and as copies."""
     from models.fast_loop import FRAME_MMA, frame_mma
 
     rw = {"gate_up": "rwgmma", "qkv": "rwgmma"}
-    tma = {"gate_up": "rwgmma_tma", "qkv": "rwgmma_tma", "wo": "rwgmma_tma"}
+    tma = {"gate_up": "rwgmma_tma", "qkv": "rwgmma_tma", "wo": "rwgmma_tma",
+           "heads": "rwgmma_tma"}
     assert frame_mma(64, "kernels") == {"down": "wgmma", **tma} == frame_mma(50, "kernels")
     assert frame_mma(128, "kernels") == {"down": "wgmma", **rw}
     assert frame_mma(32, "kernels") == rw
