@@ -22,6 +22,7 @@ per code: models.fast_loop.FastLoop._layer0_qkv_table). Where the Gumbel terms a
 """
 from __future__ import annotations
 
+from kernels.nvfp4_device import bf16_hi, bf16_lo, bf16x2_rn
 from kernels.rows_rmsnorm import THREADS as NORM_THREADS
 from kernels.rows_rmsnorm import load_gamma, normalize_chunks
 from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
@@ -85,11 +86,13 @@ class DepthSampler:
     "compact" moves the top-k survivors to shared memory and draws one a thread; "inline" has
     each thread draw its own survivors, up to V / THREADS in series. ``norm_eps``: also write
     the next position's row normalised (gamma, eps) as kernels.rows_rmsnorm rounds it.
-    ``qkv_width``: also gather a row of that many bf16 from a per-code QKV table (0: none)."""
+    ``qkv_width``: also gather a row of that many bf16 from a per-code QKV table (0: none).
+    ``talker_sum``: also write bf16(sum_in + the gathered Talker-space row), sum_in an fp32
+    partial sum (the frame's last draw ends the talker sum: no kernel after it)."""
 
     def __init__(self, M: int, V: int, hidden: int, talker_hidden: int, mode: str = "sample",
                  pdl: bool = True, trace: bool = False, noise: str = "early",
-                 norm_eps: float | None = None, qkv_width: int = 0):
+                 norm_eps: float | None = None, qkv_width: int = 0, talker_sum: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if noise not in NOISE:
@@ -102,7 +105,7 @@ class DepthSampler:
         if qkv_width % (8 * THREADS):
             raise ValueError(f"the draw gathers QKV rows of whole {8 * THREADS}-element runs, "
                              f"not {qkv_width}")
-        self.qkv_width = qkv_width
+        self.qkv_width, self.talker_sum = qkv_width, talker_sum
         self.M, self.V, self.hidden, self.talker = M, V, hidden, talker_hidden
         self.mode, self.pdl, self.trace, self.noise = mode, pdl, trace, noise
         self.norm_eps = norm_eps
@@ -114,7 +117,8 @@ class DepthSampler:
                  codes_in_ptr: cute.Pointer, table_ptr: cute.Pointer, embed_ptr: cute.Pointer,
                  x_next_ptr: cute.Pointer, used_ptr: cute.Pointer, trace_ptr: cute.Pointer,
                  gamma_ptr: cute.Pointer, xn_ptr: cute.Pointer, qkv_table_ptr: cute.Pointer,
-                 qkv_next_ptr: cute.Pointer, ld_logits: Int32,
+                 qkv_next_ptr: cute.Pointer, sum_in_ptr: cute.Pointer, sum_out_ptr: cute.Pointer,
+                 ld_logits: Int32,
                  ld_codes: Int32, ld_used: Int32, draw: Int32, stream):
         M, V = self.M, self.V
         mL = cute.make_tensor(logits_ptr, cute.make_layout((M, V), stride=(ld_logits, 1)))
@@ -136,11 +140,14 @@ class DepthSampler:
         mQkv = cute.make_tensor(qkv_next_ptr, cute.make_layout((4, M * qw // 4), stride=(1, 4)))
         mUsed = cute.make_tensor(used_ptr, cute.make_layout((4, M, tw // 4),
                                                             stride=(1, ld_used // 2, 4)))
+        # the talker sum's fp32 partial (4 fp32 a 16-byte run) and bf16 result, rows contiguous
+        mSumIn = cute.make_tensor(sum_in_ptr, cute.make_layout((4, M * tw // 2), stride=(1, 4)))
+        mSumOut = cute.make_tensor(sum_out_ptr, cute.make_layout((4, M * tw // 4), stride=(1, 4)))
         points = len(DRAW_TRACE_POINTS)
         mTr = cute.make_tensor(trace_ptr, cute.make_layout((M, points), stride=(points, 1)))
         self.kernel(mL, mT, mK, mSeed, mOff, mCodes, mCodesIn, mTable, mEmbed, mX, mUsed, mTr,
-                    mG, mXn, mQkvT, mQkv, draw).launch(grid=[M, 1, 1], block=[THREADS, 1, 1],
-                                                       stream=stream, use_pdl=self.pdl)
+                    mG, mXn, mQkvT, mQkv, mSumIn, mSumOut, draw).launch(
+            grid=[M, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.jit
     def kth_largest_key(self, keys, k, s_hist: cute.Tensor, s_sel: cute.Tensor, tidx):
@@ -190,7 +197,7 @@ class DepthSampler:
                mOff: cute.Tensor, mCodes: cute.Tensor, mCodesIn: cute.Tensor,
                mTable: cute.Tensor, mEmbed: cute.Tensor, mX: cute.Tensor, mUsed: cute.Tensor,
                mTr: cute.Tensor, mG: cute.Tensor, mXn: cute.Tensor, mQkvT: cute.Tensor,
-               mQkv: cute.Tensor, draw: Int32):
+               mQkv: cute.Tensor, mSumIn: cute.Tensor, mSumOut: cute.Tensor, draw: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m, _, _ = cute.arch.block_idx()
         lane, warp = tidx % 32, tidx // 32
@@ -240,6 +247,8 @@ class DepthSampler:
             row = cute.make_rmem_tensor((4,), Uint32)
             cute.autovec_copy(mEmbed[(None, code * tw4 + tidx)], row)
             cute.autovec_copy(row, mUsed[(None, m, tidx)])
+            if cutlass.const_expr(self.talker_sum):
+                self._end_talker_sum(row, mSumIn, mSumOut, m * tw4 + tidx)
         if cutlass.const_expr(self.norm_eps is not None):
             # the next position's first row norm from the row in registers (no norm kernel)
             xn = normalize_chunks([x_row], g, tidx, s_sum, self.hidden, self.norm_eps)
@@ -252,6 +261,20 @@ class DepthSampler:
                 cute.autovec_copy(mQkvT[(None, code * qw4 + j * THREADS + tidx)], row)
                 cute.autovec_copy(row, mQkv[(None, m * qw4 + j * THREADS + tidx)])
         self._stamp(mTr, m, tidx, 5)
+
+    @cute.jit
+    def _end_talker_sum(self, row: cute.Tensor, mSumIn: cute.Tensor, mSumOut: cute.Tensor, run):
+        """A run of 8 talker-sum columns: the fp32 partial plus the gathered bf16 row, rounded
+        once to nearest-even bf16 (the same bits as torch.add(partial, row, out=bf16))."""
+        part = [cute.make_rmem_tensor((4,), Float32) for _ in range(2)]
+        for h in cutlass.range_constexpr(2):
+            cute.autovec_copy(mSumIn[(None, 2 * run + h)], part[h])
+        out = cute.make_rmem_tensor((4,), Uint32)
+        for e in cutlass.range_constexpr(4):  # word e holds columns 2e and 2e + 1
+            p = part[e // 2]
+            out[e] = bf16x2_rn(p[2 * (e % 2)] + bf16_lo(row[e]),
+                               p[2 * (e % 2) + 1] + bf16_hi(row[e]))
+        cute.autovec_copy(out, mSumOut[(None, run)])
 
     @cute.jit
     def _stamp(self, mTr: cute.Tensor, m, tidx, point: cutlass.Constexpr[int]):
@@ -392,10 +415,10 @@ class DepthSampler:
 
 def _ptr_specs():
     # logits, temperature, top_k, seed, offset, codes, codes_in, table, embeds, x_next, used,
-    # trace stamps, gamma, xn, qkv_table, qkv_next
+    # trace stamps, gamma, xn, qkv_table, qkv_next, talker-sum partial and result
     return ((Float32, 16), (Float32, 4), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8),
             (Uint32, 16), (Uint32, 16), (Uint32, 16), (Uint32, 16), (Int64, 8), (Uint32, 16),
-            (Uint32, 16), (Uint32, 16), (Uint32, 16))
+            (Uint32, 16), (Uint32, 16), (Uint32, 16), (Float32, 16), (Uint32, 16))
 
 
 def compile_args():
@@ -408,13 +431,14 @@ def compile_args():
 def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: str,
                temperature=None, top_k=None, seed=None, offset=None, codes_in=None,
                pdl: bool = True, trace=None, noise: str = "early", gamma=None, xn=None,
-               eps: float = 1e-6, qkv_table=None, qkv_next=None):
+               eps: float = 1e-6, qkv_table=None, qkv_next=None, sum_in=None, sum_out=None):
     """Draw (or take) one code per row and gather the next rows (see the module notes).
     ``trace``: int64 [M, len(DRAW_TRACE_POINTS)], each row's %globaltimer stamps (ns);
     ``noise``: where the Gumbel terms are drawn (NOISE; the same codes; DepthSampler);
     ``gamma`` [hidden] and ``xn`` [M, hidden] bf16: also xn = rows_rmsnorm(x_next, gamma, eps).
     ``qkv_table`` [V, W] and ``qkv_next`` [M, W] bf16 (W a multiple of 8 x THREADS): also
-    qkv_next = qkv_table[code].
+    qkv_next = qkv_table[code]. ``sum_in`` [M, talker_hidden] fp32 and ``sum_out``
+    [M, talker_hidden] bf16 (both contiguous): also sum_out = bf16(sum_in + embeds[code]).
 
     logits [M, V] fp32 (rows may be strided); codes / codes_in [M] int64 (strided views of the
     [M, 15] code tensors); table [V, hidden] and embeds [V, talker_hidden] bf16; x_next
@@ -473,6 +497,14 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
             raise ValueError(f"qkv_table {tuple(qkv_table.shape)}, qkv_next "
                              f"{tuple(qkv_next.shape)}: need [{V}, W], [{M}, W], W a multiple of "
                              f"{8 * THREADS}")
+    if (sum_in is None) != (sum_out is None):
+        raise ValueError("sum_in and sum_out go together")
+    if sum_in is not None:
+        check_cuda_tensor("sum_in", sum_in, dtypes=(torch.float32,))
+        check_cuda_tensor("sum_out", sum_out, dtypes=(torch.bfloat16,))
+        if tuple(sum_in.shape) != (M, talker) or tuple(sum_out.shape) != (M, talker):
+            raise ValueError(f"sum_in {tuple(sum_in.shape)}, sum_out {tuple(sum_out.shape)}: "
+                             f"need [{M}, {talker}]")
     if trace is not None:
         check_cuda_tensor("trace", trace, dtypes=(torch.int64,))
         if tuple(trace.shape) != (M, len(DRAW_TRACE_POINTS)):
@@ -484,16 +516,17 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
                codes_in if codes_in is not None else codes, table, embeds, x_next, used,
                trace if trace is not None else codes, table if gamma is None else gamma,
                x_next if xn is None else xn, table if qkv_table is None else qkv_table,
-               x_next if qkv_next is None else qkv_next)
+               x_next if qkv_next is None else qkv_next, logits if sum_in is None else sum_in,
+               x_next if sum_out is None else sum_out)
     ptrs = pointer_args(_ptr_specs(), tensors)
     scalars = (Int32(logits.stride(0)), Int32(codes.stride(0)), Int32(used.stride(0)),
                Int32(draw))
     norm_eps = None if gamma is None else eps
     key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps,
-           qkv_width)
+           qkv_width, sum_in is not None)
     compiled = cached_compile(key, lambda: cute.compile(
         DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps,
-                     qkv_width),
+                     qkv_width, sum_in is not None),
         *ptrs, *scalars, current_stream()))
     compiled(*ptrs, *scalars, current_stream())
     return codes

@@ -68,13 +68,17 @@ PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
 # 50faf82-ab-instances-64.log): at 64 rows gate/up in 2 K-slices of 2 stages, 2543 -> 2464 µs,
 # and the heads in 8-warp tiles of two warps a weight group, 2 stages, -> 2439 µs (gate/up's
 # lost at 16, 32 and 128 rows, the heads' at 32 and 128); then qkv in 2 K-slices of two warps
-# a group, 2352 -> 2315 µs (4fab9d1-ab-qkv-64.log); on the register-A wgmma (FRAME_MMA)
-# gate/up's a slice in 4 stages, 2085 -> 2067 (6f29f92-ab-rwgmma-tiles-64.log); with TMA
-# (v12, two builds each) gate/up in 8 stages and the heads on rwgmma_tma in 2 K-slices of 8
-# stages: 2031 -> 2008 together with input_proj (0c0c266-ab-v12b-64.log, 6084099-ab-v12c-64.log)
-FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 8},
-                    "heads": {"splits": 2, "a_stages": 8},
+# a group, 2352 -> 2315 µs (4fab9d1-ab-qkv-64.log). Used where these run on mma.sync.
+FRAME_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 2},
+                    "heads": {"warps": 8, "m_split": 2, "a_stages": 2},
                     "qkv": {"splits": 2, "m_split": 2}}}
+# the same for the register-A wgmma (FRAME_MMA): gate/up's a slice in 4 stages, 2085 -> 2067
+# (6f29f92-ab-rwgmma-tiles-64.log); with TMA (v12, two builds each) gate/up in 8 stages and the
+# heads on rwgmma_tma in 2 K-slices of 8 stages: 2031 -> 2008 together with input_proj
+# (0c0c266-ab-v12b-64.log, 6084099-ab-v12c-64.log)
+RWGMMA_TILES = {64: {"gate_up": {"splits": 2, "a_stages": 8},
+                     "heads": {"splits": 2, "a_stages": 8},
+                     "qkv": {"splits": 2, "m_split": 2}}}
 # kernel rows -> FastLoop's default ``input_proj`` (v12: the skinny GEMM at 64 rows, -2 / -3 µs
 # in two runs; not measured elsewhere)
 FRAME_INPUT_PROJ = {64: "skinny"}
@@ -105,11 +109,19 @@ def frame_mma(rows: int, path: str, fold_norm=False):
     return dict(FRAME_MMA.get(kernel_rows(rows), {})) or "sync"
 
 
-def frame_tiles(run_rows: int, wgmma: frozenset = frozenset()) -> dict:
-    """The measured tiles (``FRAME_TILES``) of a one-chain frame on ``run_rows`` kernel rows,
-    less the projections on the wgmma mainloop; {} where none were measured faster."""
-    return {name: dict(tile) for name, tile in FRAME_TILES.get(run_rows, {}).items()
-            if name not in wgmma}
+def frame_tiles(run_rows: int, kinds: dict | None = None) -> dict:
+    """The measured tiles of a one-chain frame on ``run_rows`` kernel rows for the
+    projections' mainloops ``kinds`` (``mainloops``; absent: mma.sync): ``FRAME_TILES`` on
+    mma.sync, ``RWGMMA_TILES`` on the register-A wgmma, none on the shared-memory wgmma; {}
+    where none were measured faster."""
+    out = {}
+    for name in PROJECTIONS:
+        kind = (kinds or {}).get(name, "sync")
+        table = RWGMMA_TILES if kind.startswith("rwgmma") else \
+            FRAME_TILES if kind == "sync" else {}
+        if name in table.get(run_rows, {}):
+            out[name] = dict(table[run_rows][name])
+    return out
 
 
 def checked_tiles(tiles: dict) -> dict:
@@ -392,9 +404,9 @@ class FastLoop:
     position) and the sampler's offset advance run on position 0's stream, off position 1's
     chain and off the frame's tail (the same bits; off: in the main stream's order, for A/Bs).
     On the kernels path the talker sum is that fp32 partial sum plus the last slot, rounded
-    once (one elementwise kernel on the tail instead of a 16-slot reduction): the reference's
-    contract (fp32 accumulation, one rounding), its last slot added last rather than in
-    torch's order, so an element may differ from the reference's ``sum(1)`` in its last bit.
+    once, written by the last draw (no 16-slot reduction on the tail): the reference's contract
+    (fp32 accumulation, one rounding), its last slot added last rather than in torch's order,
+    so an element may differ from the reference's ``sum(1)`` in its last bit.
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -487,7 +499,7 @@ class FastLoop:
         P = self.run_rows
         if tiles is None and self.path == "kernels" and not self.parts and not fold_norm:
             # the measured tiles of this bucket (a part's loop is given its parent's: none)
-            self.tiles = frame_tiles(P, self.wgmma)
+            self.tiles = frame_tiles(P, kinds)
         dt = fw.final_norm.dtype
         L, H, D = cfg.layers, cfg.kv_heads, cfg.head_dim
         self.k_cache = torch.zeros(L, P, H, cfg.positions, D, device=dev, dtype=dt)
@@ -807,6 +819,10 @@ class FastLoop:
                 nxt = dict(qkv_table=self.layer0_qkv[s], qkv_next=buf.qkv_out)
             elif self.draw_norm and p + 1 < cfg.positions:
                 nxt = dict(gamma=fw.in_norm[0], xn=buf.xn, eps=cfg.rms_eps)
+            if s == cfg.heads_drawn - 1:  # the last draw ends the talker sum (no kernel after)
+                if self.side_copies:
+                    here.wait_event(self.first_slots_done)
+                nxt = dict(sum_in=self.first_slots_sum, sum_out=self.talker_sum)
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        buf.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
                        pdl=self.pdl, noise=self.draw_noise,
@@ -814,23 +830,18 @@ class FastLoop:
                        **nxt, **draw_args)
             if s == cfg.heads_drawn - 2:  # every slot but the last is written
                 self._sum_first_slots()
-        if self.side_copies:  # the offsets beside the sum: neither reads what the other writes
-            if smp is not None:
-                side.wait_stream(here)  # after the last draw read the offsets
-                with torch.cuda.stream(side):
-                    smp.advance_offsets(cfg.heads_drawn)
-            here.wait_event(self.first_slots_done)
+        if smp is not None and self.side_copies:  # off the tail, after the last draw's reads
+            side.wait_stream(here)
+            with torch.cuda.stream(side):
+                smp.advance_offsets(cfg.heads_drawn)
+            here.wait_stream(side)
         elif smp is not None:
             smp.advance_offsets(cfg.heads_drawn)
-        # fp32 partial + the last slot, rounded to bf16 once by the add's output cast
-        torch.add(self.first_slots_sum, self.used[:, -1], out=self.talker_sum)
-        if self.side_copies:
-            here.wait_stream(side)
 
     def _sum_first_slots(self):
-        """The fp32 sum of the talker sum's slots but the last (``first_slots_sum``): on
-        position 0's stream with side_copies (the main stream waits for ``first_slots_done``
-        before the last add), else in the main stream's order."""
+        """The fp32 sum of the talker sum's slots but the last (``first_slots_sum``), to which
+        the last draw adds its row: on position 0's stream with side_copies (the last draw
+        waits for ``first_slots_done``), else in the main stream's order."""
         if not self.side_copies:
             torch.sum(self.used[:, :-1], 1, dtype=torch.float32, out=self.first_slots_sum)
             return

@@ -101,6 +101,23 @@ def test_sampler_qkv_gather_compiles_to_16_byte_copies():
         DepthSampler(64, 2048, 1024, 2048, "greedy", qkv_width=1000)
 
 
+@pytest.mark.compile
+def test_sampler_talker_sum_compiles_to_one_rounding_a_pair():
+    """``talker_sum``: the partial's two 16-byte loads and the result's one store a thread,
+    one bf16x2 rounding a pair of columns, after the gather and without spills."""
+    from kernels.depth_sampler import DepthSampler
+    from kernels.depth_sampler import compile_args as smp_args
+    from workbench.compile import compile_report
+
+    plain = compile_report(DepthSampler(64, 2048, 1024, 2048, "sample"), *smp_args())
+    r = compile_report(DepthSampler(64, 2048, 1024, 2048, "sample", talker_sum=True),
+                       *smp_args())
+    assert r.spill_bytes == 0
+    extra = [r.ptx.count(op) - plain.ptx.count(op)
+             for op in ("ld.global.v4.b32", "st.global.v4.b32", "cvt.rn.bf16x2.f32")]
+    assert extra == [2, 1, 4], extra
+
+
 # ---- GPU tests -------------------------------------------------------------------------------
 def _randn(*shape, g, scale=1.0):
     return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
@@ -279,6 +296,12 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, noise, norm
                codes_in=forced[:, d])
     assert torch.equal(codes[:, d], forced[:, d]) and torch.equal(x_next, table[forced[:, d]])
     check_norm(x_next)
+    # the frame's last draw ends the talker sum: bf16(fp32 partial + the gathered row)
+    part = torch.randn(M, talker, device="cuda", generator=g) * 4
+    total = _poison(M, talker)
+    depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="forced",
+               codes_in=forced[:, d], sum_in=part, sum_out=total)
+    assert torch.equal(total, torch.add(part, embeds[forced[:, d]], out=_poison(M, talker)))
 
 
 @pytest.mark.gpu

@@ -105,12 +105,14 @@ def test_fast_loop_refuses_an_unknown_fold_norm():
 
 
 def test_frame_tiles_per_bucket():
-    """The measured tiles apply to their bucket's one-chain frame only, less wgmma projections,
-    and are copies (a loop's edits reach no other loop)."""
-    from models.fast_loop import FRAME_TILES, frame_tiles
+    """The measured tiles apply to their bucket's one-chain frame only, per mainloop (none
+    on the shared-memory wgmma), and are copies (a loop's edits reach no other loop)."""
+    from models.fast_loop import FRAME_TILES, RWGMMA_TILES, frame_mma, frame_tiles, mainloops
 
     assert frame_tiles(64) == FRAME_TILES[64] and frame_tiles(128) == {} == frame_tiles(16)
-    assert "heads" not in frame_tiles(64, frozenset({"heads"}))
+    assert frame_tiles(64, mainloops(frame_mma(64, "kernels"))) == RWGMMA_TILES[64]
+    assert "heads" not in frame_tiles(64, {"heads": "wgmma"})
+    assert frame_tiles(64, {"heads": "rwgmma"})["heads"] == RWGMMA_TILES[64]["heads"]
     frame_tiles(64)["gate_up"]["splits"] = 8
     assert FRAME_TILES[64]["gate_up"]["splits"] == 2
 
@@ -385,10 +387,12 @@ def test_fast_loop_row_parts_equal_their_own_loops_on_h200(R, parts):
     assert loop.parts == (64, R - 64)
     out = loop(h, g0)
     assert (loop.sampler.offset == QWEN3_TTS_1P7B.heads_drawn).all()
-    # each part alone, with the parts' tiles and mma (not a lone 64-row frame's own)
+    # each part alone, with the parts' tiles, mma and input projection (not a lone 64-row
+    # frame's own)
     for a, b in ((0, 64), (64, R)):
         alone = FastLoop(fw, b - a, Sampler(b - a, seeds=seeds[a:b], device="cuda"),
-                         tiles=loop.tiles, mma=loop.mma)(h[a:b], g0[a:b])
+                         tiles=loop.tiles, mma=loop.mma,
+                         input_proj=loop.part_loops[0].input_proj)(h[a:b], g0[a:b])
         assert torch.equal(out.codes[a:b], alone.codes)
         assert torch.equal(out.logits[a:b], alone.logits)
         assert torch.equal(out.talker_sum[a:b], alone.talker_sum)
