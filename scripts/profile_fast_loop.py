@@ -22,8 +22,10 @@ from workbench.results import provenance, provenance_line
 
 def kernel_kind(name: str) -> str:
     """A short, stable name for a kernel: CuTe DSL kernels by their class (the mangled names
-    carry the static config), the rest by their first 60 characters."""
-    m = re.search(r"kernel_cutlass_kernel_kernels[a-z0-9_]*?([A-Z][A-Za-z0-9]*)_object_at", name)
+    carry the static config; a second kernel method, e.g. ``kernel_tma``, names it too), the
+    rest by their first 60 characters."""
+    m = re.search(r"kernel_cutlass_kernel(?:_[a-z0-9]+)?_kernels[a-z0-9_]*?([A-Z][A-Za-z0-9]*)"
+                  r"_object_at", name)
     return m.group(1) if m else name[:60]
 
 

@@ -222,6 +222,8 @@ def test_profile_end_increments_sum_to_the_span_and_name_kernels_by_class():
     assert kernel_kind("kernel_cutlass_kernel_kernelsrows_rmsnormRowsRmsNorm_object_at__t") \
         == "RowsRmsNorm"
     assert kernel_kind("nvjet_sm90_tst_64x8") == "nvjet_sm90_tst_64x8"
+    assert kernel_kind("kernel_cutlass_kernel_tma_kernelsgemm_skinny_rwgmmaGemmSkinnyRegWgmma"
+                       "_object_at__tensor") == "GemmSkinnyRegWgmma"
 
 
 def test_trace_draw_phase_summary():
