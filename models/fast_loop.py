@@ -842,14 +842,14 @@ class FastLoop:
         """The fp32 sum of the talker sum's slots but the last (``first_slots_sum``), to which
         the last draw adds its row: on position 0's stream with side_copies (the last draw
         waits for ``first_slots_done``), else in the main stream's order."""
-        if not self.side_copies:
+        here = torch.cuda.current_stream()
+        stream = self.prefill_stream if self.side_copies else here
+        if self.side_copies:  # after the draw that wrote the second-to-last slot
+            stream.wait_stream(here)
+        with torch.cuda.stream(stream):
             torch.sum(self.used[:, :-1], 1, dtype=torch.float32, out=self.first_slots_sum)
-            return
-        here, side = torch.cuda.current_stream(), self.prefill_stream
-        side.wait_stream(here)
-        with torch.cuda.stream(side):
-            torch.sum(self.used[:, :-1], 1, dtype=torch.float32, out=self.first_slots_sum)
-            self.first_slots_done.record()
+            if self.side_copies:
+                self.first_slots_done.record()
 
     def _capture(self):
         offset0 = self.sampler.offset.clone() if self.sampler is not None else None
