@@ -88,11 +88,14 @@ class DepthSampler:
     the next position's row normalised (gamma, eps) as kernels.rows_rmsnorm rounds it.
     ``qkv_width``: also gather a row of that many bf16 from a per-code QKV table (0: none).
     ``talker_sum``: also write bf16(sum_in + the gathered Talker-space row), sum_in an fp32
-    partial sum (the frame's last draw ends the talker sum: no kernel after it)."""
+    partial sum (the frame's last draw ends the talker sum: no kernel after it). ``advance``:
+    then add that to the row's offset, as Sampler.advance_offsets does (the frame's last draw:
+    no offset kernel after it either); written after the CTA's last read of it."""
 
     def __init__(self, M: int, V: int, hidden: int, talker_hidden: int, mode: str = "sample",
                  pdl: bool = True, trace: bool = False, noise: str = "early",
-                 norm_eps: float | None = None, qkv_width: int = 0, talker_sum: bool = False):
+                 norm_eps: float | None = None, qkv_width: int = 0, talker_sum: bool = False,
+                 advance: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if noise not in NOISE:
@@ -105,7 +108,9 @@ class DepthSampler:
         if qkv_width % (8 * THREADS):
             raise ValueError(f"the draw gathers QKV rows of whole {8 * THREADS}-element runs, "
                              f"not {qkv_width}")
-        self.qkv_width, self.talker_sum = qkv_width, talker_sum
+        if advance < 0:
+            raise ValueError(f"advance {advance} < 0")
+        self.qkv_width, self.talker_sum, self.advance = qkv_width, talker_sum, advance
         self.M, self.V, self.hidden, self.talker = M, V, hidden, talker_hidden
         self.mode, self.pdl, self.trace, self.noise = mode, pdl, trace, noise
         self.norm_eps = norm_eps
@@ -217,9 +222,17 @@ class DepthSampler:
         g = None
         if cutlass.const_expr(self.norm_eps is not None):
             g = load_gamma(mG, tidx % NORM_THREADS, self.hidden)
+        # the row's parameters before the wait, whatever the noise: like the early terms they
+        # only change between frames, and after the wait each load is one more L2 trip
+        params = (Float32(0.0), Int32(0), Uint64(0), Uint64(0))
+        if cutlass.const_expr(self.mode == "sample"):
+            params = (mT[m], Int32(mK[m]), Uint64(mSeed[m]), Uint64(mOff[m]) + Uint64(draw))
+        off_next = Int64(0)
+        if cutlass.const_expr(self.advance > 0):
+            off_next = mOff[m] + Int64(self.advance)
         terms = None
         if cutlass.const_expr(self.mode == "sample" and self.noise == "early"):
-            terms = self.early_terms(mT, mSeed, mOff, draw, m, tidx)
+            terms = self.early_terms(params[0], params[2], params[3], tidx)
         if cutlass.const_expr(self.pdl):
             # the next kernel (a GEMV) only prefetches weights before its own wait: let it in now
             cute.arch.griddepcontrol_launch_dependents()
@@ -231,44 +244,52 @@ class DepthSampler:
             self._stamp(mTr, m, tidx, 2)
             self._stamp(mTr, m, tidx, 3)
         else:
-            code = self.choose(mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx,
-                               s_live, s_live_s, terms, mTr, m, tidx, lane, warp)
+            code = self.choose(mL, params, s_hist, s_sel, s_best, s_idx, s_live, s_live_s, terms,
+                               mTr, m, tidx, lane, warp)
         self._stamp(mTr, m, tidx, 4)
         if tidx == 0:
             mCodes[m] = Int64(code)
-        # the gathers for the next position
+            if cutlass.const_expr(self.advance > 0):
+                # every thread read the offset before the wait (and choose's barriers)
+                mOff[m] = off_next
+        # the gathers for the next position: every load before the first store (a store may
+        # alias a later load, so the compiler keeps that order: one memory trip, not four)
         x_row = cute.make_rmem_tensor((4,), Uint32)
         for e in cutlass.range_constexpr(4):
             x_row[e] = Uint32(0)  # threads past the row add nothing to its norm
+        t_row = cute.make_rmem_tensor((4,), Uint32)
+        part = [cute.make_rmem_tensor((4,), Float32) for _ in range(2)]
+        qw4 = self.qkv_width // 8
+        q_rows = [cute.make_rmem_tensor((4,), Uint32) for _ in range(qw4 // THREADS)]
         if tidx < hw4:
             cute.autovec_copy(mTable[(None, code * hw4 + tidx)], x_row)
+        if tidx < tw4:
+            cute.autovec_copy(mEmbed[(None, code * tw4 + tidx)], t_row)
+            if cutlass.const_expr(self.talker_sum):
+                for h in cutlass.range_constexpr(2):
+                    cute.autovec_copy(mSumIn[(None, 2 * (m * tw4 + tidx) + h)], part[h])
+        for j in cutlass.range_constexpr(len(q_rows)):
+            cute.autovec_copy(mQkvT[(None, code * qw4 + j * THREADS + tidx)], q_rows[j])
+        if tidx < hw4:
             cute.autovec_copy(x_row, mX[(None, m * hw4 + tidx)])
         if tidx < tw4:
-            row = cute.make_rmem_tensor((4,), Uint32)
-            cute.autovec_copy(mEmbed[(None, code * tw4 + tidx)], row)
-            cute.autovec_copy(row, mUsed[(None, m, tidx)])
+            cute.autovec_copy(t_row, mUsed[(None, m, tidx)])
             if cutlass.const_expr(self.talker_sum):
-                self._end_talker_sum(row, mSumIn, mSumOut, m * tw4 + tidx)
+                self._end_talker_sum(t_row, part, mSumOut, m * tw4 + tidx)
+        for j in cutlass.range_constexpr(len(q_rows)):
+            cute.autovec_copy(q_rows[j], mQkv[(None, m * qw4 + j * THREADS + tidx)])
         if cutlass.const_expr(self.norm_eps is not None):
             # the next position's first row norm from the row in registers (no norm kernel)
             xn = normalize_chunks([x_row], g, tidx, s_sum, self.hidden, self.norm_eps)
             if tidx < hw4:
                 cute.autovec_copy(xn[0], mXn[(None, m * hw4 + tidx)])
-        if cutlass.const_expr(self.qkv_width > 0):
-            qw4 = self.qkv_width // 8
-            for j in cutlass.range_constexpr(qw4 // THREADS):
-                row = cute.make_rmem_tensor((4,), Uint32)
-                cute.autovec_copy(mQkvT[(None, code * qw4 + j * THREADS + tidx)], row)
-                cute.autovec_copy(row, mQkv[(None, m * qw4 + j * THREADS + tidx)])
         self._stamp(mTr, m, tidx, 5)
 
     @cute.jit
-    def _end_talker_sum(self, row: cute.Tensor, mSumIn: cute.Tensor, mSumOut: cute.Tensor, run):
-        """A run of 8 talker-sum columns: the fp32 partial plus the gathered bf16 row, rounded
-        once to nearest-even bf16 (the same bits as torch.add(partial, row, out=bf16))."""
-        part = [cute.make_rmem_tensor((4,), Float32) for _ in range(2)]
-        for h in cutlass.range_constexpr(2):
-            cute.autovec_copy(mSumIn[(None, 2 * run + h)], part[h])
+    def _end_talker_sum(self, row: cute.Tensor, part: list, mSumOut: cute.Tensor, run):
+        """A run of 8 talker-sum columns: the fp32 partial (``part``, two runs of 4) plus the
+        gathered bf16 row, rounded once to nearest-even bf16 (the same bits as
+        torch.add(partial, row, out=bf16))."""
         out = cute.make_rmem_tensor((4,), Uint32)
         for e in cutlass.range_constexpr(4):  # word e holds columns 2e and 2e + 1
             p = part[e // 2]
@@ -300,15 +321,13 @@ class DepthSampler:
         return v
 
     @cute.jit
-    def early_terms(self, mT, mSeed, mOff, draw, m, tidx):
+    def early_terms(self, T, seed, off, tidx):
         """The Gumbel terms of this thread's columns (0 on T == 0 rows, whose draw is the
         argmax), before the dependency wait: they hide in the CTA's early residency."""
         terms = cute.make_rmem_tensor((self.per_thread,), Float64)
         for j in cutlass.range_constexpr(self.per_thread):
             terms[j] = Float64(0.0)
-        if mT[m] > Float32(0.0):
-            seed = Uint64(mSeed[m])
-            off = Uint64(mOff[m]) + Uint64(draw)
+        if T > Float32(0.0):
             for j in cutlass.range_constexpr(self.per_thread):
                 terms[j] = self.gumbel_term(tidx + THREADS * j, seed, off)
         return terms
@@ -334,19 +353,23 @@ class DepthSampler:
         return s_live[0]
 
     @cute.jit
-    def choose(self, mL, mT, mK, mSeed, mOff, draw, s_hist, s_sel, s_best, s_idx, s_live,
-               s_live_s, terms, mTr, m, tidx, lane, warp):
+    def choose(self, mL, params, s_hist, s_sel, s_best, s_idx, s_live, s_live_s, terms, mTr,
+               m, tidx, lane, warp):
+        """The row's code; ``params``: its (T, k, seed, offset + draw), loaded before the
+        wait (zeros in greedy mode)."""
         V, E = self.V, self.per_thread
         greedy = cutlass.const_expr(self.mode == "greedy")
-        T = Float32(0.0) if greedy else mT[m]
+        T, k, seed, off = params
         t = cutlass.select_(T > Float32(0.0), T, Float32(1.0))
         s = cute.make_rmem_tensor((E,), Float32)
         keys = cute.make_rmem_tensor((E,), Uint32)
+        # every load before the first division: the division's slow-path branch would
+        # otherwise keep the next load behind it, E dependent L2 trips (v13a)
         for j in cutlass.range_constexpr(E):
-            if cutlass.const_expr(greedy):
-                s[j] = mL[m, tidx + THREADS * j]
-            else:
-                s[j] = mL[m, tidx + THREADS * j] / t
+            s[j] = mL[m, tidx + THREADS * j]
+        if cutlass.const_expr(not greedy):
+            for j in cutlass.range_constexpr(E):
+                s[j] = s[j] / t
                 keys[j] = order_key(s[j])
         self._stamp(mTr, m, tidx, 2)
         best = Float64(-1.0e308) * Float64(10.0)  # -inf
@@ -358,14 +381,11 @@ class DepthSampler:
                     best = Float64(s[j])
                     best_i = Int32(tidx + THREADS * j)
         else:
-            k = Int32(mK[m])
             k = cutlass.select_(k <= Int32(0), Int32(V), cutlass.min(k, Int32(V)))
             if tidx == 0:
                 s_live[0] = Int32(0)
             kth = key_value(self.kth_largest_key(keys, k, s_hist, s_sel, tidx))
             self._stamp(mTr, m, tidx, 3)
-            seed = Uint64(mSeed[m])
-            off = Uint64(mOff[m]) + Uint64(draw)
             sampled = T > Float32(0.0)
             if cutlass.const_expr(self.noise == "early"):
                 for j in cutlass.range_constexpr(E):
@@ -431,7 +451,8 @@ def compile_args():
 def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: str,
                temperature=None, top_k=None, seed=None, offset=None, codes_in=None,
                pdl: bool = True, trace=None, noise: str = "early", gamma=None, xn=None,
-               eps: float = 1e-6, qkv_table=None, qkv_next=None, sum_in=None, sum_out=None):
+               eps: float = 1e-6, qkv_table=None, qkv_next=None, sum_in=None, sum_out=None,
+               advance: int = 0):
     """Draw (or take) one code per row and gather the next rows (see the module notes).
     ``trace``: int64 [M, len(DRAW_TRACE_POINTS)], each row's %globaltimer stamps (ns);
     ``noise``: where the Gumbel terms are drawn (NOISE; the same codes; DepthSampler);
@@ -439,6 +460,8 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
     ``qkv_table`` [V, W] and ``qkv_next`` [M, W] bf16 (W a multiple of 8 x THREADS): also
     qkv_next = qkv_table[code]. ``sum_in`` [M, talker_hidden] fp32 and ``sum_out``
     [M, talker_hidden] bf16 (both contiguous): also sum_out = bf16(sum_in + embeds[code]).
+    ``advance`` > 0: then offset += advance in place (Sampler.advance_offsets for the frame's
+    draws; ``offset`` required, in any mode).
 
     logits [M, V] fp32 (rows may be strided); codes / codes_in [M] int64 (strided views of the
     [M, 15] code tensors); table [V, hidden] and embeds [V, talker_hidden] bf16; x_next
@@ -471,6 +494,12 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
             check_cuda_tensor(name, t, dtypes=(dt,), align=4)
             if tuple(t.shape) != (M,):
                 raise ValueError(f"{name} has shape {tuple(t.shape)}; need [{M}]")
+    if advance < 0 or (advance and offset is None):
+        raise ValueError(f"advance {advance}: >= 0, and > 0 only with the offset tensor")
+    if advance and mode != "sample":
+        check_cuda_tensor("offset", offset, dtypes=(torch.int64,), align=4)
+        if tuple(offset.shape) != (M,):
+            raise ValueError(f"offset has shape {tuple(offset.shape)}; need [{M}]")
     if mode == "forced":
         check_cuda_tensor("codes_in", codes_in, dtypes=(torch.int64,), contiguous=False, align=8)
         if codes_in.stride() != codes.stride():
@@ -523,10 +552,10 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
                Int32(draw))
     norm_eps = None if gamma is None else eps
     key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps,
-           qkv_width, sum_in is not None)
+           qkv_width, sum_in is not None, advance)
     compiled = cached_compile(key, lambda: cute.compile(
         DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps,
-                     qkv_width, sum_in is not None),
+                     qkv_width, sum_in is not None, advance),
         *ptrs, *scalars, current_stream()))
     compiled(*ptrs, *scalars, current_stream())
     return codes

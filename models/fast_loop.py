@@ -407,6 +407,9 @@ class FastLoop:
     once, written by the last draw (no 16-slot reduction on the tail): the reference's contract
     (fp32 accumulation, one rounding), its last slot added last rather than in torch's order,
     so an element may differ from the reference's ``sum(1)`` in its last bit.
+    ``draw_advance`` (default on): on the kernels path the frame's last draw also advances the
+    sampler's offsets (no offset kernel on the tail; not with padded rows, whose draws read
+    copies of the sampler's tensors); off: ``Sampler.advance_offsets`` after the last draw.
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -420,7 +423,8 @@ class FastLoop:
                  mma=None, parts: tuple | None = None, draw_noise: str | None = None,
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
                  prefill: str | None = None, qkv_table: bool | None = None,
-                 input_proj: str | None = None, side_copies: bool = True):
+                 input_proj: str | None = None, side_copies: bool = True,
+                 draw_advance: bool = True):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
@@ -522,7 +526,7 @@ class FastLoop:
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
                            draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace,
                            prefill=prefill, qkv_table=qkv_table, input_proj=input_proj,
-                           side_copies=side_copies)
+                           side_copies=side_copies, draw_advance=draw_advance)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -573,6 +577,7 @@ class FastLoop:
             # the draw's per-row parameters over the padded rows: the sampler's are copied in at
             # the start of each frame (padding rows draw greedily with seed 0)
             self.draw_params = None
+            self.draw_advance = draw_advance and sampler is not None and P == rows
             if sampler is not None and P > rows:
                 self.draw_params = {
                     "temperature": torch.ones(P, dtype=sampler.temperature.dtype, device=dev),
@@ -823,6 +828,8 @@ class FastLoop:
                 if self.side_copies:
                     here.wait_event(self.first_slots_done)
                 nxt = dict(sum_in=self.first_slots_sum, sum_out=self.talker_sum)
+                if self.draw_advance:  # and the sampler's offsets (no kernel after it)
+                    nxt["advance"] = cfg.heads_drawn
             depth_draw(self.logits[:, s], self.codes[:, s], fw.embed_proj[s], fw.embeds[s],
                        buf.x, self.used[:, s + 1], s, mode=mode, codes_in=self.codes_in[:, s],
                        pdl=self.pdl, noise=self.draw_noise,
@@ -830,13 +837,14 @@ class FastLoop:
                        **nxt, **draw_args)
             if s == cfg.heads_drawn - 2:  # every slot but the last is written
                 self._sum_first_slots()
-        if smp is not None and self.side_copies:  # off the tail, after the last draw's reads
-            side.wait_stream(here)
-            with torch.cuda.stream(side):
+        if smp is not None and not self.draw_advance:
+            if self.side_copies:  # off the tail, after the last draw's reads
+                side.wait_stream(here)
+                with torch.cuda.stream(side):
+                    smp.advance_offsets(cfg.heads_drawn)
+                here.wait_stream(side)
+            else:
                 smp.advance_offsets(cfg.heads_drawn)
-            here.wait_stream(side)
-        elif smp is not None:
-            smp.advance_offsets(cfg.heads_drawn)
 
     def _sum_first_slots(self):
         """The fp32 sum of the talker sum's slots but the last (``first_slots_sum``), to which

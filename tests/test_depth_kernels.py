@@ -118,6 +118,38 @@ def test_sampler_talker_sum_compiles_to_one_rounding_a_pair():
     assert extra == [2, 1, 4], extra
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("mode", ["sample", "forced"])
+def test_sampler_loads_leave_in_one_batch(mode):
+    """The row's parameters (and the offset ``advance`` adds to) are read before the
+    dependency wait; after it the row's logits all leave before the first division, and the
+    gathers (table, Talker embedding, talker-sum partial, QKV rows) before the first of their
+    stores, so each phase waits for memory once (v13a: the division's slow-path branch and the
+    stores' possible aliasing had kept every load behind the previous one's use)."""
+    import re
+
+    from kernels.depth_sampler import DepthSampler
+    from kernels.depth_sampler import compile_args as smp_args
+    from workbench.compile import compile_report
+
+    r = compile_report(DepthSampler(64, 2048, 1024, 2048, mode, talker_sum=True,
+                                    qkv_width=4096, advance=15), *smp_args())
+    assert r.spill_bytes == 0
+    ptx = r.ptx
+    wait = ptx.index("griddepcontrol.wait")
+    params = 4 if mode == "sample" else 1  # T, k, seed, offset / the offset alone
+    assert len(re.findall(r"ld\.global\.b(32|64)", ptx[:wait])) == params
+    after = ptx[wait:]
+    if mode == "sample":
+        loads = [m.start() for m in re.finditer(r"ld\.global\.b32", after)]
+        assert len(loads) >= 8 and max(loads[:8]) < after.index("div.rn.f32")
+    gathers = [m.start() for m in re.finditer(r"ld\.global\.v4", after)]
+    assert len(gathers) == 1 + 1 + 2 + 2  # table, embedding, partial (2), QKV (2)
+    assert max(gathers) < after.index("st.global.v4")
+    # the offset advance: one 64-bit store of the value read before the wait
+    assert after.count("st.global.b64") == 2  # the code and the offset
+
+
 # ---- GPU tests -------------------------------------------------------------------------------
 def _randn(*shape, g, scale=1.0):
     return (torch.randn(*shape, device="cuda", generator=g) * scale).to(torch.bfloat16)
@@ -302,6 +334,15 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, noise, norm
     depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="forced",
                codes_in=forced[:, d], sum_in=part, sum_out=total)
     assert torch.equal(total, torch.add(part, embeds[forced[:, d]], out=_poison(M, talker)))
+    # the frame's last draw also advances the offsets, after its own reads of them
+    before = smp.offset.clone()
+    depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="sample",
+               temperature=smp.temperature, top_k=smp.top_k, seed=smp.seed, offset=smp.offset,
+               advance=15)
+    assert torch.equal(codes[:, d], ref) and torch.equal(smp.offset, before + 15)
+    depth_draw(big[:, d], codes[:, d], table, embeds, x_next, used[:, d + 1], d, mode="forced",
+               codes_in=forced[:, d], offset=smp.offset, advance=2)
+    assert torch.equal(smp.offset, before + 17)
 
 
 @pytest.mark.gpu

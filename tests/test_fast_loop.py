@@ -347,16 +347,17 @@ def test_fast_loop_draw_noise_norm_and_trace_change_no_bits_on_h200(R):
 def test_fast_loop_prefill_overlap_and_qkv_table_change_no_bits_on_h200(R):
     """Position 0 on its own stream beside position 1 (``prefill="overlap"``; at 128 rows in
     each of the two parts), with the talker sum's slot 0 and the offsets on that stream or not
-    (``side_copies``), and layer 0's QKV rows gathered from the per-code table
-    (``qkv_table``), compute the serial loop's bits: codes, logits, talker sum, KV, offsets;
-    sampled and teacher-forced."""
+    (``side_copies``), the offsets advanced by the last draw or after it (``draw_advance``),
+    and layer 0's QKV rows gathered from the per-code table (``qkv_table``), compute the
+    serial loop's bits: codes, logits, talker sum, KV, offsets; sampled and teacher-forced."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R + 5, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(500, 500 + R))
     variants = [dict(prefill="serial", qkv_table=False), dict(prefill="overlap", qkv_table=False),
                 dict(prefill="overlap", qkv_table=True),
-                dict(prefill="overlap", qkv_table=True, side_copies=False)]
+                dict(prefill="overlap", qkv_table=True, side_copies=False),
+                dict(prefill="overlap", qkv_table=True, draw_advance=False)]
     loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), **kw) for kw in variants]
     for frame in range(2):  # the second frame replays over the first's caches
         a, *others = (loop(h, g0) for loop in loops)
@@ -365,7 +366,7 @@ def test_fast_loop_prefill_overlap_and_qkv_table_change_no_bits_on_h200(R):
             assert torch.equal(a.talker_sum, b.talker_sum)
             for (k, v), (k1, v1) in zip(a.kv, b.kv):
                 assert torch.equal(k, k1) and torch.equal(v, v1)
-        for loop in loops:  # side_copies advances them beside the talker sum
+        for loop in loops:  # by the last draw, or beside the talker sum (side_copies)
             assert (loop.sampler.offset == (frame + 1) * QWEN3_TTS_1P7B.heads_drawn).all()
     codes = torch.randint(0, QWEN3_TTS_1P7B.vocab, (R, 15), device="cuda")
     a, b = (FastLoop(fw, R, teacher_forced=True, **kw)(h, g0, codes=codes)
