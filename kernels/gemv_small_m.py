@@ -39,8 +39,14 @@ from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, cu
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Uint32  # noqa: E402
+from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 MAX_M = 8
+# how a projection without the norm prologue brings x in: "async", the CTA's cp.async copies
+# of x into shared memory (all in flight at once, no registers held), or "direct", each warp
+# loading its chunks into registers as it goes (the compiler keeps two or three of those in
+# flight, so K / 512 dependent L2 trips: notes/fast-loop.md v13b)
+X_COPIES = ("async", "direct")
 WARPS = 4
 
 
@@ -49,7 +55,9 @@ class GemvSmallM:
 
     def __init__(self, M: int, K: int, *, norm: bool = False, residual: bool = False,
                  swiglu: bool = False, out_f32: bool = False, pdl: bool = False,
-                 eps: float = 1e-6):
+                 eps: float = 1e-6, x_copy: str = "async"):
+        if x_copy not in X_COPIES:
+            raise ValueError(f"x_copy {x_copy!r}: one of {X_COPIES}")
         if not 1 <= M <= MAX_M:
             raise ValueError(f"M = {M}: this kernel takes 1..{MAX_M} rows")
         if K % 256:
@@ -58,7 +66,7 @@ class GemvSmallM:
             raise ValueError("residual, swiglu and out_f32 are alternative epilogues")
         self.M, self.K = M, K
         self.norm, self.residual, self.swiglu, self.out_f32 = norm, residual, swiglu, out_f32
-        self.pdl, self.eps = pdl, eps
+        self.pdl, self.eps, self.x_copy = pdl, eps, x_copy
         self.w_rows = 2 if swiglu else 1
 
     @cute.jit
@@ -77,8 +85,9 @@ class GemvSmallM:
                                                   use_pdl=self.pdl)
 
     @cute.jit
-    def normalize_rows(self, mX: cute.Tensor, mG: cute.Tensor, sX: cute.Tensor, warp, lane):
-        """sX <- bf16(gamma * bf16(x * rsqrt(mean(x^2) + eps))), one warp per row."""
+    def normalize_rows(self, mX: cute.Tensor, gs: list, sX: cute.Tensor, warp, lane):
+        """sX <- bf16(gamma * bf16(x * rsqrt(mean(x^2) + eps))), one warp per row; ``gs``: the
+        lane's gamma chunks (loaded before the wait: a constant)."""
         chunks = self.K // 256
         row_chunks = self.K // 8
         for m in cutlass.range_constexpr(self.M):
@@ -92,12 +101,31 @@ class GemvSmallM:
                 ss = cute.arch.warp_reduction(ss, lambda a, b: a + b)
                 r = rms_factor(ss, self.K, self.eps)
                 for i in cutlass.range_constexpr(chunks):
-                    g = cute.make_rmem_tensor((4,), Uint32)
-                    cute.autovec_copy(mG[(None, i * 32 + lane)], g)
                     out = cute.make_rmem_tensor((4,), Uint32)
                     for e in cutlass.range_constexpr(4):
-                        out[e] = rmsnorm_pair(xs[i][e], g[e], r)
+                        out[e] = rmsnorm_pair(xs[i][e], gs[i][e], r)
                     cute.autovec_copy(out, sX[(None, m * row_chunks + i * 32 + lane)])
+
+    @cute.jit
+    def copy_rows_async(self, mX: cute.Tensor, tidx) -> cute.Tensor:
+        """x's M rows into shared memory by the CTA's threads, one 16-byte cp.async a chunk,
+        all in flight at once; returns the copy once it has landed and the CTA has synced."""
+        total = self.M * self.K // 8  # 16-byte chunks
+        sX = cutlass.memory.SmemAllocator().allocate_tensor(
+            Uint32, cute.make_layout((4, total), stride=(1, 4)), 16)
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), Uint32,
+                                   num_bits_per_copy=128)
+        threads = 32 * WARPS
+        for j in cutlass.range_constexpr((total + threads - 1) // threads):
+            idx = tidx + threads * j
+            if cutlass.const_expr(total % threads == 0):
+                cute.copy(atom, mX[(None, idx)], sX[(None, idx)])
+            elif idx < total:
+                cute.copy(atom, mX[(None, idx)], sX[(None, idx)])
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        return sX
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mG: cute.Tensor,
@@ -119,6 +147,11 @@ class GemvSmallM:
         for r in cutlass.range_constexpr(self.w_rows):
             for i in cutlass.range_constexpr(chunks):
                 cute.autovec_copy(mW[(None, (n + r * N) * row_chunks + i * 32 + lane)], w[r][i])
+        gs = []
+        if cutlass.const_expr(self.norm):  # gamma is a constant too
+            gs = [cute.make_rmem_tensor((4,), Uint32) for _ in range(chunks)]
+            for i in cutlass.range_constexpr(chunks):
+                cute.autovec_copy(mG[(None, i * 32 + lane)], gs[i])
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         resid = Float32(0.0)
@@ -131,8 +164,10 @@ class GemvSmallM:
             smem = cutlass.memory.SmemAllocator()
             src = smem.allocate_tensor(Uint32, cute.make_layout((4, self.M * row_chunks),
                                                                 stride=(1, 4)), 16)
-            self.normalize_rows(mX, mG, src, warp, lane)
+            self.normalize_rows(mX, gs, src, warp, lane)
             cute.arch.sync_threads()
+        elif cutlass.const_expr(self.x_copy == "async"):
+            src = self.copy_rows_async(mX, tidx)
         acc = [[Float32(0.0) for _ in range(self.M)] for _ in range(self.w_rows)]
         for i in cutlass.range_constexpr(chunks):
             wf = [[] for _ in range(self.w_rows)]
@@ -224,12 +259,13 @@ def check_projection_out(out, resid, M: int, N: int, swiglu: bool) -> bool:
 
 
 def gemv_small_m(x, w, out=None, *, gamma=None, resid=None, swiglu: bool = False,
-                 pdl: bool = False, eps: float = 1e-6):
+                 pdl: bool = False, eps: float = 1e-6, x_copy: str = "async"):
     """x [M, K] bf16 (M <= 8) times w [N, K]^T -> [M, N] (see the module notes for the fusions).
 
     ``gamma`` [K]: RMS-normalise x first. ``resid`` [M, N] bf16 (may be ``out``): add it.
     ``swiglu``: w is [2N, K], gate rows then up rows. ``out``: bf16, or fp32 for widened bf16
-    results; its rows may be strided (row stride ``out.stride(0)``, unit column stride)."""
+    results; its rows may be strided (row stride ``out.stride(0)``, unit column stride).
+    ``x_copy``: how x comes in without gamma (X_COPIES; the same bits)."""
     import torch
 
     require_hopper()
@@ -247,10 +283,14 @@ def gemv_small_m(x, w, out=None, *, gamma=None, resid=None, swiglu: bool = False
             raise ValueError(f"gamma has shape {tuple(gamma.shape)}; need [{K}]")
     ptrs = pointer_args(_ptr_specs(out_f32), (x, w, out, gamma if gamma is not None else x,
                                               resid if resid is not None else out))
-    key = ("gemv_small_m", M, K, gamma is not None, resid is not None, swiglu, out_f32, pdl, eps)
+    if x_copy not in X_COPIES:
+        raise ValueError(f"x_copy {x_copy!r}: one of {X_COPIES}")
+    x_copy = "direct" if gamma is not None else x_copy  # the norm prologue reads x itself
+    key = ("gemv_small_m", M, K, gamma is not None, resid is not None, swiglu, out_f32, pdl, eps,
+           x_copy)
     compiled = cached_compile(key, lambda: cute.compile(
         GemvSmallM(M, K, norm=gamma is not None, residual=resid is not None, swiglu=swiglu,
-                   out_f32=out_f32, pdl=pdl, eps=eps),
+                   out_f32=out_f32, pdl=pdl, eps=eps, x_copy=x_copy),
         *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())
     return out

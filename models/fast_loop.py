@@ -410,6 +410,8 @@ class FastLoop:
     ``draw_advance`` (default on): on the kernels path the frame's last draw also advances the
     sampler's offsets (no offset kernel on the tail; not with padded rows, whose draws read
     copies of the sampler's tensors); off: ``Sampler.advance_offsets`` after the last draw.
+    ``gemv_x``: how the GEMVs (<= GEMV_MAX_ROWS rows) without a norm prologue (o, down) bring
+    in x: kernels.gemv_small_m.X_COPIES, "async" by default (the same bits).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -424,12 +426,13 @@ class FastLoop:
                  draw_norm: bool = True, draw_trace: bool = False, attn_trace: bool = False,
                  prefill: str | None = None, qkv_table: bool | None = None,
                  input_proj: str | None = None, side_copies: bool = True,
-                 draw_advance: bool = True):
+                 draw_advance: bool = True, gemv_x: str = "async"):
         cfg = fw.config
         dev = fw.final_norm.device
         cuda = dev.type == "cuda"
         self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
         self.teacher_forced = teacher_forced
+        self.gemv_x = gemv_x
         self.pdl = pdl  # kernels path: programmatic dependent launch (off: plain stream order)
         self.tiles = checked_tiles(tiles or {})
         # kernels path above GEMV_MAX_ROWS: no row-norm kernels; the projection after a norm
@@ -526,7 +529,7 @@ class FastLoop:
                            fold_norm=fold_norm, mma=mma, parts=(), draw_noise=draw_noise,
                            draw_norm=draw_norm, draw_trace=draw_trace, attn_trace=attn_trace,
                            prefill=prefill, qkv_table=qkv_table, input_proj=input_proj,
-                           side_copies=side_copies, draw_advance=draw_advance)
+                           side_copies=side_copies, draw_advance=draw_advance, gemv_x=gemv_x)
             start = 0
             for r in self.parts:
                 view = sampler.rows_view(start, start + r) if sampler is not None else None
@@ -553,7 +556,10 @@ class FastLoop:
             self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
                               and "qkv" not in self.chunk_in and not self.qkv_table)
             from kernels.depth_sampler import NOISE
+            from kernels.gemv_small_m import X_COPIES
 
+            if gemv_x not in X_COPIES:
+                raise ValueError(f"gemv_x {gemv_x!r}: one of {X_COPIES}")
             if draw_noise not in (None, *NOISE):
                 raise ValueError(f"draw_noise {draw_noise!r}: one of {NOISE} or None")
             self.draw_noise = draw_noise or ("early" if P > GEMV_MAX_ROWS else "compact")
@@ -664,7 +670,7 @@ class FastLoop:
         eps = self.cfg.rms_eps
         if self.run_rows <= GEMV_MAX_ROWS:
             gemv_small_m(a, w, out, gamma=gamma, resid=resid, swiglu=swiglu, pdl=self.pdl,
-                         eps=eps)
+                         eps=eps, x_copy=self.gemv_x)
             return
         folded = {}
         producer = self.fold_norm == "producer"

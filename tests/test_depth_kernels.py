@@ -26,10 +26,16 @@ def test_fused_gemv_compiles_with_pdl_and_no_spills(variant, M):
                        *compile_args(M, K, variant.get("out_f32", False)))
     assert r.spill_bytes == 0
     assert "griddepcontrol.wait" in r.ptx and "griddepcontrol.launch_dependents" in r.ptx
-    # the weight loads come before the dependency wait: they are the prefetch
+    # the weight loads (and gamma's) come before the dependency wait: they are the prefetch
     first_wait = r.ptx.index("griddepcontrol.wait")
     rows = 2 if variant.get("swiglu") else 1
-    assert r.ptx[:first_wait].count("ld.global.v4") == rows * K // 256
+    gamma = K // 256 if variant.get("norm") else 0
+    assert r.ptx[:first_wait].count("ld.global.v4") == rows * K // 256 + gamma
+    # without the norm prologue x comes by cp.async, all of the CTA's copies in one group
+    # (v13b: loaded a chunk at a time, K / 512 L2 trips in series)
+    copies = r.ptx.count("cp.async.cg.shared.global")
+    assert copies == (0 if variant.get("norm") else -(-M * K // 8 // 128))
+    assert r.ptx.count("ld.global.v4", first_wait) == (M * K // 256 if variant.get("norm") else 0)
 
 
 @pytest.mark.compile
@@ -196,6 +202,30 @@ def test_fused_gemv_variants_match_torch(M):
     diff = (got.float() - want.float()).abs()
     assert (diff <= 2 * BF16_ULP * want.float().abs()).all()
     assert (diff == 0).float().mean() >= 0.99
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,K", [(1, 1024), (1, 3072), (2, 2048), (3, 3072), (8, 1024)])
+def test_gemv_x_copies_give_the_same_bits(M, K):
+    """``x_copy`` (X_COPIES) moves x by cp.async into shared memory or straight into registers:
+    the same sums in the same order, so the same bits, plain, with the residual (in place) and
+    with SwiGLU."""
+    from kernels.gemv_small_m import gemv_small_m as gemv
+
+    g = torch.Generator(device="cuda").manual_seed(M * K)
+    N = 1024
+    x, w = _randn(M, K, g=g, scale=3.0), _randn(2 * N, K, g=g, scale=0.03)
+    resid = _randn(M, N, g=g)
+    outs = {}
+    for how in ("async", "direct"):
+        r = resid.clone()
+        gemv(x, w[:N], r, resid=r, x_copy=how)
+        outs[how] = (gemv(x, w[:N], _poison(M, N), x_copy=how), r,
+                     gemv(x, w, _poison(M, N), swiglu=True, x_copy=how))
+    for a, b in zip(outs["async"], outs["direct"]):
+        assert not a.isnan().any() and torch.equal(a, b)
+    with pytest.raises(ValueError, match="x_copy"):
+        gemv(x, w[:N], x_copy="tma")
 
 
 @pytest.mark.gpu

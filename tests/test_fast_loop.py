@@ -347,7 +347,8 @@ def test_fast_loop_draw_noise_norm_and_trace_change_no_bits_on_h200(R):
 def test_fast_loop_prefill_overlap_and_qkv_table_change_no_bits_on_h200(R):
     """Position 0 on its own stream beside position 1 (``prefill="overlap"``; at 128 rows in
     each of the two parts), with the talker sum's slot 0 and the offsets on that stream or not
-    (``side_copies``), the offsets advanced by the last draw or after it (``draw_advance``),
+    (``side_copies``), the offsets advanced by the last draw or after it (``draw_advance``;
+    with it the GEMVs' x loaded straight into registers, ``gemv_x``),
     and layer 0's QKV rows gathered from the per-code table (``qkv_table``), compute the
     serial loop's bits: codes, logits, talker sum, KV, offsets; sampled and teacher-forced."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
@@ -357,7 +358,7 @@ def test_fast_loop_prefill_overlap_and_qkv_table_change_no_bits_on_h200(R):
     variants = [dict(prefill="serial", qkv_table=False), dict(prefill="overlap", qkv_table=False),
                 dict(prefill="overlap", qkv_table=True),
                 dict(prefill="overlap", qkv_table=True, side_copies=False),
-                dict(prefill="overlap", qkv_table=True, draw_advance=False)]
+                dict(prefill="overlap", qkv_table=True, draw_advance=False, gemv_x="direct")]
     loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), **kw) for kw in variants]
     for frame in range(2):  # the second frame replays over the first's caches
         a, *others = (loop(h, g0) for loop in loops)
@@ -520,8 +521,10 @@ def test_gemv_compiles_to_16_byte_loads_and_shuffles(M, K):
     from workbench.compile import compile_report
 
     r = compile_report(GemvSmallM(M, K), *compile_args(M, K))
-    assert r.census["ld.global.v4"] == (K // 256) * (M + 1)  # W once, x per row
+    assert r.census["ld.global.v4"] == K // 256  # W; x comes by cp.async (x_copy "async")
     assert r.ptx.count("shfl.sync.bfly") == 5 * M and r.spill_bytes == 0
+    r = compile_report(GemvSmallM(M, K, x_copy="direct"), *compile_args(M, K))
+    assert r.census["ld.global.v4"] == (K // 256) * (M + 1)  # W once, x per row
 
 
 @pytest.mark.gpu
