@@ -47,6 +47,7 @@ MAX_M = 8
 # loading its chunks into registers as it goes (the compiler keeps two or three of those in
 # flight, so K / 512 dependent L2 trips: notes/fast-loop.md v13b)
 X_COPIES = ("async", "direct")
+X_SMEM_LIMIT = 48 * 1024  # static shared memory: x's rows (norm prologue or "async" copy)
 WARPS = 4
 
 
@@ -67,6 +68,9 @@ class GemvSmallM:
         self.M, self.K = M, K
         self.norm, self.residual, self.swiglu, self.out_f32 = norm, residual, swiglu, out_f32
         self.pdl, self.eps, self.x_copy = pdl, eps, x_copy
+        if (norm or x_copy == "async") and M * K * 2 > X_SMEM_LIMIT:
+            raise ValueError(f"{M} rows of K = {K} in shared memory exceed {X_SMEM_LIMIT} bytes "
+                             "(norm, or x_copy 'async': take 'direct' without the norm)")
         self.w_rows = 2 if swiglu else 1
 
     @cute.jit
@@ -285,7 +289,8 @@ def gemv_small_m(x, w, out=None, *, gamma=None, resid=None, swiglu: bool = False
                                               resid if resid is not None else out))
     if x_copy not in X_COPIES:
         raise ValueError(f"x_copy {x_copy!r}: one of {X_COPIES}")
-    x_copy = "direct" if gamma is not None else x_copy  # the norm prologue reads x itself
+    # the norm prologue reads x itself; x too large for shared memory comes direct
+    x_copy = "direct" if gamma is not None or M * K * 2 > X_SMEM_LIMIT else x_copy
     key = ("gemv_small_m", M, K, gamma is not None, resid is not None, swiglu, out_f32, pdl, eps,
            x_copy)
     compiled = cached_compile(key, lambda: cute.compile(

@@ -204,8 +204,22 @@ def test_fused_gemv_variants_match_torch(M):
     assert (diff == 0).float().mean() >= 0.99
 
 
+@pytest.mark.compile
+def test_gemv_refuses_rows_beyond_shared_memory():
+    """x's rows in shared memory (the norm prologue, x_copy "async") must fit its 48 KB:
+    refused before compiling; the wrapper takes "direct" instead for a plain projection."""
+    from kernels.gemv_small_m import GemvSmallM
+
+    GemvSmallM(8, 3072, x_copy="async")  # 48 KB exactly
+    GemvSmallM(8, 4096, x_copy="direct")
+    for kw in (dict(x_copy="async"), dict(norm=True)):
+        with pytest.raises(ValueError, match="shared memory"):
+            GemvSmallM(8, 4096, **kw)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,K", [(1, 1024), (1, 3072), (2, 2048), (3, 3072), (8, 1024)])
+@pytest.mark.parametrize("M,K", [(1, 1024), (1, 3072), (2, 2048), (3, 3072), (8, 1024),
+                                 (8, 4096)])
 def test_gemv_x_copies_give_the_same_bits(M, K):
     """``x_copy`` (X_COPIES) moves x by cp.async into shared memory or straight into registers:
     the same sums in the same order, so the same bits, plain, with the residual (in place) and
