@@ -86,18 +86,16 @@ def _main(argv) -> int:
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "models/fast_loop.py v10u (CuTe DSL kernels + PDL: "
-                                               "GEMVs at <= 2 rows, cluster split-K mma.sync "
-                                               "projections at 3-128 rows padded to 16s, two "
-                                               "64-row chains at 128; graphs)"},
+                                  "fast_loop": "models/fast_loop.py (CuTe DSL kernels + PDL: "
+                                               "GEMVs at <= 2 rows, split-K tensor-core "
+                                               "projections padded to 16s (mma.sync, or wgmma "
+                                               "per FRAME_MMA at 32-128), two 64-row chains at "
+                                               "128; graphs)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
-        notes={"prediction": "fast loop v10u: at 64 rows gate/up in 2 K-slices of 2 stages and "
-                             "the heads in 8-warp tiles of two warps a weight group "
-                             "(FRAME_TILES; same-run A/B at 612b67d: 2525 -> 2420 µs); the "
-                             "other buckets unchanged against c494d17 (1392 / 1732 / 1740 / "
-                             "1971 / 2526 / 3486 µs): 64 rows ~2420-2430, the rest within "
-                             "run-to-run noise (~10 µs). History in notes/fast-loop.md.",
+        notes={"prediction": "the latest change's prediction and outcome are in "
+                             "notes/fast-loop.md (session 14: v13a, the draw's loads in one "
+                             "batch a phase; v13b, the GEMVs' x by cp.async)",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})
