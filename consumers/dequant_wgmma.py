@@ -22,8 +22,9 @@ with B = 4 it only waits for j-2, so expansion and MMA overlap more, at 1.33x th
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import dequant_e2m1_word, e4m3x2_scales_x64, prmt
-from kernels.runtime import cute_modules
+from kernels.device.nvfp4 import dequant_e2m1_word, e4m3x2_scales_x64
+from kernels.device.ptx import prmt
+from kernels.device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402

@@ -9,9 +9,9 @@ multiplies by ``alpha`` in fp32 (round to nearest, no flush to zero), rounds eac
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16x2_rn
-from kernels.runtime import cute_modules
-from kernels.sync_sm90 import count_split_arrival
+from kernels.device.rounding import bf16x2_rn
+from kernels.device.runtime import cute_modules
+from kernels.device.waits import count_split_arrival
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32  # noqa: E402

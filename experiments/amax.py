@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("amax")
-    from kernels.amax import AmaxRunner
+    from kernels.nvfp4.amax import AmaxRunner
 
     shapes = SHAPES[:1] + SHAPES[2:] if args.quick else SHAPES
     rows, gates = [], {}

@@ -56,7 +56,7 @@ def _main(argv) -> int:
     from validators.tiles import make_tile, tensor_scale_for
 
     try:
-        from kernels.quantize_nvfp4 import quantize_nvfp4 as kernel
+        from kernels.nvfp4.quantize import quantize_nvfp4 as kernel
     except Exception as e:  # CuTe DSL not unpacked on this host
         kernel = None
         progress(f"CuTe DSL kernel not compared in this process: {e}")

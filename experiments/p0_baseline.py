@@ -76,9 +76,9 @@ def _time(fn, arg_sets, quick):
 
 
 def _case(name, N, K, M, ck, quick, seed):
-    from kernels.amax import amax
-    from kernels.gemm_nvfp4 import gemm_nvfp4
-    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from kernels.nvfp4.amax import amax
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.quantize import quantize_nvfp4
     from numerics import gemm_oracle as G
 
     gen = torch.Generator(device="cuda").manual_seed(seed)

@@ -33,8 +33,8 @@ def _main(argv) -> int:
     from workbench.compile import ensure_arch_env, compile_report
 
     ensure_arch_env()
-    from kernels import blockscaled_gemm_sm90 as P0
-    from kernels import gemv_small_m as GV
+    from kernels.nvfp4 import gemm_shell as P0
+    from kernels.depth import gemv_small_m as GV
 
     rows, gates = [], {}
     for kw in P0_CONFIGS:

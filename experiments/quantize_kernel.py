@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
 def _check_exact(M, K, dtype, gen, kinds=("normal", "lognormal", "ties", "special")):
     """Kernel vs the CUDA reference on fresh data of every kind; poisoned outputs; guard rows."""
-    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from kernels.nvfp4.quantize import quantize_nvfp4
     from numerics import nvfp4
     from validators.tiles import make_tile, tensor_scale_for
 
@@ -90,7 +90,7 @@ def _check_exact(M, K, dtype, gen, kinds=("normal", "lognormal", "ties", "specia
 def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("quantize-kernel")
-    from kernels.quantize_nvfp4 import QuantizeNvfp4Kernel, quantize_nvfp4
+    from kernels.nvfp4.quantize import QuantizeNvfp4Kernel, quantize_nvfp4
     from numerics import nvfp4
 
     best, sweep = None, []

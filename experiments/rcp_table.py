@@ -1,7 +1,7 @@
 """Regenerate the rcp.approx.ftz.f32 table on the GPU and prove the shipped copy identical.
 
 For every fp32 mantissa m (2^23 of them) at 12 exponents from -126 to 127, the probe kernel
-(kernels/rcp_probe.py) asks the hardware for rcp.approx.ftz(x); the correction against the
+(kernels/nvfp4/rcp_probe.py) asks the hardware for rcp.approx.ftz(x); the correction against the
 correctly rounded reciprocal (computed by torch's IEEE division) is the table entry. The
 regenerated table must equal numerics/data/rcp-approx-ftz-f32-sm90.bin.xz bit for bit, and
 numerics.rcp_approx must equal the hardware at every probed input, special values included.
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("rcp-table")
-    from kernels.rcp_probe import rcp_approx_device
+    from kernels.nvfp4.rcp_probe import rcp_approx_device
     from numerics.rcp import correction_table, encode_table, decode_table, rcp_approx
 
     m = torch.arange(1 << 23, dtype=torch.int32, device="cuda")

@@ -1,1 +1,2 @@
-"""CuTe DSL kernel shells: each composes device modules and is compiled once per static config."""
+"""CuTe DSL kernels by family: nvfp4/ (the NVFP4 GEMM family), depth/ (the depth loop) and
+device/ (helpers every family uses). Imports point one way: families -> device, never back."""

@@ -11,7 +11,7 @@ logits within bf16 noise), restructured for speed:
 * one position per pass: the reference's pass 0 (positions 0 and 1 together) becomes two
   single-position passes, which is the same causal computation (one extra weight read per frame,
   1/15 more traffic, in exchange for a single compiled step);
-* the CuTe DSL small-M GEMV (kernels/gemv_small_m.py) for every projection at <= 8 rows;
+* the CuTe DSL small-M GEMV (kernels/depth/gemv_small_m.py) for every projection at <= 8 rows;
 * ``torch.compile`` of the per-position step (RMSNorm, q/k norm, RoPE, KV append, attention,
   SwiGLU fused into Triton kernels around cuBLAS GEMMs) and of the draw (Philox, Gumbel, argmax,
   top-k by ``topk`` instead of a full sort);
@@ -23,10 +23,10 @@ kernels per layer (RMSNorm + QKV GEMV; q/k norm + RoPE + KV append + attention; 
 residual; RMSNorm + gate/up GEMV + SwiGLU; down GEMV + residual), then per drawn group a
 final-norm + head GEMV and a one-CTA-per-row draw that also gathers the next input rows, all
 launched with programmatic dependent launch so each kernel's weight stream starts under its
-predecessor's tail (kernels/gemv_small_m.py, depth_attention.py, depth_sampler.py). Above that the
+predecessor's tail (kernels/depth/gemv_small_m.py, depth_attention.py, depth_sampler.py). Above that the
 rows are padded to a multiple of 16 (padding rows are zeros, drawn greedily, and dropped) and
 each normed projection becomes a row-norm kernel plus a split-K tensor-core projection
-(kernels/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues; per bucket (``FRAME_MMA``)
+(kernels/depth/rows_rmsnorm.py, gemm_skinny.py) with the same epilogues; per bucket (``FRAME_MMA``)
 some projections run wgmma instead of mma.sync (gemm_skinny_wgmma.py, gemm_skinny_rwgmma.py);
 ``fold_norm`` (off) folds the row norms into the projections instead. Two structural
 shortcuts keep the same bits: positions 0 and 1 run side by side on two streams (``prefill``),
@@ -141,8 +141,8 @@ MAINLOOPS = ("sync", "wgmma", "rwgmma", "rwgmma_tma")
 
 def mainloops(mma) -> dict:
     """FastLoop's ``mma`` -> {projection: mainloop} for the projections not on mma.sync: a
-    dict names each one's ("wgmma": shared-memory operands, kernels/gemm_skinny_wgmma.py;
-    "rwgmma": weights in registers, kernels/gemm_skinny_rwgmma.py, its input chunk-major;
+    dict names each one's ("wgmma": shared-memory operands, kernels/depth/gemm_skinny_wgmma.py;
+    "rwgmma": weights in registers, kernels/depth/gemm_skinny_rwgmma.py, its input chunk-major;
     "rwgmma_tma": the same with a row-major input brought by TMA; "sync"), anything else is
     :func:`wgmma_projections`' (all on "wgmma")."""
     if not isinstance(mma, dict):
@@ -222,12 +222,12 @@ class FastWeights:
         self.layer0_tables = {}  # FastLoop._layer0_qkv_table's, by the loop's configuration
 
     def skinny_weights(self, fold_norm: bool = False) -> dict:
-        """The projections packed for kernels/gemm_skinny.py (built once, shared by the loops of
+        """The projections packed for kernels/depth/gemm_skinny.py (built once, shared by the loops of
         all buckets): lists ``qkv``, ``wo``, ``gate_up``, ``down`` per layer, ``heads``. With
         ``fold_norm`` the projections that follow a row norm (qkv, gate_up, heads) carry its
-        gamma (kernels.gemm_skinny.fold_gamma); wo and down are shared with the plain set."""
+        gamma (kernels.depth.gemm_skinny.fold_gamma); wo and down are shared with the plain set."""
         if fold_norm not in self._skinny:
-            from kernels.gemm_skinny import fold_gamma, pack_weights
+            from kernels.depth.gemm_skinny import fold_gamma, pack_weights
 
             plain = self._skinny.get(False)
             if plain is None:
@@ -250,19 +250,19 @@ class FastWeights:
                 "heads": self.heads}[name]
 
     def input_proj_weights(self):
-        """The Talker-state projection (proj_w) packed for kernels/gemm_skinny.py (built
+        """The Talker-state projection (proj_w) packed for kernels/depth/gemm_skinny.py (built
         once)."""
         if "input_proj" not in self._skinny:
-            from kernels.gemm_skinny import pack_weights
+            from kernels.depth.gemm_skinny import pack_weights
 
             self._skinny["input_proj"] = pack_weights(self.proj_w)
         return self._skinny["input_proj"]
 
     def rwgmma_weights(self, name: str) -> list:
-        """Projection ``name`` packed for kernels/gemm_skinny_rwgmma.py (built once)."""
+        """Projection ``name`` packed for kernels/depth/gemm_skinny_rwgmma.py (built once)."""
         key = ("rwgmma", name)
         if key not in self._skinny:
-            from kernels.gemm_skinny_rwgmma import pack_weights_rwgmma
+            from kernels.depth.gemm_skinny_rwgmma import pack_weights_rwgmma
 
             self._skinny[key] = [pack_weights_rwgmma(t, name == "gate_up")
                                  for t in self.projection(name)]
@@ -270,10 +270,10 @@ class FastWeights:
 
     def wgmma_weights(self, name: str, warps: int) -> list:
         """Projection ``name`` ("qkv", "wo", "gate_up", "down": per layer; "heads") packed for
-        kernels/gemm_skinny_wgmma.py with tiles of ``warps`` (built once per pair)."""
+        kernels/depth/gemm_skinny_wgmma.py with tiles of ``warps`` (built once per pair)."""
         key = ("wgmma", name, warps)
         if key not in self._skinny:
-            from kernels.gemm_skinny_wgmma import pack_weights_wgmma
+            from kernels.depth.gemm_skinny_wgmma import pack_weights_wgmma
 
             self._skinny[key] = [pack_weights_wgmma(t, name == "gate_up", warps)
                                  for t in self.projection(name)]
@@ -281,7 +281,7 @@ class FastWeights:
 
 
 def _mm(a, w, small_m: bool):
-    """a @ w.T: the small-M CuTe DSL GEMV (kernels/gemv_small_m.py) for <= 8 rows on CUDA."""
+    """a @ w.T: the small-M CuTe DSL GEMV (kernels/depth/gemv_small_m.py) for <= 8 rows on CUDA."""
     if small_m:
         return torch.ops.wb.gemv_small_m(a, w)
     return a @ w.T
@@ -365,18 +365,18 @@ class FastLoop:
     same-run A/B tests of the frame; None: the bucket's measured tiles (``FRAME_TILES``) on
     the kernels path of a one-chain frame without fold_norm, else the GEMM's defaults.
     ``fold_norm``: above GEMV_MAX_ROWS rows, no row-norm kernels (gamma folded into the weights
-    of the projection that follows, which scales its rows: kernels.gemm_skinny ``rms_eps``),
+    of the projection that follows, which scales its rows: kernels.depth.gemm_skinny ``rms_eps``),
     the factors from that projection's own squares of its slices ("own") or from the sums of
     squares the residual projections wrote beside x ("producer"; layer 0 of a position, whose x
     comes from the draw, uses its own). ``mma``: "sync", "wgmma", or the names of
-    the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/gemm_skinny_wgmma.py
+    the projections (a tuple) that above GEMV_MAX_ROWS rows run on kernels/depth/gemm_skinny_wgmma.py
     ("wgmma": all five; 4-warp tiles unless ``tiles`` says otherwise), or a dict naming each
-    projection's mainloop (:func:`mainloops`: "rwgmma" is kernels/gemm_skinny_rwgmma.py, wgmma
+    projection's mainloop (:func:`mainloops`: "rwgmma" is kernels/depth/gemm_skinny_rwgmma.py, wgmma
     with the weights in registers, on mma.sync's tiles); their producers (the norm, attention,
     gate/up) then write those inputs chunk-major, except for "rwgmma_tma" (TMA reads them
     row-major); None: the bucket's ``FRAME_MMA`` on the kernels path without fold_norm, else
     "sync".
-    ``draw_noise``: where the draws' Gumbel terms are drawn (kernels.depth_sampler NOISE; the
+    ``draw_noise``: where the draws' Gumbel terms are drawn (kernels.depth.draw NOISE; the
     same codes); default "early" on the tensor-core path, "compact" on the GEMVs' (whose draw
     CTA is released too soon to hide them: notes/fast-loop.md v10q). ``draw_norm``: above
     GEMV_MAX_ROWS rows without fold_norm or a wgmma qkv, each draw also writes the next
@@ -397,7 +397,7 @@ class FastLoop:
     table, so its first norm and QKV are functions of the code alone.
     ``input_proj``: position 0's input, h · proj_w^T + proj_b rounded twice as the reference
     does, by "torch" (a cuBLAS GEMM, then the bias add) or, on the tensor-core kernels path,
-    "skinny" (kernels/gemm_skinny.py with the bias rows as its residual: one PDL kernel);
+    "skinny" (kernels/depth/gemm_skinny.py with the bias rows as its residual: one PDL kernel);
     default the bucket's ``FRAME_INPUT_PROJ`` on a one-chain kernels path, else "torch".
     ``side_copies`` (default on; with ``prefill="overlap"``): the talker sum's slot 0 (the
     gather of ``g0``'s embedding), the fp32 sum of its first 15 slots (during the last
@@ -411,7 +411,7 @@ class FastLoop:
     sampler's offsets (no offset kernel on the tail; not with padded rows, whose draws read
     copies of the sampler's tensors); off: ``Sampler.advance_offsets`` after the last draw.
     ``gemv_x``: how the GEMVs (<= GEMV_MAX_ROWS rows) without a norm prologue (o, down) bring
-    in x: kernels.gemv_small_m.X_COPIES, "async" by default (the same bits).
+    in x: kernels.depth.gemv_small_m.X_COPIES, "async" by default (the same bits).
     ``parts``: on the kernels path, the rows split into parts (row counts in order, all but the
     last a multiple of 16), each part an eager FastLoop of its own on its own stream, writing
     into this loop's outputs; the streams fork and join inside the one captured frame. Default
@@ -463,8 +463,8 @@ class FastLoop:
         # position 0 beside position 1 won at every bucket measured (notes/fast-loop.md v10x)
         prefill = prefill or ("overlap" if self.path == "kernels" else "serial")
         # mma: the tensor-core projections' mainloop above GEMV_MAX_ROWS rows, per projection:
-        # kernels/gemm_skinny.py (mma.sync) or, for those in self.wgmma,
-        # kernels/gemm_skinny_wgmma.py (whose inputs xn / attn / mlp their producers then
+        # kernels/depth/gemm_skinny.py (mma.sync) or, for those in self.wgmma,
+        # kernels/depth/gemm_skinny_wgmma.py (whose inputs xn / attn / mlp their producers then
         # write chunk-major); None: the bucket's measured choice (FRAME_MMA) on the kernels
         # path without fold_norm, else "sync"
         mma = frame_mma(rows, self.path, fold_norm) if mma is None else mma
@@ -555,8 +555,8 @@ class FastLoop:
             # own rows; fold_norm has no norm kernels; a wgmma qkv reads xn chunk-major)
             self.draw_norm = (draw_norm and P > GEMV_MAX_ROWS and not fold_norm
                               and "qkv" not in self.chunk_in and not self.qkv_table)
-            from kernels.depth_sampler import NOISE
-            from kernels.gemv_small_m import X_COPIES
+            from kernels.depth.draw import NOISE
+            from kernels.depth.gemv_small_m import X_COPIES
 
             if gemv_x not in X_COPIES:
                 raise ValueError(f"gemv_x {gemv_x!r}: one of {X_COPIES}")
@@ -565,13 +565,13 @@ class FastLoop:
             self.draw_noise = draw_noise or ("early" if P > GEMV_MAX_ROWS else "compact")
             self.draw_traces = None
             if draw_trace:
-                from kernels.depth_sampler import DRAW_TRACE_POINTS
+                from kernels.depth.draw import DRAW_TRACE_POINTS
 
                 self.draw_traces = torch.zeros(cfg.heads_drawn, P, len(DRAW_TRACE_POINTS),
                                                dtype=torch.int64, device=dev)
             self.attn_traces = None
             if attn_trace:
-                from kernels.depth_attention import ATTN_TRACE_POINTS
+                from kernels.depth.attention import ATTN_TRACE_POINTS
 
                 self.attn_traces = torch.zeros(cfg.positions, L, P, H, len(ATTN_TRACE_POINTS),
                                                dtype=torch.int64, device=dev)
@@ -594,7 +594,7 @@ class FastLoop:
             if input_proj == "skinny":  # the bias as the projection's residual rows
                 self.proj_bias_rows = fw.proj_b.expand(P, -1).contiguous()
         if self.small_m:
-            from kernels.gemv_small_m import register_torch_op
+            from kernels.depth.gemv_small_m import register_torch_op
 
             register_torch_op()
         use_compile = cuda if compile is None else compile
@@ -663,9 +663,9 @@ class FastLoop:
         a's sums of squares (``x_ss``; not so for layer 0, whose x comes from the draw).
         ``normed``: xn already holds norm(a) (the draw wrote it: ``draw_norm``). ``buf``: the
         chain's activations (its xn and x_ss)."""
-        from kernels.gemm_skinny import gemm_skinny
-        from kernels.gemv_small_m import gemv_small_m
-        from kernels.rows_rmsnorm import rows_rmsnorm
+        from kernels.depth.gemm_skinny import gemm_skinny
+        from kernels.depth.gemv_small_m import gemv_small_m
+        from kernels.depth.rows_rmsnorm import rows_rmsnorm
 
         eps = self.cfg.rms_eps
         if self.run_rows <= GEMV_MAX_ROWS:
@@ -687,14 +687,14 @@ class FastLoop:
         cm_out = dict(chunk_major_out=True) if name == "gate_up" and "down" in self.chunk_in \
             else {}
         if name in self.rwgmma:  # mma.sync's tiles; a chunk-major unless brought by TMA
-            from kernels.gemm_skinny_rwgmma import gemm_skinny_rwgmma
+            from kernels.depth.gemm_skinny_rwgmma import gemm_skinny_rwgmma
 
             gemm_skinny_rwgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl, **cm_out,
                                a_copy="tma" if name in self.tma_in else "bulk",
                                **self.tiles.get(name, {}))
             return
         if name in self.wgmma:  # a is chunk-major
-            from kernels.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma
+            from kernels.depth.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma
 
             tile = {"warps": WGMMA_WARPS, **self.tiles.get(name, {})}
             gemm_skinny_wgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=self.pdl, **cm_out,
@@ -713,7 +713,7 @@ class FastLoop:
             dict(fw.skinny_weights(bool(self.fold_norm)))  # a copy: that dict is shared
         packed.update({name: fw.rwgmma_weights(name) for name in self.rwgmma})
         if self.wgmma:
-            from kernels.gemm_skinny_wgmma import WGMMA_WARPS
+            from kernels.depth.gemm_skinny_wgmma import WGMMA_WARPS
 
             packed = {**packed, **{name: fw.wgmma_weights(
                 name, self.tiles.get(name, {}).get("warps", WGMMA_WARPS)) for name in self.wgmma}}
@@ -752,7 +752,7 @@ class FastLoop:
         layer, when position 0 runs on its own stream); ``cache_done``: recorded after it.
         With ``qkv_table`` layer 0 from position 2 on starts at the attention (the draw wrote
         its QKV rows)."""
-        from kernels.depth_attention import depth_attention
+        from kernels.depth.attention import depth_attention
 
         fw, cfg, W, proj = self.fw, self.cfg, self.kernel_w, self._project
         if not (self.qkv_table and li == 0 and p >= 2):
@@ -777,12 +777,12 @@ class FastLoop:
 
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""
-        from kernels.depth_sampler import depth_draw
+        from kernels.depth.draw import depth_draw
 
         fw, cfg, buf = self.fw, self.cfg, self.buf
         overlap = self.prefill == "overlap"
         if self.input_proj == "skinny":  # bf16(b + bf16(h · W^T)), as torch rounds it
-            from kernels.gemm_skinny import gemm_skinny
+            from kernels.depth.gemm_skinny import gemm_skinny
 
             gemm_skinny(self.h, fw.input_proj_weights(), self.buf0.x, resid=self.proj_bias_rows,
                         pdl=self.pdl)

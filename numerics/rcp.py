@@ -3,7 +3,7 @@
 For a normal input x = ±(1 + m·2^-23)·2^e the hardware returns
 ``bits(RN(1/x)) + plus[m] - minus[m]``: a ±1 ulp correction that depends only on the mantissa.
 The table (numerics/data/rcp-approx-ftz-f32-sm90.bin.xz, two packed bit arrays of 2^23 bits)
-was measured on an H200; ``kernels/rcp_probe.py`` regenerates it on a GPU and a gpu test checks
+was measured on an H200; ``kernels/nvfp4/rcp_probe.py`` regenerates it on a GPU and a gpu test checks
 the shipped copy against the hardware. FTZ: a denormal input acts as ±0 (result ±inf) and a
 denormal result flushes to ±0; 1/±inf = ±0; NaN stays NaN. Not assumed for other architectures.
 """

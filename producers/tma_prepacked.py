@@ -16,8 +16,8 @@ fetch the scale tiles of one k-block (a box dimension may not exceed 256 element
 """
 from __future__ import annotations
 
-from kernels.runtime import cute_modules
-from kernels.sync_sm90 import ring_position, wait_parity
+from kernels.device.runtime import cute_modules
+from kernels.device.waits import ring_position, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import Int32  # noqa: E402

@@ -5,7 +5,7 @@ launch; and the whole frame with PDL on and off. Writes a results summary
 
     python3 scripts/bench_depth_kernels.py --rows 1 8 64
 
-Up to 8 rows the projections are the fused GEMVs (kernels/gemv_small_m.py): the loop uses them
+Up to 8 rows the projections are the fused GEMVs (kernels/depth/gemv_small_m.py): the loop uses them
 only up to ``GEMV_MAX_ROWS`` and pads more rows to 16, so at 3-8 rows this times the GEMV side
 of that crossover. Above 8 rows a normed projection is timed as the loop runs it: row norm +
 split-K projection. Frames (``--rows``) are the loop's own, padding included.
@@ -15,11 +15,11 @@ import math
 
 import torch
 
-from kernels.depth_attention import depth_attention
-from kernels.depth_sampler import depth_draw
-from kernels.gemm_skinny import gemm_skinny, pack_weights
-from kernels.gemv_small_m import gemv_small_m as gemv
-from kernels.rows_rmsnorm import rows_rmsnorm
+from kernels.depth.attention import depth_attention
+from kernels.depth.draw import depth_draw
+from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
+from kernels.depth.gemv_small_m import gemv_small_m as gemv
+from kernels.depth.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor import random_weights
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import FastLoop, FastWeights

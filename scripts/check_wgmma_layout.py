@@ -1,11 +1,12 @@
-"""Which descriptor stride convention kernels/gemm_skinny_wgmma.py needs, on the GPU: one small
+"""Which descriptor stride convention kernels/depth/gemm_skinny_wgmma.py needs, on the GPU: one small
 projection with K-adjacent core matrices in LBO (the kernel's) and in SBO (swapped), each
 against fp64. A diagnostic for a failing wgmma test (one line a convention)."""
 import torch
 
-from kernels.gemm_skinny import _ptr_specs
-from kernels.gemm_skinny_wgmma import GemmSkinnyWgmma, chunk_major, pack_weights_wgmma
-from kernels.runtime import cute_modules, current_stream, diagnostics_mailbox, pointer_args
+from kernels.depth.gemm_skinny import _ptr_specs
+from kernels.depth.gemm_skinny_wgmma import GemmSkinnyWgmma, chunk_major, pack_weights_wgmma
+from kernels.device.runtime import cute_modules, current_stream, pointer_args
+from kernels.device.waits import diagnostics_mailbox
 from workbench.results import provenance_line
 
 cutlass, cute = cute_modules()

@@ -1,4 +1,4 @@
-"""One skinny projection (kernels/gemm_skinny.py) launched a few times, for Nsight Compute:
+"""One skinny projection (kernels/depth/gemm_skinny.py) launched a few times, for Nsight Compute:
 
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         -k regex:kernel -c 1 -s 2 python3 scripts/ncu_skinny.py --rows 64 --n 3072 --k 1024 --swiglu
@@ -7,7 +7,7 @@ import argparse
 
 import torch
 
-from kernels.gemm_skinny import gemm_skinny, pack_weights
+from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--rows", type=int, default=64)

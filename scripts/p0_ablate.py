@@ -1,7 +1,7 @@
 """P0 mainloop ablations and config sweep on the GPU (device time only, CUDA-graph replay)."""
 import torch
-from kernels.blockscaled_gemm_sm90 import BlockscaledGemmSm90
-from kernels.gemm_nvfp4 import gemm_nvfp4
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+from kernels.nvfp4.gemm import gemm_nvfp4
 from validators.gemm_operands import make_operand
 from workbench.timing import bench
 

@@ -1,4 +1,4 @@
-"""Times the skinny projection (kernels/gemm_skinny.py) over the loop's shapes, row counts and
+"""Times the skinny projection (kernels/depth/gemm_skinny.py) over the loop's shapes, row counts and
 K-slice counts, each in a CUDA graph of back-to-back launches with the weights rotated beyond L2
 (as scripts/bench_depth_kernels.py); cuBLAS on the same shapes in the same run. Prints a table
 (projection, rows, splits, warps, m_split, µs, cuBLAS µs, TB/s of weights) and writes
@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from kernels.gemm_skinny import MAX_SPLITS, gemm_skinny, pack_weights
+from kernels.depth.gemm_skinny import MAX_SPLITS, gemm_skinny, pack_weights
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
 from scripts.bench_depth_kernels import _copies, _graph_time_us

@@ -3,8 +3,8 @@
 results/<kernel>-trace-<rows>[-<label>].json and a table.
 
 Traced builds stamp %globaltimer from thread 0 of each CTA: the draws at
-kernels.depth_sampler.DRAW_TRACE_POINTS (entry, wait_done, logits, selected, drawn, gathered),
-one CTA a row; the attention steps at kernels.depth_attention.ATTN_TRACE_POINTS (entry,
+kernels.depth.draw.DRAW_TRACE_POINTS (entry, wait_done, logits, selected, drawn, gathered),
+one CTA a row; the attention steps at kernels.depth.attention.ATTN_TRACE_POINTS (entry,
 wait_done, normed, rotated, scored, softmaxed, stored), one CTA a (row, kv head). Per launch:
 the medians over its CTAs of each phase (the time from the previous point), how long the CTAs
 were resident before their release (entry -> wait_done), and the span from the first release
@@ -16,8 +16,8 @@ import os
 
 import torch
 
-from kernels.depth_attention import ATTN_TRACE_POINTS
-from kernels.depth_sampler import DRAW_TRACE_POINTS
+from kernels.depth.attention import ATTN_TRACE_POINTS
+from kernels.depth.draw import DRAW_TRACE_POINTS
 from models.codepredictor import random_weights
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler

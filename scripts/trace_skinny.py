@@ -1,7 +1,7 @@
 """Where a skinny projection's time goes inside the loop's chain: five layers of (row norm, QKV,
 wo + residual, row norm, gate/up SwiGLU, down + residual) captured in one CUDA graph with PDL as
 in the fast loop (attention left out: wo reads a fixed input), every projection a traced build
-(kernels/gemm_skinny.py ``trace=``: thread 0 of each CTA stamps %globaltimer at TRACE_POINTS).
+(kernels/depth/gemm_skinny.py ``trace=``: thread 0 of each CTA stamps %globaltimer at TRACE_POINTS).
 Prints per projection the medians over CTAs of each phase and the gap to the previous
 projection, and writes ``$WB_RESULTS_DIR/skinny-trace-<rows>[-<tag>].json`` (a plain JSON
 object).
@@ -15,11 +15,11 @@ import os
 
 import torch
 
-from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, fold_gamma, gemm_skinny, \
+from kernels.depth.gemm_skinny import TRACE_POINTS, GemmSkinny, fold_gamma, gemm_skinny, \
     pack_weights, tile_warps, trace_shape, warps_per_group
-from kernels.gemm_skinny_wgmma import (WGMMA_WARPS, GemmSkinnyWgmma, gemm_skinny_wgmma,
-                                       pack_weights_wgmma)
-from kernels.rows_rmsnorm import rows_rmsnorm
+from kernels.depth.gemm_skinny_wgmma import (WGMMA_WARPS, GemmSkinnyWgmma, gemm_skinny_wgmma,
+                                             pack_weights_wgmma)
+from kernels.depth.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
 from workbench.results import provenance, provenance_line
@@ -68,7 +68,7 @@ def summarize(launches, stamps) -> list:
 def _build(M: int, tiles: dict, fold_norm: str | None = None, wgmma: bool = False):
     """The chain's buffers, packed weights and traced launches (name, callable, trace).
     ``fold_norm``: as FastLoop's ("own" or "producer"; the chain's first QKV has no producer,
-    so it takes its own squares). ``wgmma``: the projections by kernels/gemm_skinny_wgmma.py
+    so it takes its own squares). ``wgmma``: the projections by kernels/depth/gemm_skinny_wgmma.py
     (timing only: the chain's producers write row-major, which that kernel reads as
     chunk-major, so the values mean nothing)."""
     dev, bf = "cuda", torch.bfloat16
@@ -129,7 +129,7 @@ def main():
                     help="no row-norm kernels: gamma folded into the weights (rms_eps), the "
                     "factors from the projection's own squares or from the producer's sums")
     ap.add_argument("--wgmma", action="store_true",
-                    help="the projections by kernels/gemm_skinny_wgmma.py (timing only)")
+                    help="the projections by kernels/depth/gemm_skinny_wgmma.py (timing only)")
     args = ap.parse_args()
     if args.wgmma and args.fold_norm:
         raise SystemExit("--wgmma has no folded norm")

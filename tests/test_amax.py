@@ -5,7 +5,7 @@ import torch
 
 @pytest.mark.compile
 def test_amax_compiles_for_sm90a_with_vector_loads_and_no_spills():
-    from kernels import amax as mod
+    from kernels.nvfp4 import amax as mod
     from workbench.compile import compile_report
 
     r = compile_report(mod.TensorAbsMax(), *mod.compile_args(), arch="sm_90a")
@@ -18,7 +18,7 @@ def test_amax_compiles_for_sm90a_with_vector_loads_and_no_spills():
 
 @pytest.mark.compile
 def test_amax_compiles_for_sm120a():
-    from kernels import amax as mod
+    from kernels.nvfp4 import amax as mod
     from workbench.compile import compile_report
 
     r = compile_report(mod.TensorAbsMax(), *mod.compile_args(), arch="sm_120a")
@@ -33,7 +33,7 @@ def _same(a, b):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 4096 * 33 + 5, 37810 * 5376])
 def test_amax_matches_torch(dtype, n):
-    from kernels.amax import amax
+    from kernels.nvfp4.amax import amax
 
     g = torch.Generator(device="cuda").manual_seed(n)
     x = torch.randn(n, device="cuda", generator=g).to(dtype) * 3
@@ -49,7 +49,7 @@ def test_amax_matches_torch(dtype, n):
 
 @pytest.mark.gpu
 def test_amax_rejects_bad_input_before_launch():
-    from kernels.amax import amax
+    from kernels.nvfp4.amax import amax
 
     with pytest.raises(TypeError):
         amax(torch.ones(16, device="cuda"))

@@ -18,7 +18,7 @@ BF16_ULP = 2.0**-7  # relative spacing bound of bf16 (8 significant bits)
                                      dict(residual=True), dict(norm=True, out_f32=True)])
 @pytest.mark.parametrize("M", [1, 8])
 def test_fused_gemv_compiles_with_pdl_and_no_spills(variant, M):
-    from kernels.gemv_small_m import GemvSmallM, compile_args
+    from kernels.depth.gemv_small_m import GemvSmallM, compile_args
     from workbench.compile import compile_report
 
     K = 1024 if variant.get("norm") else 3072
@@ -40,10 +40,10 @@ def test_fused_gemv_compiles_with_pdl_and_no_spills(variant, M):
 
 @pytest.mark.compile
 def test_attention_and_sampler_compile():
-    from kernels.depth_attention import ATTN_TRACE_POINTS, DepthAttention
-    from kernels.depth_attention import compile_args as att_args
-    from kernels.depth_sampler import DepthSampler
-    from kernels.depth_sampler import compile_args as smp_args
+    from kernels.depth.attention import ATTN_TRACE_POINTS, DepthAttention
+    from kernels.depth.attention import compile_args as att_args
+    from kernels.depth.draw import DepthSampler
+    from kernels.depth.draw import compile_args as smp_args
     from workbench.compile import compile_report
 
     r = compile_report(DepthAttention(8, 16, 8), *att_args(8))
@@ -69,8 +69,8 @@ def test_sampler_noise_norm_and_trace_compile(noise):
     atomic per element slot, then draws one a thread in a loop over them; "early" and "inline"
     draw once per element slot, unrolled (early before the dependency wait); ``norm_eps``: the next row normalised (the norm kernel's bf16x2
     roundings); ``trace``: a %globaltimer read per DRAW_TRACE_POINTS entry."""
-    from kernels.depth_sampler import DRAW_TRACE_POINTS, DepthSampler
-    from kernels.depth_sampler import compile_args as smp_args
+    from kernels.depth.draw import DRAW_TRACE_POINTS, DepthSampler
+    from kernels.depth.draw import compile_args as smp_args
     from workbench.compile import compile_report
 
     r = compile_report(DepthSampler(8, 2048, 1024, 2048, "sample", trace=True, noise=noise,
@@ -93,8 +93,8 @@ def test_sampler_noise_norm_and_trace_compile(noise):
 def test_sampler_qkv_gather_compiles_to_16_byte_copies():
     """``qkv_width``: the next position's QKV row gathered from the per-code table in 16-byte
     runs, two a thread at 4096 columns, after the draw and without spills."""
-    from kernels.depth_sampler import DepthSampler
-    from kernels.depth_sampler import compile_args as smp_args
+    from kernels.depth.draw import DepthSampler
+    from kernels.depth.draw import compile_args as smp_args
     from workbench.compile import compile_report
 
     plain = compile_report(DepthSampler(64, 2048, 1024, 2048, "greedy"), *smp_args())
@@ -111,8 +111,8 @@ def test_sampler_qkv_gather_compiles_to_16_byte_copies():
 def test_sampler_talker_sum_compiles_to_one_rounding_a_pair():
     """``talker_sum``: the partial's two 16-byte loads and the result's one store a thread,
     one bf16x2 rounding a pair of columns, after the gather and without spills."""
-    from kernels.depth_sampler import DepthSampler
-    from kernels.depth_sampler import compile_args as smp_args
+    from kernels.depth.draw import DepthSampler
+    from kernels.depth.draw import compile_args as smp_args
     from workbench.compile import compile_report
 
     plain = compile_report(DepthSampler(64, 2048, 1024, 2048, "sample"), *smp_args())
@@ -134,8 +134,8 @@ def test_sampler_loads_leave_in_one_batch(mode):
     stores' possible aliasing had kept every load behind the previous one's use)."""
     import re
 
-    from kernels.depth_sampler import DepthSampler
-    from kernels.depth_sampler import compile_args as smp_args
+    from kernels.depth.draw import DepthSampler
+    from kernels.depth.draw import compile_args as smp_args
     from workbench.compile import compile_report
 
     r = compile_report(DepthSampler(64, 2048, 1024, 2048, mode, talker_sum=True,
@@ -168,7 +168,7 @@ def _poison(*shape, dtype=torch.bfloat16):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 3, 8])
 def test_fused_gemv_variants_match_torch(M):
-    from kernels.gemv_small_m import gemv_small_m as gemv
+    from kernels.depth.gemv_small_m import gemv_small_m as gemv
 
     g = torch.Generator(device="cuda").manual_seed(M)
     K, N = 1024, 2048
@@ -208,7 +208,7 @@ def test_fused_gemv_variants_match_torch(M):
 def test_gemv_refuses_rows_beyond_shared_memory():
     """x's rows in shared memory (the norm prologue, x_copy "async") must fit its 48 KB:
     refused before compiling; the wrapper takes "direct" instead for a plain projection."""
-    from kernels.gemv_small_m import GemvSmallM
+    from kernels.depth.gemv_small_m import GemvSmallM
 
     GemvSmallM(8, 3072, x_copy="async")  # 48 KB exactly
     GemvSmallM(8, 4096, x_copy="direct")
@@ -224,7 +224,7 @@ def test_gemv_x_copies_give_the_same_bits(M, K):
     """``x_copy`` (X_COPIES) moves x by cp.async into shared memory or straight into registers:
     the same sums in the same order, so the same bits, plain, with the residual (in place) and
     with SwiGLU."""
-    from kernels.gemv_small_m import gemv_small_m as gemv
+    from kernels.depth.gemv_small_m import gemv_small_m as gemv
 
     g = torch.Generator(device="cuda").manual_seed(M * K)
     N = 1024
@@ -244,7 +244,7 @@ def test_gemv_x_copies_give_the_same_bits(M, K):
 
 @pytest.mark.gpu
 def test_fused_gemv_rejects_bad_input():
-    from kernels.gemv_small_m import gemv_small_m as gemv
+    from kernels.depth.gemv_small_m import gemv_small_m as gemv
 
     x = torch.zeros(2, 1024, dtype=torch.bfloat16, device="cuda")
     w = torch.zeros(64, 1024, dtype=torch.bfloat16, device="cuda")
@@ -284,7 +284,7 @@ def _attention_reference(qkv, q_norm, k_norm, cos, sin, kc, vc, pos, qh, kvh, ep
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,pos", [(1, 0), (1, 7), (3, 15), (8, 5)])
 def test_depth_attention_matches_reference_step(M, pos):
-    from kernels.depth_attention import depth_attention
+    from kernels.depth.attention import depth_attention
     from models.codepredictor import rope_tables
     from models.codepredictor_config import QWEN3_TTS_1P7B as cfg
 
@@ -337,8 +337,8 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, noise, norm
     the norm kernel's bits; with the Gumbel terms drawn in each of the NOISE places."""
     from functools import partial
 
-    from kernels.depth_sampler import depth_draw as plain_draw
-    from kernels.rows_rmsnorm import rows_rmsnorm
+    from kernels.depth.draw import depth_draw as plain_draw
+    from kernels.depth.rows_rmsnorm import rows_rmsnorm
 
     V, hidden, talker = 2048, 1024, 2048
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -394,7 +394,7 @@ def test_depth_draw_equals_reference_sampler_and_gathers(seed, M, d, noise, norm
 def test_depth_draw_trace_stamps_every_row_in_order(mode):
     """``trace``: each row's CTA stamps DRAW_TRACE_POINTS, non-decreasing, and draws the same
     code as the untraced build."""
-    from kernels.depth_sampler import DRAW_TRACE_POINTS, depth_draw
+    from kernels.depth.draw import DRAW_TRACE_POINTS, depth_draw
 
     M, V, d = 64, 2048, 3
     g = torch.Generator(device="cuda").manual_seed(17)
@@ -422,7 +422,7 @@ def test_depth_draw_trace_stamps_every_row_in_order(mode):
 @pytest.mark.parametrize("M,K,warps,m_split", [(16, 1024, 4, 1), (128, 3072, 4, 1),
                                                (64, 1024, 8, 1), (64, 2048, 4, 2)])
 def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K, warps, m_split):
-    from kernels.gemm_skinny import GemmSkinny, compile_args
+    from kernels.depth.gemm_skinny import GemmSkinny, compile_args
     from workbench.compile import compile_report
 
     g = GemmSkinny(M, K, pdl=True, warps=warps, m_split=m_split, **variant)
@@ -452,7 +452,7 @@ def test_skinny_gemm_compiles_to_mma_sync_and_cp_async(variant, M, K, warps, m_s
 def test_skinny_gemm_trace_stamps_only_in_traced_builds():
     """``trace``: thread 0 reads %globaltimer once per TRACE_POINTS entry; the default build
     reads it never (the stamps are compiled out, not skipped at run time)."""
-    from kernels.gemm_skinny import TRACE_POINTS, GemmSkinny, compile_args
+    from kernels.depth.gemm_skinny import TRACE_POINTS, GemmSkinny, compile_args
     from workbench.compile import compile_report
 
     traced = compile_report(GemmSkinny(64, 1024, pdl=True, trace=True), *compile_args()).ptx
@@ -469,7 +469,7 @@ def test_skinny_gemm_folded_norm_compiles_without_spills(M, kw):
     """``rms_eps``: the sums of squares of the a rows come from a second read of the chunks
     the mma used (one butterfly pair a row), the factor from the cluster exchange; the same
     mma count, no spills, within the launch bound's registers."""
-    from kernels.gemm_skinny import GemmSkinny, compile_args
+    from kernels.depth.gemm_skinny import GemmSkinny, compile_args
     from workbench.compile import compile_report
 
     g = GemmSkinny(M, 1024, pdl=True, rms_eps=1e-6, **kw)
@@ -486,7 +486,7 @@ def test_skinny_gemm_sums_of_squares_in_and_out_compile_without_spills():
     """``ss_in``: the producer's sums of the share's rows arrive by 4-byte cp.async with the
     slice (no wait of their own), the mma loop reads no chunk twice and nothing is exchanged
     for the factors; ``ss_out``: one warp reduction (5 butterflies) a stored output."""
-    from kernels.gemm_skinny import GemmSkinny, compile_args
+    from kernels.depth.gemm_skinny import GemmSkinny, compile_args
     from workbench.compile import compile_report
 
     own = compile_report(GemmSkinny(64, 1024, pdl=True, rms_eps=1e-6), *compile_args())
@@ -514,7 +514,7 @@ def test_skinny_gemm_staged_copy_waits_for_one_range_at_a_time(M, K, stages, kw)
     mma count as the one-shot copy, no spills."""
     import re
 
-    from kernels.gemm_skinny import GemmSkinny, compile_args
+    from kernels.depth.gemm_skinny import GemmSkinny, compile_args
     from workbench.compile import compile_report
 
     r = compile_report(GemmSkinny(M, K, pdl=True, a_stages=stages, **kw), *compile_args())
@@ -532,7 +532,7 @@ def test_default_stages_fall_back_to_what_fits_the_tiles():
     """A defaulted ``a_stages`` (``stage_count``) for tiles it was not measured with halves
     until the copy splits into whole rounds; the check is the constructor's."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import GemmSkinny, fitting_stages, stages_fit
+    from kernels.depth.gemm_skinny import GemmSkinny, fitting_stages, stages_fit
 
     assert fitting_stages(4, 64, 256, 128) == 4  # QKV at 64 rows, 4 warps
     assert fitting_stages(4, 16, 256, 256) == 2  # 16 rows on 8 warps: 128 chunks a stage
@@ -547,7 +547,7 @@ def test_default_stages_fall_back_to_what_fits_the_tiles():
         assert built == fits
 
 def test_fold_gamma_scales_columns_and_checks_its_shape():
-    from kernels.gemm_skinny import fold_gamma
+    from kernels.depth.gemm_skinny import fold_gamma
 
     w = torch.randn(32, 64).to(torch.bfloat16)
     gamma = (1 + 0.1 * torch.randn(64)).to(torch.bfloat16)
@@ -602,7 +602,7 @@ def _mma_m16n8k16(a_regs, b_regs):
 
 def test_skinny_gemm_pack_weights_permutes_and_refuses_bad_shapes():
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import pack_weights
+    from kernels.depth.gemm_skinny import pack_weights
 
     w = torch.arange(64 * 96, dtype=torch.float32).reshape(64, 96)
     for swiglu in (False, True):
@@ -623,13 +623,13 @@ def test_skinny_gemm_pack_weights_permutes_and_refuses_bad_shapes():
 @pytest.mark.parametrize("warps", [4, 8])
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_skinny_gemm_packed_fragments_are_exact_under_the_ptx_layouts(swiglu, warps):
-    """kernels/gemm_skinny.py's transposed mma: lane (g, q) takes its A fragment (weights) from
+    """kernels/depth/gemm_skinny.py's transposed mma: lane (g, q) takes its A fragment (weights) from
     one 16-byte unit of pack_weights and its B fragment (a row 8t + g) from words 2s, 2s + 1 of
     that row's chunk q; replayed under an emulation of the PTX m16n8k16 layouts, the two k16
     steps of every 32-wide block give exactly W · a^T, each weight row landing in the partial
     column the kernel stores it to."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import GemmSkinny, pack_weights
+    from kernels.depth.gemm_skinny import GemmSkinny, pack_weights
 
     g = torch.Generator().manual_seed(1)
     K, N = 64, 16 * warps  # two blocks; one tile (SwiGLU: 8 output columns a warp, gate and up)
@@ -666,7 +666,7 @@ def test_skinny_gemm_takes_every_projection_of_the_loop():
     within the SM's 227 KB (and GemmSkinny's own check that 512 threads keep to 256-wide
     slices)."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import MAX_SPLITS, GemmSkinny, tile_warps, warps_per_group
+    from kernels.depth.gemm_skinny import MAX_SPLITS, GemmSkinny, tile_warps, warps_per_group
     from models.codepredictor_config import QWEN3_TTS_1P7B
     from models.fast_loop import projection_shapes
 
@@ -692,8 +692,8 @@ def test_skinny_gemm_default_builds_of_the_loop_spill_only_where_known(M):
     """Every projection of the 1.7B loop as the fast loop builds it (tile_warps,
     warps_per_group, stage_count, the bucket's FRAME_TILES, PDL): no spills beyond
     ``KNOWN_SPILLS``, so a new one is noticed."""
-    from kernels.gemm_skinny import (GemmSkinny, compile_args, stage_count, tile_warps,
-                                     warps_per_group)
+    from kernels.depth.gemm_skinny import (GemmSkinny, compile_args, stage_count, tile_warps,
+                                           warps_per_group)
     from models.fast_loop import frame_tiles
     from workbench.compile import compile_report
 
@@ -717,7 +717,7 @@ def test_skinny_gemm_frame_tiles_match_fp64(M, name):
     plain projections within fp32 split-K noise of the fp64 product (bf16 or fp32 out), SwiGLU
     within two bf16 ulps of silu(gate) · up from gate and up projected alone in as many
     slices (the same sums)."""
-    from kernels.gemm_skinny import gemm_skinny, pack_weights
+    from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
 
     N, K = {"qkv": (4096, 1024), "gate_up": (3072, 1024), "heads": (2048, 1024),
             "wo": (1024, 2048), "down": (1024, 3072)}[name]
@@ -745,7 +745,7 @@ def test_skinny_gemm_frame_tiles_match_fp64(M, name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [16, 48, 128])
 def test_rows_rmsnorm_matches_reference(M):
-    from kernels.rows_rmsnorm import rows_rmsnorm
+    from kernels.depth.rows_rmsnorm import rows_rmsnorm
 
     g = torch.Generator(device="cuda").manual_seed(M)
     x = _randn(M, 1024, g=g, scale=3.0)
@@ -768,7 +768,7 @@ def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits
     iterations every output of the tile is stored exactly once, and every partial a thread
     loads (stored or not: small shares wrap) lies inside the tile."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny import GemmSkinny
+    from kernels.depth.gemm_skinny import GemmSkinny
 
     g = GemmSkinny(M, K, swiglu=swiglu, splits=splits, warps=warps, m_split=m_split)
     per_thread = -(-g.share // g.threads)
@@ -791,7 +791,7 @@ def test_skinny_gemm_cluster_shares_store_every_output_once(M, K, swiglu, splits
 def test_skinny_gemm_staged_copy_is_bit_identical(M, N, K, kw, stages):
     """``a_stages``: the same sums in the same order as the one-shot copy, so the same bits
     (every output written: poisoned first), the residual and SwiGLU epilogues included."""
-    from kernels.gemm_skinny import GemmSkinny, gemm_skinny, pack_weights
+    from kernels.depth.gemm_skinny import GemmSkinny, gemm_skinny, pack_weights
 
     swiglu = N == 6144
     try:
@@ -821,7 +821,7 @@ def test_skinny_gemm_residual_writes_sums_of_squares_of_what_it_stores(M, N, K, 
     """``ss_out``: a residual projection also writes, per row and 32 columns, the fp32 sum of
     squares of the bf16 values it stored (every entry: NaN-poisoned first), and the stored
     values are the same bits as without it."""
-    from kernels.gemm_skinny import gemm_skinny, pack_weights
+    from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
 
     g = torch.Generator(device="cuda").manual_seed(M + N + K)
     a = _randn(M, K, g=g)
@@ -849,7 +849,7 @@ def test_skinny_gemm_folded_norm_matches_fp64(M, epilogue, factors):
     within the fp32-sum bound of the exact product (the factor's fp32 error is 2^-22), every
     output written, the same bits on a rerun; SwiGLU: silu(gate) · up of the scaled sums. The
     factors from the kernel's own squares or from given sums per 32 columns (``ss_in``)."""
-    from kernels.gemm_skinny import fold_gamma, gemm_skinny, pack_weights
+    from kernels.depth.gemm_skinny import fold_gamma, gemm_skinny, pack_weights
 
     swiglu = epilogue == "swiglu"
     N, K, eps = 2048, 1024, 1e-6
@@ -889,7 +889,7 @@ def test_skinny_gemm_folded_norm_matches_fp64(M, epilogue, factors):
     (4096, 1024, None, None, 2), (1024, 2048, None, 4, 2), (1024, 3072, None, 4, 2)])
 def test_skinny_gemm_matches_fp64_and_reruns_bit_identical(M, N, K, splits, warps, m_split):
     """``warps`` None: tile_warps' choice (8 for QKV at 16 rows and for down at 128, else 4)."""
-    from kernels.gemm_skinny import gemm_skinny, pack_weights
+    from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
 
     g = torch.Generator(device="cuda").manual_seed(M * N + K)
     a = _randn(M, K, g=g)
@@ -917,7 +917,7 @@ def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits, warps, m_split):
     """(16, 8): a CTA's share of the outputs (64 with 4 warps, 128 with 8) is smaller than the
     CTA: the extra threads load but must not store. The SwiGLU weights (6144 rows) take 8 warps
     by default up to 64 rows, gate and up alone (3072) 4."""
-    from kernels.gemm_skinny import gemm_skinny, pack_weights
+    from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
 
     g = torch.Generator(device="cuda").manual_seed(M)
     N, K = 3072, 1024
@@ -941,7 +941,7 @@ def test_skinny_gemm_swiglu_and_strided_fp32_rows(M, splits, warps, m_split):
 def test_skinny_gemm_reduction_loads_a_group_before_storing(M, K):
     """The reduction issues all of a group's partial loads (from the peers' shared memory)
     before its stores: a load after a store waits for it, one round trip per output."""
-    from kernels.gemm_skinny import REDUCE_GROUP, GemmSkinny, compile_args
+    from kernels.depth.gemm_skinny import REDUCE_GROUP, GemmSkinny, compile_args
     from workbench.compile import compile_report
 
     g = GemmSkinny(M, K, residual=True)
@@ -951,12 +951,12 @@ def test_skinny_gemm_reduction_loads_a_group_before_storing(M, K):
     assert tail[:first_store].count("ld.shared::cluster") >= REDUCE_GROUP * g.splits
 
 
-# ---- the wgmma mainloop fed from shared memory (kernels/gemm_skinny_wgmma.py, v10j) ----------
+# ---- the wgmma mainloop fed from shared memory (kernels/depth/gemm_skinny_wgmma.py, v10j) ----------
 def test_wgmma_weights_pack_chunk_major_per_tile():
     """pack_weights_wgmma: per tile of 16 * warps rows (pack_weights' weight groups in order)
     and 16-byte chunk of K, the tile's rows; chunk_major: [K / 8, M, 8]. Both permutations."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny_wgmma import chunk_major, pack_weights_wgmma
+    from kernels.depth.gemm_skinny_wgmma import chunk_major, pack_weights_wgmma
 
     K, warps = 64, 4
     w = torch.arange(128 * K, dtype=torch.float32).reshape(128, K)
@@ -980,7 +980,7 @@ def test_wgmma_weights_pack_chunk_major_per_tile():
 def test_skinny_wgmma_mainloop_compiles_to_bulk_copies_and_wgmma(M, K, kw):
     """One wgmma a k16 step of the slice, two bulk copies a stage (weights before the PDL wait,
     a after it), one wait for all wgmma, no proxy fence, no spills, few registers."""
-    from kernels.gemm_skinny_wgmma import GemmSkinnyWgmma, compile_args
+    from kernels.depth.gemm_skinny_wgmma import GemmSkinnyWgmma, compile_args
     from workbench.compile import compile_report
 
     g = GemmSkinnyWgmma(M, K, pdl=True, **kw)
@@ -1003,8 +1003,8 @@ def test_skinny_wgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
     """The wgmma mainloop against fp64 (every output written: poisoned first), the same bits
     on a rerun, and the epilogues (SwiGLU, fp32 logits, residual) as the mma.sync path's on
     its own sums."""
-    from kernels.gemm_skinny import tile_warps
-    from kernels.gemm_skinny_wgmma import chunk_major, gemm_skinny_wgmma, pack_weights_wgmma
+    from kernels.depth.gemm_skinny import tile_warps
+    from kernels.depth.gemm_skinny_wgmma import chunk_major, gemm_skinny_wgmma, pack_weights_wgmma
 
     kw = dict(kw)
     swiglu, out_f32 = N == 6144, N == 2048
@@ -1021,7 +1021,7 @@ def test_skinny_wgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
     again = gemm_skinny_wgmma(a_cm, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu,
                               warps=warps, **kw)
     assert torch.equal(again, out)
-    from kernels.gemm_skinny import gemm_skinny
+    from kernels.depth.gemm_skinny import gemm_skinny
 
     with pytest.raises(ValueError, match="packed for"):  # the other kernel's layout
         gemm_skinny(a, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu)
@@ -1047,13 +1047,13 @@ def test_skinny_wgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
 
 
 
-# ---- the wgmma mainloop with the weights in registers (kernels/gemm_skinny_rwgmma.py, v11a) ---
+# ---- the wgmma mainloop with the weights in registers (kernels/depth/gemm_skinny_rwgmma.py, v11a) ---
 def test_rwgmma_weights_pack_register_fragments():
     """pack_weights_rwgmma: per weight group, k16 step and lane (g, q), wgmma's register A
     fragment a0..a3 = (row g, k), (g + 8, k), (g, k + 8), (g + 8, k + 8) at k = 16t + 2q, each a
     bf16 pair; SwiGLU groups are the gate then the up rows of 8 columns."""
     pytest.importorskip("cutlass")
-    from kernels.gemm_skinny_rwgmma import pack_weights_rwgmma
+    from kernels.depth.gemm_skinny_rwgmma import pack_weights_rwgmma
 
     K = 64
     w = torch.arange(64 * K, dtype=torch.float32).reshape(64, K)
@@ -1097,7 +1097,7 @@ def test_skinny_rwgmma_compiles_to_register_wgmma_and_bulk_copies(M, K, kw):
     """One register-A wgmma a k16 step of the slice, every weight load before the PDL wait and
     every a copy (one bulk copy a stage) after it, one wait for all wgmma, no proxy fence, no
     spills (the loop's default builds of gate/up and qkv at 32, 64 and 128 rows among them)."""
-    from kernels.gemm_skinny_rwgmma import GemmSkinnyRegWgmma, compile_args
+    from kernels.depth.gemm_skinny_rwgmma import GemmSkinnyRegWgmma, compile_args
     from workbench.compile import compile_report
 
     g = GemmSkinnyRegWgmma(M, K, pdl=True, **kw)
@@ -1143,8 +1143,8 @@ def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
     """The register-A wgmma mainloop against fp64 (every output written: poisoned first), the
     same bits on a rerun, the epilogues (SwiGLU, fp32 logits, residual) on its own sums, and
     the chunk-major SwiGLU output equal to the row-major one permuted."""
-    from kernels.gemm_skinny_rwgmma import gemm_skinny_rwgmma, pack_weights_rwgmma
-    from kernels.gemm_skinny_wgmma import chunk_major
+    from kernels.depth.gemm_skinny_rwgmma import gemm_skinny_rwgmma, pack_weights_rwgmma
+    from kernels.depth.gemm_skinny_wgmma import chunk_major
 
     swiglu, out_f32 = N == 6144, N == 2048
     g = torch.Generator(device="cuda").manual_seed(M * N + K + 5)
@@ -1157,7 +1157,7 @@ def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
     out = gemm_skinny_rwgmma(a_cm, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu, **kw)
     again = gemm_skinny_rwgmma(a_cm, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu, **kw)
     assert torch.equal(again, out)
-    from kernels.gemm_skinny import gemm_skinny
+    from kernels.depth.gemm_skinny import gemm_skinny
 
     with pytest.raises(ValueError, match="packed for"):  # the other kernel's layout
         gemm_skinny(a, wp, _poison(M, n_out, dtype=dt), swiglu=swiglu)
@@ -1187,9 +1187,9 @@ def test_skinny_rwgmma_matches_fp64_and_reruns_bit_identical(M, N, K, kw):
 def test_chunk_major_producers_write_the_row_major_values_permuted():
     """rows_rmsnorm, depth_attention and the wgmma projection's SwiGLU output with
     ``chunk_major``: the same bits as row-major, laid out [K / 8][M][8] (chunk_major())."""
-    from kernels.depth_attention import depth_attention
-    from kernels.gemm_skinny_wgmma import chunk_major, gemm_skinny_wgmma, pack_weights_wgmma
-    from kernels.rows_rmsnorm import rows_rmsnorm
+    from kernels.depth.attention import depth_attention
+    from kernels.depth.gemm_skinny_wgmma import chunk_major, gemm_skinny_wgmma, pack_weights_wgmma
+    from kernels.depth.rows_rmsnorm import rows_rmsnorm
 
     g = torch.Generator(device="cuda").manual_seed(11)
     M, K = 32, 1024
@@ -1214,7 +1214,7 @@ def test_chunk_major_producers_write_the_row_major_values_permuted():
     cm_out = gemm_skinny_wgmma(a_cm, wp, _poison(M, 3072), swiglu=True, chunk_major_out=True)
     assert torch.equal(cm_out, chunk_major(plain))
     # the mma.sync projection's SwiGLU output likewise (gate/up feeding a wgmma down)
-    from kernels.gemm_skinny import gemm_skinny, pack_weights
+    from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
 
     ws = pack_weights(_randn(6144, K, g=g, scale=0.03), swiglu=True)
     plain = gemm_skinny(x, ws, _poison(M, 3072), swiglu=True)

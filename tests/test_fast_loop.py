@@ -242,7 +242,7 @@ def test_trace_draw_phase_summary():
 def test_trace_frame_takes_attention_stamps_per_launch():
     from types import SimpleNamespace
 
-    from kernels.depth_attention import ATTN_TRACE_POINTS
+    from kernels.depth.attention import ATTN_TRACE_POINTS
     from scripts.trace_frame import phase_summary, traced_stamps
 
     P = len(ATTN_TRACE_POINTS)
@@ -496,9 +496,9 @@ def test_fast_loop_skinny_input_projection_on_h200_matches_reference_1p7b(R):
 @pytest.mark.parametrize("mma", ["wgmma", ("wo", "down"), ("down",), RWGMMA_ALL, RWGMMA_TMA])
 @pytest.mark.parametrize("R", [16, 64])
 def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma, **loop_kw):
-    """``mma="wgmma"`` (projections by kernels/gemm_skinny_wgmma.py, their inputs kept
+    """``mma="wgmma"`` (projections by kernels/depth/gemm_skinny_wgmma.py, their inputs kept
     chunk-major), wgmma for o / down (attention and the mma.sync gate/up writing chunk-major),
-    for down alone, and the register-A wgmma (kernels/gemm_skinny_rwgmma.py) for the other
+    for down alone, and the register-A wgmma (kernels/depth/gemm_skinny_rwgmma.py) for the other
     four: the bf16 loop's bar (sampled codes agree, forced codes equal, logits within twice
     its noise)."""
     w = random_weights(QWEN3_TTS_1P7B, seed=0, dtype=torch.bfloat16).to(device="cuda")
@@ -517,7 +517,7 @@ def test_fast_loop_wgmma_on_h200_matches_reference_1p7b(R, mma, **loop_kw):
 @pytest.mark.compile
 @pytest.mark.parametrize("M,K", [(1, 1024), (8, 3072)])
 def test_gemv_compiles_to_16_byte_loads_and_shuffles(M, K):
-    from kernels.gemv_small_m import GemvSmallM, compile_args
+    from kernels.depth.gemv_small_m import GemvSmallM, compile_args
     from workbench.compile import compile_report
 
     r = compile_report(GemvSmallM(M, K), *compile_args(M, K))
@@ -532,7 +532,7 @@ def test_gemv_compiles_to_16_byte_loads_and_shuffles(M, K):
 @pytest.mark.parametrize("N,K", [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072),
                                  (2048, 1024), (40, 256)])
 def test_gemv_small_m_matches_fp64(M, N, K):
-    from kernels.gemv_small_m import gemv_small_m
+    from kernels.depth.gemv_small_m import gemv_small_m
 
     g = torch.Generator(device="cuda").manual_seed(M * N + K)
     x = torch.randn(M, K, device="cuda", generator=g).to(torch.bfloat16)

@@ -41,7 +41,7 @@ def test_odd_nibble_path_shifts_into_place():
     (128, 256, 4, 3, 1), (128, 128, 8, 3, 1), (256, 128, 4, 3, 1), (128, 256, 2, 4, 1),
     (128, 128, 8, 3, 3)])
 def test_p0_compiles_with_the_instructions_we_meant(tile_m, tile_n, stages, buffers, splits):
-    from kernels.blockscaled_gemm_sm90 import BlockscaledGemmSm90, compile_args
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, compile_args
     from workbench.compile import compile_report
 
     r = compile_report(BlockscaledGemmSm90(tile_n=tile_n, stages=stages, tile_m=tile_m,
@@ -93,8 +93,8 @@ def _check(out, a, b, M, N, K, row_ids=None):
                                   (128, 256, 4, 1), (128, 128, 4, 1), (128, 128, 3, 3),
                                   (128, 256, 3, 2)])
 def test_p0_within_fp32_bound_and_deterministic(kinds, shape, tile):
-    from kernels.blockscaled_gemm_sm90 import BlockscaledGemmSm90
-    from kernels.gemm_nvfp4 import gemm_nvfp4
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+    from kernels.nvfp4.gemm import gemm_nvfp4
 
     M, N, K = shape
     a, b = _operands(*kinds, M, N, K, seed=M * 7 + N + K + tile[1] + tile[0] // 2)
@@ -109,7 +109,7 @@ def test_p0_within_fp32_bound_and_deterministic(kinds, shape, tile):
 
 @pytest.mark.gpu
 def test_p0_row_slices_without_copy():
-    from kernels.gemm_nvfp4 import gemm_nvfp4
+    from kernels.nvfp4.gemm import gemm_nvfp4
 
     M, N, K = 700, 256, 512
     a, b = _operands("normal", "lognormal", M, N, K, seed=11)
@@ -124,7 +124,7 @@ def test_p0_row_slices_without_copy():
 @pytest.mark.parametrize("N,K", [(21504, 5376), (5376, 5376), (14336, 5376), (5376, 14336)])
 @pytest.mark.parametrize("M", [128, 2048])
 def test_p0_h3_projection_shapes(M, N, K):
-    from kernels.gemm_nvfp4 import gemm_nvfp4
+    from kernels.nvfp4.gemm import gemm_nvfp4
 
     a, b = _operands("normal", "normal", M, N, K, seed=M + N + K)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -140,7 +140,7 @@ def test_p0_h3_projection_shapes(M, N, K):
        kinds=st.sampled_from([("normal", "normal"), ("raw", "raw"), ("lognormal", "cancel")]),
        seed=st.integers(0, 2**31 - 1))
 def test_p0_drawn_shapes(M, n8, k32, kinds, seed):
-    from kernels.gemm_nvfp4 import gemm_nvfp4
+    from kernels.nvfp4.gemm import gemm_nvfp4
 
     N, K = 8 * n8, 32 * k32
     a, b = _operands(*kinds, M, N, K, seed)
@@ -151,7 +151,7 @@ def test_p0_drawn_shapes(M, n8, k32, kinds, seed):
 
 @pytest.mark.gpu
 def test_p0_rejects_bad_input_before_launch():
-    from kernels.gemm_nvfp4 import gemm_nvfp4
+    from kernels.nvfp4.gemm import gemm_nvfp4
 
     a, b = _operands("normal", "normal", 128, 256, 256, seed=3)
     (aq, as_, ga), (bq, bs, gb) = a, b
@@ -180,9 +180,9 @@ def test_p0_rejects_bad_input_before_launch():
 
 _STALL = """
 import torch
-from kernels.blockscaled_gemm_sm90 import BlockscaledGemmSm90
-from kernels.gemm_nvfp4 import gemm_nvfp4
-from kernels.runtime import synchronize
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+from kernels.nvfp4.gemm import gemm_nvfp4
+from kernels.device.waits import synchronize
 from validators.gemm_operands import make_operand
 a = make_operand("normal", 128, 256, 1, "cuda")
 b = make_operand("normal", 256, 256, 2, "cuda")
@@ -208,7 +208,7 @@ def test_p0_stalled_barrier_traps_with_a_message_naming_it():
 
 @pytest.mark.compile
 def test_default_config_matches_the_h200_measurements():
-    from kernels.gemm_nvfp4 import default_config
+    from kernels.nvfp4.gemm import default_config
 
     def pick(M, N, K):
         c = default_config(M, N, K, sms=132)

@@ -10,7 +10,7 @@ from numerics import nvfp4
 @pytest.mark.compile
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_quantize_compiles_with_the_instructions_we_meant(dtype):
-    from kernels import quantize_nvfp4 as Q
+    from kernels.nvfp4 import quantize as Q
     from workbench.compile import compile_report
 
     r = compile_report(Q.QuantizeNvfp4Kernel(str(dtype)[6:]), *Q.compile_args(), arch="sm_90a")
@@ -23,7 +23,7 @@ def test_quantize_compiles_with_the_instructions_we_meant(dtype):
 
 @pytest.mark.compile
 def test_rcp_probe_compiles():
-    from kernels import rcp_probe
+    from kernels.nvfp4 import rcp_probe
     from workbench.compile import compile_report
 
     r = compile_report(rcp_probe.RcpProbe(), *rcp_probe.compile_args())
@@ -38,7 +38,7 @@ def _ref(x, g, pad):
 @pytest.mark.parametrize("kind", ["normal", "lognormal", "ties", "special"])
 @pytest.mark.parametrize("shape", [(16, 16), (48, 16 * 37), (300, 512), (2048, 5376)])
 def test_kernel_is_bit_exact(kind, shape):
-    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from kernels.nvfp4.quantize import quantize_nvfp4
     from validators.tiles import make_tile, tensor_scale_for
 
     M, K = shape
@@ -52,7 +52,7 @@ def test_kernel_is_bit_exact(kind, shape):
 
 @pytest.mark.gpu
 def test_kernel_fp16_and_rung1_cases():
-    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from kernels.nvfp4.quantize import quantize_nvfp4
     from validators import rung1_adversarial
 
     r = rung1_adversarial.run(quick=True, device="cuda", quantize=lambda x, g: quantize_nvfp4(
@@ -62,7 +62,7 @@ def test_kernel_fp16_and_rung1_cases():
 
 @pytest.mark.gpu
 def test_into_buffers_at_row_offset_touches_nothing_else():
-    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from kernels.nvfp4.quantize import quantize_nvfp4
 
     M, K, off = 64, 256, 32
     x = torch.randn(M, K, device="cuda").bfloat16()
@@ -80,7 +80,7 @@ def test_into_buffers_at_row_offset_touches_nothing_else():
 
 @pytest.mark.gpu
 def test_kernel_rejects_bad_input_before_launch():
-    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from kernels.nvfp4.quantize import quantize_nvfp4
 
     g = torch.ones(1, device="cuda")
     x = torch.randn(32, 64, device="cuda").bfloat16()
@@ -99,7 +99,7 @@ def test_kernel_rejects_bad_input_before_launch():
 
 @pytest.mark.gpu
 def test_shipped_rcp_table_equals_the_hardware():
-    from kernels.rcp_probe import rcp_approx_device
+    from kernels.nvfp4.rcp_probe import rcp_approx_device
     from numerics.rcp import rcp_approx
 
     m = torch.arange(0, 1 << 23, dtype=torch.int32, device="cuda")  # every mantissa
@@ -108,7 +108,7 @@ def test_shipped_rcp_table_equals_the_hardware():
 
 
 def _e2m1_fast_model(v: torch.Tensor) -> torch.Tensor:
-    """The fast path's arithmetic (kernels/nvfp4_device.py::_E2M1_FAST), modelled exactly."""
+    """The fast path's arithmetic (kernels/device/{ptx,rounding,nvfp4}.py::_E2M1_FAST), modelled exactly."""
     from numerics.formats import FP32, round_to_format
 
     b = v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
@@ -142,7 +142,7 @@ def test_fast_e2m1_path_equals_the_reference_encoder():
 def test_kernel_matches_reference_on_drawn_tiles(kind, dtype, rows, kb, seed, pad):
     """Rung 2 on the GPU, hypothesis-driven: the `ci` profile draws 40 tiles, `deep`
     (HYPOTHESIS_PROFILE=deep) 2000 tiles, tens of millions of 16-element blocks."""
-    from kernels.quantize_nvfp4 import quantize_nvfp4
+    from kernels.nvfp4.quantize import quantize_nvfp4
     from validators.tiles import make_tile, tensor_scale_for
 
     rows = rows if pad else -(-rows // 16) * 16

@@ -86,7 +86,7 @@ def test_cli_env_and_gpu_only_commands_without_gpu(capsys):
 
 @pytest.mark.compile
 def test_compile_helper_reports_resources_and_census():
-    from kernels import amax
+    from kernels.nvfp4 import amax
     from workbench.compile import compile_report
 
     r = compile_report(amax.TensorAbsMax(), *amax.compile_args())

@@ -18,7 +18,7 @@ SHAPES = [(1, 8, 32), (97, 136, 160), (129, 264, 96), (300, 520, 1056), (640, 38
 
 
 def run(quick: bool = False, seed: int = 0) -> RungResult:
-    from kernels.gemm_nvfp4 import gemm_nvfp4
+    from kernels.nvfp4.gemm import gemm_nvfp4
 
     if not torch.cuda.is_available():
         return RungResult(2, "randomized GEMMs (P0)", "not-run", "needs a CUDA GPU")

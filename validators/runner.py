@@ -36,7 +36,7 @@ def _kernel_quantize():
 
         if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
             return None
-        from kernels.quantize_nvfp4 import quantize_nvfp4
+        from kernels.nvfp4.quantize import quantize_nvfp4
 
         return lambda x, g: quantize_nvfp4(x, g)
     except ImportError:

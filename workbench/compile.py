@@ -218,9 +218,23 @@ def compile_report(fn, *args, arch: str = DEFAULT_ARCH, options: str = "", **kwa
             cub = sorted(Path(dump).glob("*.cubin"))
             cubin = cub[0].read_bytes() if cub else b""
     sass = disassemble(cubin) if cubin else None
+    _dump_ptx(ptx)
     return CompileReport(arch=arch, ptx=ptx, cubin=cubin, sass=sass,
                          kernels=cubin_resources(cubin) if cubin else [],
                          census=instruction_census(ptx), compiled=compiled)
+
+
+def _dump_ptx(ptx: str) -> None:
+    """With WB_PTX_DUMP=<dir>, keep each compiled PTX under a name from the running pytest test
+    (numbered in order), so PTX before and after a code move can be compared file by file."""
+    dump = os.environ.get("WB_PTX_DUMP")
+    if not dump:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "main").split(" ")[0]
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", test.split("::", 1)[-1])
+    Path(dump).mkdir(parents=True, exist_ok=True)
+    n = len(list(Path(dump).glob(f"{stem}.*.ptx")))
+    (Path(dump) / f"{stem}.{n}.ptx").write_text(ptx)
 
 
 def ensure_arch_env(arch: str = DEFAULT_ARCH) -> None:

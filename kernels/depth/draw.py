@@ -14,7 +14,7 @@ Modes: ``sample``, ``greedy`` (argmax of the logits) and ``forced`` (teacher for
 is read from ``codes_in``). Every mode then writes the code, copies the next position's input
 row ``embed_proj[code]`` into ``x_next`` and the Talker-space row ``embeds[code]`` into ``used``,
 and with ``norm_eps`` writes that input row normalised into ``xn`` (the next position's first
-row norm, as kernels.rows_rmsnorm rounds it), or with ``qkv_width`` copies the row
+row norm, as kernels.depth.rows_rmsnorm rounds it), or with ``qkv_width`` copies the row
 ``qkv_table[code]`` into ``qkv_next`` (the next position's first QKV projection, precomputed
 per code: models.fast_loop.FastLoop._layer0_qkv_table). Where the Gumbel terms are drawn
 (``noise``) changes timing only: by default every column's before the dependency wait
@@ -22,11 +22,11 @@ per code: models.fast_loop.FastLoop._layer0_qkv_table). Where the Gumbel terms a
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import bf16_hi, bf16_lo, bf16x2_rn
-from kernels.rows_rmsnorm import THREADS as NORM_THREADS
-from kernels.rows_rmsnorm import load_gamma, normalize_chunks
-from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                             pointer_args, require_hopper)
+from kernels.device.ptx import bf16_hi, bf16_lo
+from kernels.device.rounding import bf16x2_rn
+from kernels.depth.rows_rmsnorm import THREADS as NORM_THREADS, load_gamma, normalize_chunks
+from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
+                                    current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Float64, Int32, Int64, Uint32, Uint64  # noqa: E402
@@ -85,7 +85,7 @@ class DepthSampler:
     draw is written inside the frame: the sampler's tensors change between frames only);
     "compact" moves the top-k survivors to shared memory and draws one a thread; "inline" has
     each thread draw its own survivors, up to V / THREADS in series. ``norm_eps``: also write
-    the next position's row normalised (gamma, eps) as kernels.rows_rmsnorm rounds it.
+    the next position's row normalised (gamma, eps) as kernels.depth.rows_rmsnorm rounds it.
     ``qkv_width``: also gather a row of that many bf16 from a per-code QKV table (0: none).
     ``talker_sum``: also write bf16(sum_in + the gathered Talker-space row), sum_in an fp32
     partial sum (the frame's last draw ends the talker sum: no kernel after it). ``advance``:

@@ -1,13 +1,13 @@
 """RMSNorm of M rows into a separate bf16 buffer, ``bf16(gamma * bf16(x * rsqrt(mean(x^2) + eps)))``
 as the eager reference rounds: the prologue of the skinny tensor-core projections
-(kernels/gemm_skinny.py), which each see only a K-slice of a row and so cannot normalise it
+(kernels/depth/gemm_skinny.py), which each see only a K-slice of a row and so cannot normalise it
 themselves. One CTA per row, 128 threads, each owning 16-byte chunks; PDL like its neighbours.
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import add_squares, rms_factor, rmsnorm_pair
-from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                             pointer_args, require_hopper)
+from kernels.device.rounding import add_squares, rms_factor, rmsnorm_pair
+from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
+                                    current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Uint32  # noqa: E402
@@ -105,7 +105,7 @@ def compile_args():
 def rows_rmsnorm(x, gamma, out, *, eps: float = 1e-6, pdl: bool = False,
                  chunk_major: bool = False):
     """x [M, K] bf16 -> out [M, K] bf16, RMS-normalised with weight gamma [K]. ``chunk_major``:
-    out's storage laid out [K / 8][M][8] (kernels.runtime.activation_layout)."""
+    out's storage laid out [K / 8][M][8] (kernels.device.runtime.activation_layout)."""
     import torch
 
     require_hopper()

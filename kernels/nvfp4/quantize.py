@@ -15,13 +15,12 @@ synchronises with the host.
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import (FLT_MAX, RN_ONE_SIXTH, absmax16_words, bf16_hi, bf16_lo,
-                                  e2m1_pair, e2m1_pair_fast, e2m1_word_fast,
-                                  e4m3_satfinite, e4m3_to_f32,
-                                  f16_hi, f16_lo, fmax_abs, fmin_nan_ignoring, fmul_ftz,
-                                  rcp_approx_ftz)
-from kernels.runtime import cached_compile, check_cuda_tensor, cute_modules, current_stream, \
-    pointer_args, require_hopper
+from kernels.device.nvfp4 import (FLT_MAX, RN_ONE_SIXTH, absmax16_words, e2m1_pair, e2m1_pair_fast,
+                                  e2m1_word_fast, e4m3_satfinite, e4m3_to_f32)
+from kernels.device.ptx import (bf16_hi, bf16_lo, f16_hi, f16_lo, fmax_abs, fmin_nan_ignoring,
+                                fmul_ftz, rcp_approx_ftz)
+from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
+                                    pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint8, Uint32  # noqa: E402

@@ -1,10 +1,10 @@
 """The skinny split-K projection with ``wgmma`` taking the weights from registers
 (notes/fast-loop.md v11a).
 
-The mma.sync kernel (kernels/gemm_skinny.py) keeps its weight fragments in registers, loaded
+The mma.sync kernel (kernels/depth/gemm_skinny.py) keeps its weight fragments in registers, loaded
 before the PDL wait, so a CTA resident under its predecessor streams its weights early; its mma
 phase is issue-bound (1.6-2.4 µs a projection at 64 rows). The shared-memory wgmma kernel
-(kernels/gemm_skinny_wgmma.py) halves that phase but its CTAs need 58-231 KB of shared memory,
+(kernels/depth/gemm_skinny_wgmma.py) halves that phase but its CTAs need 58-231 KB of shared memory,
 which keeps them, and the next kernel's, from becoming resident early (v10j/v10k). This one
 keeps mma.sync's residency and takes wgmma's mma phase:
 
@@ -23,14 +23,13 @@ cluster reduction and the epilogues are GemmSkinny's.
 """
 from __future__ import annotations
 
-from kernels.gemm_skinny import (PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny, PackedWeights,
-                                 _ptr_specs, check_chunk_major_out, check_tiling,
-                                 checked_operands, fitting_stages, stage_count,
-                                 weight_groups)
-from kernels.gemm_skinny_wgmma import STAGE_BARRIER, bulk_copy_g2s, descriptor, smem_u32
-from kernels.runtime import (cached_compile, cute_modules, current_stream,
-                             diagnostics_mailbox, pointer_args)
-from kernels.sync_sm90 import wait_parity
+from kernels.depth.gemm_skinny import (PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny, PackedWeights,
+                                       _ptr_specs, check_chunk_major_out, check_tiling,
+                                       checked_operands, fitting_stages, stage_count,
+                                       weight_groups)
+from kernels.depth.gemm_skinny_wgmma import STAGE_BARRIER, bulk_copy_g2s, descriptor, smem_u32
+from kernels.device.runtime import cached_compile, cute_modules, current_stream, pointer_args
+from kernels.device.waits import diagnostics_mailbox, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Int64, Uint32  # noqa: E402
@@ -246,7 +245,7 @@ class GemmSkinnyRegWgmma(GemmSkinny):
         """wgmma m64nNk16 (N = M / m_split a rows, this warpgroup's part) per k16 step, each
         stage's after its mbarrier; the accumulators as the mma.sync path's n-tiles of 4. B's
         canonical no-swizzle K-major image: K-adjacent core matrices M x 16 bytes apart (LBO),
-        8-row groups 128 bytes apart (SBO), as kernels/gemm_skinny_wgmma.py measured it."""
+        8-row groups 128 bytes apart (SBO), as kernels/depth/gemm_skinny_wgmma.py measured it."""
         M = self.M
         n = M // self.m_split
         if cutlass.const_expr(self.a_copy == "tma"):  # SW128 K-major: 8-row atoms 1024 apart
@@ -298,15 +297,15 @@ def gemm_skinny_rwgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool 
                        pdl: bool = False, splits: int | None = None, warps: int | None = None,
                        m_split: int | None = None, trace=None, a_stages: int | None = None,
                        chunk_major_out: bool = False, a_copy: str = "bulk"):
-    """As :func:`kernels.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
+    """As :func:`kernels.depth.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
     ``w`` packed by :func:`pack_weights_rwgmma` and ``x_cm`` the activations chunk-major
-    (kernels.gemm_skinny_wgmma.chunk_major) for ``a_copy="bulk"``, row-major for "tma". The
+    (kernels.depth.gemm_skinny_wgmma.chunk_major) for ``a_copy="bulk"``, row-major for "tma". The
     tile defaults are gemm_skinny's; ``a_stages``: the slice's K-ranges, default gemm_skinny's
     ``stage_count`` where it fits."""
     M, K, N, out_f32, warps, m_split = checked_operands(x_cm, w, out, resid, swiglu, warps,
                                                         m_split, layout=LAYOUT)
     if not a_stages:
-        from kernels.gemm_skinny import split_count
+        from kernels.depth.gemm_skinny import split_count
 
         k_slice = K // (splits or split_count(M, K, warps))
         a_stages = fitting_stages(stage_count(w.data.shape[0], K, M), M, k_slice,

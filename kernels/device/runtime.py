@@ -80,7 +80,7 @@ def check_cuda_tensor(name: str, t, *, dtypes=None, contiguous=True, align=16):
 def activation_layout(M: int, N: int, ld, chunk_major: bool = False):
     """The layout of an [M, N] activation for (row, column) coordinates: row-major with row
     stride ``ld``, or chunk-major, [N / 8][M][8] (16-byte chunks of a column range holding every
-    row in turn: what kernels/gemm_skinny_wgmma.py bulk-copies into wgmma's canonical image)."""
+    row in turn: what kernels/depth/gemm_skinny_wgmma.py bulk-copies into wgmma's canonical image)."""
     import cutlass.cute as cute
 
     if chunk_major:
@@ -103,41 +103,3 @@ def require_hopper():
     major, minor = torch.cuda.get_device_capability(0)
     if (major, minor) != (9, 0):
         raise WorkbenchError(f"this kernel is built for sm_90a (Hopper); the GPU is sm_{major}{minor}")
-
-
-# ---- diagnostics mailbox: how a trapped kernel says why ----------------------------------------
-_MAILBOX = None
-
-
-def diagnostics_mailbox():
-    """Pinned host int32[8] that kernels write before trapping (readable after the context dies).
-    Slot 0 holds the magic value when a report is present; see kernels.sync_sm90."""
-    global _MAILBOX
-    import torch
-
-    if _MAILBOX is None:
-        _MAILBOX = torch.zeros(8, dtype=torch.int32, pin_memory=True)
-    return _MAILBOX
-
-
-def mailbox_report() -> str | None:
-    from kernels.sync_sm90 import BARRIER_NAMES, MAILBOX_MAGIC
-
-    if _MAILBOX is None or int(_MAILBOX[0]) != MAILBOX_MAGIC:
-        return None
-    bar, stage, parity, cta, tid = (int(v) for v in _MAILBOX[1:6])
-    return (f"kernel timed out after 2 s waiting on the {BARRIER_NAMES.get(bar, bar)} barrier "
-            f"(stage {stage}, parity {parity}) in CTA {cta}, thread {tid}")
-
-
-def synchronize():
-    """torch.cuda.synchronize(), turning a trapped kernel's mailbox into the error message."""
-    import torch
-
-    try:
-        torch.cuda.synchronize()
-    except RuntimeError as e:
-        report = mailbox_report()
-        if report:
-            raise WorkbenchError(report) from e
-        raise

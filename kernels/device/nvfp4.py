@@ -7,48 +7,16 @@ names the exact PTX so the compile census can see it (``rcp.approx.ftz.f32``,
 """
 from __future__ import annotations
 
-from kernels.runtime import cute_modules
+from kernels.device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Uint32  # noqa: E402
-from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
+
+from kernels.device.ptx import asm, prmt  # noqa: E402
 
 RN_ONE_SIXTH = 0.1666666716337204  # 0x3E2AAAAB
 FLT_MAX = 3.4028234663852886e38
-
-
-def _asm(ret, args, text, constraints, loc, ip):
-    return llvm.inline_asm(ret, [a.ir_value(loc=loc, ip=ip) for a in args], text, constraints,
-                           has_side_effects=False, is_align_stack=False,
-                           asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def fmul_ftz(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """IEEE fp32 multiply, denormals flushed (FMUL.FTZ)."""
-    return Float32(_asm(T.f32(), [Float32(a), Float32(b)], "mul.ftz.f32 $0, $1, $2;", "=f,f,f",
-                        loc, ip))
-
-
-@dsl_user_op
-def rcp_approx_ftz(a: Float32, *, loc=None, ip=None) -> Float32:
-    """MUFU.RCP; its bits are modelled by numerics.rcp_approx."""
-    return Float32(_asm(T.f32(), [Float32(a)], "rcp.approx.ftz.f32 $0, $1;", "=f,f", loc, ip))
-
-
-@dsl_user_op
-def fmin_nan_ignoring(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
-    """``fminf``: a NaN operand yields the other operand."""
-    return Float32(_asm(T.f32(), [Float32(a), Float32(b)], "min.f32 $0, $1, $2;", "=f,f,f",
-                        loc, ip))
-
-
-@dsl_user_op
-def fmax_abs(acc: Float32, x: Float32, *, loc=None, ip=None) -> Float32:
-    """max(acc, |x|) ignoring NaN (``__hmax`` semantics; all-NaN stays NaN)."""
-    return Float32(_asm(T.f32(), [Float32(acc), Float32(x)],
-                        "{ .reg .f32 t; abs.f32 t, $2; max.f32 $0, $1, t; }", "=f,f,f", loc, ip))
 
 
 @dsl_user_op
@@ -56,7 +24,7 @@ def e4m3_satfinite(d: Float32, *, loc=None, ip=None) -> Uint32:
     """``cvt.rn.satfinite.e4m3x2.f32``: RNE with subnormals, saturating at ±448 -> byte."""
     text = ("{ .reg .b16 h; cvt.rn.satfinite.e4m3x2.f32 h, 0f00000000, $1; "
             "cvt.u32.u16 $0, h; }")
-    return Uint32(_asm(T.i32(), [Float32(d)], text, "=r,f", loc, ip))
+    return Uint32(asm(T.i32(), [Float32(d)], text, "=r,f", loc, ip))
 
 
 @dsl_user_op
@@ -64,7 +32,7 @@ def e4m3_to_f32(code: Uint32, *, loc=None, ip=None) -> Float32:
     """Exact decode of an E4M3 byte (through f16, which holds every E4M3 value)."""
     text = ("{ .reg .b16 c, lo, hi; .reg .b32 h2; cvt.u16.u32 c, $1; "
             "cvt.rn.f16x2.e4m3x2 h2, c; mov.b32 {lo, hi}, h2; cvt.f32.f16 $0, lo; }")
-    return Float32(_asm(T.f32(), [Uint32(code)], text, "=f,r", loc, ip))
+    return Float32(asm(T.f32(), [Uint32(code)], text, "=f,r", loc, ip))
 
 
 _E2M1_CODE = (
@@ -92,7 +60,7 @@ def e2m1_pair(v_first: Float32, v_second: Float32, *, loc=None, ip=None) -> Uint
             + _E2M1_CODE.format(v="$1", out="hi")
             + _E2M1_CODE.format(v="$2", out="c")
             + "shl.b32 hi, hi, 4; or.b32 $0, hi, c; }")
-    return Uint32(_asm(T.i32(), [Float32(v_first), Float32(v_second)], text, "=r,f,f", loc, ip))
+    return Uint32(asm(T.i32(), [Float32(v_first), Float32(v_second)], text, "=r,f,f", loc, ip))
 
 
 # --- fast paths -----------------------------------------------------------------------------
@@ -121,7 +89,7 @@ def e2m1_pair_fast(v_first: Float32, v_second: Float32, *, loc=None, ip=None) ->
             + _E2M1_FAST.format(v="$1", out="hi")
             + _E2M1_FAST.format(v="$2", out="c")
             + "shl.b32 hi, hi, 4; or.b32 $0, hi, c; }")
-    return Uint32(_asm(T.i32(), [Float32(v_first), Float32(v_second)], text, "=r,f,f", loc, ip))
+    return Uint32(asm(T.i32(), [Float32(v_first), Float32(v_second)], text, "=r,f,f", loc, ip))
 
 
 _E2M1_UNSAT = (  # _E2M1_FAST without saturation or sign: the code + bits(C) in {out}
@@ -161,7 +129,7 @@ def e2m1_word_fast(v0: Float32, v1: Float32, v2: Float32, v3: Float32, v4: Float
     )
     args = [Float32(v) for v in (v0, v1, v2, v3, v4, v5, v6, v7)] + \
            [Uint32(w) for w in (w0, w1, w2, w3)]
-    return Uint32(_asm(T.i32(), args, text, "=r," + ",".join(["f"] * 8 + ["r"] * 4), loc, ip))
+    return Uint32(asm(T.i32(), args, text, "=r," + ",".join(["f"] * 8 + ["r"] * 4), loc, ip))
 
 
 @dsl_user_op
@@ -181,33 +149,8 @@ def absmax16_words(w0: Uint32, w1: Uint32, w2: Uint32, w3: Uint32, w4: Uint32, w
             f"max.NaN.xorsign.abs.{t} a, a, b; max.NaN.xorsign.abs.{t} c, c, d; "
             f"max.NaN.xorsign.abs.{t} a, a, c; mov.b32 {{lo, hi}}, a; "
             f"max.NaN.xorsign.abs.{s} m, lo, hi; cvt.u32.u16 $0, m; and.b32 $0, $0, 0x7FFF; }}")
-    return Uint32(_asm(T.i32(), [Uint32(w) for w in (w0, w1, w2, w3, w4, w5, w6, w7)], text,
+    return Uint32(asm(T.i32(), [Uint32(w) for w in (w0, w1, w2, w3, w4, w5, w6, w7)], text,
                        "=r," + ",".join(["r"] * 8), loc, ip))
-
-
-@dsl_user_op
-def bf16_lo(word: Uint32, *, loc=None, ip=None) -> Float32:
-    """The bf16 in the low half of a word, as fp32 (exact)."""
-    return Float32(_asm(T.f32(), [Uint32(word)], "{ .reg .b32 t; shl.b32 t, $1, 16; "
-                        "mov.b32 $0, t; }", "=f,r", loc, ip))
-
-
-@dsl_user_op
-def bf16_hi(word: Uint32, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm(T.f32(), [Uint32(word)], "{ .reg .b32 t; and.b32 t, $1, 0xFFFF0000; "
-                        "mov.b32 $0, t; }", "=f,r", loc, ip))
-
-
-@dsl_user_op
-def f16_lo(word: Uint32, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm(T.f32(), [Uint32(word)], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; "
-                        "cvt.f32.f16 $0, l; }", "=f,r", loc, ip))
-
-
-@dsl_user_op
-def f16_hi(word: Uint32, *, loc=None, ip=None) -> Float32:
-    return Float32(_asm(T.f32(), [Uint32(word)], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; "
-                        "cvt.f32.f16 $0, h; }", "=f,r", loc, ip))
 
 
 # ---- dequantisation (P0 consumer): E2M1 codes x E4M3 scale -> exact f16 -------------------------
@@ -216,17 +159,11 @@ def f16_hi(word: Uint32, *, loc=None, ip=None) -> Float32:
 # f16 in one instruction. Multiplying by 64·scale (exact in f16, <= 28672) then yields e2m1·scale
 # exactly: at most 6 significant bits, between 2^-10 and 2688, always an f16 normal or zero.
 
-@dsl_user_op
-def prmt(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
-    """``prmt.b32``: bytes of {b, a} picked by the four selector nibbles."""
-    return Uint32(_asm(T.i32(), [Uint32(a), Uint32(b)], f"prmt.b32 $0, $1, $2, {selector:#x};",
-                       "=r,r,r", loc, ip))
-
 
 @dsl_user_op
 def e2m1_bytes_as_e4m3(w: Uint32, *, loc=None, ip=None) -> Uint32:
     """The high nibble of each byte of ``w`` (sign at bit 7) as an E4M3 byte worth 2^-6·e2m1."""
-    return Uint32(_asm(T.i32(), [Uint32(w)],
+    return Uint32(asm(T.i32(), [Uint32(w)],
                        "{ .reg .b32 t; shr.b32 t, $1, 2; and.b32 t, t, 0x1C1C1C1C; "
                        "lop3.b32 $0, $1, 0x80808080, t, 0xEA; }", "=r,r", loc, ip))
 
@@ -238,7 +175,7 @@ def e4m3x2_times_f16x2(word: Uint32, high_half: bool, scale: Uint32, *, loc=None
     pick = "hi" if high_half else "lo"
     text = ("{ .reg .b16 lo, hi; .reg .b32 h; mov.b32 {lo, hi}, $1; "
             f"cvt.rn.f16x2.e4m3x2 h, {pick}; mul.rn.f16x2 $0, h, $2; }}")
-    return Uint32(_asm(T.i32(), [Uint32(word), Uint32(scale)], text, "=r,r,r", loc, ip))
+    return Uint32(asm(T.i32(), [Uint32(word), Uint32(scale)], text, "=r,r,r", loc, ip))
 
 
 @dsl_user_op
@@ -246,7 +183,7 @@ def e4m3x2_scales_x64(pair: Uint32, *, loc=None, ip=None) -> Uint32:
     """Two E4M3 scale bytes (low 16 bits) as f16x2 (s0·64, s1·64), exact."""
     text = ("{ .reg .b16 lo, hi; .reg .b32 h, k; mov.b32 {lo, hi}, $1; mov.b32 k, 0x54005400; "
             "cvt.rn.f16x2.e4m3x2 h, lo; mul.rn.f16x2 $0, h, k; }")
-    return Uint32(_asm(T.i32(), [Uint32(pair)], text, "=r,r", loc, ip))
+    return Uint32(asm(T.i32(), [Uint32(pair)], text, "=r,r", loc, ip))
 
 
 def dequant_e2m1_word(w, scale_x64):
@@ -260,43 +197,3 @@ def dequant_e2m1_word(w, scale_x64):
             e4m3x2_times_f16x2(hi, False, scale_x64), e4m3x2_times_f16x2(hi, True, scale_x64))
 
 
-@dsl_user_op
-def round_bf16(x: Float32, *, loc=None, ip=None) -> Float32:
-    """x rounded to nearest-even bf16, kept as fp32: a rounding the compiler cannot fold away
-    (an ``extf(truncf(x))`` pair can be simplified to x)."""
-    return Float32(_asm(T.f32(), [Float32(x)], "{ .reg .b16 h; .reg .b32 w; "
-                        "cvt.rn.bf16.f32 h, $1; mov.b32 w, {0, h}; mov.b32 $0, w; }", "=f,f",
-                        loc, ip))
-
-
-def add_squares(acc: Float32, word: Uint32) -> Float32:
-    """acc + lo^2 + hi^2 of the two bf16 packed in ``word`` (low half first, fp32): the one
-    order in which every row norm accumulates its sum of squares."""
-    lo, hi = bf16_lo(word), bf16_hi(word)
-    return acc + lo * lo + hi * hi
-
-
-def rms_factor(sum_sq: Float32, n: int, eps: float) -> Float32:
-    """r = rsqrt(mean(x^2) + eps) of a row of ``n`` elements from its fp32 sum of squares: the
-    factor :func:`rmsnorm_value` / :func:`rmsnorm_pair` scale by (shared by every row norm)."""
-    return cute.math.rsqrt(sum_sq * Float32(1.0 / n) + Float32(eps))
-
-
-def rmsnorm_value(x: Float32, gamma: Float32, r: Float32) -> Float32:
-    """One element of an RMS-normalised bf16 row, rounded as the eager reference rounds:
-    ``bf16(gamma * bf16(x * r))`` (models.codepredictor.rms_norm), r = rsqrt(mean(x^2) + eps);
-    kept as fp32."""
-    return round_bf16(gamma * round_bf16(x * r))
-
-
-def rmsnorm_pair(x_word: Uint32, gamma_word: Uint32, r: Float32) -> Uint32:
-    """:func:`rmsnorm_value` for the two bf16 packed in a word, packed again (bf16x2 roundings)."""
-    y = bf16x2_rn(bf16_lo(x_word) * r, bf16_hi(x_word) * r)
-    return bf16x2_rn(bf16_lo(gamma_word) * bf16_lo(y), bf16_hi(gamma_word) * bf16_hi(y))
-
-
-@dsl_user_op
-def bf16x2_rn(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
-    """``cvt.rn.bf16x2.f32``: two fp32 values rounded to nearest-even bf16, ``lo`` in bits 0-15."""
-    return Uint32(_asm(T.i32(), [Float32(hi), Float32(lo)], "cvt.rn.bf16x2.f32 $0, $1, $2;",
-                       "=r,f,f", loc, ip))

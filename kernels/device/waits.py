@@ -4,7 +4,7 @@ Every wait on an mbarrier goes through :func:`wait_parity`: ``mbarrier.try_wait.
 already suspends the thread for a hardware-chosen time) in a loop that reads ``%globaltimer``.
 After ``TIMEOUT_NS`` it writes what it was waiting for — barrier id, stage, parity, CTA, thread —
 into the diagnostics mailbox (pinned host memory, so it survives the dead context) and traps.
-The host turns the mailbox into a message (:func:`kernels.runtime.synchronize`).
+The host turns the mailbox into a message (:func:`kernels.device.runtime.synchronize`).
 
 No ``printf`` here: a call in the kernel makes ptxas serialise every wgmma (each one followed by
 ``WARPGROUP.DEPBAR``), which halves the GEMM's speed.
@@ -15,7 +15,8 @@ with parity ``(n // S) & 1``. A consumer waits on "full" for that parity; a prod
 """
 from __future__ import annotations
 
-from kernels.runtime import cute_modules
+from workbench import WorkbenchError
+from kernels.device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Int64  # noqa: E402
@@ -76,3 +77,39 @@ def count_split_arrival(mCount: cute.Tensor, tile_id: Int32, splits: cutlass.Con
         last = Int32(1)
         mCount[tile_id] = Int32(0)  # re-arm for the next launch
     flag[0] = last
+
+
+# ---- diagnostics mailbox: how a trapped kernel says why ----------------------------------------
+_MAILBOX = None
+
+
+def diagnostics_mailbox():
+    """Pinned host int32[8] that kernels write before trapping (readable after the context dies).
+    Slot 0 holds the magic value when a report is present; see wait_parity."""
+    global _MAILBOX
+    import torch
+
+    if _MAILBOX is None:
+        _MAILBOX = torch.zeros(8, dtype=torch.int32, pin_memory=True)
+    return _MAILBOX
+
+
+def mailbox_report() -> str | None:
+    if _MAILBOX is None or int(_MAILBOX[0]) != MAILBOX_MAGIC:
+        return None
+    bar, stage, parity, cta, tid = (int(v) for v in _MAILBOX[1:6])
+    return (f"kernel timed out after 2 s waiting on the {BARRIER_NAMES.get(bar, bar)} barrier "
+            f"(stage {stage}, parity {parity}) in CTA {cta}, thread {tid}")
+
+
+def synchronize():
+    """torch.cuda.synchronize(), turning a trapped kernel's mailbox into the error message."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        report = mailbox_report()
+        if report:
+            raise WorkbenchError(report) from e
+        raise

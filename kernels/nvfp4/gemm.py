@@ -6,9 +6,10 @@ swizzle [roundup(rows, 128), roundup(K/16, 4)], and an fp32 tensor scale per ope
 """
 from __future__ import annotations
 
-from kernels.blockscaled_gemm_sm90 import PTRS, BlockscaledGemmSm90
-from kernels.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                             diagnostics_mailbox, pointer_args, require_hopper, sm_count)
+from kernels.nvfp4.gemm_shell import PTRS, BlockscaledGemmSm90
+from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
+                                    current_stream, pointer_args, require_hopper, sm_count)
+from kernels.device.waits import diagnostics_mailbox
 
 cutlass, cute = cute_modules()
 from cutlass import Int32  # noqa: E402

@@ -1,6 +1,6 @@
 """The skinny split-K projection with ``wgmma`` fed from shared memory (notes/fast-loop.md v10j).
 
-The same tiles, slices, cluster reduction and epilogues as kernels/gemm_skinny.py; only the
+The same tiles, slices, cluster reduction and epilogues as kernels/depth/gemm_skinny.py; only the
 mainloop differs. Both operands reach shared memory by 1-D bulk copies (``cp.async.bulk``,
 the async proxy: no generic-proxy writes, so no proxy fence, which v10a found compiles to a
 MEMBAR waiting for every outstanding load), each K-range ("stage") completing the bytes of its
@@ -24,12 +24,11 @@ Compile-checked only: the GPU tests are written (tests/test_depth_kernels.py), n
 """
 from __future__ import annotations
 
-from kernels.gemm_skinny import (MAX_SPLITS, PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny,
-                                 PackedWeights, _ptr_specs, check_chunk_major_out, check_tiling,
-                                 checked_operands, weight_groups)
-from kernels.runtime import (cached_compile, cute_modules, current_stream,
-                             diagnostics_mailbox, pointer_args)
-from kernels.sync_sm90 import wait_parity
+from kernels.depth.gemm_skinny import (MAX_SPLITS, PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny,
+                                       PackedWeights, _ptr_specs, check_chunk_major_out,
+                                       check_tiling, checked_operands, weight_groups)
+from kernels.device.runtime import cached_compile, cute_modules, current_stream, pointer_args
+from kernels.device.waits import diagnostics_mailbox, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
@@ -254,7 +253,7 @@ def gemm_skinny_wgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool =
                       pdl: bool = False, splits: int | None = None, warps: int | None = None,
                       m_split: int | None = None, trace=None, stages: int | None = None,
                       chunk_major_out: bool = False):
-    """As :func:`kernels.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
+    """As :func:`kernels.depth.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
     ``x_cm`` the activations chunk-major (:func:`chunk_major`, [M, K]-shaped storage) and ``w``
     packed by :func:`pack_weights_wgmma` (``warps`` defaults to, and must equal, its tiles').
     ``chunk_major_out``: ``out`` (contiguous) chunk-major too, for a next wgmma projection

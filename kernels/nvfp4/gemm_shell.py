@@ -19,14 +19,14 @@ raise to 232. Pipelines:
 Tiles are visited by CUTLASS's static persistent scheduler (grid = min(tiles, SMs)); every role
 walks the same sequence. No CTA ever waits on another, so the persistent grid needs no
 co-residency guarantee (a CTA that is not resident yet simply starts later). All mbarrier waits
-are bounded (:mod:`kernels.sync_sm90`): a stalled barrier traps with a report naming it.
+are bounded (:mod:`kernels.device.waits`): a stalled barrier traps with a report naming it.
 """
 from __future__ import annotations
 
 from consumers.dequant_wgmma import TILE_K, DequantWgmmaConsumer
 from epilogues.alpha_bf16 import AlphaBf16Epilogue, SplitKAlphaBf16Epilogue
-from kernels.runtime import cute_modules
-from kernels.sync_sm90 import ring_position, wait_parity
+from kernels.device.runtime import cute_modules
+from kernels.device.waits import ring_position, wait_parity
 from producers.tma_prepacked import TmaPrepackedProducer
 
 cutlass, cute = cute_modules()
@@ -248,7 +248,7 @@ def compile_args(M: int = 256, N: int = 512, K: int = 256):
     """Arguments for cute.compile offline (placeholder addresses, never dereferenced)."""
     from cutlass.cute.runtime import make_fake_stream
 
-    from kernels.runtime import pointer_args
+    from kernels.device.runtime import pointer_args
 
     return (*pointer_args(PTRS), Int32(M), Int32(N), Int32(K // 32), Int32(132),
             make_fake_stream())

@@ -14,8 +14,8 @@ Elements past the last whole vector are read one at a time by CTA 0.
 """
 from __future__ import annotations
 
-from kernels.runtime import cached_compile, check_cuda_tensor, cute_modules, current_stream, \
-    pointer_args, require_hopper, sm_count
+from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
+                                    pointer_args, require_hopper, sm_count)
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint16, Uint32  # noqa: E402

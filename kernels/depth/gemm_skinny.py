@@ -24,7 +24,7 @@ Split-K reduction through distributed shared memory, deterministic: the slices o
 the CTAs of one thread-block cluster (at most 8, the portable size). Each CTA stores its fp32
 partial tile into its own shared memory; after a cluster barrier (release / acquire) CTA s adds,
 for its 1/splits share of the tile's outputs, the partials of CTAs 0, 1, ... in that order and
-applies the epilogue (rounding as kernels/gemv_small_m.py); a second barrier keeps every CTA's
+applies the epilogue (rounding as kernels/depth/gemv_small_m.py); a second barrier keeps every CTA's
 shared memory alive until its peers have read it. No workspace, no counters, no gpu-scope fence.
 
 A row norm can be folded in (``rms_eps``, notes/fast-loop.md v10b/v10d): the caller folds
@@ -38,10 +38,10 @@ rows, faster at 16; the loop keeps it off.
 """
 from __future__ import annotations
 
-from kernels.gemv_small_m import check_projection_out, epilogue_store, projection_dims
-from kernels.nvfp4_device import add_squares, rms_factor
-from kernels.runtime import (activation_layout, cached_compile, check_cuda_tensor, cute_modules,
-                             current_stream, pointer_args, require_hopper)
+from kernels.depth.projection_io import check_projection_out, epilogue_store, projection_dims
+from kernels.device.rounding import add_squares, rms_factor
+from kernels.device.runtime import (activation_layout, cached_compile, check_cuda_tensor,
+                                    cute_modules, current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Int64, Uint32  # noqa: E402
@@ -134,7 +134,7 @@ class PackedWeights:
     """A projection's weights [N, K] (SwiGLU: [2N, K], gate rows then up rows) re-laid for the
     skinny GEMM (:func:`pack_weights`): the same bytes, permuted. ``data`` keeps the [rows, K]
     shape for the operand checks; only the kernel whose ``layout`` it names can read it ("mma":
-    this module's; "wgmma4" / "wgmma8": kernels/gemm_skinny_wgmma.py's, for 4- or 8-warp tiles)."""
+    this module's; "wgmma4" / "wgmma8": kernels/depth/gemm_skinny_wgmma.py's, for 4- or 8-warp tiles)."""
 
     def __init__(self, data, swiglu: bool, layout: str = "mma"):
         self.data, self.swiglu, self.layout = data, swiglu, layout
@@ -234,7 +234,7 @@ class GemmSkinny:
         if sum((residual, swiglu, out_f32)) > 1:
             raise ValueError("residual, swiglu and out_f32 are alternative epilogues")
         # chunk_major_out: y laid out [N / 8][M][8] (runtime.activation_layout), the input a
-        # wgmma projection (kernels/gemm_skinny_wgmma.py) bulk-copies
+        # wgmma projection (kernels/depth/gemm_skinny_wgmma.py) bulk-copies
         if chunk_major_out and (residual or out_f32):
             raise ValueError("chunk_major_out: for the SwiGLU / plain bf16 outputs that feed "
                              "a wgmma projection")
@@ -626,7 +626,7 @@ def checked_operands(x, w: PackedWeights, out, resid, swiglu: bool, warps, m_spl
     tiles, ``warps`` defaulting to the packing's)."""
     require_hopper()
     if not isinstance(w, PackedWeights):
-        raise TypeError("w: pack the weights first (kernels.gemm_skinny.pack_weights)")
+        raise TypeError("w: pack the weights first (kernels.depth.gemm_skinny.pack_weights)")
     if not w.layout.startswith(layout):
         raise ValueError(f"w was packed for the {w.layout!r} kernel, not this one ({layout!r})")
     if w.swiglu != swiglu:
@@ -681,7 +681,7 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     [N / 32, M]: each 32 stored columns of each row of ``out``). ``a_stages`` (1, 2, 4): copy
     the a slice in that many K-ranges, each range's mma starting once it has landed (default
     ``stage_count``). ``chunk_major_out``: ``out`` (contiguous) chunk-major, [N / 8][M][8]
-    (SwiGLU or plain bf16 only): the input of a wgmma projection (kernels.gemm_skinny_wgmma)."""
+    (SwiGLU or plain bf16 only): the input of a wgmma projection (kernels.depth.gemm_skinny_wgmma)."""
     M, K, N, out_f32, warps, m_split = checked_operands(x, w, out, resid, swiglu, warps,
                                                         m_split)
     if not a_stages:

@@ -6,9 +6,9 @@ result with numerics.rcp's shipped table.
 """
 from __future__ import annotations
 
-from kernels.nvfp4_device import rcp_approx_ftz
-from kernels.runtime import cached_compile, check_cuda_tensor, cute_modules, current_stream, \
-    pointer_args, require_hopper
+from kernels.device.ptx import rcp_approx_ftz
+from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
+                                    pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32  # noqa: E402

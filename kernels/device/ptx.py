@@ -1,0 +1,67 @@
+"""Thin PTX wrappers: one instruction (or a short fixed sequence) each, named so the compile
+census can see it. ``asm`` is the one inline-asm entry every device helper goes through."""
+from __future__ import annotations
+
+from kernels.device.runtime import cute_modules
+
+cutlass, cute = cute_modules()
+from cutlass import Float32, Uint32  # noqa: E402
+from cutlass._mlir.dialects import llvm  # noqa: E402
+from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
+
+
+def asm(ret, args, text, constraints, loc, ip):
+    return llvm.inline_asm(ret, [a.ir_value(loc=loc, ip=ip) for a in args], text, constraints,
+                           has_side_effects=False, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+@dsl_user_op
+def fmul_ftz(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """IEEE fp32 multiply, denormals flushed (FMUL.FTZ)."""
+    return Float32(asm(T.f32(), [Float32(a), Float32(b)], "mul.ftz.f32 $0, $1, $2;", "=f,f,f",
+                        loc, ip))
+
+@dsl_user_op
+def rcp_approx_ftz(a: Float32, *, loc=None, ip=None) -> Float32:
+    """MUFU.RCP; its bits are modelled by numerics.rcp_approx."""
+    return Float32(asm(T.f32(), [Float32(a)], "rcp.approx.ftz.f32 $0, $1;", "=f,f", loc, ip))
+
+@dsl_user_op
+def fmin_nan_ignoring(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """``fminf``: a NaN operand yields the other operand."""
+    return Float32(asm(T.f32(), [Float32(a), Float32(b)], "min.f32 $0, $1, $2;", "=f,f,f",
+                        loc, ip))
+
+@dsl_user_op
+def fmax_abs(acc: Float32, x: Float32, *, loc=None, ip=None) -> Float32:
+    """max(acc, |x|) ignoring NaN (``__hmax`` semantics; all-NaN stays NaN)."""
+    return Float32(asm(T.f32(), [Float32(acc), Float32(x)],
+                        "{ .reg .f32 t; abs.f32 t, $2; max.f32 $0, $1, t; }", "=f,f,f", loc, ip))
+
+@dsl_user_op
+def prmt(a: Uint32, b: Uint32, selector: int, *, loc=None, ip=None) -> Uint32:
+    """``prmt.b32``: bytes of {b, a} picked by the four selector nibbles."""
+    return Uint32(asm(T.i32(), [Uint32(a), Uint32(b)], f"prmt.b32 $0, $1, $2, {selector:#x};",
+                       "=r,r,r", loc, ip))
+
+@dsl_user_op
+def bf16_lo(word: Uint32, *, loc=None, ip=None) -> Float32:
+    """The bf16 in the low half of a word, as fp32 (exact)."""
+    return Float32(asm(T.f32(), [Uint32(word)], "{ .reg .b32 t; shl.b32 t, $1, 16; "
+                        "mov.b32 $0, t; }", "=f,r", loc, ip))
+
+@dsl_user_op
+def bf16_hi(word: Uint32, *, loc=None, ip=None) -> Float32:
+    return Float32(asm(T.f32(), [Uint32(word)], "{ .reg .b32 t; and.b32 t, $1, 0xFFFF0000; "
+                        "mov.b32 $0, t; }", "=f,r", loc, ip))
+
+@dsl_user_op
+def f16_lo(word: Uint32, *, loc=None, ip=None) -> Float32:
+    return Float32(asm(T.f32(), [Uint32(word)], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; "
+                        "cvt.f32.f16 $0, l; }", "=f,r", loc, ip))
+
+@dsl_user_op
+def f16_hi(word: Uint32, *, loc=None, ip=None) -> Float32:
+    return Float32(asm(T.f32(), [Uint32(word)], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; "
+                        "cvt.f32.f16 $0, h; }", "=f,r", loc, ip))

@@ -1,0 +1,48 @@
+"""The device rounding rules, once: bf16 roundings the compiler cannot fold away and the RMSNorm
+order every row norm uses. The device twins of :mod:`numerics` / ``models.codepredictor.rms_norm``;
+compile tests count the ``cvt.rn.bf16.f32`` / ``cvt.rn.bf16x2.f32`` a kernel must contain."""
+from __future__ import annotations
+
+from kernels.device.runtime import cute_modules
+
+cutlass, cute = cute_modules()
+from cutlass import Float32, Uint32  # noqa: E402
+from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
+from kernels.device.ptx import asm, bf16_hi, bf16_lo  # noqa: E402
+
+
+@dsl_user_op
+def round_bf16(x: Float32, *, loc=None, ip=None) -> Float32:
+    """x rounded to nearest-even bf16, kept as fp32: a rounding the compiler cannot fold away
+    (an ``extf(truncf(x))`` pair can be simplified to x)."""
+    return Float32(asm(T.f32(), [Float32(x)], "{ .reg .b16 h; .reg .b32 w; "
+                        "cvt.rn.bf16.f32 h, $1; mov.b32 w, {0, h}; mov.b32 $0, w; }", "=f,f",
+                        loc, ip))
+
+@dsl_user_op
+def bf16x2_rn(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
+    """``cvt.rn.bf16x2.f32``: two fp32 values rounded to nearest-even bf16, ``lo`` in bits 0-15."""
+    return Uint32(asm(T.i32(), [Float32(hi), Float32(lo)], "cvt.rn.bf16x2.f32 $0, $1, $2;",
+                       "=r,f,f", loc, ip))
+
+def add_squares(acc: Float32, word: Uint32) -> Float32:
+    """acc + lo^2 + hi^2 of the two bf16 packed in ``word`` (low half first, fp32): the one
+    order in which every row norm accumulates its sum of squares."""
+    lo, hi = bf16_lo(word), bf16_hi(word)
+    return acc + lo * lo + hi * hi
+
+def rms_factor(sum_sq: Float32, n: int, eps: float) -> Float32:
+    """r = rsqrt(mean(x^2) + eps) of a row of ``n`` elements from its fp32 sum of squares: the
+    factor :func:`rmsnorm_value` / :func:`rmsnorm_pair` scale by (shared by every row norm)."""
+    return cute.math.rsqrt(sum_sq * Float32(1.0 / n) + Float32(eps))
+
+def rmsnorm_value(x: Float32, gamma: Float32, r: Float32) -> Float32:
+    """One element of an RMS-normalised bf16 row, rounded as the eager reference rounds:
+    ``bf16(gamma * bf16(x * r))`` (models.codepredictor.rms_norm), r = rsqrt(mean(x^2) + eps);
+    kept as fp32."""
+    return round_bf16(gamma * round_bf16(x * r))
+
+def rmsnorm_pair(x_word: Uint32, gamma_word: Uint32, r: Float32) -> Uint32:
+    """:func:`rmsnorm_value` for the two bf16 packed in a word, packed again (bf16x2 roundings)."""
+    y = bf16x2_rn(bf16_lo(x_word) * r, bf16_hi(x_word) * r)
+    return bf16x2_rn(bf16_lo(gamma_word) * bf16_lo(y), bf16_hi(gamma_word) * bf16_hi(y))
