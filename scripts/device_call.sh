@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call on the H200: each step's log goes to $OUT/<commit>-<step>.log, led by a
+# provenance line (commit, device, UTC, command, versions); summaries go to $OUT (WB_RESULTS_DIR).
+# Usage (in the device command, from the project root, after `source .gpu/install.sh`):
+#   WB_GIT_COMMIT=<sha> bash scripts/device_call.sh fast|depth|nvfp4|experiments [...]
+#   fast         the fast GPU subset (-m fast): each kernel's core exactness test once
+#   depth|nvfp4  one part of the whole GPU suite (-m "gpu or compile" --gpu-part ...)
+#   experiments  depth-loop, p0-baseline, the p0 ladder
+set -uo pipefail
+: "${OUT:?run on the device machine}" "${WB_GIT_COMMIT:?name the commit}"
+export WB_RESULTS_DIR=$OUT PYTHONUNBUFFERED=1
+sha=${WB_GIT_COMMIT:0:7}
+header() {  # the provenance line every log starts with
+  python3 - "$1" <<'PY'
+import json, sys, time, torch
+try:
+    import cutlass
+    dsl = getattr(cutlass, "__version__", "4.8.1")
+except Exception:
+    dsl = None
+import os
+print("# provenance " + json.dumps({
+    "commit": os.environ["WB_GIT_COMMIT"][:7],
+    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+    "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": sys.argv[1],
+    "cute_dsl": dsl, "torch": torch.__version__}))
+PY
+}
+step() {  # step NAME COMMAND...: run it with its log, report its wall time
+  local name=$1; shift
+  local log=$OUT/$sha-$name.log t0=$SECONDS
+  header "$*" > "$log"
+  "$@" 2>&1 | tee -a "$log" | tail -n 4
+  local rc=${PIPESTATUS[0]}
+  echo "# $name: exit $rc after $((SECONDS - t0)) s" | tee -a "$log"
+}
+for what in "$@"; do
+  case $what in
+    fast) step fast python3 -m pytest -q -m fast -p no:cacheprovider --durations=15 ;;
+    depth|nvfp4) step "tests-$what" python3 -m pytest -q -m "gpu or compile" --gpu-part "$what" \
+                   -p no:cacheprovider --durations=25 ;;
+    experiments)
+      step depth-loop python3 -m experiments.depth_loop
+      step p0-baseline python3 -m experiments.p0_baseline
+      step ladder-p0 python3 -m workbench.cli ladder --phase p0 ;;
+    *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, experiments)" >&2; exit 2 ;;
+  esac
+done
