@@ -12,8 +12,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--quick", action="store_true", help="fewer shapes and repeats")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results-dir", default=None, help="where to write the summary "
-                   "(default: $WB_RESULTS_DIR or results/)")
+    p.add_argument("--results-dir", default=None, help="where to write the summary (default: "
+                   "$WB_RESULTS_DIR, else this run's folder results/runs/<utc>-<host>/; "
+                   "`wb results publish` copies it into results/)")
     return p
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from workbench import WorkbenchError
 from workbench import results as R
 from workbench.timing import COPY_CEILING_BPS, bench, rotation_count
 
@@ -213,6 +214,12 @@ def _main(argv) -> int:
         measurements=rows, headline=headline, gates=gates, seeds={"operands": args.seed},
         notes=NOTES)
     path = R.write(summary, args.results_dir)
+    try:  # the ratio per shape and M as a picture beside the summary (the plots extra)
+        from workbench.plots import p0_ratio_png
+
+        progress(f"wrote {p0_ratio_png(summary, path.with_suffix('.png'))}")
+    except WorkbenchError as e:
+        progress(f"no plot: {e}")
     table = [[r["projection"], r["M"], f"{r['timings']['p0']['median_us']:.1f}",
               f"{r['timings']['cublas_bf16']['median_us']:.1f}", f"{r['p0_over_cublas_bf16']:.2f}",
               f"{r['timings']['ours_e2e']['median_us']:.1f}",

@@ -1,5 +1,7 @@
 """Foundation: results schema and writer, CLI behaviour, compile helper, committed summaries."""
 import json
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -48,28 +50,133 @@ def test_committed_results_match_the_schema(path):
     assert R.validate(json.loads(path.read_text())) == []
 
 
-def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
+@pytest.fixture
+def published(tmp_path, monkeypatch):
+    """A published results/ of its own; runs write into its runs/ (WB_RESULTS_DIR unset)."""
+    monkeypatch.setenv("WB_PUBLISHED_DIR", str(tmp_path / "results"))
+    monkeypatch.delenv("WB_RESULTS_DIR", raising=False)
+    (tmp_path / "results").mkdir()
+    return tmp_path / "results"
+
+
+def test_cli_errors_are_one_line(published, capsys):
     assert main(["results", "show", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("wb: ") and err.count("\n") == 1 and "Traceback" not in err
-    (tmp_path / "broken.json").write_text("{not json")
+    (published / "broken.json").write_text("{not json")
     assert main(["results", "show", "broken"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
     assert main(["run", "no-such-experiment"]) == 2
     assert "known:" in capsys.readouterr().err
 
 
-def test_cli_results_list_show_diff(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
-    R.write(_summary("a"), tmp_path)
+def test_cli_results_list_show_diff(published, capsys):
+    R.write(_summary("a"), published)
     s = _summary("b")
     s["headline"]["gbps"] = 3.0
-    R.write(s, tmp_path)
+    R.write(s, published)
     assert main(["results", "list"]) == 0
     assert main(["results", "show", "a"]) == 0
     assert main(["results", "diff", "a", "b"]) == 0
     out = capsys.readouterr().out
     assert "gbps" in out and "2" in out
+
+
+def test_a_run_writes_into_its_run_folder_never_into_the_published_one(published):
+    path = R.write(_summary("fresh"))
+    assert path.parent == R.run_dir() and path.parent.parent == published / "runs"
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[A-Za-z0-9._-]+", path.parent.name)  # <utc>-<host>
+    assert not (published / "fresh.json").exists()
+    assert R.write(_summary("again")).parent == path.parent  # one folder per process
+
+
+def test_wb_results_dir_is_the_run_folder_when_set(published, tmp_path, monkeypatch):
+    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path / "out"))
+    assert R.write(_summary("gpu")) == tmp_path / "out" / "gpu.json"
+
+
+def test_run_folders_are_git_ignored():
+    rel = "results/runs/20260101T000000Z-host/ladder-numerics.json"
+    out = subprocess.run(["git", "check-ignore", "-q", rel], cwd=REPO, check=False)
+    assert out.returncode == 0, f"{rel} is not ignored: add /results/runs/ to .gitignore"
+
+
+def test_verdict_follows_gates_and_not_run_parts():
+    ok, bad = R.gate(True, ""), R.gate(False, "")
+    assert R.expected_verdict({}) == "not-run"
+    assert R.expected_verdict({"a": ok}) == "pass"
+    assert R.expected_verdict({"a": ok}, ["rung 3: pending"]) == "incomplete"
+    assert R.expected_verdict({"a": ok, "b": bad}, ["rung 3"]) == "partial"
+    assert R.expected_verdict({"b": bad}) == "fail"
+    s = _summary(not_run=["rung 3 (real projections): needs weights"])
+    assert s["verdict"] == "incomplete" and s["notes"]["not_run"] and R.validate(s) == []
+
+
+# --- provenance "dirty", on a real temporary git tree ---------------------------------------
+def _git(repo, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c",
+                    "commit.gpgsign=false", *args], cwd=repo, check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    monkeypatch.delenv("WB_GIT_COMMIT", raising=False)
+    r = tmp_path / "repo"
+    (r / "results").mkdir(parents=True)
+    (r / "code.py").write_text("x = 1\n")
+    (r / "results" / "x.json").write_text("{}\n")
+    (r / ".gitignore").write_text("/results/runs/\n")
+    _git(r, "init", "-q")
+    _git(r, "add", "-A")
+    _git(r, "commit", "-q", "-m", "init")
+    return r
+
+
+def test_git_state_clean_tree(repo):
+    commit, dirty = R.git_state(repo)
+    assert len(commit) == 40 and not dirty
+
+
+def test_git_state_modified_staged_renamed_code_is_dirty(repo):
+    (repo / "code.py").write_text("x = 2\n")
+    assert R.git_state(repo)[1]
+    _git(repo, "add", "code.py")
+    assert R.git_state(repo)[1]
+    _git(repo, "commit", "-q", "-m", "two")
+    assert not R.git_state(repo)[1]
+    _git(repo, "mv", "code.py", "moved.py")
+    assert R.git_state(repo)[1]
+
+
+def test_git_state_untracked_counts_unless_ignored(repo):
+    (repo / "new.py").write_text("")
+    assert R.git_state(repo)[1]
+    (repo / "new.py").unlink()
+    (repo / "results" / "runs" / "r1").mkdir(parents=True)
+    (repo / "results" / "runs" / "r1" / "a.json").write_text("{}")
+    assert not R.git_state(repo)[1]
+
+
+def test_git_state_results_are_outputs_not_code(repo):
+    (repo / "results" / "x.json").write_text('{"new": 1}\n')  # porcelain " M results/x.json"
+    (repo / "results" / "y.json").write_text("{}\n")
+    assert not R.git_state(repo)[1]
+    _git(repo, "add", "results")
+    assert not R.git_state(repo)[1]
+    (repo / "resultsx.py").write_text("")  # a sibling that merely starts alike is code
+    assert R.git_state(repo)[1]
+
+
+def test_git_state_without_git_is_unknown_and_dirty(tmp_path, monkeypatch):
+    monkeypatch.delenv("WB_GIT_COMMIT", raising=False)
+    assert R.git_state(tmp_path) == ("unknown", True)
+    monkeypatch.setenv("WB_GIT_COMMIT", "abc1234")
+    assert R.git_state(tmp_path) == ("abc1234", False)
+
+
+def test_changed_paths_keeps_the_porcelain_columns():
+    out = " M results/x.json\0?? new.py\0R  b.py\0a.py\0"
+    assert R.changed_paths(out) == ["results/x.json", "new.py", "b.py", "a.py"]
 
 
 def test_cli_env_and_gpu_only_commands_without_gpu(capsys):

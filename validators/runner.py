@@ -5,7 +5,9 @@ The 8 rungs of the NVFP4 design (seeds/nvfp4-streaming-design.md), per phase:
  4 complete block  5 all 50 blocks of a step  6 two-step trajectory  7 12-step checksum
  8 Nsight recapture and peak memory.
 Rungs whose code does not exist yet say so and stop the ladder (a later rung is never claimed
-over an unrun earlier one). Writes results/ladder-<phase>.json.
+over an unrun earlier one). A ladder with any part not run (a pending rung, or the CUDA and
+kernel steps without a GPU) is "incomplete", never "pass"; one that runs no rung at all is an
+error. Writes ladder-<phase>.json into the run folder (workbench.results.results_dir).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import sys
 import time
 
 from validators.base import RungResult
+from workbench import WorkbenchError
 
 RUNG_TITLES = {
     1: "adversarial", 2: "randomized", 3: "real projections", 4: "complete block",
@@ -23,8 +26,9 @@ RUNG_TITLES = {
 PENDING = {
     "numerics": {},
     "p0": {3: "real projections need the H3 model's weights and activations (P3)"},
-    "p1": {2: "P1 software A producer not built yet (depends on P0, issue #4)"},
-    "p2": {2: "P2 ring producer not built yet (depends on P0/P1)"},
+    # every P1/P2 rung, the adversarial cases first, runs through the phase's producer
+    "p1": {1: "P1 software A producer not built yet (depends on P0, issue #4)"},
+    "p2": {1: "P2 ring producer not built yet (depends on P0/P1)"},
     "frame": {1: "depth frame kernel not built yet (issues #5, #6)"},
 }
 
@@ -87,14 +91,36 @@ def _on_kernel(r: RungResult) -> RungResult:
     return r
 
 
+def highest_rung_passed(done: list[RungResult]) -> int:
+    """The highest rung r such that rungs 1..r all ran and every step of each passed."""
+    statuses: dict[int, list[str]] = {}
+    for r in done:
+        statuses.setdefault(r.rung, []).append(r.status)
+    best = 0
+    while statuses.get(best + 1) and all(st == "pass" for st in statuses[best + 1]):
+        best += 1
+    return best
+
+
+def _device_steps_not_run(device: str) -> list[str]:
+    """The steps of rungs 1-2 that need a GPU (reference on CUDA, the CuTe DSL quantize kernel)
+    and cannot run here."""
+    if device == "cpu":
+        return ["rungs 1-2 on CUDA and with the CuTe DSL quantize kernel: no CUDA GPU visible"]
+    if _kernel_quantize() is None:
+        return ["rungs 1-2 with the CuTe DSL quantize kernel: needs an sm_90 GPU and CuTe DSL"]
+    return []
+
+
 def run_ladder(phase: str = "numerics", quick: bool = False, write: bool = True) -> int:
+    """Run the ladder of ``phase``: 0 when it passes or is incomplete, 1 when a rung fails;
+    WorkbenchError when no rung can run at all."""
     from workbench import results as R
     from workbench.env import gpu_info
 
     device = "cuda" if gpu_info() is not None else "cpu"
     print(f"ladder {phase}: device {device}{' (quick)' if quick else ''}", flush=True)
     done: list[RungResult] = []
-    status = "pass"
     for step in _rungs(phase, quick, device):
         t0 = time.time()
         r = step()
@@ -102,27 +128,29 @@ def run_ladder(phase: str = "numerics", quick: bool = False, write: bool = True)
         print(f"  rung {r.rung} {r.name:<40} {r.status.upper():<8} {r.detail} "
               f"({time.time() - t0:.1f}s)", flush=True)
         if r.status != "pass":
-            status = r.status
             break
-    if device == "cpu":
-        print("  GPU rungs (reference on CUDA, CuTe DSL kernels) not run: no CUDA GPU visible")
+    not_run = [f"rung {r.rung} ({r.name}): {r.detail}" for r in done if r.status == "not-run"]
+    if all(r.status == "not-run" for r in done):
+        raise WorkbenchError(f"ladder {phase} ran no rung: {'; '.join(not_run) or 'none defined'}")
+    if not any(r.status == "fail" for r in done):
+        not_run += _device_steps_not_run(device)
     gates = {f"rung{r.rung}:{r.name}": R.gate(r.status == "pass", f"{r.status}: {r.detail}")
              for r in done if r.status != "not-run"}
-    not_run = [f"rung {r.rung} ({r.name}): {r.detail}" for r in done if r.status == "not-run"]
-    headline = {"highest_rung_passed": max([r.rung for r in done if r.status == "pass"],
-                                           default=0),
-                "status": status, "device": device}
+    verdict = R.expected_verdict(gates, not_run)
+    highest = highest_rung_passed(done)
+    headline = {"highest_rung_passed": highest, "status": verdict, "device": device}
     if write:
         summary = R.make_summary(
             f"ladder-{phase}", parameters={"phase": phase, "quick": quick},
             measurements=[{"rung": r.rung, "name": r.name, "status": r.status,
                            "detail": r.detail, "elements": r.elements, "checks": r.checks}
                           for r in done],
-            headline=headline, gates=gates,
-            notes={"not_run": not_run} if not_run else None)
+            headline=headline, gates=gates, not_run=not_run)
         path = R.write(summary)
         print(f"wrote {path}")
-    if status == "fail":
+    print(f"ladder {phase}: {verdict.upper()}, highest rung passed {highest}"
+          + (f"; not run: {'; '.join(not_run)}" if not_run else ""), flush=True)
+    if verdict in ("fail", "partial"):
         print(f"ladder {phase}: FAILED at rung {done[-1].rung}", file=sys.stderr)
         return 1
     return 0

@@ -1,18 +1,22 @@
 """``wb``: the workbench command line.
 
-    wb env                               machine, versions, compile target
-    wb run <experiment> [--quick] [...]  run experiments/<experiment>.py, write results/<name>.json
-    wb results list | show NAME | diff A B
+    wb env                                  machine, versions, compile target
+    wb run <experiment> [--quick] [...]     run experiments/<experiment>.py into a run folder
+    wb results list|show|diff|publish|plot  summaries: published (results/) or a run's (--run)
     wb ladder [--phase p0|p1|p2|frame|numerics] [--quick]
+    wb log-header COMMAND...                the provenance line a log starts with
 
-User errors (unknown names, malformed files, a GPU-only command without a GPU) print one line on
-stderr and exit non-zero; they never print a traceback.
+A run writes into its run folder, results/runs/<utc>-<host>/ (git-ignored), or $WB_RESULTS_DIR;
+only ``wb results publish`` changes the committed results/. User errors (unknown names,
+unreadable or malformed files, a GPU-only command without a GPU) print one line on stderr and
+exit non-zero; they never print a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import shlex
 import sys
 
 from workbench import WorkbenchError
@@ -50,66 +54,14 @@ def _experiment_names() -> list[str]:
 
 def _cmd_run(args) -> int:
     names = _experiment_names()
-    if args.experiment not in names and args.experiment.replace("_", "-") not in names:
+    usage = f"usage: wb run EXPERIMENT [--quick] [ARGS...]; experiments: {', '.join(names)}"
+    if args.experiment is None:
+        raise WorkbenchError(usage)
+    if args.experiment.replace("_", "-") not in names:
         raise WorkbenchError(f"unknown experiment '{args.experiment}'; known: {', '.join(names)}")
     mod = importlib.import_module("experiments." + args.experiment.replace("-", "_"))
-    argv = (["--quick"] if args.quick else []) + list(args.rest)
+    argv = (["--quick"] if args.quick else []) + list(args.args)
     return int(mod.main(argv) or 0)
-
-
-def _cmd_results(args) -> int:
-    from workbench import results as R
-
-    if args.action == "list":
-        rows = []
-        for p in R.list_summaries():
-            try:
-                s = R.load(str(p))
-                head = ", ".join(f"{k}={R._fmt(v)}" for k, v in list(R.flat_headline(s).items())[:4])
-                gpu = s["provenance"]["gpu"]
-                rows.append([s["name"], s["verdict"], gpu if gpu == "none" else gpu["name"],
-                             s["provenance"]["utc"], head])
-            except WorkbenchError as e:
-                rows.append([p.stem, "INVALID", "", "", str(e)[:80]])
-        if not rows:
-            print("no summaries in results/")
-            return 0
-        print(R.format_table(rows, ["name", "verdict", "gpu", "utc", "headline"]))
-        return 0
-    if args.action == "show":
-        if len(args.names) != 1:
-            raise WorkbenchError("usage: wb results show NAME")
-        s = R.load(args.names[0])
-        p = s["provenance"]
-        gpu = p["gpu"] if p["gpu"] == "none" else p["gpu"]["name"]
-        print(f"{s['name']}: verdict {s['verdict']}  (commit {p['commit'][:10]}"
-              f"{' dirty' if p['dirty'] else ''}, {p['utc']}, gpu {gpu})")
-        print(f"command: {p['command']}")
-        print()
-        print(R.format_table([[k, v] for k, v in R.flat_headline(s).items()], ["headline", "value"]))
-        if s["gates"]:
-            print()
-            print(R.format_table([[g, "pass" if v["pass"] else "FAIL", v.get("detail", "")]
-                                  for g, v in s["gates"].items()], ["gate", "result", "detail"]))
-        if s.get("notes"):
-            print()
-            for k, v in s["notes"].items():
-                print(f"{k}: {v}")
-        return 0
-    if args.action == "diff":
-        if len(args.names) != 2:
-            raise WorkbenchError("usage: wb results diff A B")
-        a, b = R.load(args.names[0]), R.load(args.names[1])
-        ha, hb = R.flat_headline(a), R.flat_headline(b)
-        rows = []
-        for k in sorted(set(ha) | set(hb)):
-            va, vb = ha.get(k, "-"), hb.get(k, "-")
-            ratio = (vb / va) if isinstance(va, (int, float)) and isinstance(vb, (int, float)) \
-                and not isinstance(va, bool) and va else ""
-            rows.append([k, va, vb, ratio])
-        print(R.format_table(rows, ["headline", args.names[0], args.names[1], "B/A"]))
-        return 0
-    raise WorkbenchError(f"unknown results action '{args.action}'")
 
 
 def _cmd_ladder(args) -> int:
@@ -118,39 +70,56 @@ def _cmd_ladder(args) -> int:
     return run_ladder(phase=args.phase, quick=args.quick)
 
 
+def _cmd_log_header(args) -> int:
+    from workbench.logs import log_header
+
+    if not args.command:
+        raise WorkbenchError("usage: wb log-header COMMAND... (prints the provenance line for "
+                             "a log of COMMAND's output)")
+    print(log_header(shlex.join(args.command)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from workbench import results_cli
+
     p = argparse.ArgumentParser(prog="wb", description="CuTe DSL kernel research workbench")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     e = sub.add_parser("env", help="GPU, versions and compile target")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=_cmd_env)
-    r = sub.add_parser("run", help="run an experiment and write its results/ summary")
-    r.add_argument("experiment")
+    r = sub.add_parser("run", help="run an experiment; its summary goes to a run folder")
+    r.add_argument("experiment", nargs="?", metavar="EXPERIMENT",
+                   help="one of: " + ", ".join(_experiment_names()))
     r.add_argument("--quick", action="store_true")
-    r.add_argument("rest", nargs=argparse.REMAINDER)
+    r.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="passed on to the experiment")
     r.set_defaults(func=_cmd_run)
-    s = sub.add_parser("results", help="list, show or diff results/ summaries")
-    s.add_argument("action", choices=["list", "show", "diff"])
-    s.add_argument("names", nargs="*")
-    s.set_defaults(func=_cmd_results)
-    lad = sub.add_parser("ladder", help="run the validator ladder in order, stop at the first failure")
+    results_cli.add_parser(sub)
+    lad = sub.add_parser("ladder", help="run the validator ladder in order, stop at the first "
+                         "rung that fails or cannot run")
     lad.add_argument("--phase", default="numerics",
                      choices=["numerics", "p0", "p1", "p2", "frame"])
     lad.add_argument("--quick", action="store_true")
     lad.set_defaults(func=_cmd_ladder)
+    h = sub.add_parser("log-header", help="print the provenance line a log starts with")
+    h.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND")
+    h.set_defaults(func=_cmd_log_header)
     return p
-
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse already printed one usage line
+    except SystemExit as e:  # argparse already printed its usage and error
         return int(e.code or 0)
     try:
         return args.func(args)
     except WorkbenchError as e:
+        print(f"wb: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file that vanished or cannot be written: still one line
         print(f"wb: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

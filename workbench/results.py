@@ -1,10 +1,10 @@
-"""One schema and one writer for every results/*.json summary.
+"""One schema and one writer for every results summary, and where runs write them.
 
 A summary is a JSON object::
 
     {
       "schema": 1,
-      "name": "amax",                      # file stem: results/<name>.json
+      "name": "amax",                      # file stem: <folder>/<name>.json
       "provenance": {commit, dirty, utc, command, host, python, torch, cuda, cute_dsl,
                      gpu ("none" or {name, compute_capability, sm_count, driver, ...}),
                      compile_target, seeds},
@@ -12,18 +12,23 @@ A summary is a JSON object::
       "measurements": [...],               # one row per case, free-form objects
       "headline": {...},                   # the figures that judge the experiment
       "gates": {name: {"pass": bool, "detail": str}},
-      "verdict": "pass" | "fail" | "partial" | "not-run",
-      "notes": {"prediction": str, "outcome": str, ...}   # optional
+      "verdict": "pass" | "fail" | "partial" | "incomplete" | "not-run",
+      "notes": {"prediction": str, "outcome": str, "not_run": [str], ...}   # optional
     }
 
-Writes are atomic (temp file + rename). An existing summary is never overwritten silently: it is
-moved to ``results/history/<name>.<utc>.json`` first, and the writer says so.
+Where things go: a run writes into its run folder (``results/runs/<utc>-<host>/``, git-ignored),
+or into ``$WB_RESULTS_DIR`` when set (``$OUT`` on the GPU host). The committed summaries in
+``results/`` (the *published* ones) change only through :mod:`workbench.publish`.
+
+Writes are atomic (temp file + rename). An existing file is never overwritten silently: it is
+moved to ``<folder>/history/<name>.<utc>.json`` first, and the writer says so.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -34,61 +39,128 @@ from workbench import WorkbenchError
 
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
-VERDICTS = ("pass", "fail", "partial", "not-run")
+VERDICTS = ("pass", "fail", "partial", "incomplete", "not-run")
 PROVENANCE_KEYS = (
     "commit", "dirty", "utc", "command", "host", "python", "torch", "cuda", "cute_dsl", "gpu",
     "compile_target", "seeds",
 )
 TOP_KEYS = ("schema", "name", "provenance", "parameters", "measurements", "headline", "gates",
             "verdict")
+# changes under results/ are outputs, not code: they never make a run "dirty"
+OUTPUT_DIR = "results/"
+_RUN_DIRS: dict[Path, Path] = {}
+
+
+def _utc_now(fmt: str = "%Y-%m-%dT%H:%M:%SZ") -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime(fmt)
+
+
+def published_dir() -> Path:
+    """The published summaries: the repo's results/ (``$WB_PUBLISHED_DIR`` overrides, for
+    tests and for a second checkout)."""
+    return Path(os.environ.get("WB_PUBLISHED_DIR") or REPO_ROOT / "results")
+
+
+def run_dir() -> Path:
+    """This process's run folder, ``<published>/runs/<utc>-<host>/`` (named once, made on the
+    first write)."""
+    root = published_dir()
+    if root not in _RUN_DIRS:
+        import platform
+
+        host = re.sub(r"[^A-Za-z0-9._-]", "_", platform.node()) or "host"
+        _RUN_DIRS[root] = root / "runs" / f"{_utc_now('%Y%m%dT%H%M%SZ')}-{host}"
+    return _RUN_DIRS[root]
 
 
 def results_dir() -> Path:
-    """``$WB_RESULTS_DIR`` if set (e.g. $OUT on the GPU host), else the repo's results/."""
-    return Path(os.environ.get("WB_RESULTS_DIR", REPO_ROOT / "results"))
+    """Where a run writes: ``$WB_RESULTS_DIR`` if set (e.g. $OUT on the GPU host), else its
+    run folder; never the published results/ directly."""
+    env = os.environ.get("WB_RESULTS_DIR")
+    return Path(env) if env else run_dir()
 
 
-def _git(*args: str) -> str | None:
+def _git(repo: Path, *args: str) -> str | None:
+    """Raw stdout of ``git args`` in ``repo`` (not stripped: porcelain columns matter)."""
     try:
-        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                             timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None
 
 
-def git_state() -> tuple[str, bool]:
-    """(commit, dirty). A GPU host without .git gets them from WB_GIT_COMMIT / WB_GIT_DIRTY."""
+def changed_paths(porcelain_z: str) -> list[str]:
+    """Paths in ``git status --porcelain -z`` output: 'XY path' entries, NUL-separated; a
+    rename or copy is followed by its source path, which is listed too."""
+    entries = porcelain_z.split("\0")
+    paths, i = [], 0
+    while i < len(entries):
+        entry = entries[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        paths.append(entry[3:])
+        if entry[0] in "RC" and i < len(entries):
+            paths.append(entries[i])
+            i += 1
+    return paths
+
+
+def git_state(repo: Path | None = None) -> tuple[str, bool]:
+    """(commit, dirty) of ``repo`` (default: this checkout).
+
+    Dirty means the code that ran may differ from the commit: a tracked file modified, staged,
+    deleted or renamed, or an untracked file git does not ignore, anywhere but results/
+    (outputs; results/runs/ is ignored anyway). Without git the state is unknown: dirty. A GPU
+    host without .git gets both from WB_GIT_COMMIT / WB_GIT_DIRTY.
+    """
     env_commit = os.environ.get("WB_GIT_COMMIT")
     if env_commit:
         return env_commit, os.environ.get("WB_GIT_DIRTY", "0") not in ("0", "", "false")
-    commit = _git("rev-parse", "HEAD") or "unknown"
-    status = _git("status", "--porcelain", "--untracked-files=normal") or ""
-    # summaries being written are not code: only changes elsewhere make the run "dirty"
-    dirty = [ln for ln in status.splitlines() if not ln[3:].startswith("results/")]
-    return commit, bool(dirty)
+    repo = Path(repo) if repo is not None else REPO_ROOT
+    commit = (_git(repo, "rev-parse", "HEAD") or "").strip() or "unknown"
+    prefix = (_git(repo, "rev-parse", "--show-prefix") or "").strip()
+    status = _git(repo, "status", "--porcelain", "-z", "--untracked-files=normal")
+    if status is None:
+        return commit, True
+    outputs = prefix + OUTPUT_DIR
+    return commit, any(not p.startswith(outputs) for p in changed_paths(status))
 
 
-def provenance(seeds: dict | None = None) -> dict:
-    """Provenance block: commit, time, command line, machine and versions, seeds."""
+def provenance(seeds: dict | None = None, command: str | None = None) -> dict:
+    """Provenance block: commit, time, command line (default: this process's), machine and
+    versions, seeds."""
     from workbench.env import environment
 
     commit, dirty = git_state()
-    prov = {
+    return {
         "commit": commit,
         "dirty": dirty,
-        "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "utc": _utc_now(),
+        "command": command if command is not None else shlex.join(sys.argv),
         **environment(),
         "seeds": seeds or {},
     }
-    return prov
 
 
-def provenance_line(seeds: dict | None = None) -> str:
-    """:func:`provenance` as one log line ("# provenance {json}"), for scripts whose output is
-    a log rather than a summary (scripts/ab_frame.py, trace_skinny.py)."""
-    return "# provenance " + json.dumps(provenance(seeds), default=str)
+def machine_class(prov: dict) -> str:
+    """What a summary (or a provenance block) was measured on: the GPU's name, or "none"."""
+    prov = prov.get("provenance", prov)
+    gpu = prov.get("gpu", prov.get("device", "none"))
+    return gpu.get("name", "unknown") if isinstance(gpu, dict) else str(gpu)
+
+
+def provenance_line(seeds: dict | None = None, command: str | None = None,
+                    prov: dict | None = None) -> str:
+    """One log line "# provenance {json}": :func:`provenance` (or ``prov``) plus "device" (its
+    machine class), ``command`` naming what produced the lines that follow. Every log under
+    results/logs/ starts with one (workbench.logs reads it back)."""
+    block = dict(prov) if prov is not None else provenance(seeds)
+    if command is not None:
+        block["command"] = command
+    block["device"] = machine_class(block)
+    return "# provenance " + json.dumps(block, default=str)
 
 
 def validate(summary: object) -> list[str]:
@@ -105,16 +177,7 @@ def validate(summary: object) -> list[str]:
         errs.append(f"schema {summary['schema']!r} is not {SCHEMA_VERSION}")
     if not isinstance(summary["name"], str) or not summary["name"]:
         errs.append("name must be a non-empty string")
-    prov = summary["provenance"]
-    if not isinstance(prov, dict):
-        errs.append("provenance is not an object")
-    else:
-        for k in PROVENANCE_KEYS:
-            if k not in prov:
-                errs.append(f"provenance lacks '{k}'")
-        gpu = prov.get("gpu")
-        if gpu != "none" and not (isinstance(gpu, dict) and "name" in gpu):
-            errs.append("provenance.gpu must be 'none' or an object with a name")
+    errs += _provenance_problems(summary["provenance"])
     for k, typ in (("parameters", dict), ("measurements", list), ("headline", dict),
                    ("gates", dict)):
         if not isinstance(summary[k], typ):
@@ -130,17 +193,46 @@ def validate(summary: object) -> list[str]:
     return errs
 
 
-def make_summary(name: str, *, parameters: dict, measurements: list, headline: dict,
-                 gates: dict, seeds: dict | None = None, notes: dict | None = None) -> dict:
-    """Assemble a summary; the verdict follows from the gates (no gates: 'not-run')."""
+def _provenance_problems(prov: object) -> list[str]:
+    if not isinstance(prov, dict):
+        return ["provenance is not an object"]
+    errs = [f"provenance lacks '{k}'" for k in PROVENANCE_KEYS if k not in prov]
+    gpu = prov.get("gpu")
+    if gpu != "none" and not (isinstance(gpu, dict) and "name" in gpu):
+        errs.append("provenance.gpu must be 'none' or an object with a name")
+    return errs
+
+
+def validate_record(record: object) -> list[str]:
+    """Problems with a record (a trace, sweep or profile a script keeps beside its log): an
+    object with a full provenance block; empty when valid."""
+    if not isinstance(record, dict):
+        return ["top level is not an object"]
+    if "provenance" not in record:
+        return ["no provenance block"]
+    return _provenance_problems(record["provenance"])
+
+
+def expected_verdict(gates: dict, not_run: list | None = None) -> str:
+    """The verdict that follows from the gates: none at all is 'not-run'; any failing gate is
+    'fail' (all) or 'partial' (some); all passing beside a part that did not run (``not_run``)
+    is 'incomplete', never 'pass'."""
     if not gates:
-        verdict = "not-run"
-    elif all(g["pass"] for g in gates.values()):
-        verdict = "pass"
-    elif any(g["pass"] for g in gates.values()):
-        verdict = "partial"
-    else:
-        verdict = "fail"
+        return "not-run"
+    passed = [g["pass"] for g in gates.values()]
+    if not all(passed):
+        return "partial" if any(passed) else "fail"
+    return "incomplete" if not_run else "pass"
+
+
+def make_summary(name: str, *, parameters: dict, measurements: list, headline: dict,
+                 gates: dict, seeds: dict | None = None, notes: dict | None = None,
+                 not_run: list[str] | None = None) -> dict:
+    """Assemble a summary; the verdict follows from the gates and ``not_run`` (the parts that
+    could not run, each with its reason; kept in notes["not_run"])."""
+    notes = dict(notes or {})
+    if not_run:
+        notes["not_run"] = list(not_run)
     summary = {
         "schema": SCHEMA_VERSION,
         "name": name,
@@ -149,7 +241,7 @@ def make_summary(name: str, *, parameters: dict, measurements: list, headline: d
         "measurements": measurements,
         "headline": headline,
         "gates": gates,
-        "verdict": verdict,
+        "verdict": expected_verdict(gates, not_run),
     }
     if notes:
         summary["notes"] = notes
@@ -161,30 +253,57 @@ def gate(passed: bool, detail: str) -> dict:
 
 
 def write(summary: dict, directory: Path | None = None) -> Path:
-    """Validate and atomically write ``<dir>/<name>.json``; an older file moves to history/."""
+    """Validate and atomically write ``<dir>/<name>.json`` (default: :func:`results_dir`); an
+    older file moves to history/."""
     errs = validate(summary)
     if errs:
         raise WorkbenchError(f"summary '{summary.get('name')}' is invalid: {'; '.join(errs)}")
+    return write_json(summary["name"], summary, directory)
+
+
+def write_record(name: str, payload: dict, directory: Path | None = None,
+                 seeds: dict | None = None) -> Path:
+    """Write a record (trace, sweep, profile: not a summary) as ``<dir>/<name>.json`` with a
+    provenance block, through the same writer (atomic, older file kept in history/)."""
+    clash = {"provenance", "record"} & set(payload)
+    if clash:
+        raise WorkbenchError(f"record '{name}': payload may not use the keys {sorted(clash)}")
+    return write_json(name, {"record": name, "provenance": provenance(seeds), **payload},
+                      directory)
+
+
+def write_json(name: str, obj: dict, directory: Path | None = None) -> Path:
+    """Atomically write ``obj`` to ``<dir>/<name>.json``; an existing file first moves to
+    ``<dir>/history/<name>.<its utc>.json``."""
     directory = Path(directory) if directory is not None else results_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{summary['name']}.json"
+    path = directory / f"{name}.json"
     if path.exists():
-        hist = directory / "history"
-        hist.mkdir(exist_ok=True)
-        try:
-            old_utc = json.loads(path.read_text())["provenance"]["utc"]
-        except Exception:
-            old_utc = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        kept = hist / f"{summary['name']}.{old_utc.replace(':', '')}.json"
-        os.replace(path, kept)
+        kept = keep_in_history(path, directory / "history")
         print(f"results: previous {path.name} kept as {kept.relative_to(directory)}",
               file=sys.stderr)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{summary['name']}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(summary, f, indent=1, sort_keys=False, default=_json_default)
+        json.dump(obj, f, indent=1, sort_keys=False, default=_json_default)
         f.write("\n")
     os.replace(tmp, path)
     return path
+
+
+def keep_in_history(path: Path, history: Path) -> Path:
+    """Move ``path`` to ``history/<stem>.<its provenance utc, or now><suffix>``; never over
+    an older kept file."""
+    history.mkdir(parents=True, exist_ok=True)
+    try:
+        utc = json.loads(path.read_text())["provenance"]["utc"]
+    except (OSError, ValueError, KeyError, TypeError):  # binary or not ours: named by now
+        utc = _utc_now()
+    stem = f"{path.stem}.{str(utc).replace(':', '')}"
+    kept, n = history / f"{stem}{path.suffix}", 1
+    while kept.exists():
+        kept, n = history / f"{stem}.{n}{path.suffix}", n + 1
+    os.replace(path, kept)
+    return kept
 
 
 def _json_default(o):
@@ -200,17 +319,41 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def read_json(path: Path) -> object:
+    """Parsed JSON of a file; WorkbenchError (one line) when it is missing, not a file,
+    unreadable, not UTF-8 or not JSON."""
+    path = Path(path)
+    if not path.exists():
+        raise WorkbenchError(f"{path}: no such file")
+    if not path.is_file():
+        raise WorkbenchError(f"{path}: not a file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise WorkbenchError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise WorkbenchError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise WorkbenchError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def summary_path(name_or_path: str, directory: Path | None = None) -> Path:
+    """A path (it names a .json file or a folder) as given; a bare name as
+    ``<directory or published>/<name>.json``."""
+    if name_or_path.endswith(".json") or os.sep in name_or_path or "/" in name_or_path:
+        return Path(name_or_path)
+    return (Path(directory) if directory else published_dir()) / f"{name_or_path}.json"
+
+
 def load(name_or_path: str, directory: Path | None = None) -> dict:
-    """Load and validate a summary by name (``amax``) or path; WorkbenchError on any problem."""
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = (Path(directory) if directory else results_dir()) / f"{name_or_path}.json"
+    """Load and validate a summary by name (``amax``: the published one, or the one in
+    ``directory``) or by path; WorkbenchError on any problem."""
+    p = summary_path(str(name_or_path), directory)
     if not p.exists():
         raise WorkbenchError(f"no results summary '{name_or_path}' (looked for {p})")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise WorkbenchError(f"{p} is not valid JSON: {e}") from None
+    data = read_json(p)
     errs = validate(data)
     if errs:
         raise WorkbenchError(f"{p} does not match the results schema: {'; '.join(errs)}")
@@ -218,8 +361,11 @@ def load(name_or_path: str, directory: Path | None = None) -> dict:
 
 
 def list_summaries(directory: Path | None = None) -> list[Path]:
-    d = Path(directory) if directory else results_dir()
-    return sorted(d.glob("*.json")) if d.exists() else []
+    """Every ``*.json`` entry of a folder (default: the published one), files or not: callers
+    report the ones that are not readable summaries."""
+    d = Path(directory) if directory else published_dir()
+    return sorted(p for p in d.glob("*.json") if not p.name.startswith(".")) if d.is_dir() \
+        else []
 
 
 def _flatten(obj, prefix=""):
@@ -237,7 +383,7 @@ def flat_headline(summary: dict) -> dict:
 
 def format_table(rows: list[list], header: list[str]) -> str:
     """Plain fixed-width table."""
-    cells = [[_fmt(c) for c in r] for r in rows]
+    cells = [[fmt(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
               for i, h in enumerate(header)]
     line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
@@ -246,7 +392,8 @@ def format_table(rows: list[list], header: list[str]) -> str:
     return "\n".join(out)
 
 
-def _fmt(v) -> str:
+def fmt(v) -> str:
+    """A table cell: floats to 4 significant digits."""
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)

@@ -1,0 +1,134 @@
+"""PNG plots of summaries (matplotlib: the ``plots`` extra, ``pip install -e '.[plots]'``).
+
+``headline_png``: any summary's numeric headline, one panel per headline group (a nested
+headline's top-level key; a scalar is a group of its own), one bar per case.
+``p0_ratio_png``: p0-baseline's speed relative to cuBLAS bf16 per projection and M, with the
+targets (results/p0-baseline.png; the experiment can call it after writing its summary).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from workbench import WorkbenchError
+from workbench import results as R
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise WorkbenchError("plotting needs matplotlib, which is not installed "
+                             "(pip install -e '.[plots]')") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def headline_groups(summary: dict) -> dict[str, dict[str, float]]:
+    """{group: {case: value}} of a summary's numeric headline figures."""
+    groups: dict[str, dict[str, float]] = {}
+    for key, value in summary["headline"].items():
+        inner = R.flat_headline({"headline": value}) if isinstance(value, dict) else {key: value}
+        cases = {k: float(v) for k, v in inner.items() if _number(v)}
+        if cases:
+            groups[key] = cases
+    return groups
+
+
+def _caption(summary: dict) -> str:
+    p = summary["provenance"]
+    dirty = " dirty" if p.get("dirty") else ""
+    machine = R.machine_class(summary)
+    machine = "no GPU" if machine == "none" else machine
+    return (f"{summary['name']}: verdict {summary['verdict']}; {machine}, "
+            f"commit {str(p['commit'])[:10]}{dirty}, {p['utc']}")
+
+
+def _save(fig, out: Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    return out
+
+
+def headline_png(summary: dict, out: Path) -> Path:
+    """One horizontal bar chart per headline group, the values written beside the bars."""
+    groups = headline_groups(summary)
+    if not groups:
+        raise WorkbenchError(f"summary '{summary['name']}' has no numeric headline to plot")
+    plt = _pyplot()
+    heights = [0.6 + 0.35 * len(cases) for cases in groups.values()]
+    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 0.8 + sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (group, cases) in zip(axes[:, 0], groups.items()):
+        labels, values = list(cases), list(cases.values())
+        bars = ax.barh(range(len(values)), values, color="#4878a8")
+        ax.set_yticks(range(len(values)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(group, fontsize=9, loc="left")
+        ax.bar_label(bars, labels=[R.fmt(v) for v in values], fontsize=8, padding=3)
+        ax.margins(x=0.15)
+    fig.suptitle(_caption(summary), fontsize=9)
+    fig.tight_layout()
+    try:
+        return _save(fig, out)
+    finally:
+        plt.close(fig)
+
+
+def p0_ratio_png(summary: dict, out: Path) -> Path:
+    """p0-baseline: P0 NVFP4 GEMM speed relative to cuBLAS bf16 (cuBLAS time / P0 time, >1:
+    P0 faster) per projection, one bar per M, each M's target a dashed line in its colour."""
+    rows = [r for r in summary["measurements"] if "p0_over_cublas_bf16" in r]
+    if not rows:
+        raise WorkbenchError(f"summary '{summary['name']}' has no p0_over_cublas_bf16 "
+                             "measurements")
+    plt = _pyplot()
+    projections = list(dict.fromkeys(r["projection"] for r in rows))
+    ms = sorted({r["M"] for r in rows})
+    targets = summary["parameters"].get("targets", {}).get("p0_over_cublas_bf16", {})
+    ratio = {(r["projection"], r["M"]): r["p0_over_cublas_bf16"] for r in rows}
+    width = 0.8 / len(ms)
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    for j, m in enumerate(ms):
+        xs = [i + (j - (len(ms) - 1) / 2) * width for i in range(len(projections))]
+        vals = [ratio.get((p, m), float("nan")) for p in projections]
+        bars = ax.bar(xs, vals, width * 0.9, label=f"M = {m}", color=f"C{j}")
+        ax.bar_label(bars, labels=[f"{v:.2f}" for v in vals], fontsize=8, padding=2)
+    by_target: dict[float, list] = {}  # one dashed line per target value, naming its Ms
+    for j, m in enumerate(ms):
+        target = targets.get(str(m), targets.get(m))
+        if target is not None:
+            by_target.setdefault(float(target), []).append((j, m))
+    for target, js in by_target.items():
+        ax.axhline(target, color=f"C{js[0][0]}" if len(js) == 1 else "grey", linestyle="--",
+                   linewidth=1, label=f"target at M = {', '.join(str(m) for _, m in js)}: "
+                   f"{target:g}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    shapes = {r["projection"]: f"N={r['N']} K={r['K']}" for r in rows}
+    ax.set_xticks(range(len(projections)), [f"{p}\n{shapes[p]}" for p in projections],
+                  fontsize=9)
+    ax.set_ylabel("cuBLAS bf16 time / P0 time  (> 1: P0 faster)")
+    ax.set_title(_caption(summary), fontsize=9)
+    ax.legend(fontsize=8, ncol=2, loc="upper left")
+    ax.set_ylim(0, max(1.3, *(v for v in ratio.values()), *map(float, targets.values())) * 1.15)
+    fig.tight_layout()
+    try:
+        return _save(fig, out)
+    finally:
+        plt.close(fig)
+
+
+# summaries with a plot of their own (``wb results plot NAME``; ``--headline`` for the generic one)
+OWN_PLOTS = {"p0-baseline": p0_ratio_png}
+
+
+def summary_png(summary: dict, out: Path, headline: bool = False) -> Path:
+    """The summary's own plot when it has one (and ``headline`` is False), else its headline."""
+    plot = headline_png if headline else OWN_PLOTS.get(summary["name"], headline_png)
+    return plot(summary, out)
