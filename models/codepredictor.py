@@ -12,12 +12,14 @@ rounding), the KV cache and per-group logits; with ``codes=`` it is teacher-forc
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 from models.codepredictor_config import QWEN3_TTS_1P7B, CodePredictorConfig
-from models.sampler import Sampler
+from models.sampler import (Sampler, argmax_candidates, check_per_row, check_scores,
+                            cpu_or_cuda, refuse_undrawable)
 
 
 @dataclass
@@ -88,55 +90,98 @@ _LAYER_KEYS = {
 }
 CP_PREFIX = "talker.code_predictor."
 TALKER_EMBED_KEY = "talker.model.codec_embedding.weight"
+TALKER_ROWS_ANY = -1  # checkpoint_shapes' row count of the Talker's codec embedding
+
+
+def checkpoint_shapes(cfg: CodePredictorConfig = QWEN3_TTS_1P7B) -> dict[str, tuple]:
+    """Each CodePredictor tensor's checkpoint name -> its shape for ``cfg``. The Talker's codec
+    embedding has TALKER_ROWS_ANY rows (its vocabulary, not in the config: at least ``vocab``)."""
+    c = cfg
+    layer = {"wq": (c.q_dim, c.hidden), "wk": (c.kv_dim, c.hidden), "wv": (c.kv_dim, c.hidden),
+             "wo": (c.hidden, c.q_dim), "q_norm": (c.head_dim,), "k_norm": (c.head_dim,),
+             "in_norm": (c.hidden,), "post_norm": (c.hidden,), "gate": (c.intermediate, c.hidden),
+             "up": (c.intermediate, c.hidden), "down": (c.hidden, c.intermediate)}
+    shapes = {f"{CP_PREFIX}model.layers.{li}.{k}": layer[f] for li in range(c.layers)
+              for k, f in _LAYER_KEYS.items()}
+    shapes[f"{CP_PREFIX}model.norm.weight"] = (c.hidden,)
+    shapes[f"{CP_PREFIX}small_to_mtp_projection.weight"] = (c.hidden, c.talker_hidden)
+    shapes[f"{CP_PREFIX}small_to_mtp_projection.bias"] = (c.hidden,)
+    shapes[TALKER_EMBED_KEY] = (TALKER_ROWS_ANY, c.talker_hidden)
+    for i in range(c.heads_drawn):
+        shapes[f"{CP_PREFIX}model.codec_embedding.{i}.weight"] = (c.vocab, c.talker_hidden)
+    for i in range(c.heads_drawn):
+        shapes[f"{CP_PREFIX}lm_head.{i}.weight"] = (c.vocab, c.hidden)
+    return shapes
 
 
 def checkpoint_names(cfg: CodePredictorConfig = QWEN3_TTS_1P7B) -> list[str]:
-    names = [f"{CP_PREFIX}model.layers.{li}.{k}" for li in range(cfg.layers) for k in _LAYER_KEYS]
-    names += [f"{CP_PREFIX}model.norm.weight", f"{CP_PREFIX}small_to_mtp_projection.weight",
-              f"{CP_PREFIX}small_to_mtp_projection.bias", TALKER_EMBED_KEY]
-    names += [f"{CP_PREFIX}model.codec_embedding.{i}.weight" for i in range(cfg.heads_drawn)]
-    names += [f"{CP_PREFIX}lm_head.{i}.weight" for i in range(cfg.heads_drawn)]
-    return names
+    return list(checkpoint_shapes(cfg))
+
+
+def _check_entries(path, f, cfg: CodePredictorConfig) -> None:
+    """Every CodePredictor tensor present, floating, of its shape: from the header alone."""
+    have = set(f.keys())
+    missing = [n for n in checkpoint_names(cfg) if n not in have]
+    if missing:
+        raise KeyError(f"{path}: {len(missing)} CodePredictor tensors missing, e.g. "
+                       f"{missing[0]}")
+    for name, want in checkpoint_shapes(cfg).items():
+        entry = f.get_slice(name)
+        kind, shape = entry.get_dtype(), tuple(entry.get_shape())
+        if not kind.startswith(("F", "BF")):  # safetensors names: F32, BF16, F8_E4M3, I32, ...
+            raise TypeError(f"{path}: {name} has dtype {kind}; expected a floating dtype")
+        if want[0] == TALKER_ROWS_ANY:
+            ok = len(shape) == 2 and shape[0] >= cfg.vocab and shape[1] == want[1]
+            want = f"[>= {cfg.vocab}, {want[1]}]"
+        else:
+            ok = shape == want
+        if not ok:
+            raise ValueError(f"{path}: {name} has shape {list(shape)}; expected {want} for "
+                             "this config")
 
 
 def load_checkpoint(path, cfg: CodePredictorConfig = QWEN3_TTS_1P7B, device="cpu",
                     dtype=torch.bfloat16) -> CodePredictorWeights:
-    """The CodePredictor's tensors from a local safetensors file (no hub access)."""
-    from safetensors import safe_open
+    """The CodePredictor's tensors from a local safetensors file (no hub access), every one
+    checked against ``cfg`` from the file's header before any is read.
 
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        have = set(f.keys())
-        missing = [n for n in checkpoint_names(cfg) if n not in have]
-        if missing:
-            raise KeyError(f"{path}: {len(missing)} CodePredictor tensors missing, e.g. "
-                           f"{missing[0]}")
+    Raises (each naming the file, and the tensor where one is at fault): FileNotFoundError when
+    no file is at ``path``; ValueError for a file that is not readable safetensors (truncated,
+    say), a tensor of the wrong shape or a device that is not the CPU or CUDA; KeyError for a
+    missing tensor; TypeError for a tensor that is not floating, ``dtype`` not a floating torch
+    dtype, ``cfg`` not a CodePredictorConfig or ``path`` not a path.
+    """
+    from safetensors import SafetensorError, safe_open
 
-        def get(name):
-            return f.get_tensor(name).to(device=device, dtype=dtype)
+    if not isinstance(cfg, CodePredictorConfig):
+        raise TypeError(f"cfg must be a CodePredictorConfig, got {type(cfg).__name__}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype {dtype!r}: expected a floating torch dtype")
+    dev = cpu_or_cuda(device, "the weights")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no checkpoint file there")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            _check_entries(path, f, cfg)
 
-        layers = [LayerWeights(**{field_: get(f"{CP_PREFIX}model.layers.{li}.{k}")
-                                  for k, field_ in _LAYER_KEYS.items()})
-                  for li in range(cfg.layers)]
-        w = CodePredictorWeights(
-            cfg, layers, get(f"{CP_PREFIX}model.norm.weight"),
-            get(f"{CP_PREFIX}small_to_mtp_projection.weight"),
-            get(f"{CP_PREFIX}small_to_mtp_projection.bias"),
-            [get(f"{CP_PREFIX}model.codec_embedding.{i}.weight") for i in range(cfg.heads_drawn)],
-            [get(f"{CP_PREFIX}lm_head.{i}.weight") for i in range(cfg.heads_drawn)],
-            get(TALKER_EMBED_KEY))
-    _check_shapes(w)
-    return w
+            def get(name):
+                return f.get_tensor(name).to(device=dev, dtype=dtype)
 
-
-def _check_shapes(w: CodePredictorWeights) -> None:
-    c = w.config
-    want = {"wq": (c.q_dim, c.hidden), "wk": (c.kv_dim, c.hidden), "wo": (c.hidden, c.q_dim),
-            "gate": (c.intermediate, c.hidden), "down": (c.hidden, c.intermediate)}
-    for li, lw in enumerate(w.layers):
-        for k, shape in want.items():
-            if tuple(getattr(lw, k).shape) != shape:
-                raise ValueError(f"layer {li} {k}: shape {tuple(getattr(lw, k).shape)}, "
-                                 f"expected {shape} for this config")
+            layers = [LayerWeights(**{field_: get(f"{CP_PREFIX}model.layers.{li}.{k}")
+                                      for k, field_ in _LAYER_KEYS.items()})
+                      for li in range(cfg.layers)]
+            return CodePredictorWeights(
+                cfg, layers, get(f"{CP_PREFIX}model.norm.weight"),
+                get(f"{CP_PREFIX}small_to_mtp_projection.weight"),
+                get(f"{CP_PREFIX}small_to_mtp_projection.bias"),
+                [get(f"{CP_PREFIX}model.codec_embedding.{i}.weight")
+                 for i in range(cfg.heads_drawn)],
+                [get(f"{CP_PREFIX}lm_head.{i}.weight") for i in range(cfg.heads_drawn)],
+                get(TALKER_EMBED_KEY))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from None
 
 
 # --- the reference loop ---------------------------------------------------------------------
@@ -201,14 +246,26 @@ def depth_loop(w: CodePredictorWeights, h: torch.Tensor, g0: torch.Tensor, *,
     """One frame for R rows. ``h`` [R, talker_hidden] (the Talker's normed hidden), ``g0`` [R].
 
     With ``codes`` [R, 15] the loop is teacher-forced (the given codes are fed and returned);
-    otherwise ``sampler`` draws each group (greedy when no sampler is given).
+    otherwise ``sampler`` draws each group (greedy when no sampler is given). NaN logits follow
+    models.sampler's rule: never drawn, and a row with no candidate (every logit NaN or -inf)
+    is refused with a ValueError naming the group and row (not while a CUDA graph captures).
+
+    Raises: TypeError for h not floating or g0 / codes not integer; ValueError for h not
+    [R, talker_hidden], g0 not [R] or codes not [R, 15] on h's device, or a row with nothing
+    to draw.
     """
     cfg = w.config
     dt = w.final_norm.dtype
+    check_scores("h", h)
+    if h.shape[1] != cfg.talker_hidden:
+        raise ValueError(f"h must be [R, {cfg.talker_hidden}], got {tuple(h.shape)}")
     R = h.shape[0]
     dev = h.device
-    if codes is not None and tuple(codes.shape) != (R, cfg.heads_drawn):
-        raise ValueError(f"codes must be [R, {cfg.heads_drawn}], got {tuple(codes.shape)}")
+    check_per_row("g0", g0, R, dev, integer=True)
+    if codes is not None:
+        check_per_row("codes", codes, R, dev, integer=True, dims=2)
+        if codes.shape[1] != cfg.heads_drawn:
+            raise ValueError(f"codes must be [R, {cfg.heads_drawn}], got {tuple(codes.shape)}")
     kv_cache: list = [None] * cfg.layers
     e0 = w.talker_embed[g0]  # [R, talker_hidden]
     x = torch.stack([h.to(dt), e0], dim=1) @ w.proj_w.T + w.proj_b  # pass 0: positions 0, 1
@@ -223,10 +280,9 @@ def depth_loop(w: CodePredictorWeights, h: torch.Tensor, g0: torch.Tensor, *,
         logits_all.append(logits)
         if codes is not None:
             g = codes[:, s].to(torch.int64)
-        elif sampler is not None:
-            g = sampler.sample(logits)
         else:
-            g = torch.argmax(logits, dim=-1)
+            refuse_undrawable(logits, f"group {s + 1} logits")
+            g = sampler.sample(logits) if sampler is not None else argmax_candidates(logits)
         out_codes.append(g)
         e = w.embeds[s][g]
         embeds_used.append(e)
@@ -243,6 +299,10 @@ class CapturedLoop:
     Static input buffers (h, g0) are copied in, the graph replays the whole frame (sampling
     included: the counter-based sampler needs no host synchronisation) and the outputs are the
     graph's static tensors. One instance per (weights, rows, sampler).
+
+    The NaN rule holds in the graph (NaN logits are never drawn), but its refusal is a host
+    check, run at the warm-up only: on replay a row with no candidate draws V, and gathering
+    embedding row V fails as an out-of-range index (a device-side assert), not with a ValueError.
     """
 
     def __init__(self, w: CodePredictorWeights, rows: int, sampler: Sampler | None = None):

@@ -14,10 +14,27 @@ A kernel that draws in place asks :meth:`Sampler.fused_draw_args` for the per-ro
 :meth:`Sampler.advance_offsets` with the number of draws it made. ``fused_draw_args`` returns None
 whenever a step needs more than one plain draw per row: an eager step, a repetition penalty,
 min-p, logprobs, a kept last token, or a CPU sampler.
+
+NaN rule: a NaN score is never drawn. :func:`filtered_scores` and :func:`draw` read NaN as -inf
+(elementwise, no host synchronisation: captured frames keep the rule). A row left with no
+candidate (every score NaN or -inf after the filters) has nothing to draw: :meth:`Sampler.sample`
+and models.codepredictor.depth_loop refuse it with a ValueError naming the row (a host check,
+skipped while a CUDA graph is being captured), and :func:`draw` itself returns V (no token)
+there. The fused draw (kernels/depth/draw.py) cannot raise mid-graph either; it keeps the rule
+in greedy mode (NaN never wins, V for a row with no candidate) but not yet in sample mode: its
+radix select ranks +NaN above +inf and -NaN below -inf, so a +NaN takes a top-k slot (and a NaN
+k-th value, or a -NaN one when k reaches it, leaves no survivor: V), and the "compact" noise
+draws the first column of an all -inf row instead of V. A code V is then gathered as a row past
+the tables' ends.
+
+Errors: TypeError for a wrong type or dtype, ValueError for a wrong value, shape or device, all
+raised before any state changes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import numbers
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -33,18 +50,79 @@ class SamplerSettings:
     repetition_penalty: float = 1.0
 
 
+# each SamplerSettings field: (its test, what it must be)
+_SETTING_RULES = {
+    "temperature": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0: greedy)"),
+    "top_k": (lambda v: v >= 0, "an int >= 0 (0: off)"),
+    "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
+    "min_p": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
+    "repetition_penalty": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+}
+
+
+def _check_settings(i: int, x) -> None:
+    if not isinstance(x, SamplerSettings):
+        raise TypeError(f"settings[{i}] must be a SamplerSettings, got {type(x).__name__}")
+    for f in fields(SamplerSettings):
+        v = getattr(x, f.name)
+        ok, want = _SETTING_RULES[f.name]
+        kind = numbers.Integral if f.name == "top_k" else numbers.Real
+        if isinstance(v, bool) or not isinstance(v, kind):
+            raise TypeError(f"settings[{i}].{f.name} = {v!r}; expected {want}")
+        if not ok(v):
+            raise ValueError(f"settings[{i}].{f.name} = {v!r}; expected {want}")
+
+
+def cpu_or_cuda(device, what: str) -> torch.device:
+    """``device`` as a torch.device; ValueError unless it is the CPU or a CUDA device."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} is not a torch device ({e})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {dev}: {what} live on the CPU or a CUDA device")
+    return dev
+
+
+def _seed_tensor(seeds, rows: int) -> torch.Tensor:
+    if seeds is None:
+        return torch.arange(rows)
+    try:
+        t = torch.as_tensor(seeds)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"seeds must be {rows} integers, got {seeds!r}") from None
+    if not _is_integer(t):
+        raise TypeError(f"seeds have dtype {t.dtype}; expected integers")
+    if tuple(t.shape) != (rows,):
+        raise ValueError(f"seeds have shape {tuple(t.shape)}; expected one per row: [{rows}]")
+    return t
+
+
 class Sampler:
+    """Per-row sampling state on one device.
+
+    Raises (construction): TypeError for rows not an int, a setting of the wrong type or seeds
+    that are not integers; ValueError for rows < 1, a settings list of another length, a
+    setting out of range (each error names the row and field), seeds not one per row, or a
+    device that is not the CPU or CUDA.
+    """
+
     def __init__(self, rows: int, settings: SamplerSettings | list[SamplerSettings] | None = None,
                  *, seeds=None, device="cpu", logprobs: bool = False,
                  keep_last_token: bool = False, eager: bool = False):
-        s = settings if isinstance(settings, list) else [settings or SamplerSettings()] * rows
+        if isinstance(rows, bool) or not isinstance(rows, numbers.Integral):
+            raise TypeError(f"rows must be an int, got {type(rows).__name__}")
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        rows = int(rows)
+        s = list(settings) if isinstance(settings, (list, tuple)) else \
+            [settings or SamplerSettings()] * rows
         if len(s) != rows:
             raise ValueError(f"{len(s)} settings for {rows} rows")
-        for x in s:
-            if x.temperature < 0 or x.top_k < 0 or not 0 < x.top_p <= 1 or not 0 <= x.min_p < 1 \
-                    or x.repetition_penalty <= 0:
-                raise ValueError(f"invalid sampler settings {x}")
-        dev = torch.device(device)
+        for i, x in enumerate(s):
+            _check_settings(i, x)
+        dev = cpu_or_cuda(device, "a sampler's tensors")
+        seeds = _seed_tensor(seeds, rows)
         self.device = dev
         self.temperature = torch.tensor([x.temperature for x in s], dtype=torch.float32,
                                         device=dev)
@@ -53,7 +131,6 @@ class Sampler:
         self.min_p = torch.tensor([x.min_p for x in s], dtype=torch.float32, device=dev)
         self.penalty = torch.tensor([x.repetition_penalty for x in s], dtype=torch.float32,
                                     device=dev)
-        seeds = torch.arange(rows) if seeds is None else torch.as_tensor(seeds)
         self.seed = seeds.to(torch.int64).to(dev)
         self.offset = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.logprobs_enabled = logprobs
@@ -80,11 +157,31 @@ class Sampler:
 
     # --- the plain per-call path --------------------------------------------------------------
     def sample(self, logits: torch.Tensor, history: torch.Tensor | None = None) -> torch.Tensor:
-        """One draw per row from [R, V] logits; advances every row's offset by one."""
+        """One draw per row from [R, V] logits; advances every row's offset by one.
+
+        ``history`` [R, n]: token ids in [0, V) the repetition penalty applies to. NaN logits
+        follow the module's rule. Raises: TypeError for logits not floating or history not
+        integer; ValueError for logits not [R, V] (R this sampler's rows) on its device, a bad
+        history, or a row with no candidate after the filters (nothing moves then). The value
+        checks (history ids, candidates) read on the host; they are skipped while a CUDA graph
+        is being captured.
+        """
+        rows = self.offset.shape[0]
+        R, V = check_scores("logits", logits)
+        if R != rows:
+            raise ValueError(f"logits have {R} rows; this sampler draws for {rows}")
+        if logits.device != self.offset.device:
+            raise ValueError(f"logits are on {logits.device}; the sampler on {self.offset.device}")
+        if history is not None:
+            check_per_row("history", history, rows, logits.device, integer=True, dims=2)
+            if self.uses["penalty"] and _host_may_read(history) and history.numel() \
+                    and not bool(((history >= 0) & (history < V)).all()):
+                raise ValueError(f"history holds token ids outside [0, {V})")
         s = filtered_scores(logits, self.temperature, self.top_k,
                             self.top_p if self.uses["top_p"] else None,
                             self.min_p if self.uses["min_p"] else None,
                             self.penalty if self.uses["penalty"] else None, history)
+        refuse_undrawable(s, "logits")
         tok = draw(s, self.temperature, self.seed, self.offset)
         if self.logprob_buf is not None:
             lp = torch.log_softmax(s, dim=-1).gather(1, tok.view(-1, 1)).view(-1)
@@ -104,18 +201,101 @@ class Sampler:
 
     def advance_offsets(self, n: int) -> None:
         """After a kernel made ``n`` draws per row in place, move offsets as n sample() calls."""
-        if n < 0:
-            raise ValueError("n must be >= 0")
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
         self.offset += n
 
 
+# --- input checks (shapes, dtypes and devices only: no host synchronisation) ------------------
+def _is_integer(t: torch.Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def check_scores(name: str, t) -> tuple[int, int]:
+    """A floating, non-empty 2-D tensor [R, V]; returns (R, V)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: dtype {t.dtype}; expected a floating dtype")
+    if t.dim() != 2 or 0 in t.shape:
+        raise ValueError(f"{name} must be 2-D [rows, columns], non-empty; got shape "
+                         f"{tuple(t.shape)}")
+    return t.shape[0], t.shape[1]
+
+
+def check_per_row(name: str, t, rows: int, device, *, integer: bool, dims: int = 1) -> None:
+    """A per-row tensor: integer or floating, ``dims``-D with ``rows`` rows, on ``device``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if integer != _is_integer(t) or (not integer and not t.is_floating_point()):
+        raise TypeError(f"{name} has dtype {t.dtype}; expected "
+                        f"{'an integer' if integer else 'a floating'} dtype")
+    if t.dim() != dims or t.shape[0] != rows:
+        want = f"[{rows}]" if dims == 1 else f"[{rows}, n]"
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {want}, one per row")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}; expected {device}, with the other inputs")
+
+
+def _host_may_read(t: torch.Tensor) -> bool:
+    """False while a CUDA graph is being captured on t's device (a host read would break it)."""
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+# --- the NaN rule -------------------------------------------------------------------------------
+def _nan_as_neg_inf(s: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(s), torch.full_like(s, float("-inf")), s)
+
+
+def _has_candidate(s: torch.Tensor) -> torch.Tensor:
+    """[R] bool: the row has a score above -inf (NaN is no candidate)."""
+    return (s > float("-inf")).any(dim=-1)
+
+
+def refuse_undrawable(scores: torch.Tensor, what: str = "scores") -> None:
+    """ValueError naming the rows of ``scores`` with no candidate (every score NaN or -inf).
+    Reads on the host: does nothing while a CUDA graph is being captured."""
+    if not _host_may_read(scores):
+        return
+    empty = ~_has_candidate(scores)
+    if bool(empty.any()):
+        rows = empty.nonzero().view(-1).tolist()
+        raise ValueError(f"{what}: row(s) {rows[:8]}{' ...' if len(rows) > 8 else ''} have no "
+                         "candidate to draw (every score is NaN or -inf)")
+
+
+def argmax_candidates(scores: torch.Tensor) -> torch.Tensor:
+    """The greedy draw under the NaN rule: each row's first largest non-NaN score, V where
+    the row has no candidate. No host synchronisation."""
+    s = _nan_as_neg_inf(scores)
+    return torch.where(_has_candidate(s), torch.argmax(s, dim=-1), s.shape[-1])
+
+
+# --- the draw -----------------------------------------------------------------------------------
 def filtered_scores(logits, temperature, top_k, top_p=None, min_p=None, penalty=None,
                     history=None, kmax: int | None = None) -> torch.Tensor:
-    """fp32 scores after penalty, temperature, top-k (ties kept), top-p and min-p; -inf = out.
-    A filter passed as None is off (no host synchronisation either way). ``kmax`` (>= every
-    row's k) takes the k-th value from ``topk(kmax)`` instead of a full sort: the same value."""
-    s = logits.to(torch.float32).clone()
-    R, V = s.shape
+    """fp32 scores after penalty, temperature, top-k (ties kept), top-p and min-p; -inf = out,
+    NaN logits included (the NaN rule). A filter passed as None is off (no host
+    synchronisation either way). ``kmax`` (>= every row's k; more than V means V) takes the
+    k-th value from ``topk(kmax)`` instead of a full sort: the same value.
+
+    Raises: TypeError for logits or a float setting (temperature, top_p, min_p, penalty) not
+    floating, top_k or history not integer; ValueError for logits not 2-D [R, V], a per-row
+    tensor not [R] (history [R, n]) on the logits' device, kmax < 1.
+    """
+    R, V = check_scores("logits", logits)
+    for name, t, integer in (("temperature", temperature, False), ("top_k", top_k, True),
+                             ("top_p", top_p, False), ("min_p", min_p, False),
+                             ("penalty", penalty, False)):
+        if t is not None or name in ("temperature", "top_k"):
+            check_per_row(name, t, R, logits.device, integer=integer)
+    if history is not None:
+        check_per_row("history", history, R, logits.device, integer=True, dims=2)
+    if kmax is not None:
+        if isinstance(kmax, bool) or not isinstance(kmax, numbers.Integral) or kmax < 1:
+            raise ValueError(f"kmax must be an int >= 1, got {kmax!r}")
+        kmax = min(int(kmax), V)
+    s = _nan_as_neg_inf(logits.to(torch.float32))
     if penalty is not None and history is not None:
         seen = torch.zeros_like(s, dtype=torch.bool).scatter_(1, history.to(torch.int64), True)
         p = penalty.view(-1, 1)
@@ -146,10 +326,20 @@ def filtered_scores(logits, temperature, top_k, top_p=None, min_p=None, penalty=
 
 def draw(scores: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor,
          offset: torch.Tensor) -> torch.Tensor:
-    """Gumbel-max over finite scores with Philox uniforms at (seed, offset); greedy where T == 0."""
-    u = uniform(seed, offset, scores.shape[1]).to(scores.device)
+    """Gumbel-max over the candidates with Philox uniforms at (seed, offset); greedy where
+    T == 0. NaN scores are never drawn; a row with no candidate gives V (no token): callers
+    that may read on the host refuse it first (:func:`refuse_undrawable`).
+
+    Raises: TypeError for scores or temperature not floating, seed or offset not integer;
+    ValueError for scores not 2-D [R, V] or a per-row tensor not [R] on the scores' device.
+    """
+    R, V = check_scores("scores", scores)
+    check_per_row("temperature", temperature, R, scores.device, integer=False)
+    check_per_row("seed", seed, R, scores.device, integer=True)
+    check_per_row("offset", offset, R, scores.device, integer=True)
+    s = _nan_as_neg_inf(scores)
+    u = uniform(seed, offset, V).to(s.device)
     g = -torch.log(-torch.log(u))
-    noisy = scores.to(torch.float64) + g
-    sampled = torch.argmax(noisy, dim=-1)
-    greedy = torch.argmax(scores, dim=-1)
-    return torch.where(temperature > 0, sampled, greedy)
+    sampled = torch.argmax(s.to(torch.float64) + g, dim=-1)
+    tok = torch.where(temperature > 0, sampled, torch.argmax(s, dim=-1))
+    return torch.where(_has_candidate(s), tok, V)

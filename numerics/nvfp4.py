@@ -12,6 +12,9 @@ amax. ``mode="eager"`` reproduces the eager torch backend as it runs on a GPU.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from numerics.formats import (BF16, FLT_MAX, FORMATS, RN_ONE_SIXTH, e2m1_decode, e2m1_encode,
@@ -89,21 +92,62 @@ def swap_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return (packed << 4) | (packed >> 4)
 
 
-# --- quantize -------------------------------------------------------------------------------
-def _check_input(x: torch.Tensor, pad_16x: bool, mode: str):
+# --- input checks ---------------------------------------------------------------------------
+DEVICES = ("cpu", "cuda")  # where the reference computes (a meta tensor has no values)
+
+
+def _check_tensor(name: str, t, dtypes) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected one of {dtypes}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D; got shape {tuple(t.shape)}")
+    if t.device.type not in DEVICES:
+        raise ValueError(f"{name} is on {t.device}; the reference computes on {DEVICES}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(t.shape)})")
+
+
+def _check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [M, K]; got shape {tuple(x.shape)}")
+
+
+def _check_input(x: torch.Tensor, pad_16x: bool, mode: str):
+    _check_mode(mode)
     allowed = (torch.bfloat16, torch.float16) + ((torch.float32,) if mode == "eager" else ())
-    if x.dtype not in allowed:
-        raise TypeError(f"x has dtype {x.dtype}; mode={mode!r} takes {allowed}")
+    _check_tensor("x", x, allowed)
     M, K = x.shape
     if not pad_16x and (M % BLOCK or K % BLOCK):
-        raise ValueError(f"shape {tuple(x.shape)}: M and K must be multiples of 16 "
+        raise ValueError(f"x has shape {tuple(x.shape)}: M and K must be multiples of 16 "
                          "(or pass pad_16x=True)")
 
 
+def _as_g(g, device, nonfinite_g: bool = False) -> torch.Tensor:
+    """g as a 0-d fp32 tensor on ``device``, after refusing what cannot be a tensor scale: a
+    value that is not one real number, a negative one (-0.0 included: amax / 2688 is >= +0) and,
+    unless ``nonfinite_g``, NaN or ±inf once rounded to fp32. Reads the value (a CUDA g syncs)."""
+    if isinstance(g, torch.Tensor):
+        if not g.is_floating_point():
+            raise TypeError(f"g has dtype {g.dtype}; expected a floating dtype (fp32)")
+        if g.numel() != 1:
+            raise ValueError(f"g must hold one value; it has shape {tuple(g.shape)}")
+        if g.device.type not in DEVICES:
+            raise ValueError(f"g is on {g.device}; the reference reads it on {DEVICES}")
+    elif isinstance(g, bool) or not isinstance(g, numbers.Real):
+        raise TypeError(f"g must be a real number or a one-element tensor, got {type(g).__name__}")
+    t = torch.as_tensor(g, dtype=torch.float32).to(device).reshape(())
+    v = float(t)
+    if not nonfinite_g and not math.isfinite(v):
+        raise ValueError(f"g = {v} in fp32; expected a finite tensor scale (pass "
+                         "nonfinite_g=True to model what the CUDA kernel does with it)")
+    if v < 0 or (v == 0 and math.copysign(1.0, v) < 0):
+        raise ValueError(f"g = {v}; a tensor scale is >= +0 (amax / 2688)")
+    return t
+
+
+# --- quantize -------------------------------------------------------------------------------
 def _padded(x: torch.Tensor, pad_16x: bool) -> torch.Tensor:
     M, K = x.shape
     if not pad_16x:
@@ -114,10 +158,6 @@ def _padded(x: torch.Tensor, pad_16x: bool) -> torch.Tensor:
     out = torch.zeros(Mp, Kp, dtype=x.dtype, device=x.device)
     out[:M, :K] = x
     return out
-
-
-def _as_g(g, device) -> torch.Tensor:
-    return torch.as_tensor(g, dtype=torch.float32, device=device).reshape(())
 
 
 def block_scales_cuda(xb: torch.Tensor, g: torch.Tensor):
@@ -133,14 +173,24 @@ def block_scales_cuda(xb: torch.Tensor, g: torch.Tensor):
 
 
 def quantize(x: torch.Tensor, g, *, hi_first: bool = True, pad_16x: bool = False,
-             mode: str = "cuda"):
+             mode: str = "cuda", nonfinite_g: bool = False):
     """x [M, K] -> (packed uint8 [Mp, Kp/2], float8_e4m3fn scales [roundup(Mp,128),
-    roundup(Kp/16,4)] swizzled and zero padded). Mp, Kp are 16-padded with ``pad_16x``."""
+    roundup(Kp/16,4)] swizzled and zero padded). Mp, Kp are 16-padded with ``pad_16x``.
+
+    ``g``: the fp32 tensor scale (a number or a one-element tensor), >= +0 and finite;
+    ``nonfinite_g`` also takes NaN and +inf, as the CUDA kernel does with a device g it cannot
+    refuse (ladder rung 1 pins what it then writes).
+
+    Raises (before any work): TypeError for x not a bf16/fp16 tensor (fp32 too in eager mode)
+    or g not a real number / floating tensor; ValueError for a bad mode, x not 2-D, empty or
+    off CPU/CUDA, M or K not multiples of 16 without ``pad_16x``, g not one value, negative
+    (-0.0 too) or, without ``nonfinite_g``, not finite.
+    """
     _check_input(x, pad_16x, mode)
+    g = _as_g(g, x.device, nonfinite_g)
     xp = _padded(x, pad_16x)
     Mp, Kp = xp.shape
-    g = _as_g(g, x.device)
-    xb = xp.view(Mp, Kp // BLOCK, BLOCK)
+    xb = xp.reshape(Mp, Kp // BLOCK, BLOCK)  # a strided x (a view) is copied, not refused
     if mode == "cuda":
         s8, sf = block_scales_cuda(xb, g)
         enc = torch.fmin(rcp_approx(fmul_ftz(g, sf)), torch.tensor(FLT_MAX, device=x.device))
@@ -160,21 +210,58 @@ def quantize(x: torch.Tensor, g, *, hi_first: bool = True, pad_16x: bool = False
 
 
 # --- dequantize -----------------------------------------------------------------------------
-def dequantize(packed: torch.Tensor, scales: torch.Tensor, g, shape, dtype=torch.bfloat16, *,
-               hi_first: bool = True, mode: str = "cuda") -> torch.Tensor:
-    """Inverse map to ``dtype``; ``shape`` = (M, K) crops any 16-padding.
+def _check_packed(packed, scales, shape) -> tuple[int, int]:
+    """The checks dequantize and dequantize_operand share; returns (M, K)."""
+    _check_tensor("packed", packed, (torch.uint8,))
+    Mp, Kp = packed.shape[0], packed.shape[1] * 2
+    if Kp % BLOCK:
+        raise ValueError(f"packed has {Kp // 2} bytes a row: K = {Kp} must be a multiple of 16")
+    _check_tensor("scales", scales, (torch.float8_e4m3fn, torch.uint8))
+    if scales.device != packed.device:
+        raise ValueError(f"scales is on {scales.device}, packed on {packed.device}")
+    if tuple(scales.shape) != scale_shape(Mp, Kp):
+        raise ValueError(f"scales has shape {tuple(scales.shape)}; packed [{Mp}, {Kp // 2}] "
+                         f"needs the swizzled shape {scale_shape(Mp, Kp)}")
+    if (not isinstance(shape, (tuple, list, torch.Size)) or len(shape) != 2
+            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
+                       for n in shape)):
+        raise TypeError(f"shape must be a pair of ints (M, K), got {shape!r}")
+    M, K = int(shape[0]), int(shape[1])
+    if not (0 < M <= Mp and _roundup(M, BLOCK) >= Mp and 0 < K <= Kp
+            and _roundup(K, BLOCK) >= Kp):
+        raise ValueError(f"shape {tuple(shape)} must be the data's [{Mp}, {Kp}] less at most "
+                         "its 16-padding (0 < M <= Mp <= roundup(M, 16), the same for K)")
+    return M, K
 
-    cuda: ``RN_dtype(e2m1 · fmul_ftz(s, g))``, one rounding. eager: all-``dtype`` arithmetic
-    ``lut[code] · (g · s)``, which rounds twice.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    M, K = shape
+
+def _codes_and_scale_values(packed, scales, hi_first: bool = True):
+    """[Mp, Kp] E2M1 codes and each element's decoded fp32 block scale."""
     Mp, Kp = packed.shape[0], packed.shape[1] * 2
     codes = unpack_codes(packed, hi_first)
     s8 = from_blocked(scales.view(torch.uint8), Mp, Kp // BLOCK)
-    sv = e4m3_decode(s8).repeat_interleave(BLOCK, dim=1)
-    g = _as_g(g, packed.device)
+    return codes, e4m3_decode(s8).repeat_interleave(BLOCK, dim=1)
+
+
+def dequantize(packed: torch.Tensor, scales: torch.Tensor, g, shape, dtype=torch.bfloat16, *,
+               hi_first: bool = True, mode: str = "cuda",
+               nonfinite_g: bool = False) -> torch.Tensor:
+    """Inverse map to ``dtype`` (bf16, fp16 or fp32); ``shape`` = (M, K) crops any 16-padding.
+
+    cuda: ``RN_dtype(e2m1 · fmul_ftz(s, g))``, one rounding. eager: all-``dtype`` arithmetic
+    ``lut[code] · (g · s)``, which rounds twice. ``g`` as :func:`quantize` takes it.
+
+    Raises (before any work): TypeError for packed not uint8, scales not float8_e4m3fn/uint8,
+    dtype not bf16/fp16/fp32, shape not two ints or g not a real number / floating tensor;
+    ValueError for a bad mode, packed or scales not 2-D, empty or off CPU/CUDA (or on two
+    devices), K not a multiple of 16, scales not exactly the swizzled shape, shape beyond the
+    data or cropping more than its 16-padding, and g as :func:`quantize` refuses it.
+    """
+    _check_mode(mode)
+    M, K = _check_packed(packed, scales, shape)
+    if dtype not in FORMATS:
+        raise TypeError(f"dtype {dtype!r}: expected one of {tuple(FORMATS)}")
+    g = _as_g(g, packed.device, nonfinite_g)
+    codes, sv = _codes_and_scale_values(packed, scales, hi_first)
     if mode == "cuda":
         p = fmul_ftz(sv, g).to(torch.float64)
         exact = e2m1_decode(codes, torch.float64) * p
@@ -185,11 +272,9 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, g, shape, dtype=torch
 
 
 def dequantize_operand(packed, scales, shape) -> torch.Tensor:
-    """Operand values e2m1·s WITHOUT g, exact in bf16 (what a Hopper GEMM feeds wgmma)."""
-    M, K = shape
-    Mp, Kp = packed.shape[0], packed.shape[1] * 2
-    codes = unpack_codes(packed)
-    s8 = from_blocked(scales.view(torch.uint8), Mp, Kp // BLOCK)
-    sv = e4m3_decode(s8).repeat_interleave(BLOCK, dim=1)
+    """Operand values e2m1·s WITHOUT g, exact in bf16 (what a Hopper GEMM feeds wgmma).
+    Raises as :func:`dequantize` does for packed, scales and shape."""
+    M, K = _check_packed(packed, scales, shape)
+    codes, sv = _codes_and_scale_values(packed, scales)
     out = e2m1_decode(codes, torch.float32) * sv  # every product is exact in bf16 (spec §4.3)
     return round_to_format(out, BF16).to(torch.bfloat16)[:M, :K]

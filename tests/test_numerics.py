@@ -163,6 +163,7 @@ def test_eager_and_cuda_modes_agree_away_from_ties():
 
 
 @pytest.mark.gpu
+@pytest.mark.fast
 def test_reference_cuda_equals_cpu():
     from validators.tiles import KINDS, make_tile, tensor_scale_for
 
@@ -173,3 +174,45 @@ def test_reference_cuda_equals_cpu():
         qg, sg = nvfp4.quantize(x.cuda(), g)
         assert torch.equal(qc, qg.cpu()) and torch.equal(sc.view(torch.uint8),
                                                         sg.cpu().view(torch.uint8))
+
+
+def test_dequantize_refuses_the_issue_cases():
+    x = torch.randn(32, 64).bfloat16()
+    g = nvfp4.global_scale(x)
+    q, s = nvfp4.quantize(x, g)
+    cases = {  # each of these returned a wrong tensor or ended in a raw torch error
+        "shape": (ValueError, (q, s, g, (48, 64))),  # larger than the data
+        "scales": (ValueError, (q, torch.cat([s, s], 1), g, (32, 64))),  # oversized: zeros
+        "packed": (TypeError, (q.float(), s, g, (32, 64))),
+        "2-D": (ValueError, (q.view(-1), s, g, (32, 64))),
+        "dtype": (TypeError, (q, s, g, (32, 64), torch.float64)),
+        "empty": (ValueError, (q[:0], s, g, (0, 64))),
+    }
+    for match, (error, args) in cases.items():
+        with pytest.raises(error, match=match):
+            nvfp4.dequantize(*args)
+    with pytest.raises(ValueError, match="16-padding"):
+        nvfp4.dequantize(q, s, g, (16, 64))  # crops real rows, not padding
+    with pytest.raises(ValueError, match="shape"):
+        nvfp4.dequantize_operand(q, s, (33, 64))
+
+
+@pytest.mark.parametrize("g,error", [(torch.ones(2), ValueError), (-1.0, ValueError),
+                                     (-0.0, ValueError), (math.nan, ValueError),
+                                     (math.inf, ValueError), (1e39, ValueError),
+                                     (torch.tensor(1), TypeError), (True, TypeError)])
+def test_quantize_refuses_what_cannot_be_a_tensor_scale(g, error):
+    x = torch.randn(16, 32).bfloat16()
+    with pytest.raises(error, match="g"):
+        nvfp4.quantize(x, g)
+    with pytest.raises(error, match="g"):
+        nvfp4.dequantize(*nvfp4.quantize(x, 1.0), g, (16, 32))
+
+
+def test_nonfinite_g_models_the_kernel_as_rung1_pins_it():
+    x = torch.zeros(16, 16, dtype=torch.bfloat16)
+    x[0, :2] = torch.tensor([1.0, -2.0])
+    for g, scale in ((math.nan, 0x7E), (math.inf, 0x00)):  # validators/rung1_adversarial.py
+        q, s = nvfp4.quantize(x, g, nonfinite_g=True)
+        assert nvfp4.unpack_codes(q)[0, :2].tolist() == [7, 0xF]  # ±6
+        assert int(nvfp4.from_blocked(s.view(torch.uint8), 16, 1)[0, 0]) == scale

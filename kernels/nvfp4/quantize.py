@@ -183,17 +183,25 @@ def _validate(x, g, out, row_offset):
     M, K = x.shape
     if K % BLOCK:
         raise ValueError(f"K = {K} must be a multiple of 16 (pad K first)")
-    if M == 0:
-        raise ValueError("x has no rows")
+    if M == 0 or K == 0:
+        raise ValueError(f"x is empty (shape {tuple(x.shape)})")
     check_cuda_tensor("g", g, dtypes=(torch.float32,))
     if g.numel() != 1:
         raise ValueError(f"g must hold one fp32 value; it has {g.numel()}")
+    if g.device != x.device:
+        raise ValueError(f"g is on {g.device}; x is on {x.device}")
     if x.numel() >= 2**31:
         raise ValueError("x has 2^31 or more elements; the kernel indexes with int32")
+    if isinstance(row_offset, bool) or not isinstance(row_offset, int) or row_offset < 0:
+        raise ValueError(f"row_offset must be an int >= 0, got {row_offset!r}")
     if out is not None:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise TypeError(f"out must be a (packed, scales) pair, got {type(out).__name__}")
         q, s = out
         check_cuda_tensor("out packed", q, dtypes=(torch.uint8,), align=8)
         check_cuda_tensor("out scales", s, dtypes=(torch.float8_e4m3fn, torch.uint8), align=4)
+        if q.device != x.device or s.device != x.device:
+            raise ValueError(f"out is on {q.device} / {s.device}; x is on {x.device}")
         if q.dim() != 2 or q.shape[1] != K // 2 or q.shape[0] < row_offset + M:
             raise ValueError(f"out packed has shape {tuple(q.shape)}; need [>= {row_offset + M}, "
                              f"{K // 2}] for rows [{row_offset}, {row_offset + M})")
@@ -201,8 +209,6 @@ def _validate(x, g, out, row_offset):
         if s.dim() != 2 or s.shape[1] != need[1] or s.shape[0] < need[0] or s.shape[0] % 128:
             raise ValueError(f"out scales has shape {tuple(s.shape)}; need [multiple of 128 >= "
                              f"{need[0]}, {need[1]}]")
-    if row_offset < 0:
-        raise ValueError(f"row_offset must be >= 0, got {row_offset}")
 
 
 def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0,
