@@ -9,16 +9,17 @@ register-sourced B) and each B tile is shared by both warpgroups.
 
 Per k-block and thread: one 16-byte chunk of packed A (32 codes of one row) and tile_n/128 chunks
 of B, each: ``ld.shared.v4``, one 16-bit scale-pair load from the swizzled scale tile, 4 x 8 codes
-through :func:`kernels.nvfp4_device.dequant_e2m1_word` (~17 instructions per 8 codes), four
+through :func:`kernels.device.nvfp4.dequant_e2m1_word` (~17 instructions per 8 codes), four
 ``st.shared.v4`` at swizzled addresses (conflict-free: the 8 lanes of a store phase hit 8
 different 16-byte columns).
 
-Buffering: B f16 buffers (B >= 3) and one named barrier per k-block. Each warpgroup keeps
-``B - 2`` commit groups in flight (``wait_group(B - 2)`` after issuing). Iteration j writes
-buffer j % B, last read by wgmma j-B; every warpgroup retired that group at the end of iteration
-j-2 (it allows at most B-2 outstanding there) and then arrived at the barrier of iteration j-1,
-which the writer passed. With B = 3 the expansion of k-block j+1 waits for wgmma j-1 to finish;
-with B = 4 it only waits for j-2, so expansion and MMA overlap more, at 1.33x the f16 smem.
+Buffering: three f16 buffers and one named barrier per k-block; each warpgroup keeps one
+commit group in flight (``wait_group(1)`` after issuing). Iteration j writes buffer j % 3, last
+read by wgmma j-3; every warpgroup retired that group at the end of iteration j-2 and then
+arrived at the barrier of iteration j-1, which the writer passed. So the expansion of k-block j+1
+waits for wgmma j-1 to finish. Four buffers (two groups in flight) removed that wait and changed
+nothing measurable (notes/p0-gemm.md v3): expansion and MMA contend for issue slots and
+shared-memory bandwidth rather than wait on each other, so the option left the code.
 """
 from __future__ import annotations
 
@@ -32,25 +33,23 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.utils import hopper_helpers as sm90_utils  # noqa: E402
 
 TILE_K = 64
-F16_BUFFERS = 3  # default
+F16_BUFFERS = 3  # see Buffering above
 CONSUMER_THREADS = 256
 ROW_WORDS = TILE_K * 2 // 4  # one 64-element f16 row = 128 B = 32 words = 8 swizzle chunks
 
 
 class DequantWgmmaConsumer:
-    """Static config: CTA tile (tile_m, tile_n) in {(128, 128), (128, 256), (256, 128)}: the two
-    warpgroups split M in 64-row slabs (128 accumulator registers per thread at most), and every
-    tile covers whole 128-row scale tiles."""
+    """Static config: CTA tile (tile_m, tile_n) in {(128, 128), (128, 256)}: the two warpgroups
+    split M in 64-row slabs (128 accumulator registers per thread at most), and every tile covers
+    whole 128-row scale tiles. 256 x 128 tiles were measured slower (notes/p0-gemm.md v2)."""
 
-    TILES = ((128, 128), (128, 256), (256, 128))
+    TILES = ((128, 128), (128, 256))
 
-    def __init__(self, tile_m: int, tile_n: int, buffers: int = F16_BUFFERS):
+    def __init__(self, tile_m: int, tile_n: int):
         if (tile_m, tile_n) not in self.TILES:
             raise ValueError(f"tile ({tile_m}, {tile_n}) not supported; choose from {self.TILES}")
-        if buffers < 3:
-            raise ValueError(f"buffers = {buffers}: at least 3 f16 buffers (see the module doc)")
-        self.buffers = buffers
-        self.mma_in_flight = buffers - 2
+        self.buffers = F16_BUFFERS
+        self.mma_in_flight = F16_BUFFERS - 2
         self.tile_m, self.tile_n = tile_m, tile_n
         self.threads = CONSUMER_THREADS
 

@@ -5,10 +5,13 @@ the 4.24 TB/s copy ceiling, at any row count up to ~190 rows (memory-bound). Eac
 one frame of 15 sampled code groups (T 0.9, top-k 50, counter-based draws), random weights at
 realistic scales, bf16. Three loops in one run: the eager reference, the reference captured as
 one CUDA graph, and the fast loop (models/fast_loop.py: pre-projected embeddings, fused QKV and
-gate/up GEMMs, static KV cache, one graph per bucket; CuTe DSL kernels with programmatic
-dependent launch: fused GEMVs at <= 8 rows, a row norm + split-K tensor-core projections at
-16-128 rows). The compiled path (torch.compile around cuBLAS, the previous version) is timed too
-(``fast_compiled``).
+gate/up weights, a static KV cache, one graph per bucket; CuTe DSL kernels chained by
+programmatic dependent launch, each bucket run as its plan in schedules/plan.py says, recorded
+per row count as ``fast_plan``: fused GEMVs at 1-2 rows; above, rows padded to 16s with a row
+norm + split-K tensor-core projection per normed projection, mma.sync at 16 kernel rows, qkv and
+gate/up on the register-A wgmma at 32 and 128, at 64 qkv, o, gate/up and the heads on it with
+TMA and down on the shared-memory wgmma, two 64-row chains at 128; positions 0 and 1 side by
+side, layer 0's QKV gathered per code by the draw, the last draw ending the talker sum).
 The fast loop's weight traffic per frame is 2.486 GB plus one extra layer-stack read (pass 0 split
 into two single-position passes): ~2.63 GB, 620 µs at 4.24 TB/s.
 """
@@ -58,17 +61,10 @@ def _main(argv) -> int:
         ref = depth_loop(w, h, g0, sampler=Sampler(R_, seeds=list(range(R_)), device="cuda"))
         fl.sampler.offset.zero_()
         agree = float((fl(h, g0).codes == ref.codes).float().mean())
-        compiled = None
-        if fl.path != "compiled":  # the previous version (compiled step) in the same run
-            fc = FastLoop(fw, R_, Sampler(R_, seeds=list(range(R_)), device="cuda"),
-                          path="compiled")
-            compiled = bench(lambda: fc(h, g0), warmup_ms=100, rep_ms=500).as_dict()
-            del fc
         fast[str(R_)] = round(t_fast.median_us, 1)
         rows_out.append({"rows": R_, "eager": t_eager.as_dict(), "captured": t_graph.as_dict(),
-                         "fast": t_fast.as_dict(), "fast_path": fl.path,
-                         "fast_tiles": fl.tiles,
-                         "fast_compiled": compiled, "fast_build_s": build_s,
+                         "fast": t_fast.as_dict(), "fast_plan": fl.plan.as_dict(),
+                         "fast_build_s": build_s,
                          "fast_codes_equal_reference": agree,
                          "fast_gbps": FRAME_BYTES / t_fast.median_us / 1e3,
                          "captured_gbps": FRAME_BYTES / t_graph.median_us / 1e3,
@@ -86,26 +82,24 @@ def _main(argv) -> int:
     summary = R.make_summary(
         "depth-loop", parameters={"rows": [r["rows"] for r in rows_out], "dtype": "bf16",
                                   "sampler": "T 0.9, top-k 50, Philox Gumbel-max",
-                                  "fast_loop": "models/fast_loop.py (CuTe DSL kernels + PDL: "
-                                               "GEMVs at <= 2 rows, split-K tensor-core "
-                                               "projections padded to 16s (mma.sync, or wgmma "
-                                               "per FRAME_MMA at 32-128), two 64-row chains at "
-                                               "128; graphs)"},
+                                  "fast_loop": "models/fast_loop.py (CuTe DSL kernels + PDL, "
+                                               "one graph a bucket; each bucket's kernels, "
+                                               "mainloops and tiles as schedules/plan.py says: "
+                                               "measurements' fast_plan)"},
         measurements=rows_out, headline={"fast_loop_us": fast}, gates=gates,
         seeds={"weights": args.seed},
         notes={"prediction": "the latest change's prediction and outcome are in "
-                             "notes/fast-loop.md (session 14: v13a, the draw's loads in one "
-                             "batch a phase; v13b, the GEMVs' x by cp.async)",
+                             "notes/fast-loop.md (session 15: the per-bucket choices moved into "
+                             "schedules/plan.py and the lost variants out of the code, the same "
+                             "kernels as fc1e231, so its figures within run-to-run noise)",
                "outcome": ", ".join(f"{r['rows']} rows fast {r['fast']['median_us']:.0f} µs "
                                     f"(captured ref {r['captured']['median_us']:.0f})"
                                     for r in rows_out)})
     path = R.write(summary, args.results_dir)
     print(R.format_table([[r["rows"], r["eager"]["median_us"], r["captured"]["median_us"],
-                           r["fast"]["median_us"], r["fast_gbps"], r["fast_codes_equal_reference"],
-                           (r["fast_compiled"] or {}).get("median_us", "-")]
+                           r["fast"]["median_us"], r["fast_gbps"], r["fast_codes_equal_reference"]]
                           for r in rows_out],
-                         ["rows", "eager_us", "captured_us", "fast_us", "fast_GB/s", "codes=",
-                          "compiled_us"]))
+                         ["rows", "eager_us", "captured_us", "fast_us", "fast_GB/s", "codes="]))
     print(f"wrote {path}")
     return 0
 

@@ -1,27 +1,38 @@
 """P0 compile report: registers, spills, shared memory and instruction census per configuration.
 
-Compiles every P0 configuration the entry point can choose (and the variants the notes measured)
-for sm_90a without a GPU and records what ptxas produced: registers per thread (the consumer
-warpgroups may raise to 232 with setmaxnreg), stack frame and local loads (spills), dynamic
-shared memory the configuration asks for, and the instructions that make the design (wgmma
-shape, TMA loads, E4M3 conversions, f16 multiplies, wgmma groups kept in flight). Also the
-small-M GEMV. CPU only: these are compiler facts, not timings.
+Compiles every P0 configuration the entry point can choose (schedules/plan.py: 128 x 256, and
+128 x 128 with 1-4 K splits) for sm_90a without a GPU and records what ptxas produced: registers
+per thread (the consumer warpgroups may raise to 232 with setmaxnreg), stack frame and local
+loads (spills), dynamic shared memory the configuration asks for, and the instructions that make
+the design (wgmma shape, TMA loads, E4M3 conversions, f16 multiplies, wgmma groups kept in
+flight). Also the small-M GEMV. ``--quick``: two P0 and two GEMV configurations instead of five
+and five. CPU only: these are compiler facts, not timings.
 """
 from __future__ import annotations
 
 import re
 
 from experiments._common import parser, progress, run_main
+from schedules import plan
 from workbench import results as R
 
-P0_CONFIGS = [dict(tile_n=256, stages=4), dict(tile_n=128, stages=8),
-              dict(tile_n=128, stages=8, splits=3), dict(tile_m=256, tile_n=128, stages=4),
-              dict(tile_n=256, stages=2, buffers=4)]
+P0_CONFIGS = [dict(tile_n=plan.WIDE.tile_n, stages=plan.WIDE.stages)] + [
+    dict(tile_n=plan.NARROW.tile_n, stages=plan.NARROW.stages, splits=sp)
+    for sp in range(1, plan.MAX_SPLITS + 1)]
 GEMV_CONFIGS = [(1, 1024), (8, 1024), (1, 2048), (1, 3072), (8, 3072)]
+QUICK_P0 = [P0_CONFIGS[0], P0_CONFIGS[3]]  # default_config's picks at M >= 2048 and out/fc2 M=128
+QUICK_GEMV = [GEMV_CONFIGS[0], GEMV_CONFIGS[-1]]
 
 
 def _count(pattern: str, text: str) -> int:
     return len(re.findall(pattern, text or ""))
+
+
+def _label(config: dict) -> str:
+    if "tile" not in config:  # the GEMV
+        return str(config)
+    m, n, _ = config["tile"]
+    return f"{m}x{n} stages={config['stages']} splits={config['splits']}"
 
 
 def main(argv=None) -> int:
@@ -36,8 +47,14 @@ def _main(argv) -> int:
     from kernels.nvfp4 import gemm_shell as P0
     from kernels.depth import gemv_small_m as GV
 
+    if args.quick:
+        p0_configs, gemv_configs = QUICK_P0, QUICK_GEMV
+    else:
+        p0_configs, gemv_configs = P0_CONFIGS, GEMV_CONFIGS
+    progress(f"{'quick: ' if args.quick else ''}{len(p0_configs)} P0 and {len(gemv_configs)} "
+             "GEMV configurations")
     rows, gates = [], {}
-    for kw in P0_CONFIGS:
+    for kw in p0_configs:
         cfg = P0.BlockscaledGemmSm90(**kw)
         progress(f"P0 {kw}")
         r = compile_report(cfg, *P0.compile_args())
@@ -53,7 +70,7 @@ def _main(argv) -> int:
         ok = r.spill_bytes == 0 and r.registers <= 232 and rows[-1]["calls"] == 0
         gates[f"p0 {kw}: no spills, <= 232 registers, no calls"] = R.gate(
             ok, f"{r.registers} registers, frame {r.frame_bytes} B, {r.spill_loads} LDL")
-    for M, K in GEMV_CONFIGS:
+    for M, K in gemv_configs:
         progress(f"GEMV M={M} K={K}")
         r = compile_report(GV.GemvSmallM(M, K), *GV.compile_args(M, K))
         rows.append({"kernel": "gemv_small_m", "config": {"M": M, "K": K},
@@ -62,22 +79,22 @@ def _main(argv) -> int:
         gates[f"gemv M={M} K={K}: no spills"] = R.gate(r.spill_bytes == 0,
                                                         f"{r.registers} registers")
     summary = R.make_summary(
-        "p0-compile", parameters={"arch": "sm_90a", "p0_configs": P0_CONFIGS,
-                                  "gemv_configs": GEMV_CONFIGS},
+        "p0-compile", parameters={"arch": "sm_90a", "quick": args.quick,
+                                  "p0_configs": p0_configs, "gemv_configs": gemv_configs},
         measurements=rows, headline={"p0_registers": {str(r["config"].get("tile")) + (
-            f" splits={r['config']['splits']}" if r["config"].get("splits", 1) > 1 else "")
-            + (f" buffers={r['config']['f16_buffers']}" if r["config"].get("f16_buffers") == 4
-               else ""): r["registers"] for r in rows if r["kernel"] == "p0"}},
+            f" splits={r['config']['splits']}" if r["config"].get("splits", 1) > 1 else ""):
+            r["registers"] for r in rows if r["kernel"] == "p0"}},
         gates=gates, seeds={}, notes={
             "source": "compiler output on a CPU machine (no GPU)",
             "registers": "P0's 168 is the per-thread allocation at launch (65536 / 384 threads, "
                          "rounded to 8); setmaxnreg then gives the producer warpgroup 40 and the "
                          "two consumer warpgroups 232 each (40·128 + 232·256 = 64512)."})
     path = R.write(summary, args.results_dir)
-    print(R.format_table([[r["kernel"], str(r["config"])[:60], r["registers"], r["frame_bytes"],
+    print(R.format_table([[r["kernel"], _label(r["config"]), r["registers"], r["frame_bytes"],
                            r["spill_loads"]] for r in rows],
                          ["kernel", "config", "regs", "frame B", "LDL"]))
-    print(f"wrote {path} (verdict {summary['verdict']})")
+    scope = "quick: a subset of the configurations" if args.quick else "all configurations"
+    print(f"wrote {path} (verdict {summary['verdict']}; {scope})")
     return 0
 
 

@@ -1,14 +1,15 @@
 """Per-kernel times of the fast loop's kernels path on the GPU, each in a CUDA graph of back-to-back
 launches (weights rotated through copies beyond L2), with and without programmatic dependent
-launch; and the whole frame with PDL on and off. Writes a results summary
-``depth-kernels.json`` (into ``$WB_RESULTS_DIR``, default results/).
+launch; and the whole frame with PDL on and off. Writes a results summary ``depth-kernels.json``
+into the run folder (``$WB_RESULTS_DIR``, default results/runs/<utc>-<host>/).
 
     python3 scripts/bench_depth_kernels.py --rows 1 8 64
 
 Up to 8 rows the projections are the fused GEMVs (kernels/depth/gemv_small_m.py): the loop uses them
-only up to ``GEMV_MAX_ROWS`` and pads more rows to 16, so at 3-8 rows this times the GEMV side
-of that crossover. Above 8 rows a normed projection is timed as the loop runs it: row norm +
-split-K projection. Frames (``--rows``) are the loop's own, padding included.
+only up to ``GEMV_MAX_ROWS`` (schedules/plan.py) and pads more rows to 16, so at 3-8 rows this
+times the GEMV side of that crossover. Above 8 rows a normed projection is timed as a row norm +
+the mma.sync split-K projection with the kernel's default tiles (the loop's plan may run another
+mainloop there). Frames (``--rows``) are the loop's own plan, padding included.
 """
 import argparse
 import math
@@ -24,6 +25,7 @@ from models.codepredictor import random_weights
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
+from schedules.plan import FrameVariant
 from workbench import results as Rs
 from workbench.timing import bench
 
@@ -147,8 +149,8 @@ def main():
         h = torch.randn(R, 2048, device="cuda", generator=g).to(torch.bfloat16)
         g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
         for pdl in (True, False):
-            fl = FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"), pdl=pdl,
-                          path="kernels")
+            fl = FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
+                          variant=FrameVariant(pdl=pdl))
             t = bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=500).median_us
             measurements.append({"rows": R, "kernel": "frame", "pdl": pdl, "us": t})
             lines.append(f"{R:>3} frame pdl={pdl}: {t:.0f} us")

@@ -1,5 +1,5 @@
-"""Which descriptor stride convention kernels/depth/gemm_skinny_wgmma.py needs, on the GPU: one small
-projection with K-adjacent core matrices in LBO (the kernel's) and in SBO (swapped), each
+"""Which descriptor stride convention kernels/depth/gemm_skinny_wgmma.py needs, on the GPU: one
+small projection with K-adjacent core matrices in LBO (the kernel's) and in SBO (swapped), each
 against fp64. A diagnostic for a failing wgmma test (one line a convention)."""
 import torch
 
@@ -21,7 +21,7 @@ def run(M: int, N: int, K: int, swap: bool):
     cfg = GemmSkinnyWgmma(M, K, out_f32=True, swap_strides=swap)
     wp, a_cm = pack_weights_wgmma(w), chunk_major(a)
     ptrs = pointer_args(_ptr_specs(True) + ((cutlass.Int32, 4),),
-                        (a_cm, wp.data, out, a_cm, a_cm, a_cm, a_cm, diagnostics_mailbox()))
+                        (a_cm, wp.data, out, a_cm, a_cm, diagnostics_mailbox()))
     n = cutlass.Int32(N)
     cute.compile(cfg, *ptrs, n, n, current_stream())(*ptrs, n, n, current_stream())
     torch.cuda.synchronize()

@@ -1,37 +1,58 @@
-"""P0 mainloop ablations and config sweep on the GPU (device time only, CUDA-graph replay)."""
+"""P0 mainloop ablations and the split-K sweep on the GPU (device time only, CUDA-graph replay).
+
+    python3 scripts/p0_ablate.py            # each half of the mainloop alone (P0Variant)
+    python3 scripts/p0_ablate.py --splitk   # M = 128: splits 1-4 (default_config's choice)
+
+The tile-shape and f16-buffer sweeps lost their A/B and left with their options; their logs are
+results/logs/ddb50d7-p0-tiles.log and abaec12-p0-buffers.log (notes/p0-gemm.md v2, v3).
+"""
+import sys
+
 import torch
-from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+
 from kernels.nvfp4.gemm import gemm_nvfp4
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant
 from validators.gemm_operands import make_operand
 from workbench.timing import bench
 
-def run(M, N, K, configs):
-    a = make_operand("normal", M, K, 1, "cuda"); b = make_operand("normal", N, K, 2, "cuda")
-    a = (a[0], a[1], torch.tensor([a[2]], device="cuda")); b = (b[0], b[1], torch.tensor([b[2]], device="cuda"))
-    out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16); w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-    tb = bench(lambda: torch.nn.functional.linear(x, w), graph=True).median_us
-    for kw in configs:
-        cfg = BlockscaledGemmSm90(**kw)
-        t = bench(lambda: gemm_nvfp4(*a, *b, out=out, config=cfg), graph=True).median_us
-        kb = -(-K // 64); tiles = -(-M // cfg.tile_m) * -(-N // cfg.tile_n) * cfg.splits
-        per_kb = t / (-(-tiles // 132) * -(-kb // cfg.splits))
-        print(f"M={M} N={N} K={K} {kw}: {t:.1f} us (cuBLAS {tb:.1f}, ratio {tb/t:.2f}); "
-              f"{per_kb*1e3:.0f} ns per k-block per CTA", flush=True)
+ABLATIONS = {"full": P0Variant(), "no dequant": P0Variant(skip_dequant=True),
+             "no MMA": P0Variant(skip_mma=True)}
 
-import sys
-if "--splitk" in sys.argv:  # M = 128: split K so every SM works (default_config's choice)
-    for M, N, K in [(128, 5376, 5376), (128, 5376, 14336), (128, 14336, 5376), (128, 21504, 5376)]:
-        run(M, N, K, [dict(tile_n=128, stages=8, splits=sp) for sp in (1, 2, 3, 4)])
-elif "--buffers" in sys.argv:  # f16 buffer depth: 4 lets expansion run two wgmma groups ahead
-    for M, N, K in [(128, 5376, 5376), (2048, 21504, 5376), (8192, 14336, 5376)]:
-        run(M, N, K, [dict(tile_n=tn, stages=st, buffers=b) for tn, st, b in
-                      ((256, 4, 3), (256, 2, 4), (128, 8, 3), (128, 6, 4))])
-elif "--tiles" in sys.argv:  # tile-shape sweep at compute-bound sizes
-    for M, N, K in [(2048, 21504, 5376), (2048, 5376, 14336), (8192, 14336, 5376)]:
-        run(M, N, K, [dict(tile_m=tm, tile_n=tn, stages=st) for tm, tn, st in
-                      ((128, 256, 4), (256, 128, 4), (256, 128, 3))])
-else:
+
+def _operand(rows, K, seed):
+    q, s, g = make_operand("normal", rows, K, seed, "cuda")
+    return q, s, torch.tensor([g], device="cuda")
+
+
+def run(M, N, K, configs):
+    """Time each ``(label, BlockscaledGemmSm90 kwargs)`` against cuBLAS bf16 at M x N x K."""
+    a, b = _operand(M, K, 1), _operand(N, K, 2)
+    out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    t_ref = bench(lambda: torch.nn.functional.linear(x, w), graph=True).median_us
+    for label, kw in configs:
+        cfg = BlockscaledGemmSm90(**kw)
+        t = bench(lambda cfg=cfg: gemm_nvfp4(*a, *b, out=out, config=cfg), graph=True).median_us
+        k_blocks = -(-K // 64)
+        tiles = -(-M // cfg.tile_m) * -(-N // cfg.tile_n) * cfg.splits
+        per_kb = t / (-(-tiles // 132) * -(-k_blocks // cfg.splits))
+        print(f"M={M} N={N} K={K} {label}: {t:.1f} us (cuBLAS {t_ref:.1f}, ratio "
+              f"{t_ref / t:.2f}); {per_kb * 1e3:.0f} ns per k-block per CTA", flush=True)
+
+
+def main(argv):
+    if "--splitk" in argv:
+        for M, N, K in [(128, 5376, 5376), (128, 5376, 14336), (128, 14336, 5376),
+                        (128, 21504, 5376)]:
+            run(M, N, K, [(f"splits={sp}", dict(tile_n=128, stages=8, splits=sp))
+                          for sp in (1, 2, 3, 4)])
+        return
     for M, N, K in [(128, 5376, 5376), (2048, 21504, 5376)]:
-        run(M, N, K, [dict(tile_n=tn, stages=st, ablate=ab) for tn, st in ((128, 8), (256, 4))
-                      for ab in (None, "no_dequant", "no_mma")])
+        run(M, N, K, [(f"tile_n={tn} stages={st} {name}",
+                       dict(tile_n=tn, stages=st, variant=variant))
+                      for tn, st in ((128, 8), (256, 4)) for name, variant in ABLATIONS.items()])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -7,17 +7,15 @@ moved the frame's end (its end minus the latest end before it, summed by kernel 
 would lose without it), the measure that sums to the frame's span.
 """
 import argparse
-import json
-import os
 import re
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from models.codepredictor import random_weights
-from models.fast_loop import GEMV_MAX_ROWS, FastLoop, FastWeights
+from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
-from workbench.results import provenance, provenance_line
+from workbench.results import provenance_line, results_dir, write_record
 
 
 def kernel_kind(name: str) -> str:
@@ -29,23 +27,21 @@ def kernel_kind(name: str) -> str:
     return m.group(1) if m else name[:60]
 
 
-def frame_roles(cfg, draw_norm: bool = True, qkv_table: bool = False) -> list:
-    """The frame's CuTe DSL kernels in launch order (FastLoop._frame_kernels above
-    GEMV_MAX_ROWS rows, without fold_norm), each by its role: a layer's norm / qkv / attention /
-    wo / norm / gate_up / down (position 0's last layer ends at its attention), and from
-    position 1 on the final norm, the head and the draw; ``prefill="serial"`` only (with
-    "overlap" positions 0 and 1 interleave). ``draw_norm`` (FastLoop's): the draws normalise
-    layer 0's input from position 2 on; ``qkv_table``: they gather its QKV rows (layer 0 starts
-    at the attention)."""
+def frame_roles(cfg, input_proj: bool = False) -> list:
+    """The CuTe DSL kernels of a one-chain tensor-core frame (FastLoop._frame_kernels) in start
+    order, each by its role: the skinny input projection first when it runs (``input_proj``);
+    positions 0 and 1 as "prefill" (their chains run side by side on two streams, so their
+    kernels interleave; position 0's last layer ends at its attention, position 1 ends at its
+    draw); then per position from 2 on a layer's norm_in / qkv / attention / wo / norm_post /
+    gate_up / down (layer 0 starts at its attention: the draw gathered its QKV rows) and the
+    final norm, the head and the draw."""
     layer = ["norm_in", "qkv", "attention", "wo", "norm_post", "gate_up", "down"]
-    roles = []
-    skip = 2 if qkv_table else 1 if draw_norm else 0  # layer 0's kernels the draw took over
-    for p in range(cfg.positions):
-        for li in range(cfg.layers):
-            kernels = layer[skip:] if li == 0 and p >= 2 else layer
-            roles += kernels[:kernels.index("attention") + 1] \
-                if p == 0 and li == cfg.layers - 1 else kernels
-        roles += ["norm_final", "heads", "draw"] if p else []
+    head = ["norm_final", "heads", "draw"]
+    cut = len(layer) - layer.index("attention") - 1  # position 0's last layer after attention
+    prefill = 2 * cfg.layers * len(layer) - cut + len(head)
+    roles = ["input_proj"] * input_proj + ["prefill"] * prefill
+    for _ in range(2, cfg.positions):
+        roles += layer[layer.index("attention"):] + layer * (cfg.layers - 1) + head
     return roles
 
 
@@ -79,15 +75,18 @@ def end_increments(events) -> dict:
 
 
 def main():
-    from scripts.ab_frame import parse_variant
+    from scripts.ab_frame import frame_variant
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--graph", action="store_true", help="profile a replay of the captured frame")
-    ap.add_argument("--variant", default="", help="FastLoop keyword arguments (as ab_frame's)")
+    ap.add_argument("--variant", default="", help="FrameVariant knobs (as ab_frame's)")
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name (with --graph)")
     args = ap.parse_args()
-    kw = parse_variant(args.variant)
+    try:
+        variant = frame_variant(args.variant)
+    except ValueError as e:
+        ap.error(str(e))
     print(provenance_line({"weights": 0}), flush=True)
     w = random_weights(seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
@@ -96,7 +95,7 @@ def main():
         h = torch.randn(R, 2048, device="cuda").to(torch.bfloat16)
         g0 = torch.randint(0, 2048, (R,), device="cuda")
         fl = FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
-                      graph=args.graph, **kw)
+                      graph=args.graph, variant=variant)
         for _ in range(2):
             fl(h, g0)
         torch.cuda.synchronize()
@@ -108,8 +107,9 @@ def main():
             torch.cuda.synchronize()
         ev = [e for e in prof.events() if e.device_type.name == "CUDA"]
         tot = sum(e.device_time for e in ev)
-        print(f"R={R} ({fl.path}, {'graph' if args.graph else 'eager'}): {len(ev)} kernels "
-              f"per frame, {tot:.0f} us of kernel time")
+        print(f"R={R} ({fl.run_rows} kernel rows, parts {fl.plan.parts or 'none'}, "
+              f"{'graph' if args.graph else 'eager'}): {len(ev)} kernels per frame, "
+              f"{tot:.0f} us of kernel time")
         if not args.graph:
             by = {}
             for e in ev:
@@ -119,9 +119,8 @@ def main():
                 print(f"  {t:8.0f} us  {n:4d}x  {k}")
             continue
         spans = [(kernel_kind(e.name), e.time_range.start, e.time_range.end) for e in ev]
-        if fl.run_rows > GEMV_MAX_ROWS and not fl.fold_norm and fl.prefill == "serial":
-            spans = label_roles(spans, frame_roles(fw.config, getattr(fl, "draw_norm", False),
-                                                   fl.qkv_table))
+        if not (fl.plan.gemv or fl.plan.parts):
+            spans = label_roles(spans, frame_roles(fw.config, fl.plan.input_proj == "skinny"))
         rows = end_increments(spans)
         span = max(s[2] for s in spans) - min(s[1] for s in spans)
         print(f"  span {span:.0f} us; by how much each kind moved the frame's end:")
@@ -130,12 +129,11 @@ def main():
                   f"{kind}  ({r['moved'] / r['count']:.2f} us each)")
         report[str(R)] = {"span_us": span, "kinds": rows}
     if args.graph:
-        out = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
-                           f"fast-loop-profile{'-' + args.tag if args.tag else ''}.json")
-        if os.path.exists(out):
-            raise SystemExit(f"{out} exists: pass another --tag")
-        with open(out, "w") as f:
-            json.dump({"provenance": provenance(), "variant": kw, "rows": report}, f, indent=1)
+        name = f"fast-loop-profile{'-' + args.tag if args.tag else ''}"
+        if (results_dir() / f"{name}.json").exists():
+            raise SystemExit(f"{results_dir() / name}.json exists: pass another --tag")
+        out = write_record(name, {"variant": args.variant, "rows": report},
+                           seeds={"weights": 0})
         print(f"wrote {out}")
 
 

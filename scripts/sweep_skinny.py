@@ -1,15 +1,14 @@
 """Times the skinny projection (kernels/depth/gemm_skinny.py) over the loop's shapes, row counts and
 K-slice counts, each in a CUDA graph of back-to-back launches with the weights rotated beyond L2
 (as scripts/bench_depth_kernels.py); cuBLAS on the same shapes in the same run. Prints a table
-(projection, rows, splits, warps, m_split, µs, cuBLAS µs, TB/s of weights) and writes
-``$WB_RESULTS_DIR/skinny-sweep.json`` (a plain JSON list, not a results summary).
+(projection, rows, splits, warps, m_split, µs, cuBLAS µs, TB/s of weights) and writes the
+summary ``skinny-sweep.json`` (headline: the best µs per projection and rows, and cuBLAS over
+it) into the run folder or ``$WB_RESULTS_DIR``, through the workbench writer.
 
     python3 scripts/sweep_skinny.py --rows 16 64 128 --splits 0 8 --warps 4 8
 """
 import argparse
 import itertools
-import json
-import os
 
 import torch
 
@@ -17,6 +16,7 @@ from kernels.depth.gemm_skinny import MAX_SPLITS, gemm_skinny, pack_weights
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
 from scripts.bench_depth_kernels import _copies, _graph_time_us
+from workbench import results as R
 
 NAMES = ("qkv", "wo", "gate_up", "down", "head")
 
@@ -52,10 +52,26 @@ def main():
                                  "tbps": wn * k * 2 / us / 1e6})
                 print(f"{name:8} {M:4} {sp:3} {wp:2} {ms} {us:7.2f} {cublas:7.2f} "
                       f"{rows_out[-1]['tbps']:5.2f}", flush=True)
-    path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"), "skinny-sweep.json")
-    with open(path, "w") as f:
-        json.dump(rows_out, f, indent=1)
-    print(f"wrote {path}")
+    write_summary(args, rows_out)
+
+
+def write_summary(args, rows_out: list[dict]) -> None:
+    """The sweep as a results summary: no gates (a measurement, verdict 'not-run'), the best
+    configuration per projection and row count as the headline."""
+    if not rows_out:
+        raise SystemExit("sweep_skinny: no (splits, K) combination was valid: nothing measured")
+    best: dict[str, dict] = {}
+    for r in rows_out:
+        key = f"{r['proj']}@{r['rows']}"
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    summary = R.make_summary(
+        "skinny-sweep", parameters=dict(vars(args)), measurements=rows_out,
+        headline={"best_us": {k: round(r["us"], 2) for k, r in best.items()},
+                  "cublas_over_best": {k: round(r["cublas_us"] / r["us"], 3)
+                                       for k, r in best.items()}},
+        gates={})
+    print(f"wrote {R.write(summary)}")
 
 
 if __name__ == "__main__":

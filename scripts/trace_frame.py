@@ -1,6 +1,8 @@
 """Per-phase traces of one kind of the fast loop's kernels inside the captured frame:
-``--kernel draw|attention --rows 64 [--variant draw_noise=inline] [--label inline]`` ->
-results/<kernel>-trace-<rows>[-<label>].json and a table.
+``--kernel draw|attention --rows 64 [--variant pdl=False] [--label nopdl]`` (one chain unless
+the variant, a schedules.plan.FrameVariant's knobs, names parts) ->
+the record <kernel>-trace-<rows>[-<label>].json (workbench.results.write_record: into the run
+folder or $WB_RESULTS_DIR) and a table.
 
 Traced builds stamp %globaltimer from thread 0 of each CTA: the draws at
 kernels.depth.draw.DRAW_TRACE_POINTS (entry, wait_done, logits, selected, drawn, gathered),
@@ -11,8 +13,6 @@ were resident before their release (entry -> wait_done), and the span from the f
 to the last CTA's last stamp (the launch's share of the frame's critical path).
 """
 import argparse
-import json
-import os
 
 import torch
 
@@ -21,8 +21,8 @@ from kernels.depth.draw import DRAW_TRACE_POINTS
 from models.codepredictor import random_weights
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
-from scripts.ab_frame import parse_variant
-from workbench.results import provenance, provenance_line
+from scripts.ab_frame import frame_variant
+from workbench.results import provenance_line, results_dir, write_record
 
 
 def phase_summary(stamps: torch.Tensor, points=DRAW_TRACE_POINTS) -> list:
@@ -63,24 +63,27 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", choices=("draw", "attention"), default="draw")
     ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--variant", default="", help="FastLoop keyword arguments, as ab_frame's")
+    ap.add_argument("--variant", default="", help="FrameVariant knobs, as ab_frame's")
     ap.add_argument("--label", default="", help="suffix of the JSON file's name")
     ap.add_argument("--spread", type=int, nargs="*", default=[],
                     help="launches whose per-CTA quantiles to print and keep (cta_spread)")
     args = ap.parse_args()
+    trace = {"draw_trace": True} if args.kernel == "draw" else {"attn_trace": True}
+    try:
+        variant = frame_variant(args.variant, parts=(), **trace)
+    except ValueError as e:
+        ap.error(str(e))
     R = args.rows
-    out = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
-                       f"{args.kernel}-trace-{R}{'-' + args.label if args.label else ''}.json")
-    if os.path.exists(out):
-        raise SystemExit(f"{out} exists: move it first or pass another --label")
+    name = f"{args.kernel}-trace-{R}{'-' + args.label if args.label else ''}"
+    if (results_dir() / f"{name}.json").exists():
+        raise SystemExit(f"{results_dir() / name}.json exists: pass another --label")
     print(provenance_line({"weights": 0}), flush=True)
     w = random_weights(seed=0, dtype=torch.bfloat16).to(device="cuda")
     g = torch.Generator(device="cuda").manual_seed(R)
     h = torch.randn(R, w.config.talker_hidden, device="cuda", generator=g).to(torch.bfloat16)
     g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
-    trace = {"draw_trace": True} if args.kernel == "draw" else {"attn_trace": True}
-    fl = FastLoop(FastWeights(w), R, Sampler(R, seeds=list(range(R)), device="cuda"), parts=(),
-                  **trace, **parse_variant(args.variant))
+    fl = FastLoop(FastWeights(w), R, Sampler(R, seeds=list(range(R)), device="cuda"),
+                  variant=variant)
     for _ in range(3):
         fl(h, g0)
     torch.cuda.synchronize()
@@ -96,12 +99,11 @@ def main():
     for d in args.spread:
         spread[d] = cta_spread(stamps[d], points)
         print(f"launch {d}, µs after the first release, CTA quantiles 0/10/50/90/100 %:")
-        for name, qs in spread[d].items():
-            print(f"  {name:>10}  " + "  ".join(f"{v:7.2f}" for v in qs))
-    with open(out, "w") as f:
-        json.dump({"provenance": provenance(), "kernel": args.kernel, "rows": R,
-                   "variant": args.variant, "points": points, "launches": launches,
-                   "median": med, "cta_spread": spread}, f, indent=1)
+        for point, qs in spread[d].items():  # not ``name``: the record's
+            print(f"  {point:>10}  " + "  ".join(f"{v:7.2f}" for v in qs))
+    out = write_record(name, {"kernel": args.kernel, "rows": R, "variant": args.variant,
+                              "points": points, "launches": launches, "median": med,
+                              "cta_spread": spread}, seeds={"weights": 0})
     print(f"wrote {out}")
 
 

@@ -3,26 +3,24 @@ wo + residual, row norm, gate/up SwiGLU, down + residual) captured in one CUDA g
 in the fast loop (attention left out: wo reads a fixed input), every projection a traced build
 (kernels/depth/gemm_skinny.py ``trace=``: thread 0 of each CTA stamps %globaltimer at TRACE_POINTS).
 Prints per projection the medians over CTAs of each phase and the gap to the previous
-projection, and writes ``$WB_RESULTS_DIR/skinny-trace-<rows>[-<tag>].json`` (a plain JSON
-object).
+projection, and writes the record ``skinny-trace-<rows>[-<tag>].json`` (workbench.results
+.write_record: provenance included, into the run folder or $WB_RESULTS_DIR).
 
     python3 scripts/trace_skinny.py --rows 64 --tiles "{'qkv': {'warps': 8}}"
 """
 import argparse
 import ast
-import json
-import os
 
 import torch
 
-from kernels.depth.gemm_skinny import TRACE_POINTS, GemmSkinny, fold_gamma, gemm_skinny, \
-    pack_weights, tile_warps, trace_shape, warps_per_group
+from kernels.depth.gemm_skinny import TRACE_POINTS, GemmSkinny, gemm_skinny, pack_weights, \
+    tile_warps, trace_shape, warps_per_group
 from kernels.depth.gemm_skinny_wgmma import (WGMMA_WARPS, GemmSkinnyWgmma, gemm_skinny_wgmma,
                                              pack_weights_wgmma)
 from kernels.depth.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
-from workbench.results import provenance, provenance_line
+from workbench.results import provenance_line, results_dir, write_record
 from workbench.timing import bench
 
 NAMES = ("qkv", "wo", "gate_up", "down")
@@ -65,12 +63,11 @@ def summarize(launches, stamps) -> list:
     return out
 
 
-def _build(M: int, tiles: dict, fold_norm: str | None = None, wgmma: bool = False):
+def _build(M: int, tiles: dict, wgmma: bool = False):
     """The chain's buffers, packed weights and traced launches (name, callable, trace).
-    ``fold_norm``: as FastLoop's ("own" or "producer"; the chain's first QKV has no producer,
-    so it takes its own squares). ``wgmma``: the projections by kernels/depth/gemm_skinny_wgmma.py
-    (timing only: the chain's producers write row-major, which that kernel reads as
-    chunk-major, so the values mean nothing)."""
+    ``wgmma``: the projections by kernels/depth/gemm_skinny_wgmma.py (timing only: the chain's
+    producers write row-major, which that kernel reads as chunk-major, so the values mean
+    nothing)."""
     dev, bf = "cuda", torch.bfloat16
     shapes = dict(zip(NAMES, projection_shapes(CFG)))
     x = torch.randn(M, CFG.hidden, device=dev).to(bf)
@@ -79,8 +76,6 @@ def _build(M: int, tiles: dict, fold_norm: str | None = None, wgmma: bool = Fals
     qkv = torch.empty(M, shapes["qkv"][0], device=dev, dtype=bf)
     mlp = torch.empty(M, shapes["gate_up"][0], device=dev, dtype=bf)
     gamma = (1 + 0.1 * torch.randn(CFG.hidden, device=dev)).to(bf)
-    x_ss = torch.zeros(CFG.hidden // 32, M, device=dev)  # x's sums of squares (producer)
-    producer = fold_norm == "producer"
     launches = []
     for _ in range(LAYERS):
         for name in NAMES:
@@ -98,13 +93,7 @@ def _build(M: int, tiles: dict, fold_norm: str | None = None, wgmma: bool = Fals
                 tr = torch.full(trace_shape(cfg, n), -1, dtype=torch.int64, device=dev)
                 launches.append((name, norm, a, w, out, resid, swiglu, kw, tr))
                 continue
-            w = pack_weights(fold_gamma(w, gamma) if norm and fold_norm else w, swiglu)
-            if norm and fold_norm:  # no norm kernel: the projection scales its rows
-                kw["rms_eps"], norm = 1e-6, False
-                if producer and launches:
-                    kw["ss_in"] = x_ss
-            if producer and resid is not None:
-                kw["ss_out"] = x_ss
+            w = pack_weights(w, swiglu)
             cfg = GemmSkinny(M, k, swiglu=swiglu, pdl=True, splits=kw.get("splits"),
                              warps=kw.get("warps") or tile_warps(rows, k, M),
                              m_split=kw.get("m_split") or warps_per_group(rows, k, M))
@@ -125,21 +114,15 @@ def main():
     ap.add_argument("--rows", type=int, default=64)
     ap.add_argument("--tiles", default="{}", help="per projection gemm_skinny kwargs (a dict)")
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
-    ap.add_argument("--fold-norm", choices=("own", "producer"),
-                    help="no row-norm kernels: gamma folded into the weights (rms_eps), the "
-                    "factors from the projection's own squares or from the producer's sums")
     ap.add_argument("--wgmma", action="store_true",
                     help="the projections by kernels/depth/gemm_skinny_wgmma.py (timing only)")
     args = ap.parse_args()
-    if args.wgmma and args.fold_norm:
-        raise SystemExit("--wgmma has no folded norm")
     tiles = ast.literal_eval(args.tiles)
-    path = os.path.join(os.environ.get("WB_RESULTS_DIR", "results"),
-                        f"skinny-trace-{args.rows}{'-' + args.tag if args.tag else ''}.json")
-    if os.path.exists(path):
-        raise SystemExit(f"{path} exists: pass another --tag")
+    name = f"skinny-trace-{args.rows}{'-' + args.tag if args.tag else ''}"
+    if (results_dir() / f"{name}.json").exists():
+        raise SystemExit(f"{results_dir() / name}.json exists: pass another --tag")
     print(provenance_line(), flush=True)
-    launches, run = _build(args.rows, tiles, args.fold_norm, args.wgmma)
+    launches, run = _build(args.rows, tiles, args.wgmma)
     run()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -162,10 +145,9 @@ def main():
               f"{r['wait_median_us']:8.2f} {'' if gap is None else f'{gap:4.2f}':>4}  "
               + " ".join(f"{r['phase_median_us'][b]:9.2f}" for b in TRACE_POINTS[2:])
               + f"  {r['critical_us']:5.2f}")
-    with open(path, "w") as f:
-        json.dump({"provenance": provenance(), "rows": args.rows, "tiles": tiles,
-                   "fold_norm": args.fold_norm, "wgmma": args.wgmma, "chain_us": chain_us,
-                   "trace_points": TRACE_POINTS, "launches": rows_out}, f, indent=1)
+    path = write_record(name, {"rows": args.rows, "tiles": tiles, "wgmma": args.wgmma,
+                               "chain_us": chain_us, "trace_points": TRACE_POINTS,
+                               "launches": rows_out})
     print(f"wrote {path}")
 
 

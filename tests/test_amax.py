@@ -30,6 +30,7 @@ def _same(a, b):
 
 
 @pytest.mark.gpu
+@pytest.mark.fast
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 4096 * 33 + 5, 37810 * 5376])
 def test_amax_matches_torch(dtype, n):

@@ -1,10 +1,10 @@
 """Depth-frame schedule: every validate() rule holds for generated schedules, and each rule has a
 deliberately broken schedule that validate() rejects. Plus encoding round trip and the simulator's
-calibration against the seed's measured frame."""
+prediction of seed frames it was not calibrated on."""
 import copy
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from models.codepredictor_config import CodePredictorConfig
@@ -59,8 +59,7 @@ def test_broken_wait_counts_are_rejected(s, rnd):
 def test_weight_copy_over_live_pages_is_rejected(s, rnd):
     bad = copy.deepcopy(s)
     cands = _tasks(bad, lambda t: t.n_pages and t.issue_before > 0)
-    if not cands:
-        return
+    assume(cands)  # a schedule with no early-issued copy has nothing to break here
     c, i, t = rnd.choice(cands)
     t.issue_before = 0  # issue the copy before tasks that still read those pages ran
     assert any("overwrites page" in v for v in D.violations(bad))
@@ -69,8 +68,7 @@ def test_weight_copy_over_live_pages_is_rejected(s, rnd):
 @settings(max_examples=15, deadline=None)
 @given(schedules(), st.randoms(use_true_random=False))
 def test_split_halves_off_cluster_are_rejected(s, rnd):
-    if s.options.grid < 4 or not s.options.split_o_down:
-        return
+    assume(s.options.grid >= 4 and s.options.split_o_down)  # else no split halves to move
     bad = copy.deepcopy(s)
     c, i, t = rnd.choice(_tasks(bad, lambda t: t.half == 1))
     bad.ctas[c].pop(i)
@@ -84,8 +82,7 @@ def test_split_halves_off_cluster_are_rejected(s, rnd):
 def test_combine_buffer_overwrite_is_rejected(s, rnd):
     bad = copy.deepcopy(s)
     cands = _tasks(bad, lambda t: t.local_wait == D.LOCAL_SLOT)
-    if not cands:
-        return
+    assume(cands)  # no combine-slot wait to drop
     c, i, t = rnd.choice(cands)
     t.local_wait, t.local_dep = D.LOCAL_NONE, None
     assert any("may overwrite slot" in v for v in D.violations(bad))
@@ -98,8 +95,7 @@ def test_deadlocks_are_rejected(s, rnd):
     c = rnd.randrange(len(bad.ctas))
     lst = bad.ctas[c]
     later = [j for j, t in enumerate(lst) if t.signal >= 0 and j > 0]
-    if not later:
-        return
+    assume(later)  # a CTA with no later signalling task cannot be made to wait on itself
     j = rnd.choice(later)
     first = lst[0]  # the CTA's first task now waits on a counter its own later task signals
     first.wait, first.wait_expect = lst[j].signal, bad.counter_expect[lst[j].signal]
@@ -127,12 +123,20 @@ def test_seed_design_has_432_phases_and_validates():
     assert max(len(x) for x in s.ctas) <= s.options.max_tasks_per_cta
 
 
+HELD_OUT_US = {1: 2127.0, 16: 2192.0}  # the seed's frames at 1 and 16 rows (depth-frame-pr.md)
+
+
 @pytest.mark.slow
-def test_simulator_calibrated_on_the_seed_lands_within_10pct():
+def test_simulator_predicts_held_out_frames_within_10pct():
+    """calibrate() fits only the split of the seed's 64-row trace (475 µs of handoffs, 1660 µs
+    of phase-slowest tasks); the 1- and 16-row frame times are held out, and the prediction must
+    land within 10 % of each. (The model has no row term: this checks that the fitted per-phase
+    costs carry over to other row counts, as the seed says they do.)"""
+    costs = F.calibrate(D.build(), iterations=12)  # the scale to 0.001: far inside 10 %
+    for rows, measured in HELD_OUT_US.items():
+        s = D.build(options=D.FrameOptions(rows=rows))
+        r = F.simulate(s, costs)
+        assert abs(r.makespan_us - measured) / measured <= 0.10, (rows, r.makespan_us)
     s = D.build()
-    costs = F.calibrate(s)
-    r = F.simulate(s, costs)
-    assert abs(r.makespan_us - 2218) / 2218 <= 0.10
-    assert 460 <= r.critical_path["handoff"] <= 490
     fast = F.simulate(s, costs, F.SimOptions(producer_warp=True))
-    assert fast.makespan_us < r.makespan_us
+    assert fast.makespan_us < F.simulate(s, costs).makespan_us

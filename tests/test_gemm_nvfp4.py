@@ -1,4 +1,8 @@
-"""P0 block-scaled NVFP4 GEMM: the dequant bit trick (CPU), compile checks (CI), exactness (GPU)."""
+"""P0 block-scaled NVFP4 GEMM: the dequant's PTX sequence modelled bit for bit and the input
+checks (CPU), compile checks (CI), exactness (GPU)."""
+import functools
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -6,70 +10,311 @@ from hypothesis import strategies as st
 
 from numerics import gemm_oracle as G
 from numerics.formats import e2m1_decode, e4m3_decode
+from numerics.nvfp4 import unpack_codes
+
+# ---- the dequant word path (kernels.device.nvfp4.dequant_e2m1_word), modelled on uint32 ------
+M32 = 0xFFFFFFFF
 
 
-def _e2m1_as_e4m3(nibble: int) -> int:
-    """CPU model of kernels.nvfp4_device.e2m1_bytes_as_e4m3 on a nibble in bits 4-7."""
-    w = nibble << 4
-    return (w & 0x80) | ((w >> 2) & 0x1C)
+def _lop3(a, b, c, lut: int):
+    """``lop3.b32``: result bit = bit (a·4 + b·2 + c) of ``lut``, for each bit position."""
+    out = 0
+    for i in range(8):
+        if lut >> i & 1:
+            out = out | ((a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c))
+    return out & M32
 
 
-def test_dequant_bit_trick_is_exact():
-    codes = torch.arange(16, dtype=torch.uint8)
-    e4 = torch.tensor([_e2m1_as_e4m3(c) for c in range(16)], dtype=torch.uint8)
-    assert torch.equal(e4m3_decode(e4).double() * 64, e2m1_decode(codes, torch.float64))
-    # x 64·scale in f16: 64·s exact, and every product exact and normal (or zero) in f16
+def _prmt(a, b, selector: int):
+    """``prmt.b32`` (default mode): result byte i = byte (selector nibble i) of {b, a}."""
+    out = 0
+    for i in range(4):
+        k = selector >> 4 * i & 0xF
+        assert k < 8, "sign-replicating selectors are not modelled (the dequant uses none)"
+        src = a if k < 4 else b
+        out = out | ((src >> 8 * (k % 4) & 0xFF) << 8 * i)
+    return out
+
+
+def _e2m1_bytes_as_e4m3(w):
+    """{ shr.b32 t, w, 2; and.b32 t, t, 0x1C1C1C1C; lop3.b32 d, w, 0x80808080, t, 0xEA; }"""
+    return _lop3(w, 0x80808080, (w >> 2) & 0x1C1C1C1C, 0xEA)
+
+
+def _dequant_e4m3_bytes(w):
+    """The E4M3 bytes dequant_e2m1_word converts, in element order (what cvt.rn.f16x2.e4m3x2
+    turns into f16 pairs, low byte first): even = the high nibbles, odd = those of ``w << 4``."""
+    even, odd = _e2m1_bytes_as_e4m3(w), _e2m1_bytes_as_e4m3((w << 4) & M32)
+    lo, hi = _prmt(even, odd, 0x5140), _prmt(even, odd, 0x7362)
+    return torch.stack([x >> 8 * i & 0xFF for x in (lo, hi) for i in range(4)], -1)
+
+
+def test_dequant_word_path_decodes_every_byte_pair_exactly():
+    """Every 16-bit half (all byte pairs, so a nibble leaking into its neighbour would show), in
+    both halves of the word: the bytes the kernel converts are worth 2^-6 times the E2M1 value
+    of the element numerics' unpack puts there (element 2j in the high nibble of byte j)."""
+    half = torch.arange(1 << 16, dtype=torch.int64)
+    words = half | ((half * 40503 + 12345) % (1 << 16)) << 16  # the high half: a permutation
+    got = e4m3_decode(_dequant_e4m3_bytes(words).to(torch.uint8)).double() * 64
+    packed = torch.stack([words >> 8 * i & 0xFF for i in range(4)], -1).to(torch.uint8)
+    want = e2m1_decode(unpack_codes(packed), torch.float64)
+    assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
+
+
+def test_e2m1_times_scale_is_exact_in_f16():
+    """x 64·scale in f16 (mul.rn.f16x2): 64·s is exact, and every product of a converted code
+    and a finite scale is exact and normal (or zero) in f16, so the dequant never rounds."""
+    codes = e4m3_decode(_dequant_e4m3_bytes(torch.arange(256, dtype=torch.int64)).flatten()
+                        .to(torch.uint8)).double().unique()
     s = e4m3_decode(torch.arange(0x7F, dtype=torch.uint8)).double()
     s64 = (s * 64).to(torch.float16)
     assert torch.equal(s64.double(), s * 64)
-    prod = (e4m3_decode(e4).double().view(-1, 1) * s64.double().view(1, -1))
-    f16 = prod.to(torch.float16).double()
-    assert torch.equal(f16, prod)
+    prod = codes.view(-1, 1) * s64.double().view(1, -1)
+    assert torch.equal(prod.to(torch.float16).double(), prod)
     nz = prod[prod != 0].abs()
     assert nz.min() >= 2.0**-14 and nz.max() <= 65504
 
 
-def test_odd_nibble_path_shifts_into_place():
-    # odd elements sit in the low nibble; `w << 4` moves them to bits 4-7 of the same byte
-    for byte in range(256):
-        lo = byte & 0xF
-        assert (((byte << 4) & 0xF0) >> 4) == lo
+def _dequant_dataflow(ptx: str):
+    """Per dequant prmt (0x5140 / 0x7362): does it combine lop3(w) and lop3(w << 4) of one
+    word w, the sequence the tests above model?"""
+    lop = {out: src for src, out in re.findall(
+        r"shr\.b32 t, (%r\d+), 2; and\.b32 t, t, 0x1C1C1C1C; "
+        r"lop3\.b32 (%r\d+), \1, 0x80808080, t, 0xEA;", ptx)}
+    shl4 = dict(re.findall(r"shl\.b32\s+(%r\d+), (%r\d+), 4;", ptx))
+    prmts = re.findall(r"prmt\.b32 %r\d+, (%r\d+), (%r\d+), 0x(?:5140|7362);", ptx)
+    flow = []
+    for even, odd in prmts:
+        word = lop.get(even)
+        flow.append(word is not None and shl4.get(lop.get(odd)) == word)
+    return flow
 
 
-@pytest.mark.compile
-@pytest.mark.parametrize("tile_m,tile_n,stages,buffers,splits", [
-    (128, 256, 4, 3, 1), (128, 128, 8, 3, 1), (256, 128, 4, 3, 1), (128, 256, 2, 4, 1),
-    (128, 128, 8, 3, 3)])
-def test_p0_compiles_with_the_instructions_we_meant(tile_m, tile_n, stages, buffers, splits):
+# ---- compile (CI) ---------------------------------------------------------------------------
+# id: (tile_n, stages, splits); ids keep the "tile_m-tile_n-stages-buffers-splits" names of the
+# builds before the lost options left, so PTX dumps (WB_PTX_DUMP) compare file by file
+P0_BUILDS = {"128-256-4-3-1": (256, 4, 1), "128-128-8-3-1": (128, 8, 1),
+             "128-128-8-3-3": (128, 8, 3)}
+
+
+@functools.cache
+def _p0_build(tile_n: int, stages: int, splits: int):
+    """(config, its cache key before compiling, compile report), compiled once per session."""
     from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, compile_args
     from workbench.compile import compile_report
 
-    r = compile_report(BlockscaledGemmSm90(tile_n=tile_n, stages=stages, tile_m=tile_m,
-                                           buffers=buffers, splits=splits), *compile_args())
+    cfg = BlockscaledGemmSm90(tile_n=tile_n, stages=stages, splits=splits)
+    key = cfg.static_key()
+    return cfg, key, compile_report(cfg, *compile_args())
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("build", P0_BUILDS)
+def test_p0_compiles_with_the_instructions_we_meant(build):
+    tile_n, _, splits = P0_BUILDS[build]
+    cfg, key, r = _p0_build(*P0_BUILDS[build])
+    assert cfg.static_key() == key, "compiling must not change the compile cache's key"
     # split-K: one acq_rel arrival per tile, partials read back coherently
     assert r.census["atom"] == (1 if splits > 1 else 0)
     assert ("ld.relaxed.gpu" in r.ptx) == (splits > 1)
-    assert r.census["wgmma.mma_async"] == 4 * tile_m // 128, "4 k16 per 64-row slab and k-block"
+    assert r.census["wgmma.mma_async"] == 4, "4 k16 per 64-row slab and k-block"
     assert f"m64n{tile_n}k16.f32.f16.f16" in r.ptx
     assert r.census["cp.async.bulk.tensor"] == 4, "TMA for codes A, B and scales A, B"
     assert r.census["setmaxnreg"] == 2 and r.census["fence.proxy.async"] >= 1
     assert r.ptx.count("cvt.rn.f16x2.e4m3x2") >= 16 and "ld.shared.v4" in r.ptx
     assert r.ptx.count("st.shared.v4") >= 4 and "st.global.b32" in r.ptx
-    assert r.sass and r.spill_bytes == 0
+    # the dequant is the modelled sequence: 2 prmts per packed word, 4 words per 16-byte chunk,
+    # one chunk of A and tile_n / 128 of B per thread and k-block
+    flow = _dequant_dataflow(r.ptx)
+    assert len(flow) == 2 * 4 * (1 + tile_n // 128) and all(flow), flow
+    assert r.frame_bytes == 0 and r.registers <= 232
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("build", P0_BUILDS)
+def test_p0_sass_has_no_call_and_the_wgmma_we_meant(build):
+    tile_n = P0_BUILDS[build][0]
+    r = _p0_build(*P0_BUILDS[build])[2]
+    if r.sass is None:
+        pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not checked")
+    assert r.spill_bytes == 0
     # no call in the kernel: ptxas would serialise every wgmma (a DEPBAR after each HGMMA)
     assert "CALL.ABS" not in r.sass and r.sass.count("WARPGROUP.DEPBAR") <= 2
-    assert f"WARPGROUP.DEPBAR.LE gsb0, {buffers - 2:#x}" in r.sass, "wgmma groups in flight"
-    assert r.registers <= 232
-    if r.sass:
-        assert f"HGMMA.64x{tile_n}x16.F32" in r.sass
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in r.sass, "one wgmma group in flight"
+    assert f"HGMMA.64x{tile_n}x16.F32" in r.sass
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("variant", ["skip_dequant", "skip_mma", "stall_producer"])
+def test_p0_variants_build_what_they_say(variant):
+    """The measurement builds drop exactly their half of the mainloop; the stalled producer
+    announces 16 bytes more than a stage holds (so its "full" barrier never completes)."""
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant, compile_args
+    from workbench.compile import compile_report
+
+    cfg = BlockscaledGemmSm90(tile_n=128, stages=8, variant=P0Variant(**{variant: True}))
+    r = compile_report(cfg, *compile_args())
+    assert r.census["wgmma.mma_async"] == (0 if variant == "skip_mma" else 4)
+    assert ("cvt.rn.f16x2.e4m3x2" in r.ptx) == (variant != "skip_dequant")
+    regs = re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64 %rd\d+, \[%r\d+\], (%r\d+);",
+                      r.ptx)
+    announced = {int(re.search(rf"mov\.b32\s+{reg}, (\d+);", r.ptx).group(1)) for reg in regs}
+    assert announced == {cfg.producer.stage_bytes + (16 if variant == "stall_producer" else 0)}
+
+
+# ---- the production shell and its cache key (CPU) -------------------------------------------
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(tile_n=192), ValueError, r"tile_n = 192: choose from \(128, 256\)"),
+    (dict(stages=1), ValueError, r"stages = 1: the packed ring needs an int >= 2"),
+    (dict(splits=0), ValueError, r"splits = 0: choose 1..16"),
+    (dict(tile_n=256, stages=8), ValueError, r"needs \d+ B of shared memory"),
+    (dict(variant="stall_producer"), TypeError, r"variant must be a P0Variant, got str"),
+    (dict(tile_m=256), TypeError, r"unexpected keyword argument 'tile_m'"),  # lost (v2)
+    (dict(buffers=4), TypeError, r"unexpected keyword argument 'buffers'"),  # lost (v3)
+    (dict(ablate="no_mma"), TypeError, r"unexpected keyword argument 'ablate'"),
+], ids=["tile_n", "stages", "splits", "smem", "variant", "tile_m", "buffers", "ablate"])
+def test_p0_shell_refuses_bad_and_lost_options(kw, exc, match):
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+
+    with pytest.raises(exc, match=match) as e:
+        BlockscaledGemmSm90(**kw)
+    assert e.type is exc
+
+
+def test_p0_cache_key_tells_modules_and_variants_apart():
+    """Same tiles, another producer class (or variant, or split count): another compiled
+    kernel. Equal static choices: one kernel."""
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant
+    from producers.tma_prepacked import TmaPrepackedProducer
+
+    class OtherProducer(TmaPrepackedProducer):
+        pass
+
+    base = BlockscaledGemmSm90(tile_n=128, stages=8)
+    assert base.static_key() == BlockscaledGemmSm90(tile_n=128, stages=8).static_key()
+    others = [BlockscaledGemmSm90(tile_n=128, stages=8, producer=OtherProducer(128, 128)),
+              BlockscaledGemmSm90(tile_n=128, stages=8, variant=P0Variant(skip_mma=True)),
+              BlockscaledGemmSm90(tile_n=128, stages=8, splits=2),
+              BlockscaledGemmSm90(tile_n=128, stages=8, swizzle=2)]
+    keys = {base.static_key(), *(c.static_key() for c in others)}
+    assert len(keys) == 1 + len(others)
+    with pytest.raises(ValueError, match=r"producer tile \(128, 256\) differs"):
+        BlockscaledGemmSm90(tile_n=128, producer=TmaPrepackedProducer(128, 256))
+
+
+def test_default_config_matches_the_h200_measurements():
+    from kernels.nvfp4.gemm import default_config
+
+    def pick(M, N, K):
+        c = default_config(M, N, K, sms=132)
+        return c.tile_n, c.stages, c.splits
+
+    assert pick(128, 5376, 5376) == (128, 8, 3) and pick(128, 5376, 14336) == (128, 8, 3)  # v4
+    assert pick(128, 21504, 5376) == (128, 8, 1) and pick(128, 14336, 5376) == (128, 8, 1)
+    assert pick(2048, 21504, 5376) == (256, 4, 1) and pick(37810, 5376, 14336) == (256, 4, 1)
+
+
+# ---- input checks: one case each, on CPU (the CUDA requirement patched out) and on the GPU ----
+class _CudaLooking(torch.Tensor):
+    """A CPU tensor whose ``device`` reads cuda:0, so check_cuda_tensor's other checks run."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+@pytest.fixture
+def cpu_stands_in_for_cuda(monkeypatch):
+    """validate() without a GPU: no Hopper check, and CPU tensors pass the CUDA-device check
+    (a meta tensor still fails it); every other check runs unchanged."""
+    import kernels.nvfp4.gemm as E
+
+    real = E.check_cuda_tensor
+
+    def check(name, t, **kw):
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            t = t.as_subclass(_CudaLooking)
+        real(name, t, **kw)
+
+    monkeypatch.setattr(E, "require_hopper", lambda: None)
+    monkeypatch.setattr(E, "check_cuda_tensor", check)
+
+
+ARGS = ("a_q", "a_s", "g_a", "b_q", "b_s", "g_b")
+# id: (replacements of a valid 128 x 256 x 256 call, given its operands o; exception; message)
+BAD_INPUTS = {
+    "a_q not a tensor": (lambda o: dict(a_q=None), TypeError,
+                         r"a_q must be a torch\.Tensor, got NoneType"),
+    "a_q dtype": (lambda o: dict(a_q=o["a_q"].float()), TypeError,
+                  r"a_q has dtype float32; expected uint8"),
+    "a_q device": (lambda o: dict(a_q=o["a_q"].to(o["elsewhere"])), ValueError,
+                   r"a_q is on (meta|cpu); this kernel needs a CUDA tensor"),
+    "b_q contiguous": (lambda o: dict(b_q=o["b_q"].t().contiguous().t()), ValueError,
+                       r"b_q must be contiguous"),
+    "K mismatch": (lambda o: dict(a_q=o["a_q"][:, :64].contiguous(),
+                                  a_s=o["a_s"][:, :8].contiguous()), ValueError,
+                   r"K mismatch: a_q holds K = 128, b_q holds K = 256"),
+    "K multiple of 32": (lambda o: dict(a_q=o["a_q"][:, :8].contiguous(),
+                                        a_s=o["a_s"][:, :4].contiguous(),
+                                        b_q=o["b_q"][:, :8].contiguous(),
+                                        b_s=o["b_s"][:, :4].contiguous()), ValueError,
+                         r"a_q has K/2 = 8 bytes per row; K must be a multiple of 32"),
+    "a_s shape": (lambda o: dict(a_s=o["a_s"][:, :4].contiguous()), ValueError,
+                  (r"a_s has shape \(128, 4\); a_q \[128, 128\] needs the swizzled scale "
+                   r"shape \[128, 16\]")),
+    "N multiple of 8": (lambda o: dict(b_q=o["b_q"][:4].contiguous(),
+                                       b_s=o["b_s"][:128].contiguous()), ValueError,
+                        r"N = 4 must be a multiple of 8"),
+    "rows start": (lambda o: dict(rows=(64, 128)), ValueError,
+                   r"rows start r0 = 64 must be a multiple of 128"),
+    "rows range": (lambda o: dict(rows=(0, 129)), ValueError,
+                   r"rows = \(0, 129\) must satisfy 0 <= r0 < r1 <= M = 128"),
+    "g_a numel": (lambda o: dict(g_a=torch.ones(2, device=o["device"])), ValueError,
+                  r"g_a must hold one fp32 value; it has 2"),
+    "g_b dtype": (lambda o: dict(g_b=torch.ones(1, dtype=torch.float64, device=o["device"])),
+                  TypeError, r"g_b has dtype float64; expected float32"),
+    "out shape": (lambda o: dict(out=torch.empty(128, 255, dtype=torch.bfloat16,
+                                                 device=o["device"])), ValueError,
+                  r"out has shape \(128, 255\); need \[128, 256\]"),
+    "out dtype": (lambda o: dict(out=torch.empty(128, 256, dtype=torch.float16,
+                                                 device=o["device"])), TypeError,
+                  r"out has dtype float16; expected bfloat16"),
+    "config": (lambda o: dict(config="fast"), TypeError,
+               r"config must be a BlockscaledGemmSm90, got str"),
+}
+
+
+def _assert_rejected(case: str, device: str, elsewhere: str):
+    from kernels.nvfp4.gemm import gemm_nvfp4
+
+    (aq, as_, ga), (bq, bs, gb) = _operands("raw", "raw", 128, 256, 256, seed=3, device=device)
+    o = dict(zip(ARGS, (aq, as_, ga, bq, bs, gb)), device=device, elsewhere=elsewhere)
+    changes, exc, match = BAD_INPUTS[case]
+    kw = changes(o)
+    args = [kw.pop(n) if n in kw else o[n] for n in ARGS]
+    with pytest.raises(exc, match=match) as e:
+        gemm_nvfp4(*args, **kw)
+    assert e.type is exc, f"{e.type.__name__}, not {exc.__name__}"
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_p0_rejects_bad_input_before_launch(case, cpu_stands_in_for_cuda):
+    _assert_rejected(case, "cpu", elsewhere="meta")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_p0_rejects_bad_input_before_launch_on_the_gpu(case):
+    _assert_rejected(case, "cuda", elsewhere="cpu")
+    torch.cuda.synchronize()  # nothing was launched that could fail later
 
 
 # ---- GPU ------------------------------------------------------------------------------------
-def _operands(kind_a, kind_b, M, N, K, seed):
+def _operands(kind_a, kind_b, M, N, K, seed, device="cuda"):
     from validators.gemm_operands import make_operand
 
-    a = make_operand(kind_a, M, K, seed, "cuda")
-    b = make_operand(kind_b, N, K, seed + 1, "cuda")
+    a = make_operand(kind_a, M, K, seed, device)
+    b = make_operand(kind_b, N, K, seed + 1, device)
     return a, b
 
 
@@ -84,27 +329,39 @@ def _check(out, a, b, M, N, K, row_ids=None):
     return float((got == d.double()).float().mean())
 
 
+def _within_bound_and_deterministic(kinds, shape, seed, config=None):
+    """Poisoned output, every element within the oracle's fp32 bound, a rerun bit-identical."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+
+    M, N, K = shape
+    a, b = _operands(*kinds, M, N, K, seed=seed)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
+    gemm_nvfp4(*a, *b, out=out, config=config)
+    _check(out, a, b, M, N, K)
+    again = gemm_nvfp4(*a, *b, config=config)
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16)), "two runs differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.fast
+def test_p0_small_gemm_within_fp32_bound_and_deterministic():
+    """The fast GPU subset's P0 check: one ragged shape, the whole operand space, default config."""
+    _within_bound_and_deterministic(("raw", "raw"), (130, 264, 96), seed=130)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kinds", [("normal", "normal"), ("lognormal", "normal"), ("raw", "raw"),
                                    ("cancel", "cancel")])
 @pytest.mark.parametrize("shape", [(1, 8, 32), (130, 264, 96), (300, 520, 1056),
                                    (256, 1024, 5376)])
-@pytest.mark.parametrize("tile", [(128, 128, 3, 1), (128, 256, 3, 1), (256, 128, 3, 1),
-                                  (128, 256, 4, 1), (128, 128, 4, 1), (128, 128, 3, 3),
-                                  (128, 256, 3, 2)])
-def test_p0_within_fp32_bound_and_deterministic(kinds, shape, tile):
+@pytest.mark.parametrize("tile_n,stages,splits", [(128, 4, 1), (256, 4, 1), (128, 8, 1),
+                                                  (128, 4, 3), (256, 4, 2)])
+def test_p0_within_fp32_bound_and_deterministic(kinds, shape, tile_n, stages, splits):
     from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
-    from kernels.nvfp4.gemm import gemm_nvfp4
 
+    cfg = BlockscaledGemmSm90(tile_n=tile_n, stages=stages, splits=splits)
     M, N, K = shape
-    a, b = _operands(*kinds, M, N, K, seed=M * 7 + N + K + tile[1] + tile[0] // 2)
-    cfg = BlockscaledGemmSm90(tile_m=tile[0], tile_n=tile[1], buffers=tile[2], splits=tile[3],
-                              stages=2 if tile[2] == 4 and tile[1] == 256 else 4)
-    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
-    gemm_nvfp4(*a, *b, out=out, config=cfg)
-    _check(out, a, b, M, N, K)
-    again = gemm_nvfp4(*a, *b, config=cfg)
-    assert torch.equal(out.view(torch.int16), again.view(torch.int16)), "two runs differ"
+    _within_bound_and_deterministic(kinds, shape, M * 7 + N + K + tile_n + stages, cfg)
 
 
 @pytest.mark.gpu
@@ -149,44 +406,15 @@ def test_p0_drawn_shapes(M, n8, k32, kinds, seed):
     _check(out, a, b, M, N, K)
 
 
-@pytest.mark.gpu
-def test_p0_rejects_bad_input_before_launch():
-    from kernels.nvfp4.gemm import gemm_nvfp4
-
-    a, b = _operands("normal", "normal", 128, 256, 256, seed=3)
-    (aq, as_, ga), (bq, bs, gb) = a, b
-    cases = {
-        "dtype": ((aq.float(), as_, ga, bq, bs, gb), {}),
-        "K mismatch": ((aq[:, :64].contiguous(), as_[:, :8].contiguous(), ga, bq, bs, gb), {}),
-        "K multiple of 32": ((aq[:, :8].contiguous(), as_[:, :4].contiguous(), ga,
-                              bq[:, :8].contiguous(), bs[:, :4].contiguous(), gb), {}),
-        "scale shape": ((aq, as_[:, :4].contiguous(), ga, bq, bs, gb), {}),
-        "device": ((aq.cpu(), as_, ga, bq, bs, gb), {}),
-        "contiguous": ((aq, as_, ga, bq.t().contiguous().t(), bs, gb), {}),
-        "rows start": ((aq, as_, ga, bq, bs, gb), {"rows": (64, 128)}),
-        "rows range": ((aq, as_, ga, bq, bs, gb), {"rows": (0, 129)}),
-        "out shape": ((aq, as_, ga, bq, bs, gb),
-                      {"out": torch.empty(128, 255, dtype=torch.bfloat16, device="cuda")}),
-        "out dtype": ((aq, as_, ga, bq, bs, gb),
-                      {"out": torch.empty(128, 256, dtype=torch.float16, device="cuda")}),
-        "g": ((aq, as_, torch.ones(2, device="cuda"), bq, bs, gb), {}),
-        "N multiple of 8": ((aq, as_, ga, bq[:4].contiguous(), bs, gb), {}),
-    }
-    for name, (args, kw) in cases.items():
-        with pytest.raises((ValueError, TypeError)):
-            gemm_nvfp4(*args, **kw)
-        torch.cuda.synchronize()
-
-
 _STALL = """
-import torch
-from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant
 from kernels.nvfp4.gemm import gemm_nvfp4
 from kernels.device.waits import synchronize
 from validators.gemm_operands import make_operand
 a = make_operand("normal", 128, 256, 1, "cuda")
 b = make_operand("normal", 256, 256, 2, "cuda")
-gemm_nvfp4(*a, *b, config=BlockscaledGemmSm90(tile_n=128, ablate="stall_producer"))
+stall = P0Variant(stall_producer=True)
+gemm_nvfp4(*a, *b, config=BlockscaledGemmSm90(tile_n=128, variant=stall))
 synchronize()
 """
 
@@ -207,36 +435,23 @@ def test_p0_stalled_barrier_traps_with_a_message_naming_it():
 
 
 @pytest.mark.compile
-def test_default_config_matches_the_h200_measurements():
-    from kernels.nvfp4.gemm import default_config
-
-    def pick(M, N, K):
-        c = default_config(M, N, K, sms=132)
-        return c.tile_n, c.splits
-
-    assert pick(128, 5376, 5376) == (128, 3) and pick(128, 5376, 14336) == (128, 3)  # out, fc2
-    assert pick(128, 21504, 5376) == (128, 1) and pick(128, 14336, 5376) == (128, 1)  # qkv, fc1
-    assert pick(2048, 21504, 5376) == (256, 1) and pick(37810, 5376, 14336) == (256, 1)
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("tile_m,tile_n,buffers", [(128, 256, 3), (256, 128, 3), (128, 128, 4)])
-def test_f16_smem_layout_is_the_swizzle_the_dequant_writes(tile_m, tile_n, buffers):
+@pytest.mark.parametrize("tile_n", [256, 128])
+def test_f16_smem_layout_is_the_swizzle_the_dequant_writes(tile_n):
     """dequant_rows writes 16-byte chunk c of row r of buffer b at byte
     (b·rows + r)·128 + (c ^ (r % 8))·16: that is the 128-byte swizzle (S<3,4,3> on byte
     addresses) over rows of 64 f16, stacked by rows then buffers. Pin the layout CuTe builds."""
     import cutlass.cute as cute
 
-    from consumers.dequant_wgmma import DequantWgmmaConsumer
+    from consumers.dequant_wgmma import F16_BUFFERS, DequantWgmmaConsumer
 
     seen = []
 
     @cute.jit
     def layouts():
-        for lay in DequantWgmmaConsumer(tile_m, tile_n, buffers).smem_layouts():
+        for lay in DequantWgmmaConsumer(128, tile_n).smem_layouts():
             seen.append(str(lay))
 
     layouts()
-    for rows, text in zip((tile_m, tile_n), seen):
-        assert text == (f"S<3,4,3> o 0 o ((8,{rows // 8}),(64,1),(1,{buffers})):"
+    for rows, text in zip((128, tile_n), seen):
+        assert text == (f"S<3,4,3> o 0 o ((8,{rows // 8}),(64,1),(1,{F16_BUFFERS})):"
                         f"((64,512),(1,0),(0,{rows * 64}))"), text

@@ -35,6 +35,7 @@ def _ref(x, g, pad):
 
 
 @pytest.mark.gpu
+@pytest.mark.fast
 @pytest.mark.parametrize("kind", ["normal", "lognormal", "ties", "special"])
 @pytest.mark.parametrize("shape", [(16, 16), (48, 16 * 37), (300, 512), (2048, 5376)])
 def test_kernel_is_bit_exact(kind, shape):

@@ -200,8 +200,9 @@ def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, o
                     q_heads: int, kv_heads: int, eps: float = 1e-6, pdl: bool = True,
                     chunk_major: bool = False, trace=None):
     """One position of attention for every row: qkv [M, (q+2kv)·D] bf16 -> out [M, q·D] bf16,
-    appending k/v at ``pos`` to the caches [M, kv, 16, D]. ``chunk_major``: out's storage laid
-    out [q·D / 8][M][8] (kernels.device.runtime.activation_layout), as the wgmma projection reads it.
+    appending k/v at ``pos`` to the caches [M, kv, 16, D]. ``chunk_major``: out's storage
+    laid out [q·D / 8][M][8] (kernels.device.runtime.activation_layout), as the wgmma
+    projection reads it.
     ``trace``: int64 [M, kv_heads, len(ATTN_TRACE_POINTS)], each CTA's %globaltimer stamps."""
     import torch
 

@@ -8,23 +8,23 @@ histograms: two barriers a pass), survivors ``s >= kth``, uniforms from Philox4x
 (seed, offset + draw) exactly as
 :func:`models.philox.uniform` (53 bits, ``(bits + 0.5)·2^-53`` in fp64), ``-log(-log u)`` in fp64
 (the same libdevice-style ``log`` torch uses), argmax of ``s + g`` in fp64 with the first index
-winning ties; T == 0 rows take the argmax of s.
+winning ties; T == 0 rows take the argmax of s. The NaN rule is the sampler's: a NaN score is
+-inf, never drawn, and a row left without a candidate (every score NaN or -inf) draws the code V,
+which no real code has (models.sampler refuses such a row on the host; inside a captured frame
+nothing can, so the caller checks ``codes == V``) and gathers the last table row.
 
 Modes: ``sample``, ``greedy`` (argmax of the logits) and ``forced`` (teacher forcing: the code
 is read from ``codes_in``). Every mode then writes the code, copies the next position's input
 row ``embed_proj[code]`` into ``x_next`` and the Talker-space row ``embeds[code]`` into ``used``,
-and with ``norm_eps`` writes that input row normalised into ``xn`` (the next position's first
-row norm, as kernels.depth.rows_rmsnorm rounds it), or with ``qkv_width`` copies the row
-``qkv_table[code]`` into ``qkv_next`` (the next position's first QKV projection, precomputed
-per code: models.fast_loop.FastLoop._layer0_qkv_table). Where the Gumbel terms are drawn
-(``noise``) changes timing only: by default every column's before the dependency wait
-(notes/fast-loop.md v10q).
+and with ``qkv_width`` copies the row ``qkv_table[code]`` into ``qkv_next`` (the next position's
+first QKV projection, precomputed per code: models.fast_loop.FastLoop._layer0_qkv_table). Where
+the Gumbel terms are drawn (``noise``) changes timing only: by default every column's before the
+dependency wait (notes/fast-loop.md v10q).
 """
 from __future__ import annotations
 
 from kernels.device.ptx import bf16_hi, bf16_lo
 from kernels.device.rounding import bf16x2_rn
-from kernels.depth.rows_rmsnorm import THREADS as NORM_THREADS, load_gamma, normalize_chunks
 from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
                                     current_stream, pointer_args, require_hopper)
 
@@ -36,9 +36,9 @@ from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 THREADS = 256
 MODES = ("sample", "greedy", "forced")
 # where the Gumbel terms log(-log u) are drawn: for every column before the dependency wait
-# (they depend on seed, offset and column only), for the survivors one a thread after the
-# selection, or for each thread's own survivors in turn
-NOISE = ("early", "compact", "inline")
+# (they depend on seed, offset and column only), or for the survivors one a thread after the
+# selection (notes/fast-loop.md v10p, v10q)
+NOISE = ("early", "compact")
 # trace=True builds: thread 0 of each row's CTA stamps %globaltimer (ns) at these points
 DRAW_TRACE_POINTS = ("entry", "wait_done", "logits", "selected", "drawn", "gathered")
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -73,6 +73,12 @@ def order_key(v: Float32) -> Uint32:
     return cutlass.select_(b >= Uint32(0x80000000), ~b, b | Uint32(0x80000000))
 
 
+def nan_as_neg_inf(v: Float32) -> Float32:
+    """The sampler's NaN rule (models.sampler): a NaN score is -inf, never drawn."""
+    return cutlass.select_((f32_bits(v) & Uint32(0x7FFFFFFF)) > Uint32(0x7F800000),
+                           Float32(float("-inf")), v)
+
+
 def key_value(k: Uint32) -> Float32:
     b = cutlass.select_(k >= Uint32(0x80000000), k & Uint32(0x7FFFFFFF), ~k)
     return bits_f32(b)
@@ -83,9 +89,7 @@ class DepthSampler:
     ``trace``: stamp DRAW_TRACE_POINTS. ``noise`` (NOISE): "early" draws Philox and the two
     fp64 logs for all of a row's columns while the CTA waits for the logits (no parameter of a
     draw is written inside the frame: the sampler's tensors change between frames only);
-    "compact" moves the top-k survivors to shared memory and draws one a thread; "inline" has
-    each thread draw its own survivors, up to V / THREADS in series. ``norm_eps``: also write
-    the next position's row normalised (gamma, eps) as kernels.depth.rows_rmsnorm rounds it.
+    "compact" moves the top-k survivors to shared memory and draws one a thread.
     ``qkv_width``: also gather a row of that many bf16 from a per-code QKV table (0: none).
     ``talker_sum``: also write bf16(sum_in + the gathered Talker-space row), sum_in an fp32
     partial sum (the frame's last draw ends the talker sum: no kernel after it). ``advance``:
@@ -94,8 +98,7 @@ class DepthSampler:
 
     def __init__(self, M: int, V: int, hidden: int, talker_hidden: int, mode: str = "sample",
                  pdl: bool = True, trace: bool = False, noise: str = "early",
-                 norm_eps: float | None = None, qkv_width: int = 0, talker_sum: bool = False,
-                 advance: int = 0):
+                 qkv_width: int = 0, talker_sum: bool = False, advance: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} not in {MODES}")
         if noise not in NOISE:
@@ -103,8 +106,6 @@ class DepthSampler:
         if V % THREADS or hidden % 8 or talker_hidden % 8 or hidden // 8 > THREADS \
                 or talker_hidden // 8 > THREADS:
             raise ValueError(f"unsupported V {V} / widths {hidden}, {talker_hidden}")
-        if norm_eps is not None and hidden != 8 * NORM_THREADS:
-            raise ValueError(f"the draw normalises rows of {8 * NORM_THREADS}, not {hidden}")
         if qkv_width % (8 * THREADS):
             raise ValueError(f"the draw gathers QKV rows of whole {8 * THREADS}-element runs, "
                              f"not {qkv_width}")
@@ -113,7 +114,6 @@ class DepthSampler:
         self.qkv_width, self.talker_sum, self.advance = qkv_width, talker_sum, advance
         self.M, self.V, self.hidden, self.talker = M, V, hidden, talker_hidden
         self.mode, self.pdl, self.trace, self.noise = mode, pdl, trace, noise
-        self.norm_eps = norm_eps
         self.per_thread = V // THREADS
 
     @cute.jit
@@ -121,9 +121,8 @@ class DepthSampler:
                  seed_ptr: cute.Pointer, offset_ptr: cute.Pointer, codes_ptr: cute.Pointer,
                  codes_in_ptr: cute.Pointer, table_ptr: cute.Pointer, embed_ptr: cute.Pointer,
                  x_next_ptr: cute.Pointer, used_ptr: cute.Pointer, trace_ptr: cute.Pointer,
-                 gamma_ptr: cute.Pointer, xn_ptr: cute.Pointer, qkv_table_ptr: cute.Pointer,
-                 qkv_next_ptr: cute.Pointer, sum_in_ptr: cute.Pointer, sum_out_ptr: cute.Pointer,
-                 ld_logits: Int32,
+                 qkv_table_ptr: cute.Pointer, qkv_next_ptr: cute.Pointer,
+                 sum_in_ptr: cute.Pointer, sum_out_ptr: cute.Pointer, ld_logits: Int32,
                  ld_codes: Int32, ld_used: Int32, draw: Int32, stream):
         M, V = self.M, self.V
         mL = cute.make_tensor(logits_ptr, cute.make_layout((M, V), stride=(ld_logits, 1)))
@@ -138,8 +137,6 @@ class DepthSampler:
         mTable = cute.make_tensor(table_ptr, cute.make_layout((4, V * hw // 4), stride=(1, 4)))
         mEmbed = cute.make_tensor(embed_ptr, cute.make_layout((4, V * tw // 4), stride=(1, 4)))
         mX = cute.make_tensor(x_next_ptr, cute.make_layout((4, M * hw // 4), stride=(1, 4)))
-        mXn = cute.make_tensor(xn_ptr, cute.make_layout((4, M * hw // 4), stride=(1, 4)))
-        mG = cute.make_tensor(gamma_ptr, cute.make_layout((4, hw // 4), stride=(1, 4)))
         qw = max(self.qkv_width // 2, 4)  # (one 16-byte stand-in run when there is no table)
         mQkvT = cute.make_tensor(qkv_table_ptr, cute.make_layout((4, V * qw // 4), stride=(1, 4)))
         mQkv = cute.make_tensor(qkv_next_ptr, cute.make_layout((4, M * qw // 4), stride=(1, 4)))
@@ -151,7 +148,7 @@ class DepthSampler:
         points = len(DRAW_TRACE_POINTS)
         mTr = cute.make_tensor(trace_ptr, cute.make_layout((M, points), stride=(points, 1)))
         self.kernel(mL, mT, mK, mSeed, mOff, mCodes, mCodesIn, mTable, mEmbed, mX, mUsed, mTr,
-                    mG, mXn, mQkvT, mQkv, mSumIn, mSumOut, draw).launch(
+                    mQkvT, mQkv, mSumIn, mSumOut, draw).launch(
             grid=[M, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.jit
@@ -201,8 +198,8 @@ class DepthSampler:
     def kernel(self, mL: cute.Tensor, mT: cute.Tensor, mK: cute.Tensor, mSeed: cute.Tensor,
                mOff: cute.Tensor, mCodes: cute.Tensor, mCodesIn: cute.Tensor,
                mTable: cute.Tensor, mEmbed: cute.Tensor, mX: cute.Tensor, mUsed: cute.Tensor,
-               mTr: cute.Tensor, mG: cute.Tensor, mXn: cute.Tensor, mQkvT: cute.Tensor,
-               mQkv: cute.Tensor, mSumIn: cute.Tensor, mSumOut: cute.Tensor, draw: Int32):
+               mTr: cute.Tensor, mQkvT: cute.Tensor, mQkv: cute.Tensor, mSumIn: cute.Tensor,
+               mSumOut: cute.Tensor, draw: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         m, _, _ = cute.arch.block_idx()
         lane, warp = tidx % 32, tidx // 32
@@ -216,12 +213,8 @@ class DepthSampler:
         live = self.V if self.noise == "compact" else 1
         s_live = smem.allocate_tensor(Int32, cute.make_layout(1 + live), 16)
         s_live_s = smem.allocate_tensor(Float32, cute.make_layout(live), 16)
-        s_sum = smem.allocate_tensor(Float32, cute.make_layout(NORM_THREADS // 32), 16)
         self._stamp(mTr, m, tidx, 0)
         hw4, tw4 = self.hidden // 8, self.talker // 8
-        g = None
-        if cutlass.const_expr(self.norm_eps is not None):
-            g = load_gamma(mG, tidx % NORM_THREADS, self.hidden)
         # the row's parameters before the wait, whatever the noise: like the early terms they
         # only change between frames, and after the wait each load is one more L2 trip
         params = (Float32(0.0), Int32(0), Uint64(0), Uint64(0))
@@ -256,20 +249,22 @@ class DepthSampler:
         # alias a later load, so the compiler keeps that order: one memory trip, not four)
         x_row = cute.make_rmem_tensor((4,), Uint32)
         for e in cutlass.range_constexpr(4):
-            x_row[e] = Uint32(0)  # threads past the row add nothing to its norm
+            x_row[e] = Uint32(0)  # unused past the row (kept: dropping it changes the PTX)
         t_row = cute.make_rmem_tensor((4,), Uint32)
         part = [cute.make_rmem_tensor((4,), Float32) for _ in range(2)]
         qw4 = self.qkv_width // 8
         q_rows = [cute.make_rmem_tensor((4,), Uint32) for _ in range(qw4 // THREADS)]
+        # a code V (no candidate) gathers the last row: memory-safe, its outputs meaningless
+        row = cutlass.min(code, Int32(self.V - 1))
         if tidx < hw4:
-            cute.autovec_copy(mTable[(None, code * hw4 + tidx)], x_row)
+            cute.autovec_copy(mTable[(None, row * hw4 + tidx)], x_row)
         if tidx < tw4:
-            cute.autovec_copy(mEmbed[(None, code * tw4 + tidx)], t_row)
+            cute.autovec_copy(mEmbed[(None, row * tw4 + tidx)], t_row)
             if cutlass.const_expr(self.talker_sum):
                 for h in cutlass.range_constexpr(2):
                     cute.autovec_copy(mSumIn[(None, 2 * (m * tw4 + tidx) + h)], part[h])
         for j in cutlass.range_constexpr(len(q_rows)):
-            cute.autovec_copy(mQkvT[(None, code * qw4 + j * THREADS + tidx)], q_rows[j])
+            cute.autovec_copy(mQkvT[(None, row * qw4 + j * THREADS + tidx)], q_rows[j])
         if tidx < hw4:
             cute.autovec_copy(x_row, mX[(None, m * hw4 + tidx)])
         if tidx < tw4:
@@ -278,11 +273,6 @@ class DepthSampler:
                 self._end_talker_sum(t_row, part, mSumOut, m * tw4 + tidx)
         for j in cutlass.range_constexpr(len(q_rows)):
             cute.autovec_copy(q_rows[j], mQkv[(None, m * qw4 + j * THREADS + tidx)])
-        if cutlass.const_expr(self.norm_eps is not None):
-            # the next position's first row norm from the row in registers (no norm kernel)
-            xn = normalize_chunks([x_row], g, tidx, s_sum, self.hidden, self.norm_eps)
-            if tidx < hw4:
-                cute.autovec_copy(xn[0], mXn[(None, m * hw4 + tidx)])
         self._stamp(mTr, m, tidx, 5)
 
     @cute.jit
@@ -369,11 +359,12 @@ class DepthSampler:
             s[j] = mL[m, tidx + THREADS * j]
         if cutlass.const_expr(not greedy):
             for j in cutlass.range_constexpr(E):
-                s[j] = s[j] / t
+                s[j] = nan_as_neg_inf(s[j] / t)
                 keys[j] = order_key(s[j])
         self._stamp(mTr, m, tidx, 2)
-        best = Float64(-1.0e308) * Float64(10.0)  # -inf
-        best_i = Int32(V)
+        no_candidate = Float64(-1.0e308) * Float64(10.0)  # -inf
+        best = no_candidate
+        best_i = Int32(V)  # a row without a candidate draws V, as models.sampler.draw
         if cutlass.const_expr(greedy):
             self._stamp(mTr, m, tidx, 3)  # no selection
             for j in cutlass.range_constexpr(E):
@@ -394,23 +385,15 @@ class DepthSampler:
                         if v > best:
                             best = v
                             best_i = Int32(tidx + THREADS * j)
-            elif cutlass.const_expr(self.noise == "compact"):
+            else:  # compact
                 n = self.compact_survivors(s, kth, s_live, s_live_s, tidx, lane)
                 for i in cutlass.range(tidx, n, THREADS):
                     col = s_live[1 + i]
                     v = self.perturbed(Float64(s_live_s[i]), col, sampled, seed, off)
-                    if v > best or (v == best and col < best_i):
+                    # a -inf survivor is no candidate (V stays the answer, as in "early")
+                    if v > best or (v == best and col < best_i and v > no_candidate):
                         best = v
                         best_i = col
-            else:
-                for j in cutlass.range_constexpr(E):
-                    # only survivors (~k of V) pay for Philox and the two fp64 logs
-                    if s[j] >= kth:
-                        col = Int32(tidx + THREADS * j)
-                        v = self.perturbed(Float64(s[j]), col, sampled, seed, off)
-                        if v > best:
-                            best = v
-                            best_i = col
         # block argmax, first index on ties
         for o in cutlass.range_constexpr(5):
             ov = cute.arch.shuffle_sync_bfly(best, offset=1 << o)
@@ -435,10 +418,10 @@ class DepthSampler:
 
 def _ptr_specs():
     # logits, temperature, top_k, seed, offset, codes, codes_in, table, embeds, x_next, used,
-    # trace stamps, gamma, xn, qkv_table, qkv_next, talker-sum partial and result
+    # trace stamps, qkv_table, qkv_next, talker-sum partial and result
     return ((Float32, 16), (Float32, 4), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8), (Int64, 8),
             (Uint32, 16), (Uint32, 16), (Uint32, 16), (Uint32, 16), (Int64, 8), (Uint32, 16),
-            (Uint32, 16), (Uint32, 16), (Uint32, 16), (Float32, 16), (Uint32, 16))
+            (Uint32, 16), (Float32, 16), (Uint32, 16))
 
 
 def compile_args():
@@ -450,13 +433,11 @@ def compile_args():
 
 def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: str,
                temperature=None, top_k=None, seed=None, offset=None, codes_in=None,
-               pdl: bool = True, trace=None, noise: str = "early", gamma=None, xn=None,
-               eps: float = 1e-6, qkv_table=None, qkv_next=None, sum_in=None, sum_out=None,
-               advance: int = 0):
+               pdl: bool = True, trace=None, noise: str = "early", qkv_table=None,
+               qkv_next=None, sum_in=None, sum_out=None, advance: int = 0):
     """Draw (or take) one code per row and gather the next rows (see the module notes).
     ``trace``: int64 [M, len(DRAW_TRACE_POINTS)], each row's %globaltimer stamps (ns);
     ``noise``: where the Gumbel terms are drawn (NOISE; the same codes; DepthSampler);
-    ``gamma`` [hidden] and ``xn`` [M, hidden] bf16: also xn = rows_rmsnorm(x_next, gamma, eps).
     ``qkv_table`` [V, W] and ``qkv_next`` [M, W] bf16 (W a multiple of 8 x THREADS): also
     qkv_next = qkv_table[code]. ``sum_in`` [M, talker_hidden] fp32 and ``sum_out``
     [M, talker_hidden] bf16 (both contiguous): also sum_out = bf16(sum_in + embeds[code]).
@@ -504,16 +485,6 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
         check_cuda_tensor("codes_in", codes_in, dtypes=(torch.int64,), contiguous=False, align=8)
         if codes_in.stride() != codes.stride():
             raise ValueError("codes_in must be laid out as codes")
-    if (gamma is None) != (xn is None):
-        raise ValueError("gamma and xn go together")
-    if gamma is not None:
-        check_cuda_tensor("gamma", gamma, dtypes=(torch.bfloat16,))
-        check_cuda_tensor("xn", xn, dtypes=(torch.bfloat16,))
-        if tuple(gamma.shape) != (hidden,) or xn.shape != x_next.shape:
-            raise ValueError(f"gamma {tuple(gamma.shape)}, xn {tuple(xn.shape)}: need "
-                             f"[{hidden}], [{M}, {hidden}]")
-        if hidden != 8 * NORM_THREADS:
-            raise ValueError(f"the draw normalises rows of {8 * NORM_THREADS}, not {hidden}")
     if (qkv_table is None) != (qkv_next is None):
         raise ValueError("qkv_table and qkv_next go together")
     qkv_width = 0
@@ -543,19 +514,18 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
                top_k if top_k is not None else codes, seed if seed is not None else codes,
                offset if offset is not None else codes, codes,
                codes_in if codes_in is not None else codes, table, embeds, x_next, used,
-               trace if trace is not None else codes, table if gamma is None else gamma,
-               x_next if xn is None else xn, table if qkv_table is None else qkv_table,
+               trace if trace is not None else codes,
+               table if qkv_table is None else qkv_table,
                x_next if qkv_next is None else qkv_next, logits if sum_in is None else sum_in,
                x_next if sum_out is None else sum_out)
     ptrs = pointer_args(_ptr_specs(), tensors)
     scalars = (Int32(logits.stride(0)), Int32(codes.stride(0)), Int32(used.stride(0)),
                Int32(draw))
-    norm_eps = None if gamma is None else eps
-    key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps,
-           qkv_width, sum_in is not None, advance)
+    key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, noise, qkv_width,
+           sum_in is not None, advance)
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, noise, norm_eps,
-                     qkv_width, sum_in is not None, advance),
+        DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, noise, qkv_width,
+                     sum_in is not None, advance),
         *ptrs, *scalars, current_stream()))
     compiled(*ptrs, *scalars, current_stream())
     return codes

@@ -14,32 +14,26 @@ loads; constants, so before the PDL wait), the a slice is copied into shared mem
 ``cp.async`` (rows padded to 16 words mod 32, so the fragment reads are free of bank conflicts;
 v8b's 32-word padding cost up to a third of the kernel; in ``a_stages`` K-ranges, one commit group
 each, so each range's mma starts as it lands: ``stage_count``), then ``mma.sync.m16n8k16`` bf16 ->
-fp32 over the slice, transposed (D = W · a^T: the weights are the A operand, the a rows the 8-wide B
-operand). The weights are pre-packed (:func:`pack_weights`, once per model) so that one 16-byte load
-gives a lane its A fragment in register order, and K is permuted inside each 32-wide block so that
-one 16-byte chunk of an a row gives both k16 steps' B fragments: no register moves in the mainloop
-(v8c assembled the A fragments of every mma from two rows: ~40 % of its instructions).
+fp32 over the slice, transposed (D = W · a^T: the weights are the A operand, the a rows the
+8-wide B operand). The weights are pre-packed (:func:`pack_weights`, once per model) so that
+one 16-byte load gives a lane its A fragment in register order, and K is permuted inside each
+32-wide block so that one 16-byte chunk of an a row gives both k16 steps' B fragments: no
+register moves in the mainloop (v8c assembled the A fragments of every mma from two rows: ~40 %
+of its instructions).
 
 Split-K reduction through distributed shared memory, deterministic: the slices of a tile are
 the CTAs of one thread-block cluster (at most 8, the portable size). Each CTA stores its fp32
 partial tile into its own shared memory; after a cluster barrier (release / acquire) CTA s adds,
 for its 1/splits share of the tile's outputs, the partials of CTAs 0, 1, ... in that order and
-applies the epilogue (rounding as kernels/depth/gemv_small_m.py); a second barrier keeps every CTA's
-shared memory alive until its peers have read it. No workspace, no counters, no gpu-scope fence.
-
-A row norm can be folded in (``rms_eps``, notes/fast-loop.md v10b/v10d): the caller folds
-gamma into W (:func:`fold_gamma`), the kernel takes raw a and scales each output row by
-rsqrt(mean(a_row^2) + eps), its sum of squares from the kernel's own squares of its slices
-(summed in the cluster exchange) or from the sums per 32 columns that the producing residual
-projection wrote (``ss_out`` -> ``ss_in``). Measured slower than a row-norm kernel at 32-128
-rows, faster at 16; the loop keeps it off.
+applies the epilogue (rounding as kernels/depth/gemv_small_m.py); a second barrier keeps every
+CTA's shared memory alive until its peers have read it. No workspace, no counters, no gpu-scope
+fence.
 
 ``trace=`` builds stamp %globaltimer at each phase (scripts/trace_skinny.py reads them).
 """
 from __future__ import annotations
 
 from kernels.depth.projection_io import check_projection_out, epilogue_store, projection_dims
-from kernels.device.rounding import add_squares, rms_factor
 from kernels.device.runtime import (activation_layout, cached_compile, check_cuda_tensor,
                                     cute_modules, current_stream, pointer_args, require_hopper)
 
@@ -49,22 +43,11 @@ from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
+from schedules.plan import SKINNY_A_STAGES, SKINNY_SPLIT_ROWS, SKINNY_WIDE_TILES  # noqa: E402
+
 WARPS = 4  # per CTA by default: 16 weight rows each, a 64-row tile of weights
 WIDE_WARPS = 8  # a 128-row tile: the a slice (re-read by every tile) is read half as often
-# (weight rows, K) -> row counts M at which 8 warps won the same-run frame A/B on the H200
-# (results/logs/67f3c73-ab-frame-tiles-*.log): QKV and gate/up at 16-32 rows, down at 128
-# (gate/up at 64 rows went back to 4 warps once the copy was staged: 2619 -> 2588 and 2622 ->
-# 2583 µs with the heads staged too, results/logs/a5de234-ab-frame-knobs*-64.log)
-WIDE_TILES = {(4096, 1024): (16, 32), (6144, 1024): (16, 32), (1024, 3072): (128,)}
-# (weight rows, K) -> row counts at which two warps per weight group (m_split) won the frame A/B
-# (results/logs/0d3b334-ab-frame-msplit-*.log): wo and down at 64 rows
-SPLIT_ROWS = {(1024, 2048): (64,), (1024, 3072): (64,)}
-# (weight rows, K) -> {rows M: a_stages} where the staged copy won the same-run frame A/B on the
-# H200: all four projections of a layer in 4 stages at 32 / 64 / 128 rows, 2067 -> 2037,
-# 2734 -> 2612, 4585 -> 4381 µs (results/logs/7cf5866-ab-frame-stages-64.log,
-# 371be2f-ab-frame-stages-32.log, 371be2f-ab-frame-stages-128.log); 2 stages at 16 rows: no change
-A_STAGES = {shape: {32: 4, 64: 4, 128: 4}
-            for shape in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072))}
+# The default tiles per projection shape and row count: schedules/plan.py (section two)
 MIN_K_SLICE = 256  # below 4 slices, K per CTA is at least this
 MAX_K_SLICE = 768  # the weight fragments of a slice stay in registers
 MAX_SPLITS = 8  # the portable cluster size
@@ -74,21 +57,20 @@ PART_PAD = 4  # fp32 words of padding per partial-tile row: the a rows 2q of one
 # words apart mod 32, so a warp's 32 stores (8 weight rows x 4 a rows) hit 32 banks
 SMEM_LIMIT = 227 * 1024  # per CTA on sm_90
 REDUCE_GROUP = 8  # outputs per thread whose partials are loaded together in the reduction
-SS_CHUNK = 32  # columns per partial sum of squares (ss_out / ss_in)
 TRACE_POINTS = ("entry", "wait_done", "a_loaded", "mma_done", "exchange_done", "stored", "exit")
 
 
 def tile_warps(weight_rows: int, K: int, M: int) -> int:
     """Warps (16 weight rows each) per CTA for a [weight_rows, K] projection at M rows: 8 where
-    the frame measured faster (``WIDE_TILES``), else 4. Isolated timings did not predict the
-    frame (QKV at 64 rows: 8 warps 0.7 µs slower alone, the frame equal), so only frames count."""
-    return WIDE_WARPS if M in WIDE_TILES.get((weight_rows, K), ()) else WARPS
+    the frame measured faster (``SKINNY_WIDE_TILES``), else 4. Isolated timings did not predict
+    the frame (QKV at 64 rows: 8 warps slower alone, the frame equal), so only frames count."""
+    return WIDE_WARPS if M in SKINNY_WIDE_TILES.get((weight_rows, K), ()) else WARPS
 
 
 def stage_count(weight_rows: int, K: int, M: int) -> int:
     """``a_stages`` for a [weight_rows, K] projection at M rows: the K-ranges of the a copy
-    where the frame measured them faster (``A_STAGES``), else 1."""
-    return A_STAGES.get((weight_rows, K), {}).get(M, 1)
+    where the frame measured them faster (``SKINNY_A_STAGES``), else 1."""
+    return SKINNY_A_STAGES.get((weight_rows, K), {}).get(M, 1)
 
 
 def stages_fit(stages: int, M: int, k_slice: int, threads: int) -> bool:
@@ -108,8 +90,8 @@ def fitting_stages(stages: int, M: int, k_slice: int, threads: int) -> int:
 
 def warps_per_group(weight_rows: int, K: int, M: int) -> int:
     """``m_split`` for a [weight_rows, K] projection at M rows: 2 where the frame measured it
-    faster (``SPLIT_ROWS``), else 1."""
-    return 2 if M in SPLIT_ROWS.get((weight_rows, K), ()) else 1
+    faster (``SKINNY_SPLIT_ROWS``), else 1."""
+    return 2 if M in SKINNY_SPLIT_ROWS.get((weight_rows, K), ()) else 1
 
 
 def smem_bytes(M: int, k_slice: int, warps: int = WARPS) -> int:
@@ -134,7 +116,8 @@ class PackedWeights:
     """A projection's weights [N, K] (SwiGLU: [2N, K], gate rows then up rows) re-laid for the
     skinny GEMM (:func:`pack_weights`): the same bytes, permuted. ``data`` keeps the [rows, K]
     shape for the operand checks; only the kernel whose ``layout`` it names can read it ("mma":
-    this module's; "wgmma4" / "wgmma8": kernels/depth/gemm_skinny_wgmma.py's, for 4- or 8-warp tiles)."""
+    this module's; "wgmma4" / "wgmma8": kernels/depth/gemm_skinny_wgmma.py's, for 4- or 8-warp
+    tiles)."""
 
     def __init__(self, data, swiglu: bool, layout: str = "mma"):
         self.data, self.swiglu, self.layout = data, swiglu, layout
@@ -148,7 +131,7 @@ def pack_weights(w, swiglu: bool = False) -> PackedWeights:
     k0 = 32b + 8q + 4s + {0, 1} and k1 = k0 + 2 of rows g, g + 8 as (g k0, g+8 k0, g k1,
     g+8 k1) = a0..a3, while its B fragment is words 2s, 2s + 1 of a's 16-byte chunk q of the
     block. That maps the PTX fragment layout's k = 2q + e, 2q + 8 + e onto k0 + e, k1 + e: the
-    same bijection for A and B, so the sum is unchanged (tests/test_depth_kernels.py checks it
+    same bijection for A and B, so the sum is unchanged (tests/test_gemm_skinny.py checks it
     under an emulation of the PTX layouts). Order: [group, block, step, lane, 8 elements]."""
     rows, K = w.shape
     grouped = weight_groups(w, swiglu, 32)
@@ -169,14 +152,6 @@ def weight_groups(w, swiglu: bool, k_multiple: int):
         n = rows // 2
         return torch_cat_groups(w[:n].reshape(n // 8, 8, K), w[n:].reshape(n // 8, 8, K))
     return w.reshape(rows // 16, 16, K)
-
-
-def fold_gamma(w, gamma):
-    """W · diag(gamma) rounded once to W's dtype: a row norm's gamma moved into the weights of
-    the projection that follows it (gemm_skinny ``rms_eps``), for [N, K] or SwiGLU [2N, K]."""
-    if gamma.shape != (w.shape[1],):
-        raise ValueError(f"gamma {tuple(gamma.shape)}: need ({w.shape[1]},)")
-    return (w.float() * gamma.float()).to(w.dtype)
 
 
 def torch_cat_groups(gate, up):
@@ -214,7 +189,6 @@ class GemmSkinny:
     def __init__(self, M: int, K: int, *, residual: bool = False, swiglu: bool = False,
                  out_f32: bool = False, pdl: bool = False, splits: int | None = None,
                  warps: int = WARPS, m_split: int = 1, trace: bool = False,
-                 rms_eps: float | None = None, ss_in: bool = False, ss_out: bool = False,
                  a_stages: int = 1, chunk_major_out: bool = False):
         if M % 16 or not 16 <= M <= 128:
             raise ValueError(f"M = {M}: this kernel takes 16..128 rows in multiples of 16")
@@ -242,19 +216,6 @@ class GemmSkinny:
         self.M, self.K = M, K
         self.residual, self.swiglu, self.out_f32, self.pdl = residual, swiglu, out_f32, pdl
         self.trace = trace  # thread 0 of each CTA stamps %globaltimer at TRACE_POINTS
-        # rms_eps: each output row is scaled by its a row's rsqrt(mean(a^2) + eps) (a row norm
-        # whose gamma the caller folded into W, fold_gamma): the slices' sums of squares ride
-        # in the cluster exchange beside the partial tile
-        self.row_rms, self.eps = rms_eps is not None, rms_eps
-        # ss_in: the factors from the producer's sums of squares per 32 columns (ss_out of a
-        # residual projection) instead of this kernel's own squares of its slices
-        if ss_in and not self.row_rms:
-            raise ValueError("ss_in: the producer's sums of squares serve rms_eps; give it")
-        if ss_out and not residual:
-            raise ValueError("ss_out: only a residual projection writes sums of squares")
-        self.ss_in, self.ss_out = ss_in, ss_out
-        self.own_squares = self.row_rms and not ss_in
-        self.ss_parts = K // SS_CHUNK
         self.ntiles_m = M // 8  # n-tiles of a rows in the transposed mma
         self.ntiles_warp = self.ntiles_m // m_split  # of them, per warp
         self.w_rows = 2 if swiglu else 1
@@ -274,10 +235,7 @@ class GemmSkinny:
                              f"32-wide blocks and the copy's {M * self.k_slice // 8} chunks "
                              f"into whole rounds of {self.threads} threads")
         self.a_stages = a_stages
-        if self.row_rms and M % self.splits:
-            raise ValueError(f"rms_eps: {self.splits} slices must divide the {M} rows")
-        self.smem_bytes = smem_bytes(M, self.k_slice, warps) + (8 * M if self.row_rms else 0) \
-            + (4 * self.ss_parts * M // self.splits if ss_in else 0)
+        self.smem_bytes = smem_bytes(M, self.k_slice, warps)
         if self.smem_bytes > SMEM_LIMIT:
             raise ValueError(f"M = {M}, K = {K}: {self.smem_bytes} bytes of shared memory "
                              f"exceed {SMEM_LIMIT}")
@@ -291,17 +249,15 @@ class GemmSkinny:
         return {}
 
     def _output_views(self, y_ptr: cute.Pointer, resid_ptr: cute.Pointer,
-                      trace_ptr: cute.Pointer, ss_out_ptr: cute.Pointer,
-                      mailbox_ptr: cute.Pointer, N: Int32, ldy: Int32) -> tuple:
-        """(y, resid, trace, ss_out, mailbox) tensors of a wgmma mainloop's launch (the
-        subclasses' __call__)."""
+                      trace_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, N: Int32,
+                      ldy: Int32) -> tuple:
+        """(y, resid, trace, mailbox) tensors of a wgmma mainloop's launch (the subclasses'
+        __call__)."""
         M, tiles, points = self.M, N // self.tile_out, len(TRACE_POINTS)
         return (cute.make_tensor(y_ptr, activation_layout(M, N, ldy, self.chunk_major_out)),
                 cute.make_tensor(resid_ptr, cute.make_layout((M, N), stride=(ldy, 1))),
                 cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits, points),
                                                              stride=(points, 1))),
-                cute.make_tensor(ss_out_ptr, cute.make_layout((N // SS_CHUNK, M),
-                                                              stride=(M, 1))),
                 cute.make_tensor(mailbox_ptr, cute.make_layout(8)))
 
     @cute.jit
@@ -335,8 +291,8 @@ class GemmSkinny:
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
-                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, ss_in_ptr: cute.Pointer,
-                 ss_out_ptr: cute.Pointer, N: Int32, ldy: Int32, stream):
+                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, N: Int32, ldy: Int32,
+                 stream):
         M, kc = self.M, self.K // 8  # 16-byte chunks per row
         mA = cute.make_tensor(a_ptr, cute.make_layout((4, M * kc), stride=(1, 4)))
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * kc), stride=(1, 4)))
@@ -346,17 +302,14 @@ class GemmSkinny:
         points = len(TRACE_POINTS)  # row-major [CTA, point], as the torch tensor
         mT = cute.make_tensor(trace_ptr, cute.make_layout((tiles * self.splits, points),
                                                           stride=(points, 1)))
-        # sums of squares [32-column chunk, row]: read for a (K / 32 chunks), written for y
-        mSi = cute.make_tensor(ss_in_ptr, cute.make_layout((self.ss_parts, M), stride=(M, 1)))
-        mSo = cute.make_tensor(ss_out_ptr, cute.make_layout((N // SS_CHUNK, M), stride=(M, 1)))
-        self.kernel(mA, mW, mY, mR, mT, mSi, mSo, N).launch(
+        self.kernel(mA, mW, mY, mR, mT, N).launch(
             grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
             cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl,
             **self._occupancy())
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
-               mT: cute.Tensor, mSi: cute.Tensor, mSo: cute.Tensor, N: Int32):
+               mT: cute.Tensor, N: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         tile, split, _ = cute.arch.block_idx()  # split == rank in the (1, splits, 1) cluster
         self._stamp(mT, tile, split, tidx, 0)
@@ -387,15 +340,6 @@ class GemmSkinny:
         part_row = self.tile_n + PART_PAD
         sP = smem.allocate_tensor(Float32, cute.make_layout((M, self.tile_n),
                                                             stride=(part_row, 1)), 16)
-        sS, sR, sQ = None, None, None
-        rows = M // self.splits  # of this CTA's share of the outputs
-        if cutlass.const_expr(self.own_squares):  # this slice's sum of squares of each a row
-            sS = smem.allocate_tensor(Float32, cute.make_layout(M), 16)
-        if cutlass.const_expr(self.ss_in):  # the producer's sums of the share's rows
-            sQ = smem.allocate_tensor(Float32, cute.make_layout((self.ss_parts, rows),
-                                                                stride=(rows, 1)), 16)
-        if cutlass.const_expr(self.row_rms):  # the factors of the share's rows
-            sR = smem.allocate_tensor(Float32, cute.make_layout(rows), 16)
         if cutlass.const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()
         self._stamp(mT, tile, split, tidx, 1)
@@ -408,8 +352,6 @@ class GemmSkinny:
                 idx = tidx + self.threads * i
                 m, c = idx // stage_c, st * stage_c + idx % stage_c
                 cute.copy(atom, mA[(None, m * kc + c0 + c)], sA[(None, m * row_c + c)])
-            if cutlass.const_expr(self.ss_in and st == 0):  # with the slice: no wait of its own
-                self._copy_share_sums(mSi, sQ, split * rows, tidx)
             cute.arch.cp_async_commit_group()
         # 3. tensor-core sums over the slice, transposed: D[weight row, a row] = W · a^T with
         # the a rows in n-tiles of 8: one 16-byte chunk of a row gives lane (g, q) the B
@@ -417,7 +359,6 @@ class GemmSkinny:
         # n-tiles nt0 .. nt0 + ntiles_warp - 1 (all of them unless m_split). A stage's blocks
         # start once its group has landed (the stamp marks the first)
         acc = [[Float32(0.0)] * 4 for _ in range(self.ntiles_warp)]
-        ss = [Float32(0.0)] * self._owned_tiles()  # own squares only
         stage_blocks = self.blocks // self.a_stages
         for b in cutlass.range_constexpr(self.blocks):
             if cutlass.const_expr(b % stage_blocks == 0):
@@ -432,13 +373,9 @@ class GemmSkinny:
                     af = a_frags[(b, s)]
                     acc[t] = mma_bf16_16816(acc[t], tuple(af[i] for i in range(4)),
                                             (bw[2 * s], bw[2 * s + 1]))
-            if cutlass.const_expr(self.own_squares):
-                ss = self._add_squares(ss, sA, b, nt0, warp, g, q, row_c)
         self._store_partials(acc, sP, nt0, warp, g, q)
-        if cutlass.const_expr(self.own_squares):
-            self._store_squares(ss, sS, nt0, warp, g, q)
         self._stamp(mT, tile, split, tidx, 3)
-        self._exchange_and_store(sP, sS, sQ, sR, mY, mR, mSo, mT, tile, split, tidx, lane)
+        self._exchange_and_store(sP, mY, mR, mT, tile, split, tidx)
 
     @cute.jit
     def _store_partials(self, acc: list, sP: cute.Tensor, nt0, warp, g, q):
@@ -453,21 +390,17 @@ class GemmSkinny:
                 sP[8 * (nt0 + t) + 2 * q + 1, col] = d[2 * h + 1]
 
     @cute.jit
-    def _exchange_and_store(self, sP: cute.Tensor, sS, sQ, sR, mY: cute.Tensor, mR: cute.Tensor,
-                            mSo: cute.Tensor, mT: cute.Tensor, tile, split, tidx, lane):
+    def _exchange_and_store(self, sP: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
+                            mT: cute.Tensor, tile, split, tidx):
         """5. after a cluster barrier, this CTA's share of the outputs: partials of CTAs 0, 1,
         ... in order, then the epilogue (loads of a group of outputs are issued before any of
         their stores); 6. a second barrier, so no CTA leaves (freeing its shared memory)
         before its peers have read it."""
-        M = self.M
         part_row = self.tile_n + PART_PAD
         cute.arch.cluster_arrive()  # release: the partial tile is visible to the cluster
         cute.arch.cluster_wait()  # acquire: so are the peers'
         self._stamp(mT, tile, split, tidx, 4)
         peers = [cute.arch.map_dsmem_ptr(sP.iterator, sp) for sp in range(self.splits)]
-        peers_ss = []
-        if cutlass.const_expr(self.own_squares):
-            peers_ss = [cute.arch.map_dsmem_ptr(sS.iterator, sp) for sp in range(self.splits)]
         per_thread = -(-self.share // self.threads)
         for g0 in cutlass.range_constexpr(0, per_thread, REDUCE_GROUP):
             group = range(g0, min(per_thread, g0 + REDUCE_GROUP))
@@ -486,102 +419,22 @@ class GemmSkinny:
                 if cutlass.const_expr(self.residual):
                     resid = mR[m, tile * self.tile_out + c].to(Float32)
                 resids.append(resid)
-            if cutlass.const_expr(self.row_rms and g0 == 0):  # beside the first loads
-                self._row_factors(peers_ss, sQ, sR, split, tidx)
             for j, i in enumerate(group):
                 m, c = self._reduced_output(split, tidx, i)
-                if cutlass.const_expr(self.row_rms):
-                    r = sR[m - split * (M // self.splits)]
-                    sums[j] = [x * r for x in sums[j]]
                 if cutlass.const_expr(self.share % self.threads == 0):
-                    self._store(mY, mSo, resids[j], m, tile * self.tile_out + c, sums[j], lane)
-                elif tidx + self.threads * i < self.share:  # whole warps (shares of 32s)
-                    self._store(mY, mSo, resids[j], m, tile * self.tile_out + c, sums[j], lane)
+                    self._store(mY, resids[j], m, tile * self.tile_out + c, sums[j])
+                elif tidx + self.threads * i < self.share:  # inside the share (small ones wrap)
+                    self._store(mY, resids[j], m, tile * self.tile_out + c, sums[j])
         self._stamp(mT, tile, split, tidx, 5)
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
         self._stamp(mT, tile, split, tidx, 6)
 
-    def _owned_tiles(self) -> int:
-        """Sums of squares: n-tile nt0 + w + j * warps of a warp's part belongs to weight group
-        w (j < this many), so each a row's sum is whole in one warp, no cross-warp adds."""
-        if cutlass.const_expr(not self.own_squares):
-            return 0
-        return -(-self.ntiles_warp // self.warps)
-
     @cute.jit
-    def _add_squares(self, ss: list, sA: cute.Tensor, b, nt0, warp, g, q,
-                     row_c: cutlass.Constexpr[int]) -> list:
-        """Lane (g, q) adds the squares of chunk 4b + q of row 8 * tile + g of its owned tiles
-        (a second shared-memory read of a chunk the mma just used: no register kept live)."""
-        out = []
-        for j in cutlass.range_constexpr(len(ss)):
-            tl = warp + j * self.warps
-            acc = ss[j]
-            if tl < self.ntiles_warp:
-                x = cute.make_rmem_tensor((4,), Uint32)
-                cute.autovec_copy(sA[(None, (8 * (nt0 + tl) + g) * row_c + 4 * b + q)], x)
-                for e in cutlass.range_constexpr(4):
-                    acc = add_squares(acc, x[e])
-            out.append(acc)
-        return out
-
-    @cute.jit
-    def _row_factors(self, peers_ss: list, sQ, sR: cute.Tensor, split, tidx):
-        """rsqrt(mean(a_row^2) + eps) of the M / splits rows of this CTA's share (its outputs
-        are whole rows), from the producer's K / 32 sums (ss_in, in chunk order) or the slices'
-        own sums (in slice order), published by a CTA barrier."""
-        rows = self.M // self.splits
-        if tidx < rows:
-            sq = Float32(0.0)
-            if cutlass.const_expr(self.ss_in):
-                for p in cutlass.range_constexpr(self.ss_parts):
-                    sq = sq + sQ[p, tidx]
-            else:
-                for sp in cutlass.range_constexpr(self.splits):
-                    sq = sq + load_dsmem_f32(peers_ss[sp] + (split * rows + tidx))
-            sR[tidx] = rms_factor(sq, self.K, self.eps)
-        cute.arch.sync_threads()
-
-    @cute.jit
-    def _store(self, mY: cute.Tensor, mSo: cute.Tensor, resid, m, n, sums: list, lane):
-        """The epilogue; with ss_out also the sum of squares of the 32 stored values of this
-        warp (one row, 32 aligned columns: a share is whole 32s) into mSo[n / 32, m]."""
-        v = epilogue_store(mY, resid, m, n, sums, swiglu=self.swiglu, residual=self.residual,
-                           out_f32=self.out_f32)
-        if cutlass.const_expr(self.ss_out):
-            vf = v.to(Float32)
-            sq = cute.arch.warp_reduction(vf * vf, lambda a, b: a + b)
-            if lane == 0:
-                mSo[n // SS_CHUNK, m] = sq
-
-    @cute.jit
-    def _copy_share_sums(self, mSi: cute.Tensor, sQ: cute.Tensor, row0, tidx):
-        """The producer's sums of squares of rows row0 .. row0 + M / splits - 1 (all K / 32
-        chunks) into shared memory, 4-byte cp.async in the slice's commit group."""
-        rows = self.M // self.splits
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.ALWAYS), Float32,
-                                   num_bits_per_copy=32)
-        n = self.ss_parts * rows
-        src = cute.make_tensor(mSi.iterator, cute.make_layout((1, self.ss_parts * self.M)))
-        dst = cute.make_tensor(sQ.iterator, cute.make_layout((1, n)))
-        for i in cutlass.range_constexpr(-(-n // self.threads)):
-            idx = tidx + self.threads * i
-            if idx < n:
-                p, r = idx // rows, idx % rows
-                cute.copy(atom, src[(None, p * self.M + row0 + r)], dst[(None, idx)])
-
-    @cute.jit
-    def _store_squares(self, ss: list, sS: cute.Tensor, nt0, warp, g, q):
-        """The four q lanes' sums of a row added (butterfly), lane q = 0 stores the row's."""
-        for j in cutlass.range_constexpr(len(ss)):
-            tl = warp + j * self.warps
-            v = ss[j]
-            v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
-            v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
-            if tl < self.ntiles_warp:
-                if q == 0:
-                    sS[8 * (nt0 + tl) + g] = v
+    def _store(self, mY: cute.Tensor, resid, m, n, sums: list):
+        """The epilogue of output (m, n) from its reduced sums."""
+        epilogue_store(mY, resid, m, n, sums, swiglu=self.swiglu, residual=self.residual,
+                       out_f32=self.out_f32)
 
     @cute.jit
     def _stamp(self, mT: cute.Tensor, tile: Int32, split: Int32, tidx: Int32,
@@ -593,9 +446,9 @@ class GemmSkinny:
 
 
 def _ptr_specs(out_f32: bool):
-    # a, W as 16-byte words; y; resid; trace stamps; sums of squares in and out
+    # a, W as 16-byte words; y; resid; trace stamps
     return ((Uint32, 16), (Uint32, 16), (Float32 if out_f32 else BFloat16, 4), (BFloat16, 2),
-            (Int64, 8), (Float32, 4), (Float32, 4))
+            (Int64, 8))
 
 
 def trace_shape(cfg: GemmSkinny, N: int) -> tuple:
@@ -607,15 +460,6 @@ def compile_args(out_f32: bool = False):
     from cutlass.cute.runtime import make_fake_stream
 
     return (*pointer_args(_ptr_specs(out_f32)), Int32(4096), Int32(4096), make_fake_stream())
-
-
-def _check_sums(name: str, t, shape: tuple):
-    if t is not None:
-        import torch
-
-        check_cuda_tensor(name, t, dtypes=(torch.float32,), align=4)
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} {tuple(t.shape)}: need {shape} (fp32 [columns / 32, rows])")
 
 
 def checked_operands(x, w: PackedWeights, out, resid, swiglu: bool, warps, m_split,
@@ -662,8 +506,7 @@ def check_tiling(cfg: GemmSkinny, N: int, trace=None):
 
 def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                 pdl: bool = False, splits: int | None = None, warps: int | None = None,
-                m_split: int | None = None, trace=None, rms_eps: float | None = None,
-                ss_in=None, ss_out=None, a_stages: int | None = None,
+                m_split: int | None = None, trace=None, a_stages: int | None = None,
                 chunk_major_out: bool = False):
     """x [M, K] bf16 (16 <= M <= 128, M % 16 == 0) times W^T, ``w`` = pack_weights(W [N, K]
     or, with SwiGLU, [2N, K]: gate rows then up rows), into out [M, N] (bf16, or fp32 for
@@ -671,17 +514,11 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
     out): add it. ``splits``: K slices per tile (the cluster size; default ``split_count``).
     ``warps``: weight groups (16 rows) per CTA, 4 or 8 (default ``tile_warps``); ``m_split``:
     warps per group (1 or 2, default ``warps_per_group``), each taking that share of the a rows.
-    ``trace``: an int64 tensor [CTAs,
-    len(TRACE_POINTS)] (``trace_shape``) that receives each CTA's %globaltimer stamps (ns).
-    ``rms_eps``: RMS-normalise x's rows first, the norm folded in: each output row is scaled
-    by rsqrt(mean(x_row^2) + rms_eps) and ``w`` must carry the norm's gamma
-    (``pack_weights(fold_gamma(W, gamma))``); the normalised row is never rounded to bf16.
-    The factors come from the kernel's own squares of its slices, or with ``ss_in`` (fp32
-    [K / 32, M]) from the sums of squares a residual projection wrote with ``ss_out`` (fp32
-    [N / 32, M]: each 32 stored columns of each row of ``out``). ``a_stages`` (1, 2, 4): copy
-    the a slice in that many K-ranges, each range's mma starting once it has landed (default
-    ``stage_count``). ``chunk_major_out``: ``out`` (contiguous) chunk-major, [N / 8][M][8]
-    (SwiGLU or plain bf16 only): the input of a wgmma projection (kernels.depth.gemm_skinny_wgmma)."""
+    ``trace``: an int64 tensor [CTAs, len(TRACE_POINTS)] (``trace_shape``) that receives each
+    CTA's %globaltimer stamps (ns). ``a_stages`` (1, 2, 4): copy the a slice in that many
+    K-ranges, each range's mma starting once it has landed (default ``stage_count``).
+    ``chunk_major_out``: ``out`` (contiguous) chunk-major, [N / 8][M][8] (SwiGLU or plain bf16
+    only): the input of a wgmma projection (kernels.depth.gemm_skinny_wgmma)."""
     M, K, N, out_f32, warps, m_split = checked_operands(x, w, out, resid, swiglu, warps,
                                                         m_split)
     if not a_stages:
@@ -690,18 +527,14 @@ def gemm_skinny(x, w: PackedWeights, out, *, resid=None, swiglu: bool = False,
                                   32 * warps * m_split)
     cfg = GemmSkinny(M, K, residual=resid is not None, swiglu=swiglu, out_f32=out_f32,
                      pdl=pdl, splits=splits, warps=warps, m_split=m_split,
-                     trace=trace is not None, rms_eps=rms_eps, ss_in=ss_in is not None,
-                     ss_out=ss_out is not None, a_stages=a_stages,
-                     chunk_major_out=chunk_major_out)
+                     trace=trace is not None, a_stages=a_stages, chunk_major_out=chunk_major_out)
     check_chunk_major_out(chunk_major_out, out)
-    _check_sums("ss_in", ss_in, (K // SS_CHUNK, M))
-    _check_sums("ss_out", ss_out, (N // SS_CHUNK, M))
     check_tiling(cfg, N, trace)
     ptrs = pointer_args(_ptr_specs(cfg.out_f32),
                         (x, w.data, out, resid if resid is not None else x,
-                         *(t if t is not None else x for t in (trace, ss_in, ss_out))))
+                         trace if trace is not None else x))
     key = ("gemm_skinny", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits, warps,
-           m_split, cfg.trace, rms_eps, cfg.ss_in, cfg.ss_out, a_stages, chunk_major_out)
+           m_split, cfg.trace, a_stages, chunk_major_out)
     compiled = cached_compile(key, lambda: cute.compile(
         cfg, *ptrs, Int32(N), Int32(out.stride(0)), current_stream()))
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())

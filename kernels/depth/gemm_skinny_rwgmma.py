@@ -117,12 +117,11 @@ class GemmSkinnyRegWgmma(GemmSkinny):
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
-                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, ss_in_ptr: cute.Pointer,
-                 ss_out_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, N: Int32, ldy: Int32,
-                 stream):
+                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, mailbox_ptr: cute.Pointer,
+                 N: Int32, ldy: Int32, stream):
         M, tiles = self.M, N // self.tile_out
-        mY, mR, mT, mSo, mailbox = self._output_views(y_ptr, resid_ptr, trace_ptr, ss_out_ptr,
-                                                      mailbox_ptr, N, ldy)
+        mY, mR, mT, mailbox = self._output_views(y_ptr, resid_ptr, trace_ptr, mailbox_ptr, N,
+                                                 ldy)
         mW = cute.make_tensor(w_ptr, cute.make_layout((4, self.w_rows * N * self.K // 8),
                                                       stride=(1, 4)))
         launch = dict(grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
@@ -132,10 +131,10 @@ class GemmSkinnyRegWgmma(GemmSkinny):
             gA = cute.make_tensor(a_ptr, cute.make_layout((M, self.K), stride=(self.K, 1)))
             tma_atom, tma_a = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileG2SOp(), gA, self._box_layout(), (M, TMA_K))
-            self.kernel_tma(tma_atom, tma_a, mW, mY, mR, mT, mSo, mailbox).launch(**launch)
+            self.kernel_tma(tma_atom, tma_a, mW, mY, mR, mT, mailbox).launch(**launch)
         else:  # a chunk-major, as 32-bit words for the bulk copies
             mA = cute.make_tensor(a_ptr, cute.make_layout(M * self.K // 2))
-            self.kernel(mA, mW, mY, mR, mT, mSo, mailbox).launch(**launch)
+            self.kernel(mA, mW, mY, mR, mT, mailbox).launch(**launch)
 
     def _box_layout(self):
         """The shared-memory image of one TMA box: M rows x TMA_K columns, K-major, in 8-row
@@ -146,8 +145,8 @@ class GemmSkinnyRegWgmma(GemmSkinny):
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
-               mT: cute.Tensor, mSo: cute.Tensor, mailbox: cute.Tensor):
-        tidx, tile, split, lane, warp_idx, warp, half, g, q = self._thread_coords(mT)
+               mT: cute.Tensor, mailbox: cute.Tensor):
+        tidx, tile, split, lane, _, warp, half, g, q = self._thread_coords(mT)
         M = self.M
         slice_c = self.k_slice // 8
         stage_c = slice_c // self.stages  # 16-byte chunks of a row per stage
@@ -171,12 +170,11 @@ class GemmSkinnyRegWgmma(GemmSkinny):
         acc = self._mainloop(frags, sA, full, half, stage_c, mailbox, mT, tile, split, tidx)
         self._store_partials(acc, sP, half * self.ntiles_warp, warp, g, q)
         self._stamp(mT, tile, split, tidx, 3)
-        self._exchange_and_store(sP, None, None, None, mY, mR, mSo, mT, tile, split, tidx, lane)
+        self._exchange_and_store(sP, mY, mR, mT, tile, split, tidx)
 
     @cute.kernel
     def kernel_tma(self, tma_atom: cute.CopyAtom, tma_a: cute.Tensor, mW: cute.Tensor,
-                   mY: cute.Tensor, mR: cute.Tensor, mT: cute.Tensor, mSo: cute.Tensor,
-                   mailbox: cute.Tensor):
+                   mY: cute.Tensor, mR: cute.Tensor, mT: cute.Tensor, mailbox: cute.Tensor):
         """:meth:`kernel` with the a slice by TMA from a row-major a (``a_copy="tma"``)."""
         tidx, tile, split, lane, warp_idx, warp, half, g, q = self._thread_coords(mT)
         M = self.M
@@ -208,7 +206,7 @@ class GemmSkinnyRegWgmma(GemmSkinny):
                              split, tidx)
         self._store_partials(acc, sP, half * self.ntiles_warp, warp, g, q)
         self._stamp(mT, tile, split, tidx, 3)
-        self._exchange_and_store(sP, None, None, None, mY, mR, mSo, mT, tile, split, tidx, lane)
+        self._exchange_and_store(sP, mY, mR, mT, tile, split, tidx)
 
     @cute.jit
     def _load_fragments(self, mW: cute.Tensor, group, c0, lane) -> list:
@@ -297,10 +295,10 @@ def gemm_skinny_rwgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool 
                        pdl: bool = False, splits: int | None = None, warps: int | None = None,
                        m_split: int | None = None, trace=None, a_stages: int | None = None,
                        chunk_major_out: bool = False, a_copy: str = "bulk"):
-    """As :func:`kernels.depth.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
-    ``w`` packed by :func:`pack_weights_rwgmma` and ``x_cm`` the activations chunk-major
-    (kernels.depth.gemm_skinny_wgmma.chunk_major) for ``a_copy="bulk"``, row-major for "tma". The
-    tile defaults are gemm_skinny's; ``a_stages``: the slice's K-ranges, default gemm_skinny's
+    """As :func:`kernels.depth.gemm_skinny.gemm_skinny`, with ``w`` packed by
+    :func:`pack_weights_rwgmma` and ``x_cm`` the activations chunk-major
+    (kernels.depth.gemm_skinny_wgmma.chunk_major) for ``a_copy="bulk"``, row-major for "tma".
+    The tile defaults are gemm_skinny's; ``a_stages``: the slice's K-ranges, default gemm_skinny's
     ``stage_count`` where it fits."""
     M, K, N, out_f32, warps, m_split = checked_operands(x_cm, w, out, resid, swiglu, warps,
                                                         m_split, layout=LAYOUT)
@@ -318,8 +316,7 @@ def gemm_skinny_rwgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool 
     check_tiling(cfg, N, trace)
     ptrs = pointer_args(_specs(cfg.out_f32, a_copy),
                         (x_cm, w.data, out, resid if resid is not None else x_cm,
-                         trace if trace is not None else x_cm, x_cm, x_cm,
-                         diagnostics_mailbox()))
+                         trace if trace is not None else x_cm, diagnostics_mailbox()))
     key = ("gemm_skinny_rwgmma", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits,
            warps, m_split, cfg.trace, cfg.stages, chunk_major_out, a_copy)
     compiled = cached_compile(key, lambda: cute.compile(

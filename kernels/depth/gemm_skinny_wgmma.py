@@ -20,7 +20,7 @@ The D fragment of m64nN is, per warp, that of N / 8 m16n8 tiles, so the partial 
 shared memory exactly as the mma.sync path's does (``GemmSkinny._store_partials``) and the
 reduction is that path's. The weights no longer occupy registers (64-192 a thread there).
 
-Compile-checked only: the GPU tests are written (tests/test_depth_kernels.py), not yet run.
+Tests: tests/test_gemm_skinny_wgmma.py.
 """
 from __future__ import annotations
 
@@ -156,23 +156,22 @@ class GemmSkinnyWgmma(GemmSkinny):
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, w_ptr: cute.Pointer, y_ptr: cute.Pointer,
-                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, ss_in_ptr: cute.Pointer,
-                 ss_out_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, N: Int32, ldy: Int32,
-                 stream):
+                 resid_ptr: cute.Pointer, trace_ptr: cute.Pointer, mailbox_ptr: cute.Pointer,
+                 N: Int32, ldy: Int32, stream):
         M, tiles = self.M, N // self.tile_out
-        mY, mR, mT, mSo, mailbox = self._output_views(y_ptr, resid_ptr, trace_ptr, ss_out_ptr,
-                                                      mailbox_ptr, N, ldy)
+        mY, mR, mT, mailbox = self._output_views(y_ptr, resid_ptr, trace_ptr, mailbox_ptr, N,
+                                                 ldy)
         # a (chunk-major) and the packed weights as 32-bit words: only bulk copies read them
         mA = cute.make_tensor(a_ptr, cute.make_layout(M * self.K // 2))
         mW = cute.make_tensor(w_ptr, cute.make_layout(self.w_rows * N * self.K // 2))
-        self.kernel(mA, mW, mY, mR, mT, mSo, mailbox).launch(
+        self.kernel(mA, mW, mY, mR, mT, mailbox).launch(
             grid=[tiles, self.splits, 1], block=[self.threads, 1, 1],
             cluster=[1, self.splits, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, mA: cute.Tensor, mW: cute.Tensor, mY: cute.Tensor, mR: cute.Tensor,
-               mT: cute.Tensor, mSo: cute.Tensor, mailbox: cute.Tensor):
-        tidx, tile, split, lane, warp_idx, warp, half, g, q = self._thread_coords(mT)
+               mT: cute.Tensor, mailbox: cute.Tensor):
+        tidx, tile, split, _, _, warp, half, g, q = self._thread_coords(mT)
         M, tr = self.M, self.tile_n  # a rows, weight rows of the tile
         slice_c = self.k_slice // 8
         stage_c = slice_c // self.stages  # 16-byte chunks of a row per stage
@@ -210,7 +209,7 @@ class GemmSkinnyWgmma(GemmSkinny):
         acc = self._mainloop(sW, sA, full, warp, half, stage_c, mailbox, mT, tile, split, tidx)
         self._store_partials(acc, sP, half * self.ntiles_warp, warp, g, q)
         self._stamp(mT, tile, split, tidx, 3)
-        self._exchange_and_store(sP, None, None, None, mY, mR, mSo, mT, tile, split, tidx, lane)
+        self._exchange_and_store(sP, mY, mR, mT, tile, split, tidx)
 
     @cute.jit
     def _mainloop(self, sW: cute.Tensor, sA: cute.Tensor, full: cute.Pointer, warp, half,
@@ -253,9 +252,9 @@ def gemm_skinny_wgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool =
                       pdl: bool = False, splits: int | None = None, warps: int | None = None,
                       m_split: int | None = None, trace=None, stages: int | None = None,
                       chunk_major_out: bool = False):
-    """As :func:`kernels.depth.gemm_skinny.gemm_skinny` (no folded norm, no sums of squares), with
-    ``x_cm`` the activations chunk-major (:func:`chunk_major`, [M, K]-shaped storage) and ``w``
-    packed by :func:`pack_weights_wgmma` (``warps`` defaults to, and must equal, its tiles').
+    """As :func:`kernels.depth.gemm_skinny.gemm_skinny`, with ``x_cm`` the activations
+    chunk-major (:func:`chunk_major`, [M, K]-shaped storage) and ``w`` packed by
+    :func:`pack_weights_wgmma` (``warps`` defaults to, and must equal, its tiles').
     ``chunk_major_out``: ``out`` (contiguous) chunk-major too, for a next wgmma projection
     (SwiGLU or plain bf16 only)."""
     M, K, N, out_f32, warps, m_split = checked_operands(x_cm, w, out, resid, swiglu, warps,
@@ -267,8 +266,7 @@ def gemm_skinny_wgmma(x_cm, w: PackedWeights, out, *, resid=None, swiglu: bool =
     check_tiling(cfg, N, trace)
     ptrs = pointer_args(_ptr_specs(cfg.out_f32) + ((Int32, 4),),
                         (x_cm, w.data, out, resid if resid is not None else x_cm,
-                         trace if trace is not None else x_cm, x_cm, x_cm,
-                         diagnostics_mailbox()))
+                         trace if trace is not None else x_cm, diagnostics_mailbox()))
     key = ("gemm_skinny_wgmma", M, K, cfg.residual, swiglu, cfg.out_f32, pdl, cfg.splits,
            warps, m_split, cfg.trace, cfg.stages, chunk_major_out)
     compiled = cached_compile(key, lambda: cute.compile(

@@ -246,21 +246,3 @@ def gemv_small_m(x, w, out=None, *, gamma=None, resid=None, swiglu: bool = False
     compiled(*ptrs, Int32(N), Int32(out.stride(0)), current_stream())
     return out
 
-
-def register_torch_op():
-    """``torch.ops.wb.gemv_small_m``: opaque to torch.compile, capturable in CUDA graphs."""
-    import torch
-
-    if hasattr(torch.ops, "wb") and hasattr(torch.ops.wb, "gemv_small_m"):
-        return torch.ops.wb.gemv_small_m
-
-    @torch.library.custom_op("wb::gemv_small_m", mutates_args=(),
-                             schema="(Tensor x, Tensor w) -> Tensor")
-    def _op(x, w):
-        return gemv_small_m(x.contiguous(), w)
-
-    @_op.register_fake
-    def _fake(x, w):
-        return x.new_empty(x.shape[0], w.shape[0])
-
-    return torch.ops.wb.gemv_small_m

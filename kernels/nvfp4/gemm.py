@@ -6,10 +6,11 @@ swizzle [roundup(rows, 128), roundup(K/16, 4)], and an fp32 tensor scale per ope
 """
 from __future__ import annotations
 
-from kernels.nvfp4.gemm_shell import PTRS, BlockscaledGemmSm90
 from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
                                     current_stream, pointer_args, require_hopper, sm_count)
 from kernels.device.waits import diagnostics_mailbox
+from kernels.nvfp4.gemm_shell import PTRS, BlockscaledGemmSm90
+from schedules import plan
 
 cutlass, cute = cute_modules()
 from cutlass import Int32  # noqa: E402
@@ -18,17 +19,17 @@ ROW_TILE = 128  # rows of a scale tile; a row slice must start on one
 
 
 def default_config(M: int, N: int, K: int, sms: int | None = None) -> BlockscaledGemmSm90:
-    """tile_n 256 when there are enough tiles to fill the GPU, else 128 (twice the CTAs); below
-    one wave of 128-wide tiles, split K (each split keeps >= 16 k-blocks) to reach the SMs.
-    Measured on the H200 (notes/p0-gemm.md): 3 splits for out/fc2 at M = 128, none for qkv/fc1."""
+    """The config schedules/plan.py picks: 128 x 256 tiles once they fill ``WIDE_MIN_WAVES``
+    waves of SMs, else 128 x 128 (twice the CTAs), with K split below one wave of those."""
     sms = sms or sm_count()
-    tiles_256 = -(-M // ROW_TILE) * -(-N // 256)
-    if tiles_256 >= 2 * sms:
-        return BlockscaledGemmSm90(tile_n=256, stages=4)
-    tiles_128 = -(-M // ROW_TILE) * -(-N // 128)
-    k_blocks = -(-K // 64)
-    splits = max(1, min(4, sms // tiles_128, k_blocks // 16))
-    return BlockscaledGemmSm90(tile_n=128, stages=8, splits=splits)
+    row_tiles = -(-M // plan.ROW_TILE)
+    if row_tiles * -(-N // plan.WIDE.tile_n) >= plan.WIDE_MIN_WAVES * sms:
+        return BlockscaledGemmSm90(tile_n=plan.WIDE.tile_n, stages=plan.WIDE.stages)
+    tiles = row_tiles * -(-N // plan.NARROW.tile_n)
+    k_blocks = -(-K // plan.K_BLOCK)
+    splits = max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
+    return BlockscaledGemmSm90(tile_n=plan.NARROW.tile_n, stages=plan.NARROW.stages,
+                               splits=splits)
 
 
 def _scale_shape(rows: int, K: int) -> tuple[int, int]:
@@ -45,8 +46,8 @@ def _check_operand(name: str, q, s, device):
     if q.device != device or s.device != device:
         raise ValueError(f"{name}_q and {name}_s must be on {device} with the other operands")
     rows, kh = q.shape
-    if rows == 0:
-        raise ValueError(f"{name}_q has no rows")
+    if rows == 0 or kh == 0:
+        raise ValueError(f"{name}_q is empty (shape {tuple(q.shape)}); the GEMM needs rows and K")
     if kh % 16:
         raise ValueError(f"{name}_q has K/2 = {kh} bytes per row; K must be a multiple of 32 "
                          "(rows are fetched by TMA in 16-byte units)")
@@ -60,7 +61,7 @@ def _check_operand(name: str, q, s, device):
 def _tensor_scale(name: str, g, device):
     import torch
 
-    if isinstance(g, (int, float)):
+    if isinstance(g, (int, float)) and not isinstance(g, bool):
         return torch.tensor([float(g)], dtype=torch.float32, device=device)
     check_cuda_tensor(name, g, dtypes=(torch.float32,), align=4)
     if g.numel() != 1:
@@ -84,6 +85,9 @@ def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows):
         raise ValueError(f"K mismatch: a_q holds K = {K}, b_q holds K = {Kb}")
     if N % 8:
         raise ValueError(f"N = {N} must be a multiple of 8 (16-byte output rows)")
+    if rows is not None and (not isinstance(rows, (tuple, list)) or len(rows) != 2
+                             or not all(isinstance(r, int) for r in rows)):
+        raise TypeError(f"rows must be a pair of ints (r0, r1), got {rows!r}")
     r0, r1 = (0, M) if rows is None else (int(rows[0]), int(rows[1]))
     if not 0 <= r0 < r1 <= M:
         raise ValueError(f"rows = ({r0}, {r1}) must satisfy 0 <= r0 < r1 <= M = {M}")
@@ -107,9 +111,11 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
                config: BlockscaledGemmSm90 | None = None):
     """D = RN_bf16(g_a·g_b · Σ_k a_k b_k) for rows [r0, r1) of A (all rows by default): bf16
     [r1 - r0, N]. ``rows`` slices A without a copy (r0 a multiple of 128); ``out`` receives D.
-    Compiled kernels are cached per static config (tile, stages, buffers, splits)."""
+    Compiled kernels are cached per static config (``BlockscaledGemmSm90.static_key``)."""
     import torch
 
+    if config is not None and not isinstance(config, BlockscaledGemmSm90):
+        raise TypeError(f"config must be a BlockscaledGemmSm90, got {type(config).__name__}")
     M, N, K, r0, r1, g_a, g_b = validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows)
     m = r1 - r0
     if out is None:
@@ -128,8 +134,7 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
         work, counters = out, diagnostics_mailbox()
     ptrs = pointer_args(PTRS, (a_rows, a_scales, b_q, b_s.view(torch.uint8), g_a, g_b, out,
                                diagnostics_mailbox(), work, counters))
-    key = ("gemm_nvfp4_sm90", config.tile_m, config.tile_n, config.stages, config.splits,
-           config.consumer.buffers, config.raster_along_m, config.swizzle, config.ablate)
+    key = ("gemm_nvfp4_sm90", *config.static_key())
     compiled = cached_compile(key, lambda: cute.compile(
         config, *ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream()))
     compiled(*ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream())

@@ -15,13 +15,19 @@ Roles (384 threads): warpgroup 0 drops to 40 registers (only its warp 0 works); 
 raise to 232. Pipelines:
   packed ring  TMA warp -> consumers   full[s]: 1 arrive + stage bytes; empty[s]: 8 warp arrives
   f16 buffers  consumers -> wgmma      writer fence.proxy.async + named barrier 1 (256 threads);
-               buffers - 2 wgmma commit groups in flight per warpgroup
+               3 buffers, 1 wgmma commit group in flight per warpgroup
 Tiles are visited by CUTLASS's static persistent scheduler (grid = min(tiles, SMs)); every role
 walks the same sequence. No CTA ever waits on another, so the persistent grid needs no
 co-residency guarantee (a CTA that is not resident yet simply starts later). All mbarrier waits
 are bounded (:mod:`kernels.device.waits`): a stalled barrier traps with a report naming it.
+
+Only the configurations that won their A/B are offered (128 x 128 or 128 x 256 tiles, three f16
+buffers: notes/p0-gemm.md v2, v3); schedules/plan.py says which one runs per problem.
+Measurement-only builds go through one :class:`P0Variant`.
 """
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass
 
 from consumers.dequant_wgmma import TILE_K, DequantWgmmaConsumer
 from epilogues.alpha_bf16 import AlphaBf16Epilogue, SplitKAlphaBf16Epilogue
@@ -37,46 +43,86 @@ from cutlass.cute.nvgpu import cpasync  # noqa: E402
 WARPGROUP = 128
 PRODUCER_REGS, CONSUMER_REGS = 40, 232
 SMEM_CAPACITY = 232448  # sm_90 opt-in maximum per CTA
+TILE_M = 128  # 256x128 tiles lost their A/B (notes/p0-gemm.md v2)
+TILE_NS = (128, 256)
+
+
+@dataclass(frozen=True)
+class P0Variant:
+    """Measurement and fault-injection builds of P0: wrong results by design, never a production
+    choice. Only scripts/p0_ablate.py and tests construct one.
+
+    ``skip_dequant`` / ``skip_mma`` drop the f16 expansion / the wgmmas, to time each half of the
+    mainloop on its own (notes/p0-gemm.md, Ablations); ``stall_producer`` announces 16 bytes more
+    than the TMA delivers, so the first "full" barrier never completes and the bounded wait traps
+    (the timeout test)."""
+
+    skip_dequant: bool = False
+    skip_mma: bool = False
+    stall_producer: bool = False
+
+
+PRODUCTION = P0Variant()
+
+
+def _module_key(module) -> tuple:
+    """A module's identity for the compile cache: its class and its static config (instance
+    attributes, which must be hashable)."""
+    cls = type(module)
+    state = tuple(sorted(vars(module).items()))
+    try:
+        hash(state)
+    except TypeError as e:
+        raise TypeError(f"{cls.__qualname__}'s attributes must be hashable to key the compile "
+                        f"cache: {e}") from None
+    return (cls.__module__, cls.__qualname__, state)
 
 
 class BlockscaledGemmSm90:
-    """Static config: CTA tile (tile_m, tile_n), packed ring depth, the three modules."""
+    """Static config: CTA tile 128 x ``tile_n``, packed ring depth ``stages``, K ``splits``, tile
+    raster order, the three modules, and (tests and measurements only) a :class:`P0Variant`."""
 
-    ABLATIONS = (None, "no_dequant", "no_mma", "stall_producer")
-
-    def __init__(self, tile_n: int = 256, stages: int = 4, tile_m: int = 128, buffers: int = 3,
-                 splits: int = 1, producer=None, consumer=None,
-                 epilogue=None, raster_along_m: bool = True, swizzle: int = 1,
-                 ablate: str | None = None):
-        """``ablate`` (measurement only, wrong results): "no_dequant" skips the f16 expansion,
-        "no_mma" skips the wgmmas, to time each half of the mainloop on its own;
-        "stall_producer" (fault injection for the timeout test) announces 16 bytes more than
-        the TMA delivers, so the first "full" barrier never completes and the kernel traps."""
-        if ablate not in self.ABLATIONS:
-            raise ValueError(f"ablate={ablate!r}; choose from {self.ABLATIONS}")
-        self.ablate = ablate
-        self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
-        self.producer = producer or TmaPrepackedProducer(self.tile_m, tile_n)
-        self.consumer = consumer or DequantWgmmaConsumer(self.tile_m, tile_n, buffers)
-        if not 1 <= splits <= 16:
-            raise ValueError(f"splits = {splits}: choose 1..16")
-        self.splits = splits
+    def __init__(self, *, tile_n: int = 256, stages: int = 4, splits: int = 1,
+                 raster_along_m: bool = True, swizzle: int = 1, producer=None, consumer=None,
+                 epilogue=None, variant: P0Variant = PRODUCTION):
+        if tile_n not in TILE_NS:
+            raise ValueError(f"tile_n = {tile_n!r}: choose from {TILE_NS} (tile_m is {TILE_M})")
+        if not isinstance(stages, int) or stages < 2:
+            raise ValueError(f"stages = {stages!r}: the packed ring needs an int >= 2")
+        if not isinstance(splits, int) or not 1 <= splits <= 16:
+            raise ValueError(f"splits = {splits!r}: choose 1..16")
+        if not isinstance(variant, P0Variant):
+            raise TypeError(f"variant must be a P0Variant, got {type(variant).__name__}")
+        self.tile_m, self.tile_n, self.stages, self.splits = TILE_M, tile_n, stages, splits
+        self.variant = variant
+        self.producer = producer or TmaPrepackedProducer(TILE_M, tile_n)
+        self.consumer = consumer or DequantWgmmaConsumer(TILE_M, tile_n)
+        for name, m in (("producer", self.producer), ("consumer", self.consumer)):
+            if (m.tile_m, m.tile_n) != (TILE_M, tile_n):
+                raise ValueError(f"{name} tile ({m.tile_m}, {m.tile_n}) differs from the "
+                                 f"shell's ({TILE_M}, {tile_n})")
         self.epilogue = epilogue or (AlphaBf16Epilogue() if splits == 1
                                      else SplitKAlphaBf16Epilogue(splits))
         self.raster_along_m, self.swizzle = raster_along_m, swizzle
         self.threads = WARPGROUP + self.consumer.threads
-        f16_bytes = (self.tile_m + tile_n) * TILE_K * 2 * self.consumer.buffers
+        f16_bytes = (TILE_M + tile_n) * TILE_K * 2 * self.consumer.buffers
         self.smem_bytes = stages * self.producer.stage_bytes + f16_bytes + 2048
         if self.smem_bytes > SMEM_CAPACITY:
             raise ValueError(f"tile_n={tile_n}, stages={stages} needs {self.smem_bytes} B of "
                              f"shared memory (> {SMEM_CAPACITY})")
 
+    def static_key(self) -> tuple:
+        """Every static choice that changes the compiled code: the compile cache's key."""
+        return (TILE_M, self.tile_n, self.stages, self.splits, self.raster_along_m,
+                self.swizzle, self.variant, _module_key(self.producer),
+                _module_key(self.consumer), _module_key(self.epilogue))
+
     def describe(self) -> dict:
         return {"tile": [self.tile_m, self.tile_n, TILE_K], "stages": self.stages,
-                "ablate": self.ablate,
                 "f16_buffers": self.consumer.buffers, "threads": self.threads,
                 "smem_bytes": self.smem_bytes, "raster_along_m": self.raster_along_m,
-                "swizzle": self.swizzle, "splits": self.splits}
+                "swizzle": self.swizzle, "splits": self.splits,
+                "variant": None if self.variant == PRODUCTION else asdict(self.variant)}
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, sfa_ptr: cute.Pointer, b_ptr: cute.Pointer,
@@ -169,7 +215,7 @@ class BlockscaledGemmSm90:
                     kb1 = cutlass.min(kb0 + k_per_split, k_tiles)
                     count = self.producer.load_tile(parts, full, empty, m_idx, n_idx, kb0, kb1,
                                                     count, self.stages, mailbox,
-                                                    16 if self.ablate == "stall_producer" else 0)
+                                                    16 if self.variant.stall_producer else 0)
                     tile_sched.advance_to_next_work()
                     work = tile_sched.get_current_work()
         else:
@@ -205,7 +251,7 @@ class BlockscaledGemmSm90:
                     s, ph = ring_position(count, self.stages)
                     buf = count % self.consumer.buffers
                     wait_parity(full + s, ph, 0, s, mailbox)
-                    if cutlass.const_expr(self.ablate != "no_dequant"):
+                    if cutlass.const_expr(not self.variant.skip_dequant):
                         self.consumer.dequant_rows(ct, self.tile_m, q_words_a, sf_a, f_words_a, s,
                                                    buf)
                         self.consumer.dequant_rows(ct, self.tile_n, q_words_b, sf_b, f_words_b, s,
@@ -216,7 +262,7 @@ class BlockscaledGemmSm90:
                     if lane == 0:
                         cute.arch.mbarrier_arrive(empty + s)
                     cute.arch.barrier(barrier_id=1, number_of_threads=self.consumer.threads)
-                    if cutlass.const_expr(self.ablate != "no_mma"):
+                    if cutlass.const_expr(not self.variant.skip_mma):
                         self.consumer.mma(tiled_mma, acc, tCrA, tCrB, buf)
                         cute.nvgpu.warpgroup.wait_group(self.consumer.mma_in_flight)
                     count = count + 1

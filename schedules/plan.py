@@ -1,0 +1,298 @@
+"""The plan module: every tuning table of the workbench, as data, each entry citing the notes
+version whose H200 measurement chose it. Three sections: the depth loop's frame plan
+(models.fast_loop), the skinny projections' default tiles (kernels/depth/gemm_skinny.py) and the
+P0 GEMM's default config (kernels/nvfp4/gemm.py). This module imports nothing of the project.
+
+The depth loop's frame plan: what models.fast_loop.FastLoop runs with at each row count.
+
+``frame_plan(rows)`` -> :class:`FramePlan`: the kernel rows (the fused GEMVs up to
+``GEMV_MAX_ROWS`` rows, more rows padded to a multiple of 16 for the tensor-core projections),
+the row parts (two 64-row chains at 128 kernel rows), each projection's mainloop and tile, the
+input projection and where the draws' Gumbel terms are drawn. Each table entry below cites the
+notes/fast-loop.md version whose same-run frame A/B chose it (the figures are there); what no
+table names is the kernel's own default (the skinny GEMM's per-shape defaults, section two).
+
+An A/B changes the plan only through a :class:`FrameVariant` (``frame_plan(rows, variant)``),
+which scripts/ (ab_frame.py and the trace / profile / bench scripts) and tests construct. A
+variant that wins its A/B becomes a table entry here; one that loses leaves the code, and its
+record stays in the notes. This module imports neither models/ nor kernels/.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
+# kernels/depth/gemm_skinny.py (mma.sync), gemm_skinny_wgmma.py (shared-memory wgmma: its input
+# chunk-major), gemm_skinny_rwgmma.py (the weights in registers: "rwgmma" a chunk-major input
+# by bulk copies, "rwgmma_tma" a row-major input by TMA)
+MAINLOOPS = ("sync", "wgmma", "rwgmma", "rwgmma_tma")
+# the tile keywords each mainloop's wrapper takes (the register-A wgmma takes gemm_skinny's)
+_SKINNY_TILE = ("warps", "splits", "m_split", "a_stages")
+TILE_KEYWORDS = {"sync": _SKINNY_TILE, "rwgmma": _SKINNY_TILE, "rwgmma_tma": _SKINNY_TILE,
+                 "wgmma": ("warps", "splits", "m_split", "stages")}
+INPUT_PROJS = ("torch", "skinny")  # cuBLAS then the bias add, or the skinny GEMM (bias residual)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # one captured frame per bucket (v1; 128 rows: v8c)
+
+GEMV_MAX_ROWS = 2  # v8d: the GEMV frame grows with every row, the 16-row tensor-core frame not
+# kernel rows -> projection -> mainloop (others "sync")
+FRAME_MAINLOOPS = {
+    32: {"qkv": "rwgmma", "gate_up": "rwgmma"},  # v11a
+    64: {"qkv": "rwgmma_tma", "wo": "rwgmma_tma", "gate_up": "rwgmma_tma",  # v11e
+         "down": "wgmma",  # v10z
+         "heads": "rwgmma_tma"},  # v12c
+    128: {"qkv": "rwgmma", "gate_up": "rwgmma",  # v11a
+          "down": "wgmma"},  # v10z
+}
+# kernel rows of a one-chain frame -> projection -> its mma.sync tile (others the kernel's)
+FRAME_TILES = {64: {"qkv": {"splits": 2, "m_split": 2},  # v10x
+                    "gate_up": {"splits": 2, "a_stages": 2},  # v10u
+                    "heads": {"warps": 8, "m_split": 2, "a_stages": 2}}}  # v10u
+# the same for the register-A wgmma ("rwgmma", "rwgmma_tma"); none measured faster on "wgmma"
+RWGMMA_TILES = {64: {"qkv": {"splits": 2, "m_split": 2},  # v11a
+                     "gate_up": {"splits": 2, "a_stages": 8},  # v12c
+                     "heads": {"splits": 2, "a_stages": 8}}}  # v12c
+# kernel rows of a one-chain frame -> the input projection (others "torch")
+FRAME_INPUT_PROJ = {64: "skinny"}  # v12c
+# kernel rows -> the first chain's rows (the rest on a second stream)
+FIRST_PART_ROWS = {128: 64}  # v10l
+# where the draws' Gumbel terms are drawn (kernels/depth/draw.py NOISE; the same codes)
+DRAW_NOISE_GEMV = "compact"  # v10q: the GEMV frame's draw CTA is released too soon to hide them
+DRAW_NOISE_TENSOR_CORE = "early"  # v10q
+
+
+def bucket_for(rows: int) -> int:
+    """The smallest bucket that holds ``rows`` rows."""
+    for b in BUCKETS:
+        if rows <= b:
+            return b
+    raise ValueError(f"{rows} rows exceed the largest bucket ({BUCKETS[-1]})")
+
+
+def kernel_rows(rows: int) -> int:
+    """Rows the kernels compute for a ``rows``-row chain (padding rows are dropped)."""
+    return rows if rows <= GEMV_MAX_ROWS else -(-rows // 16) * 16
+
+
+def frame_tiles(run_rows: int, mainloops: dict | None = None) -> dict:
+    """The measured tiles of a one-chain frame on ``run_rows`` kernel rows for the projections'
+    ``mainloops`` (absent: "sync"): FRAME_TILES on mma.sync, RWGMMA_TILES on the register-A
+    wgmma, none on the shared-memory one; copies."""
+    out = {}
+    for name in PROJECTIONS:
+        loop = (mainloops or {}).get(name, "sync")
+        table = RWGMMA_TILES if loop.startswith("rwgmma") else FRAME_TILES if loop == "sync" \
+            else {}
+        if name in table.get(run_rows, {}):
+            out[name] = dict(table[run_rows][name])
+    return out
+
+
+def checked_parts(parts, rows: int) -> tuple:
+    """``parts`` validated for ``rows`` rows: row counts in order adding up to ``rows``, all
+    but the last a multiple of 16; one part is one chain, ()."""
+    parts = tuple(parts)
+    if parts and (sum(parts) != rows or min(parts) < 1 or any(r % 16 for r in parts[:-1])):
+        raise ValueError(f"parts {parts}: row counts adding up to {rows}, all but the last a "
+                         "multiple of 16")
+    return parts if len(parts) > 1 else ()
+
+
+@dataclass(frozen=True)
+class ProjectionPlan:
+    """One tensor-core projection: its mainloop (MAINLOOPS) and tile keywords as sorted
+    (keyword, value) pairs (() = the kernel's defaults)."""
+    mainloop: str = "sync"
+    tile: tuple = ()
+
+    def tile_kwargs(self) -> dict:
+        return dict(self.tile)
+
+
+@dataclass(frozen=True)
+class FrameVariant:
+    """The frame's live A/B knobs, applied by ``frame_plan(rows, variant)``: per projection a
+    mainloop (``mainloops``; its measured tile follows unless ``tiles`` names one) and tile
+    keywords (``tiles``, replacing that projection's tile), the row ``parts`` (None: the plan's;
+    () one chain), ``input_proj`` (None: the plan's), ``pdl``; and diagnostics that change no
+    bits: ``draw_trace`` / ``attn_trace`` stamp the draws / attention steps
+    (scripts/trace_frame.py). Only scripts/ and tests construct one."""
+    mainloops: Mapping = field(default_factory=dict)
+    tiles: Mapping = field(default_factory=dict)
+    parts: tuple | None = None
+    input_proj: str | None = None
+    pdl: bool = True
+    draw_trace: bool = False
+    attn_trace: bool = False
+
+    def __post_init__(self):
+        def known(arg: str, names):
+            if not isinstance(names, Mapping) or set(names) - set(PROJECTIONS):
+                raise ValueError(f"{arg} {names!r}: a dict keyed by projections of "
+                                 f"{PROJECTIONS}")
+
+        known("mainloops", self.mainloops)
+        bad = {k: v for k, v in self.mainloops.items() if v not in MAINLOOPS}
+        if bad:
+            raise ValueError(f"mainloops {bad!r}: each one of {MAINLOOPS}")
+        known("tiles", self.tiles)
+        every = set().union(*TILE_KEYWORDS.values())
+        for name, tile in self.tiles.items():
+            if not isinstance(tile, Mapping) or set(tile) - every or not all(
+                    type(x) is int for x in tile.values()):
+                raise ValueError(f"tiles[{name!r}] {tile!r}: a dict of GEMM keywords "
+                                 f"({sorted(every)}) to ints, e.g. {{'warps': 8}}")
+        if self.input_proj not in (None, *INPUT_PROJS):
+            raise ValueError(f"input_proj {self.input_proj!r}: one of {INPUT_PROJS} or None")
+        if self.parts is not None and (isinstance(self.parts, (str, int))
+                                       or not all(isinstance(r, int) for r in self.parts)):
+            raise ValueError(f"parts {self.parts!r}: a tuple of row counts, or None")
+        for name in ("pdl", "draw_trace", "attn_trace"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} {getattr(self, name)!r}: True or False")
+        freeze = object.__setattr__  # copies, so a caller's later edits reach no plan
+        freeze(self, "mainloops", MappingProxyType(dict(self.mainloops)))
+        freeze(self, "tiles", MappingProxyType({n: MappingProxyType(dict(t))
+                                                for n, t in self.tiles.items()}))
+        freeze(self, "parts", None if self.parts is None else tuple(self.parts))
+
+
+@dataclass(frozen=True)
+class FramePlan:
+    """What a frame of ``rows`` rows runs with (``frame_plan``): ``run_rows`` kernel rows (over
+    all parts), the row ``parts`` (() one chain), ``projections`` (a ProjectionPlan per
+    PROJECTIONS name, in that order; () on the GEMVs), ``input_proj`` (INPUT_PROJS),
+    ``draw_noise``, ``pdl`` and the traces (FrameVariant's)."""
+    rows: int
+    run_rows: int
+    parts: tuple = ()
+    projections: tuple = ()
+    input_proj: str = "torch"
+    draw_noise: str = DRAW_NOISE_GEMV
+    pdl: bool = True
+    draw_trace: bool = False
+    attn_trace: bool = False
+
+    @property
+    def gemv(self) -> bool:
+        """The fused GEMVs (one chain of at most GEMV_MAX_ROWS rows)."""
+        return not self.projections
+
+    @property
+    def padded(self) -> bool:
+        """Padding rows beyond ``rows`` (their results dropped; their draws read copies of the
+        sampler's tensors)."""
+        return self.run_rows > self.rows
+
+    def projection(self, name: str) -> ProjectionPlan:
+        return self.projections[PROJECTIONS.index(name)]
+
+    @property
+    def chunk_major_inputs(self) -> frozenset:
+        """The projections whose inputs their producers (norm, attention, gate/up's epilogue)
+        write chunk-major: those whose mainloops bulk-copy them."""
+        return frozenset(name for name, p in zip(PROJECTIONS, self.projections)
+                         if p.mainloop in ("wgmma", "rwgmma"))
+
+    def part(self, rows: int) -> FramePlan:
+        """The plan of one part's chain of ``rows`` rows: this plan's projections and input
+        projection (not a lone frame's of that size), its own kernel rows and draw noise."""
+        run = kernel_rows(rows)
+        gemv = run <= GEMV_MAX_ROWS
+        return dataclasses.replace(
+            self, rows=rows, run_rows=run, parts=(), projections=() if gemv else self.projections,
+            draw_noise=DRAW_NOISE_GEMV if gemv else DRAW_NOISE_TENSOR_CORE)
+
+    def as_dict(self) -> dict:
+        """The plan as plain data (results files)."""
+        out = dataclasses.asdict(self)
+        out["projections"] = {name: {"mainloop": p.mainloop, "tile": p.tile_kwargs()}
+                              for name, p in zip(PROJECTIONS, self.projections)}
+        return out
+
+
+def frame_plan(rows: int, variant: FrameVariant | None = None) -> FramePlan:
+    """The plan of a ``rows``-row frame (1 to BUCKETS[-1]) from the tables above, with
+    ``variant``'s knobs applied; ValueError for a variant this frame cannot run."""
+    if not 1 <= rows <= BUCKETS[-1]:
+        raise ValueError(f"rows {rows}: the kernels path runs 1-{BUCKETS[-1]} rows")
+    v = variant or FrameVariant()
+    K = kernel_rows(rows)
+    first = FIRST_PART_ROWS.get(K)
+    parts = checked_parts(v.parts, rows) if v.parts is not None else \
+        (first, rows - first) if first else ()
+    chains = [kernel_rows(r) for r in parts] or [K]
+    one_chain = not parts
+    input_proj = v.input_proj or (FRAME_INPUT_PROJ.get(K, "torch") if one_chain else "torch")
+    if input_proj == "skinny" and min(chains) <= GEMV_MAX_ROWS:
+        raise ValueError(f"input_proj 'skinny': tensor-core chains only, more than "
+                         f"{GEMV_MAX_ROWS} rows each (here {parts or rows})")
+    projections = ()
+    if K <= GEMV_MAX_ROWS:
+        if v.mainloops or v.tiles:
+            raise ValueError(f"mainloops / tiles: a {rows}-row frame runs the GEMVs (up to "
+                             f"{GEMV_MAX_ROWS} rows), no tensor-core projections")
+    else:
+        loops = {name: FRAME_MAINLOOPS.get(K, {}).get(name, "sync") for name in PROJECTIONS}
+        loops.update(v.mainloops)
+        tiles = frame_tiles(K, loops) if one_chain else {}  # a part's are not a lone frame's
+        tiles.update(v.tiles)
+        for name, tile in tiles.items():
+            if set(tile) - set(TILE_KEYWORDS[loops[name]]):
+                raise ValueError(f"tiles[{name!r}] {dict(tile)}: mainloop {loops[name]!r} takes "
+                                 f"{TILE_KEYWORDS[loops[name]]}")
+        projections = tuple(ProjectionPlan(loops[name], tuple(sorted(tiles.get(name, {}).items())))
+                            for name in PROJECTIONS)
+    return FramePlan(rows=rows, run_rows=sum(chains), parts=parts, projections=projections,
+                     input_proj=input_proj,
+                     draw_noise=DRAW_NOISE_GEMV if K <= GEMV_MAX_ROWS else DRAW_NOISE_TENSOR_CORE,
+                     pdl=v.pdl, draw_trace=v.draw_trace, attn_trace=v.attn_trace)
+
+
+# ---- the skinny projections' default tiles (kernels/depth/gemm_skinny.py) ---------------------
+# Where a same-run frame A/B on the H200 measured a tile faster, by (weight rows, K) of the
+# projection: QKV [4096, 1024], wo [1024, 2048], gate/up [6144, 1024], down [1024, 3072].
+# row counts M at which 8 warps (a 128-row weight tile) won: QKV and gate/up at 16-32 rows,
+# down at 128 (notes/fast-loop.md v9c; gate/up at 64 rows back to 4 warps, v10g)
+SKINNY_WIDE_TILES = {(4096, 1024): (16, 32), (6144, 1024): (16, 32), (1024, 3072): (128,)}
+# row counts at which two warps per weight group (m_split) won: wo and down at 64 rows (v9d)
+SKINNY_SPLIT_ROWS = {(1024, 2048): (64,), (1024, 3072): (64,)}
+# {rows M: a_stages} where the staged copy of a won: a layer's four projections in 4 stages at
+# 32 / 64 / 128 rows (v10e)
+SKINNY_A_STAGES = {shape: {32: 4, 64: 4, 128: 4}
+                   for shape in ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072))}
+
+
+# ---- the P0 GEMM's default config (kernels/nvfp4/gemm.py default_config) ---------------------
+# Which static config of the block-scaled NVFP4 GEMM runs for a problem; each entry cites the
+# notes/p0-gemm.md version whose H200 measurement (or design argument, where nothing was
+# measured) chose it.
+ROW_TILE = 128  # rows of a CTA tile (tile_m) and of a swizzled scale tile
+K_BLOCK = 64  # K elements per k-block
+
+
+@dataclass(frozen=True)
+class TileChoice:
+    tile_n: int
+    stages: int  # packed-ring depth
+    source: str  # the notes/p0-gemm.md version that justified it
+
+
+WIDE = TileChoice(
+    tile_n=256, stages=4,
+    source="v1 (c997143) design; 61b6509 ablation log: 128x256 beats 128x128 at M = 2048 qkv; "
+           "v2 (ddb50d7): 256x128 lost to it at M >= 2048; stages 4: v1 design, not swept")
+NARROW = TileChoice(
+    tile_n=128, stages=8,
+    source="61b6509 ablation log: 128x128 beats 128x256 at M = 128 out (twice the CTAs); "
+           "stages 8: v1 design, not swept")
+
+# WIDE once the 128 x 256 tiles fill this many waves of SMs, else NARROW
+WIDE_MIN_WAVES = 2  # v1 (c997143) design; M = 128 (< 1 wave) and 2048 (>= 2 waves) measured
+
+# Split K only below one wave of NARROW tiles: splits = min(MAX_SPLITS, SMs // tiles,
+# k_blocks // MIN_K_BLOCKS_PER_SPLIT), at least 1.
+MAX_SPLITS = 4  # v4 (4d741a1): 3 splits won for out/fc2 at M = 128, 4 (two waves) lost
+MIN_K_BLOCKS_PER_SPLIT = 16  # v4 (4d741a1) design: each split keeps a pipelined K loop
