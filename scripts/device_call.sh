@@ -6,6 +6,8 @@
 #   fast         the fast GPU subset (-m fast): each kernel's core exactness test once
 #   depth|nvfp4  one part of the whole GPU suite (-m "gpu or compile" --gpu-part ...)
 #   experiments  depth-loop, p0-baseline, the p0 ladder
+# WB_PYTEST_ARGS adds pytest arguments to the test steps (e.g. "-n 4 --dist loadfile": the H200
+# image has pytest-xdist).
 set -uo pipefail
 : "${OUT:?run on the device machine}" "${WB_GIT_COMMIT:?name the commit}"
 export WB_RESULTS_DIR=$OUT PYTHONUNBUFFERED=1
@@ -36,9 +38,11 @@ step() {  # step NAME COMMAND...: run it with its log, report its wall time
 }
 for what in "$@"; do
   case $what in
-    fast) step fast python3 -m pytest -q -m fast -p no:cacheprovider --durations=15 ;;
+    # shellcheck disable=SC2086  # WB_PYTEST_ARGS is a list of words
+    fast) step fast python3 -m pytest -q -m fast -p no:cacheprovider --durations=15 \
+            ${WB_PYTEST_ARGS:-} ;;
     depth|nvfp4) step "tests-$what" python3 -m pytest -q -m "gpu or compile" --gpu-part "$what" \
-                   -p no:cacheprovider --durations=25 ;;
+                   -p no:cacheprovider --durations=25 ${WB_PYTEST_ARGS:-} ;;
     experiments)
       step depth-loop python3 -m experiments.depth_loop
       step p0-baseline python3 -m experiments.p0_baseline
