@@ -61,3 +61,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def published(tmp_path, monkeypatch):
+    """A published results/ of its own; runs write into its runs/ (WB_RESULTS_DIR unset)."""
+    monkeypatch.setenv("WB_PUBLISHED_DIR", str(tmp_path / "results"))
+    monkeypatch.delenv("WB_RESULTS_DIR", raising=False)
+    (tmp_path / "results").mkdir()
+    return tmp_path / "results"

@@ -19,14 +19,6 @@ H200 = {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.fixture
-def published(tmp_path, monkeypatch):
-    monkeypatch.setenv("WB_PUBLISHED_DIR", str(tmp_path / "results"))
-    monkeypatch.delenv("WB_RESULTS_DIR", raising=False)
-    (tmp_path / "results").mkdir()
-    return tmp_path / "results"
-
-
 def _summary(name="demo", gpu="none", gbps=1.5, commit=SHA, **kw):
     s = R.make_summary(name, parameters={"a": 1}, measurements=[{"case": "x", "gbps": gbps}],
                        headline={"gbps": gbps, "per_m": {"128": 0.5, "2048": 0.9}},

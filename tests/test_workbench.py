@@ -50,15 +50,6 @@ def test_committed_results_match_the_schema(path):
     assert R.validate(json.loads(path.read_text())) == []
 
 
-@pytest.fixture
-def published(tmp_path, monkeypatch):
-    """A published results/ of its own; runs write into its runs/ (WB_RESULTS_DIR unset)."""
-    monkeypatch.setenv("WB_PUBLISHED_DIR", str(tmp_path / "results"))
-    monkeypatch.delenv("WB_RESULTS_DIR", raising=False)
-    (tmp_path / "results").mkdir()
-    return tmp_path / "results"
-
-
 def test_cli_errors_are_one_line(published, capsys):
     assert main(["results", "show", "nope"]) == 2
     err = capsys.readouterr().err
