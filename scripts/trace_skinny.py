@@ -87,7 +87,7 @@ def _build(M: int, tiles: dict, wgmma: bool = False):
             w = (0.03 * torch.randn(rows, k, device=dev)).to(bf)
             kw = dict(tiles.get(name, {}))
             if wgmma:
-                kw["warps"] = kw.get("warps") or WGMMA_WARPS  # as FastLoop(mma="wgmma")
+                kw["warps"] = kw.get("warps") or WGMMA_WARPS  # the wgmma mainloop's tile
                 w = pack_weights_wgmma(w, swiglu, kw["warps"])
                 cfg = GemmSkinnyWgmma(M, k, swiglu=swiglu, pdl=True, **kw)
                 tr = torch.full(trace_shape(cfg, n), -1, dtype=torch.int64, device=dev)
