@@ -23,7 +23,7 @@ shared-memory bandwidth rather than wait on each other, so the option left the c
 """
 from __future__ import annotations
 
-from kernels.device.nvfp4 import dequant_e2m1_word, e4m3x2_scales_x64
+from kernels.device.nvfp4 import dequant_e2m1_word, e4m3x2_scales_x64, scale_tile_offset
 from kernels.device.ptx import prmt
 from kernels.device.runtime import cute_modules
 
@@ -31,6 +31,8 @@ cutlass, cute = cute_modules()
 from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.utils import hopper_helpers as sm90_utils  # noqa: E402
+
+from numerics.nvfp4 import SCALE_TILE_BYTES, SCALE_TILE_ROWS  # noqa: E402
 
 TILE_K = 64
 F16_BUFFERS = 3  # see Buffering above
@@ -79,8 +81,10 @@ class DequantWgmmaConsumer:
             half = ct & 1
             frag = cute.make_rmem_tensor((4,), Uint32)
             cute.autovec_copy(q_words[(None, (stage * rows + r) * 2 + half)], frag)
-            rr = r & 127
-            pair = (stage * (rows // 128) + i) * 256 + (rr & 31) * 8 + (rr >> 5) * 2 + half
+            # the scales of block columns 2·half, 2·half + 1 of row r: one 16-bit pair of tile i
+            tile = stage * (rows // SCALE_TILE_ROWS) + i
+            in_tile = scale_tile_offset(r & (SCALE_TILE_ROWS - 1), half * 2)
+            pair = tile * (SCALE_TILE_BYTES // 2) + (in_tile >> 1)
             sv = e4m3x2_scales_x64(Uint32(sf_pairs[pair]))
             scales = (prmt(sv, sv, 0x1010), prmt(sv, sv, 0x3232))
             out_row = (buf * rows + r) * (ROW_WORDS // 4)

@@ -31,34 +31,38 @@ def _roundup(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
+# --- swizzle --------------------------------------------------------------------------------
+# The cuBLAS 128x4 block-scale swizzle, the one definition every layer derives from (torch code
+# calls the functions below; device code uses kernels.device.nvfp4.scale_swizzle_offset, built
+# from these constants). A tile covers 128 rows x 4 block columns in 512 contiguous bytes, tiles
+# row-tile-major; inside one, byte ((r % 32)·4 + (r % 128) // 32)·4 + c % 4: 32 lines of 16 bytes,
+# line r % 32 holding rows r, r + 32, r + 64, r + 96 (4 bytes each).
+SCALE_TILE_ROWS = 128
+SCALE_TILE_COLS = 4
+SCALE_TILE_BYTES = SCALE_TILE_ROWS * SCALE_TILE_COLS
+SCALE_LINE_ROWS = 32  # rows r and r + 32·j share one 16-byte line
+SCALE_LINE_BYTES = SCALE_TILE_BYTES // SCALE_LINE_ROWS
+
+
 def scale_shape(rows: int, cols: int) -> tuple[int, int]:
     """Shape of the swizzled scale buffer for a [rows, cols] operand (cols = K elements)."""
-    return _roundup(rows, 128), _roundup(-(-cols // BLOCK), 4)
+    return _roundup(rows, SCALE_TILE_ROWS), _roundup(-(-cols // BLOCK), SCALE_TILE_COLS)
 
 
-# --- global scale ---------------------------------------------------------------------------
-def global_scale(x: torch.Tensor) -> torch.Tensor:
-    """g = amax(|x|) / 2688 evaluated in x's dtype (so bf16 input gives a bf16 value), as fp32."""
-    return global_scale_from_amax(torch.amax(x.abs()))
-
-
-def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """The same g from an amax already computed (in the activation's dtype, e.g. the amax
-    kernel's output): the division happens in that dtype, then fp32."""
-    return (amax / (F8_E4M3_MAX * F4_E2M1_MAX)).to(torch.float32)
-
-
-# --- swizzle --------------------------------------------------------------------------------
 def swizzle_offset(r, c, n_scale_cols: int):
-    """Byte offset of scale (row r, block column c) in the 128x4 swizzle (Cb = ceil(cols/4))."""
-    cb = -(-n_scale_cols // 4)
-    return ((((r // 128) * cb + c // 4) * 32 + r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4)
+    """Byte offset of scale (row r, block column c) in the 128x4 swizzle of a buffer with
+    ``n_scale_cols`` block columns (ints or integer tensors)."""
+    tile = (r // SCALE_TILE_ROWS) * -(-n_scale_cols // SCALE_TILE_COLS) + c // SCALE_TILE_COLS
+    line = r % SCALE_LINE_ROWS
+    group = (r % SCALE_TILE_ROWS) // SCALE_LINE_ROWS
+    return (tile * SCALE_TILE_BYTES + line * SCALE_LINE_BYTES + group * SCALE_TILE_COLS
+            + c % SCALE_TILE_COLS)
 
 
 def to_blocked(s: torch.Tensor) -> torch.Tensor:
     """Row-major scales [R, C] -> swizzled buffer [roundup(R,128), roundup(C,4)], zero padded."""
     R, C = s.shape
-    Rp, Cp = _roundup(R, 128), _roundup(C, 4)
+    Rp, Cp = _roundup(R, SCALE_TILE_ROWS), _roundup(C, SCALE_TILE_COLS)
     flat = torch.zeros(Rp * Cp, dtype=s.dtype, device=s.device)
     r = torch.arange(R, device=s.device).view(-1, 1).expand(R, C)
     c = torch.arange(C, device=s.device).view(1, -1).expand(R, C)
@@ -72,6 +76,18 @@ def from_blocked(buf: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     r = torch.arange(rows, device=buf.device).view(-1, 1).expand(rows, cols)
     c = torch.arange(cols, device=buf.device).view(1, -1).expand(rows, cols)
     return flat[swizzle_offset(r, c, cols).reshape(-1)].view(rows, cols)
+
+
+# --- global scale ---------------------------------------------------------------------------
+def global_scale(x: torch.Tensor) -> torch.Tensor:
+    """g = amax(|x|) / 2688 evaluated in x's dtype (so bf16 input gives a bf16 value), as fp32."""
+    return global_scale_from_amax(torch.amax(x.abs()))
+
+
+def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """The same g from an amax already computed (in the activation's dtype, e.g. the amax
+    kernel's output): the division happens in that dtype, then fp32."""
+    return (amax / (F8_E4M3_MAX * F4_E2M1_MAX)).to(torch.float32)
 
 
 # --- packing --------------------------------------------------------------------------------

@@ -23,9 +23,11 @@ cutlass, cute = cute_modules()
 from cutlass import Int32  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
-TILE_K = 64  # K-elements per k-block: 32 packed bytes per row, one 128x4 scale tile column group
+from numerics.nvfp4 import BLOCK, SCALE_TILE_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS  # noqa: E402
+
+TILE_K = BLOCK * SCALE_TILE_COLS  # K-elements per k-block: one 128x4 scale tile column group
 PACKED_ROW_BYTES = TILE_K // 2
-SCALE_TILE_BYTES = 512
+HALF_TILE = SCALE_TILE_BYTES // 2  # a TMA box dimension may not exceed 256 elements
 
 
 class TmaPrepackedProducer:
@@ -33,13 +35,14 @@ class TmaPrepackedProducer:
 
     def __init__(self, tile_m: int, tile_n: int):
         for name, v in (("tile_m", tile_m), ("tile_n", tile_n)):
-            if v % 128:
-                raise ValueError(f"{name} = {v}: scale tiles cover 128 rows, use a multiple")
+            if v % SCALE_TILE_ROWS:
+                raise ValueError(f"{name} = {v}: scale tiles cover {SCALE_TILE_ROWS} rows, "
+                                 "use a multiple")
         self.tile_m, self.tile_n = tile_m, tile_n
         self.a_bytes = tile_m * PACKED_ROW_BYTES
         self.b_bytes = tile_n * PACKED_ROW_BYTES
-        self.sfa_bytes = tile_m // 128 * SCALE_TILE_BYTES
-        self.sfb_bytes = tile_n // 128 * SCALE_TILE_BYTES
+        self.sfa_bytes = tile_m // SCALE_TILE_ROWS * SCALE_TILE_BYTES
+        self.sfb_bytes = tile_n // SCALE_TILE_ROWS * SCALE_TILE_BYTES
         self.stage_bytes = self.a_bytes + self.b_bytes + self.sfa_bytes + self.sfb_bytes
 
     # ---- host side ------------------------------------------------------------------------
@@ -50,22 +53,25 @@ class TmaPrepackedProducer:
                                     stride=(PACKED_ROW_BYTES, 1, rows * PACKED_ROW_BYTES))
 
         def scales(rows):
-            t = rows // 128
-            return cute.make_layout((t, 2, 256, stages), stride=(512, 256, 1, t * 512))
+            t = rows // SCALE_TILE_ROWS
+            return cute.make_layout((t, 2, HALF_TILE, stages),
+                                    stride=(SCALE_TILE_BYTES, HALF_TILE, 1, t * SCALE_TILE_BYTES))
 
         return codes(self.tile_m), codes(self.tile_n), scales(self.tile_m), scales(self.tile_n)
 
     @staticmethod
     def global_views(a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
-        """Tensors over the caller's buffers: codes [rows, K/2], scales [rows/128, K/32, 256]."""
+        """Tensors over the caller's buffers: codes [rows, K/2], scales [rows/128, K/32, 256]
+        (each 128x4 tile as two 256-byte halves)."""
         kh = k32 * 16  # K/2 bytes per row, a multiple of 16 by construction
         kb2 = (k32 + 1) // 2 * 2  # scale columns / 2: 4 per k-block, padded like the buffer
         mA = cute.make_tensor(a_ptr, cute.make_layout((M, kh), stride=(kh, 1)))
         mB = cute.make_tensor(b_ptr, cute.make_layout((N, kh), stride=(kh, 1)))
 
         def scales(ptr, rows):
-            return cute.make_tensor(ptr, cute.make_layout(((rows + 127) // 128, kb2, 256),
-                                                          stride=(kb2 * 256, 256, 1)))
+            tiles = (rows + SCALE_TILE_ROWS - 1) // SCALE_TILE_ROWS
+            return cute.make_tensor(ptr, cute.make_layout((tiles, kb2, HALF_TILE),
+                                                          stride=(kb2 * HALF_TILE, HALF_TILE, 1)))
 
         return mA, mB, scales(sfa_ptr, M), scales(sfb_ptr, N)
 
@@ -73,7 +79,8 @@ class TmaPrepackedProducer:
         """TMA atoms and the tensors the kernel tiles (one per operand)."""
         layouts = self.smem_layouts(stages)
         boxes = ((self.tile_m, PACKED_ROW_BYTES), (self.tile_n, PACKED_ROW_BYTES),
-                 (self.tile_m // 128, 2, 256), (self.tile_n // 128, 2, 256))
+                 (self.tile_m // SCALE_TILE_ROWS, 2, HALF_TILE),
+                 (self.tile_n // SCALE_TILE_ROWS, 2, HALF_TILE))
         out = []
         for t, lay, box in zip((mA, mB, mSFA, mSFB), layouts, boxes):
             one = cute.slice_(lay, (*([None] * len(box)), 0))

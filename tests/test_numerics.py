@@ -108,6 +108,25 @@ def test_swizzle_matches_independent_layout_and_round_trips(R, C):
     assert (b[mask] == 0).all()  # padding is zero
 
 
+@given(R=st.integers(1, 700), C=st.integers(1, 90))
+def test_every_swizzle_form_is_the_independent_layout(R, C):
+    """The host offset, the device helper (its shifts and masks evaluated on torch integers)
+    and scale_shape all agree with the reshape-built layout, byte for byte."""
+    pytest.importorskip("cutlass")
+    from kernels.device.nvfp4 import scale_swizzle_offset
+
+    ids = torch.arange(1, R * C + 1, dtype=torch.int64).view(R, C)  # unique, never 0 (padding)
+    b = _to_blocked_by_reshape(ids)
+    assert tuple(b.shape) == nvfp4.scale_shape(R, 16 * C)
+    where = torch.empty(R * C, dtype=torch.int64)
+    flat = b.reshape(-1)
+    where[flat[flat > 0] - 1] = torch.nonzero(flat > 0).view(-1)  # id -> byte offset
+    r, c = torch.arange(R).view(-1, 1).expand(R, C), torch.arange(C).view(1, -1).expand(R, C)
+    want = where.view(R, C)
+    assert torch.equal(nvfp4.swizzle_offset(r, c, C), want)
+    assert torch.equal(scale_swizzle_offset(r, c, -(-C // 4)), want)
+
+
 def test_pad_16x_shapes_and_nibble_order():
     x = torch.randn(100, 200).bfloat16()
     g = nvfp4.global_scale(x)

@@ -3,7 +3,9 @@
 The device twin of :mod:`numerics.nvfp4`'s ``mode="cuda"``: every rounding rule here must match
 the reference bit for bit, and the quantize kernel's tests check that it does. Each helper
 names the exact PTX so the compile census can see it (``rcp.approx.ftz.f32``,
-``cvt.rn.satfinite.e4m3x2.f32``).
+``cvt.rn.satfinite.e4m3x2.f32``). :func:`quantize_block16` is the one device block quantizer
+(the quantize kernel's, and P1's to come); :func:`scale_swizzle_offset` the one device form of
+the 128x4 scale swizzle, derived from :mod:`numerics.nvfp4`'s constants.
 """
 from __future__ import annotations
 
@@ -13,10 +15,61 @@ cutlass, cute = cute_modules()
 from cutlass import Float32, Uint32  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
-from kernels.device.ptx import asm, prmt  # noqa: E402
+from kernels.device.ptx import (asm, bf16_hi, bf16_lo, f16_hi, f16_lo, fmax_abs,  # noqa: E402
+                                fmin_nan_ignoring, fmul_ftz, prmt, rcp_approx_ftz)
+from numerics.formats import FLT_MAX, RN_ONE_SIXTH  # noqa: E402
+from numerics.nvfp4 import (BLOCK, SCALE_LINE_BYTES, SCALE_LINE_ROWS,  # noqa: E402
+                            SCALE_TILE_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS)
 
-RN_ONE_SIXTH = 0.1666666716337204  # 0x3E2AAAAB
-FLT_MAX = 3.4028234663852886e38
+
+# --- the 128x4 scale swizzle ----------------------------------------------------------------
+def _log2(n: int) -> int:
+    assert n > 0 and n & (n - 1) == 0, f"{n} is not a power of two"
+    return n.bit_length() - 1
+
+
+_TILE_ROW_SHIFT = _log2(SCALE_TILE_ROWS)
+_TILE_COL_SHIFT = _log2(SCALE_TILE_COLS)
+_TILE_BYTE_SHIFT = _log2(SCALE_TILE_BYTES)
+_LINE_ROW_SHIFT = _log2(SCALE_LINE_ROWS)
+_LINE_BYTE_SHIFT = _log2(SCALE_LINE_BYTES)
+_LINE_GROUPS = SCALE_TILE_ROWS // SCALE_LINE_ROWS
+
+
+def _like(x, v: int):
+    """The constant ``v`` in ``x``'s DSL integer type (a plain int for ints and torch tensors)."""
+    return type(x)(v) if isinstance(x, cutlass.Numeric) else v
+
+
+def _line_byte(r):  # r % 32 picks the 16-byte line
+    return (r & _like(r, SCALE_LINE_ROWS - 1)) << _like(r, _LINE_BYTE_SHIFT)
+
+
+def _group_byte(r):  # (r % 128) // 32 picks the 4-byte group in the line
+    group = (r >> _like(r, _LINE_ROW_SHIFT)) & _like(r, _LINE_GROUPS - 1)
+    return group << _like(r, _TILE_COL_SHIFT)
+
+
+def _col_byte(c):  # c % 4 picks the byte in the group
+    return c & _like(c, SCALE_TILE_COLS - 1)
+
+
+def scale_tile_offset(r, c):
+    """Byte of scale (row r, block column c) inside its 512-byte 128x4 tile (r, c >= 0)."""
+    return _line_byte(r) | _group_byte(r) | _col_byte(c)
+
+
+def scale_swizzle_offset(r, c, col_groups):
+    """Byte offset of scale (row r, block column c) in the cuBLAS 128x4 swizzle, ``col_groups``
+    = ceil(block columns / 4): :func:`numerics.nvfp4.swizzle_offset` in shifts and masks.
+
+    For r, c >= 0 of one DSL integer type (constants follow it), or Python ints / integer torch
+    tensors, which is how tests/test_numerics.py checks it against the reference on CPU. The
+    terms are or-ed in one left-to-right chain (the quantize kernel's PTX depends on it).
+    """
+    tile = ((r >> _like(r, _TILE_ROW_SHIFT)) * _like(r, col_groups)
+            + (c >> _like(c, _TILE_COL_SHIFT)))
+    return (tile << _like(r, _TILE_BYTE_SHIFT)) | _line_byte(r) | _group_byte(r) | _col_byte(c)
 
 
 @dsl_user_op
@@ -151,6 +204,81 @@ def absmax16_words(w0: Uint32, w1: Uint32, w2: Uint32, w3: Uint32, w4: Uint32, w
             f"max.NaN.xorsign.abs.{s} m, lo, hi; cvt.u32.u16 $0, m; and.b32 $0, $0, 0x7FFF; }}")
     return Uint32(asm(T.i32(), [Uint32(w) for w in (w0, w1, w2, w3, w4, w5, w6, w7)], text,
                        "=r," + ",".join(["r"] * 8), loc, ip))
+
+
+# --- the block quantizer -------------------------------------------------------------------
+@cute.jit
+def half_to_f32(word: Uint32, hi: cutlass.Constexpr, bf16: cutlass.Constexpr) -> Float32:
+    """The low or high 16-bit element of ``word`` (bf16 or f16), exactly as fp32."""
+    if cutlass.const_expr(bf16):
+        return bf16_hi(word) if cutlass.const_expr(hi) else bf16_lo(word)
+    return f16_hi(word) if cutlass.const_expr(hi) else f16_lo(word)
+
+
+@cute.jit
+def quantize_block16(w: cute.Tensor, g: Float32, rcp_g: Float32, words: cute.Tensor,
+                     bf16: cutlass.Constexpr) -> Uint32:
+    """Quantize one 16-element block as Comfy Kitchen's CUDA kernel does (numerics.nvfp4,
+    mode="cuda"): returns the E4M3 scale byte and writes the 16 E2M1 codes, packed hi-first, to
+    ``words`` (2 x Uint32, elements 0..7 then 8..15).
+
+    ``w``: the block as 8 Uint32 words of bf16/f16 pairs (element 2e in the low half of word e);
+    ``g``: the tensor scale and ``rcp_g`` = rcp.approx.ftz(g), hoisted by the caller.
+    The block amax is an integer max over sign-cleared 16-bit magnitudes (``max.NaN.xorsign.abs``
+    on bf16x2 / f16x2), which also says whether the block holds a NaN. Three code paths:
+    * ordinary blocks (normal, unsaturated scale): one FFMA per element rounds onto the E2M1
+      grid, no saturation needed, signs taken from the input words (``e2m1_word_fast``);
+    * other finite blocks (subnormal or saturated scales, odd g): the same rounding with
+      saturation and the sign of v (``e2m1_pair_fast``);
+    * blocks with a NaN or a zero encode factor (the only ways an element becomes NaN): the
+      exact threshold path with Comfy's NaN-ignoring amax (``e2m1_pair``).
+    """
+    nan_bits = Uint32(0x7F80) if cutlass.const_expr(bf16) else Uint32(0x7C00)
+    amax_bits = absmax16_words(*[w[e] for e in range(8)], bf16=bf16)
+    has_nan = amax_bits > nan_bits
+    xf = cute.make_rmem_tensor((16,), Float32)
+    for e in cutlass.range_constexpr(8):
+        xf[2 * e] = half_to_f32(w[e], False, bf16)
+        xf[2 * e + 1] = half_to_f32(w[e], True, bf16)
+    amax = Float32(0.0)
+    if cutlass.const_expr(bf16):
+        amax = bf16_lo(amax_bits)
+    else:
+        amax = f16_lo(amax_bits)
+    if has_nan:  # Comfy's amax ignores NaN unless all 16 are NaN
+        amax = fmax_abs(xf[0], xf[0])
+        for e in cutlass.range_constexpr(1, BLOCK):
+            amax = fmax_abs(amax, xf[e])
+    d_raw = fmul_ftz(fmul_ftz(amax, Float32(RN_ONE_SIXTH)), rcp_g)
+    d = fmin_nan_ignoring(d_raw, Float32(448.0))
+    s8 = e4m3_satfinite(d)
+    enc = fmin_nan_ignoring(rcp_approx_ftz(fmul_ftz(g, e4m3_to_f32(s8))), Float32(FLT_MAX))
+    # No code can saturate when the scale is normal and unsaturated and enc is the reciprocal
+    # of a normal g·s: then |v| <= 6·(1 + 2^-4)·(1 + 2^-21) < 7.
+    unsaturated = ((not has_nan) and s8 >= Uint32(8) and d_raw <= Float32(448.0)
+                   and enc > Float32(0.0) and enc <= Float32(2.0**126))
+    if unsaturated:
+        for q in cutlass.range_constexpr(2):
+            e = q * 8
+            words[q] = e2m1_word_fast(*[fmul_ftz(xf[e + k], enc) for k in range(8)],
+                                      w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3])
+    elif has_nan or enc == Float32(0.0):  # the only blocks that can produce NaN
+        for q in cutlass.range_constexpr(2):
+            word = Uint32(0)
+            for p in cutlass.range_constexpr(4):
+                e = q * 8 + p * 2
+                byte = e2m1_pair(fmul_ftz(xf[e], enc), fmul_ftz(xf[e + 1], enc))
+                word = word | (byte << Uint32(8 * p))
+            words[q] = word
+    else:
+        for q in cutlass.range_constexpr(2):
+            word = Uint32(0)
+            for p in cutlass.range_constexpr(4):
+                e = q * 8 + p * 2
+                byte = e2m1_pair_fast(fmul_ftz(xf[e], enc), fmul_ftz(xf[e + 1], enc))
+                word = word | (byte << Uint32(8 * p))
+            words[q] = word
+    return s8
 
 
 # ---- dequantisation (P0 consumer): E2M1 codes x E4M3 scale -> exact f16 -------------------------

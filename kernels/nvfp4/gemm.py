@@ -15,7 +15,10 @@ from schedules import plan
 cutlass, cute = cute_modules()
 from cutlass import Int32  # noqa: E402
 
-ROW_TILE = 128  # rows of a scale tile; a row slice must start on one
+from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape  # noqa: E402
+
+ROW_TILE = SCALE_TILE_ROWS  # a row slice must start on a scale tile
+_scale_shape = scale_shape  # the old name, still called by tests/test_entry_fuzz.py
 
 
 def default_config(M: int, N: int, K: int, sms: int | None = None) -> BlockscaledGemmSm90:
@@ -30,10 +33,6 @@ def default_config(M: int, N: int, K: int, sms: int | None = None) -> Blockscale
     splits = max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
     return BlockscaledGemmSm90(tile_n=plan.NARROW.tile_n, stages=plan.NARROW.stages,
                                splits=splits)
-
-
-def _scale_shape(rows: int, K: int) -> tuple[int, int]:
-    return (-(-rows // ROW_TILE) * ROW_TILE, -(-(K // 16) // 4) * 4)
 
 
 def _check_operand(name: str, q, s, device):
@@ -51,7 +50,7 @@ def _check_operand(name: str, q, s, device):
     if kh % 16:
         raise ValueError(f"{name}_q has K/2 = {kh} bytes per row; K must be a multiple of 32 "
                          "(rows are fetched by TMA in 16-byte units)")
-    need = _scale_shape(rows, 2 * kh)
+    need = scale_shape(rows, 2 * kh)
     if tuple(s.shape) != need:
         raise ValueError(f"{name}_s has shape {tuple(s.shape)}; {name}_q [{rows}, {kh}] needs "
                          f"the swizzled scale shape {list(need)}")

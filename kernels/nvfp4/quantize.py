@@ -15,17 +15,14 @@ synchronises with the host.
 """
 from __future__ import annotations
 
-from kernels.device.nvfp4 import (FLT_MAX, RN_ONE_SIXTH, absmax16_words, e2m1_pair, e2m1_pair_fast,
-                                  e2m1_word_fast, e4m3_satfinite, e4m3_to_f32)
-from kernels.device.ptx import (bf16_hi, bf16_lo, f16_hi, f16_lo, fmax_abs, fmin_nan_ignoring,
-                                fmul_ftz, rcp_approx_ftz)
+from kernels.device.nvfp4 import quantize_block16, scale_swizzle_offset
+from kernels.device.ptx import rcp_approx_ftz
 from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                                     pointer_args, require_hopper)
+from numerics.nvfp4 import BLOCK, SCALE_TILE_COLS, scale_shape
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint8, Uint32  # noqa: E402
-
-BLOCK = 16
 
 
 class QuantizeNvfp4Kernel:
@@ -34,16 +31,8 @@ class QuantizeNvfp4Kernel:
     Thread (tx, ty) of CTA (bx, by) quantizes block column c = bx·32 + tx of rows
     r = (by·rows_per_thread + i)·rows_per_cta + ty: a warp covers 32 consecutive blocks of one
     row (1 KB of input, 256 packed bytes), and no thread divides. Per block: the 8 input words
-    are loaded with two 16-byte loads; the block amax is an integer max over sign-cleared 16-bit
-    magnitudes (``max.NaN.xorsign.abs`` on bf16x2 / f16x2), which also says whether the block
-    holds a NaN. Three paths, all
-    giving the bytes of ``numerics.nvfp4.quantize(mode="cuda")``:
-    * ordinary blocks (normal, unsaturated scale): one FFMA per element rounds onto the E2M1
-      grid, no saturation needed, signs taken from the input words (``e2m1_word_fast``);
-    * other finite blocks (subnormal or saturated scales, odd g): the same rounding with
-      saturation and the sign of v (``e2m1_pair_fast``);
-    * blocks with a NaN or a zero encode factor (the only ways an element becomes NaN): the
-      exact threshold path with Comfy's NaN-ignoring amax (``e2m1_pair``).
+    are loaded with two 16-byte loads, then :func:`kernels.device.nvfp4.quantize_block16` gives
+    the bytes of ``numerics.nvfp4.quantize(mode="cuda")`` (its docstring has the three paths).
     """
 
     COLS = 32  # block columns per CTA: one warp-wide run of a row
@@ -72,12 +61,6 @@ class QuantizeNvfp4Kernel:
         self.kernel(mX, mQ, mS, mG, rows, k_blocks, row_offset).launch(
             grid=[grid_x, grid_y, 1], block=[self.COLS, self.rows_per_cta, 1], stream=stream)
 
-    @cute.jit
-    def _to_f32(self, word: Uint32, hi: cutlass.Constexpr):
-        if cutlass.const_expr(self.is_bf16):
-            return bf16_hi(word) if cutlass.const_expr(hi) else bf16_lo(word)
-        return f16_hi(word) if cutlass.const_expr(hi) else f16_lo(word)
-
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, mG: cute.Tensor,
                rows: Int32, k_blocks: Int32, row_offset: Int32):
@@ -87,8 +70,7 @@ class QuantizeNvfp4Kernel:
         gQ = cute.zipped_divide(mQ, (2,))  # ((2 words = 8 bytes), n_blocks)
         g = mG[0]
         rcp_g = rcp_approx_ftz(g)
-        nan_bits = Uint32(0x7F80) if cutlass.const_expr(self.is_bf16) else Uint32(0x7C00)
-        scale_col_groups = (k_blocks + 3) // 4  # Cb: 4-column groups per 128-row tile
+        scale_col_groups = (k_blocks + (SCALE_TILE_COLS - 1)) // SCALE_TILE_COLS  # per 128 rows
         c = bx * self.COLS + tx
         r0 = by * (self.rows_per_cta * self.rows_per_thread) + ty
         nrt = self.rows_per_thread
@@ -101,62 +83,11 @@ class QuantizeNvfp4Kernel:
             r = r0 + i * self.rows_per_cta
             if c < k_blocks and r < rows:
                 b = r * k_blocks + c
-                w = frgs[i]
-                amax_bits = absmax16_words(*[w[e] for e in range(8)], bf16=self.is_bf16)
-                has_nan = amax_bits > nan_bits
-                xf = cute.make_rmem_tensor((16,), Float32)
-                for e in cutlass.range_constexpr(8):
-                    xf[2 * e] = self._to_f32(w[e], False)
-                    xf[2 * e + 1] = self._to_f32(w[e], True)
-                amax = Float32(0.0)
-                if cutlass.const_expr(self.is_bf16):
-                    amax = bf16_lo(amax_bits)
-                else:
-                    amax = f16_lo(amax_bits)
-                if has_nan:  # Comfy's amax ignores NaN unless all 16 are NaN
-                    amax = fmax_abs(xf[0], xf[0])
-                    for e in cutlass.range_constexpr(1, BLOCK):
-                        amax = fmax_abs(amax, xf[e])
-                d_raw = fmul_ftz(fmul_ftz(amax, Float32(RN_ONE_SIXTH)), rcp_g)
-                d = fmin_nan_ignoring(d_raw, Float32(448.0))
-                s8 = e4m3_satfinite(d)
-                enc = fmin_nan_ignoring(rcp_approx_ftz(fmul_ftz(g, e4m3_to_f32(s8))),
-                                        Float32(FLT_MAX))
                 words = cute.make_rmem_tensor((2,), Uint32)
-                # No code can saturate when the scale is normal and unsaturated and enc is the
-                # reciprocal of a normal g·s: then |v| <= 6·(1 + 2^-4)·(1 + 2^-21) < 7.
-                unsaturated = ((not has_nan) and s8 >= Uint32(8) and d_raw <= Float32(448.0)
-                               and enc > Float32(0.0) and enc <= Float32(2.0**126))
-                if unsaturated:
-                    for q in cutlass.range_constexpr(2):
-                        e = q * 8
-                        words[q] = e2m1_word_fast(
-                            *[fmul_ftz(xf[e + k], enc) for k in range(8)],
-                            w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3])
-                elif has_nan or enc == Float32(0.0):  # the only blocks that can produce NaN
-                    for q in cutlass.range_constexpr(2):
-                        word = Uint32(0)
-                        for p in cutlass.range_constexpr(4):
-                            e = q * 8 + p * 2
-                            byte = e2m1_pair(fmul_ftz(xf[e], enc), fmul_ftz(xf[e + 1], enc))
-                            word = word | (byte << Uint32(8 * p))
-                        words[q] = word
-                else:
-                    for q in cutlass.range_constexpr(2):
-                        word = Uint32(0)
-                        for p in cutlass.range_constexpr(4):
-                            e = q * 8 + p * 2
-                            byte = e2m1_pair_fast(fmul_ftz(xf[e], enc),
-                                                  fmul_ftz(xf[e + 1], enc))
-                            word = word | (byte << Uint32(8 * p))
-                        words[q] = word
+                s8 = quantize_block16(frgs[i], g, rcp_g, words, self.is_bf16)
                 cute.autovec_copy(words, gQ[(None, b)])
-                # cuBLAS 128x4 swizzle, in shifts and masks (rows and columns are >= 0)
-                rs = Uint32(r + row_offset)
-                cu = Uint32(c)
-                tile = (rs >> Uint32(7)) * Uint32(scale_col_groups) + (cu >> Uint32(2))
-                off = ((tile << Uint32(9)) | ((rs & Uint32(31)) << Uint32(4))
-                       | (((rs >> Uint32(5)) & Uint32(3)) << Uint32(2)) | (cu & Uint32(3)))
+                off = scale_swizzle_offset(Uint32(r + row_offset), Uint32(c),
+                                           scale_col_groups)
                 mS[Int32(off)] = Uint8(s8)
 
 
@@ -173,8 +104,6 @@ def compile_args():
 
 def _validate(x, g, out, row_offset):
     import torch
-
-    from numerics.nvfp4 import scale_shape
 
     require_hopper()
     check_cuda_tensor("x", x, dtypes=(torch.bfloat16, torch.float16))
@@ -221,8 +150,6 @@ def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0
     left as it is: allocate them zeroed).
     """
     import torch
-
-    from numerics.nvfp4 import scale_shape
 
     _validate(x, g, out, row_offset)
     M, K = x.shape
