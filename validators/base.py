@@ -13,14 +13,18 @@ class RungResult:
     detail: str
     checks: dict = field(default_factory=dict)  # check name -> {"pass": bool, "detail": str}
     elements: int = 0
+    headline: dict = field(default_factory=dict)  # values the ladder's headline reports
 
     @classmethod
-    def from_checks(cls, rung: int, name: str, checks: dict, elements: int = 0) -> "RungResult":
+    def from_checks(cls, rung: int, name: str, checks: dict, elements: int = 0,
+                    headline: dict | None = None) -> RungResult:
         failed = [k for k, v in checks.items() if not v["pass"]]
         status = "fail" if failed else "pass"
         detail = f"{len(checks) - len(failed)}/{len(checks)} checks pass" + (
             f"; failing: {', '.join(failed)}" if failed else "")
-        return cls(rung, name, status, detail, checks, elements)
+        if failed:
+            detail += f" (first: {checks[failed[0]]['detail']})"
+        return cls(rung, name, status, detail, checks, elements, dict(headline or {}))
 
 
 def check(ok: bool, detail: str) -> dict:

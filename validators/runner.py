@@ -3,11 +3,16 @@
 The 8 rungs of the NVFP4 design (seeds/nvfp4-streaming-design.md), per phase:
  1 adversarial cases  2 randomized tiles / GEMMs  3 real projections at blocks 0, 24, 49
  4 complete block  5 all 50 blocks of a step  6 two-step trajectory  7 12-step checksum
- 8 Nsight recapture and peak memory.
+ 8 per-kernel profile and peak memory (torch.profiler; an Nsight recapture is a script's job).
 Rungs whose code does not exist yet say so and stop the ladder (a later rung is never claimed
-over an unrun earlier one). A ladder with any part not run (a pending rung, or the CUDA and
-kernel steps without a GPU) is "incomplete", never "pass"; one that runs no rung at all is an
-error. Writes ladder-<phase>.json into the run folder (workbench.results.results_dir).
+over an unrun earlier one). Rungs 3-8 run the synthetic H3 (models.h3; --quick: its scaled
+config) on the phase's backend against the reference backend on the same device, printing a
+line per block or step; a backend this machine cannot run makes them not-run with the reason,
+never pass. A ladder with any part not run (a pending rung, or the CUDA and kernel steps
+without a GPU) is "incomplete", never "pass"; one that runs no rung at all is an error.
+Writes ladder-<phase>.json into the run folder (workbench.results.results_dir) and a short
+Markdown report beside it, ladder-<phase>.md; the headline names highest_rung_passed and
+trajectory_checksum (rung 7's sha256, None until it runs).
 """
 from __future__ import annotations
 
@@ -19,13 +24,16 @@ from workbench import WorkbenchError
 
 RUNG_TITLES = {
     1: "adversarial", 2: "randomized", 3: "real projections", 4: "complete block",
-    5: "all 50 blocks", 6: "two-step trajectory", 7: "12-step checksum", 8: "nsight + memory",
+    5: "all blocks of a step", 6: "two-step trajectory", 7: "12-step checksum",
+    8: "profile + peak memory",
 }
+MODEL_RUNGS = {3: "rung3_projections", 4: "rung4_block", 5: "rung5_step", 6: "rung6_two_steps",
+               7: "rung7_checksum", 8: "rung8_profile"}
 
 # what each phase's rungs exercise beyond the numerics reference, and which issue builds it
 PENDING = {
     "numerics": {},
-    "p0": {3: "real projections need the H3 model's weights and activations (P3)"},
+    "p0": {},
     # every P1/P2 rung, the adversarial cases first, runs through the phase's producer
     "p1": {1: "P1 software A producer not built yet (depends on P0, issue #4)"},
     "p2": {1: "P2 ring producer not built yet (depends on P0/P1)"},
@@ -73,6 +81,39 @@ def _rungs(phase: str, quick: bool, device: str):
                 from validators import rung2_p0_gemm
 
                 yield lambda: rung2_p0_gemm.run(quick=quick)
+        else:
+            reason = _backend_unavailable(phase)
+            if reason:
+                yield lambda rung=rung, reason=reason: RungResult(
+                    rung, RUNG_TITLES[rung], "not-run", reason)
+                return
+            yield lambda rung=rung: _model_rung(rung, phase, quick, device)
+
+
+def _backend_unavailable(backend: str) -> str | None:
+    from models.nvfp4_linear import BackendUnavailable, resolve_backend
+
+    try:
+        resolve_backend(backend, "qkv")
+    except BackendUnavailable as e:
+        return str(e)
+    return None
+
+
+_REFERENCE: dict = {}  # (quick, device) -> the reference H3 model, shared by rungs 3-8
+
+
+def _model_rung(rung: int, backend: str, quick: bool, device: str) -> RungResult:
+    import importlib
+
+    from models.h3 import FULL, QUICK, H3Model
+
+    key = (quick, device)
+    if key not in _REFERENCE:
+        _REFERENCE.clear()
+        _REFERENCE[key] = H3Model(QUICK if quick else FULL, seed=0, device=device)
+    mod = importlib.import_module(f"validators.{MODEL_RUNGS[rung]}")
+    return mod.run(_REFERENCE[key], backend=backend, log=lambda line: print(line, flush=True))
 
 
 def _gtensor(g):
@@ -129,6 +170,7 @@ def run_ladder(phase: str = "numerics", quick: bool = False, write: bool = True)
               f"({time.time() - t0:.1f}s)", flush=True)
         if r.status != "pass":
             break
+    _REFERENCE.clear()  # the reference model's packed weights
     not_run = [f"rung {r.rung} ({r.name}): {r.detail}" for r in done if r.status == "not-run"]
     if all(r.status == "not-run" for r in done):
         raise WorkbenchError(f"ladder {phase} ran no rung: {'; '.join(not_run) or 'none defined'}")
@@ -138,19 +180,39 @@ def run_ladder(phase: str = "numerics", quick: bool = False, write: bool = True)
              for r in done if r.status != "not-run"}
     verdict = R.expected_verdict(gates, not_run)
     highest = highest_rung_passed(done)
-    headline = {"highest_rung_passed": highest, "status": verdict, "device": device}
+    checksum = next((r.headline["trajectory_checksum"] for r in done
+                     if "trajectory_checksum" in r.headline), None)
+    headline = {"highest_rung_passed": highest, "trajectory_checksum": checksum,
+                "status": verdict, "device": device}
     if write:
         summary = R.make_summary(
             f"ladder-{phase}", parameters={"phase": phase, "quick": quick},
             measurements=[{"rung": r.rung, "name": r.name, "status": r.status,
-                           "detail": r.detail, "elements": r.elements, "checks": r.checks}
-                          for r in done],
+                           "detail": r.detail, "elements": r.elements, "checks": r.checks,
+                           "headline": r.headline} for r in done],
             headline=headline, gates=gates, not_run=not_run)
         path = R.write(summary)
-        print(f"wrote {path}")
+        md = path.with_suffix(".md")
+        md.write_text(markdown_report(phase, quick, headline, done, not_run))
+        print(f"wrote {path} and {md.name}")
     print(f"ladder {phase}: {verdict.upper()}, highest rung passed {highest}"
           + (f"; not run: {'; '.join(not_run)}" if not_run else ""), flush=True)
     if verdict in ("fail", "partial"):
         print(f"ladder {phase}: FAILED at rung {done[-1].rung}", file=sys.stderr)
         return 1
     return 0
+
+
+def markdown_report(phase: str, quick: bool, headline: dict, done: list[RungResult],
+                    not_run: list[str]) -> str:
+    """The short human-readable report written beside ladder-<phase>.json."""
+    lines = [f"# Ladder {phase}{' (quick)' if quick else ''}: {headline['status']}", "",
+             f"- highest rung passed: {headline['highest_rung_passed']}",
+             f"- trajectory checksum: {headline['trajectory_checksum'] or 'not computed'}",
+             f"- device: {headline['device']}", "", "| rung | name | status | detail |",
+             "|---|---|---|---|"]
+    lines += [f"| {r.rung} | {r.name} | {r.status} | {r.detail.replace('|', '/')} |"
+              for r in done]
+    if not_run:
+        lines += ["", "Not run:", *[f"- {n}" for n in not_run]]
+    return "\n".join(lines) + "\n"

@@ -3,7 +3,7 @@
     wb env                                  machine, versions, compile target
     wb run <experiment> [--quick] [...]     run experiments/<experiment>.py into a run folder
     wb results list|show|diff|publish|plot  summaries: published (results/) or a run's (--run)
-    wb ladder [--phase p0|p1|p2|frame|numerics] [--quick]
+    wb ladder [--phase p0|p1|p2|frame|numerics] [--quick]   ladder-<phase>.json and .md
     wb log-header COMMAND...                the provenance line a log starts with
 
 A run writes into its run folder, results/runs/<utc>-<host>/ (git-ignored), or $WB_RESULTS_DIR;
@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "rung that fails or cannot run")
     lad.add_argument("--phase", default="numerics",
                      choices=["numerics", "p0", "p1", "p2", "frame"])
-    lad.add_argument("--quick", action="store_true")
+    lad.add_argument("--quick", action="store_true",
+                     help="fewer cases; rungs 3-8 on the scaled-down synthetic H3")
     lad.set_defaults(func=_cmd_ladder)
     h = sub.add_parser("log-header", help="print the provenance line a log starts with")
     h.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND")

@@ -1,0 +1,212 @@
+"""A synthetic H3: the DiT-style workload the NVFP4 projections serve (issue #25).
+
+What it keeps from H3: ``blocks`` transformer blocks of width ``hidden``; a fused QKV projection
+of width 4·hidden (q | k | v | a per-token attention gate), attention output hidden -> hidden,
+FC1 hidden -> mlp, FC2 mlp -> hidden; a gate multiply and a residual add after attention and
+after the MLP (adaLN-style per-channel gates); video + audio tokens per step; a 12-step sampler.
+Every linear is an :class:`~models.nvfp4_linear.Nvfp4Linear`; attention is torch SDPA in bf16.
+
+Weights are drawn from the seed per (block, role), on the CPU generator (the same bits on every
+machine), std 1/sqrt(K) with log-normal per-row gains and a few 8x rows, so activations get the
+heavy-tailed channels real DiTs show (fc2's input most of all). Memory: the full config's weights
+are ~0.6 GB a block in bf16, so a block's bf16 weights exist only while that block's linears are
+quantized; with ``cache=True`` the packed NVFP4 weights (~0.17 GB a block) are kept, else every
+call regenerates them. All 50 blocks are never held in bf16 at once.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from models.nvfp4_linear import Nvfp4Linear, resolve_backend
+
+ROLES = ("qkv", "out", "fc1", "fc2")
+
+
+@dataclass(frozen=True)
+class H3Config:
+    blocks: int = 50
+    hidden: int = 5376
+    mlp: int = 14336
+    head_dim: int = 128
+    video_tokens: int = 33_600
+    audio_tokens: int = 4_210
+    steps: int = 12
+
+    @property
+    def tokens(self) -> int:
+        return self.video_tokens + self.audio_tokens
+
+    @property
+    def heads(self) -> int:
+        return self.hidden // self.head_dim
+
+    def shapes(self) -> dict:
+        """role -> (N, K) of its weight."""
+        h = self.hidden
+        return {"qkv": (4 * h, h), "out": (h, h), "fc1": (self.mlp, h), "fc2": (h, self.mlp)}
+
+
+FULL = H3Config()
+# same structure, CPU-sized: hidden 384 (3 heads of 128), mlp 1024, 3 blocks, 256 tokens
+QUICK = H3Config(blocks=3, hidden=384, mlp=1024, video_tokens=192, audio_tokens=64)
+
+
+def _generator(seed: int, *name) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr((seed, *name)).encode()))
+
+
+def weight(cfg: H3Config, seed: int, block: int, role: str) -> torch.Tensor:
+    """bf16 [N, K] weight of ``role`` in ``block``, reproducible from the seed (CPU)."""
+    N, K = cfg.shapes()[role]
+    gen = _generator(seed, "weight", block, role)
+    w = torch.randn(N, K, generator=gen) / math.sqrt(K)
+    gain = torch.exp(0.5 * torch.randn(N, 1, generator=gen))
+    gain[torch.randperm(N, generator=gen)[: max(1, N // 128)]] *= 8.0  # outlier rows
+    return (w * gain).to(torch.bfloat16)
+
+
+def block_vectors(cfg: H3Config, seed: int, block: int) -> dict:
+    """Per-channel bf16 vectors of a block: norm gains (heavy-tailed) and the two gates."""
+    gen = _generator(seed, "vectors", block)
+    h = cfg.hidden
+    norm = torch.exp(0.7 * torch.randn(2, h, generator=gen))
+    gates = 0.2 * torch.randn(2, h, generator=gen)
+    return {"norm_attn": norm[0].to(torch.bfloat16), "norm_mlp": norm[1].to(torch.bfloat16),
+            "gate_attn": gates[0].to(torch.bfloat16), "gate_mlp": gates[1].to(torch.bfloat16)}
+
+
+def initial_latent(cfg: H3Config, seed: int) -> torch.Tensor:
+    """bf16 [tokens, hidden] noise with heavy-tailed channels (log-normal gains, a few 30x)."""
+    gen = _generator(seed, "latent")
+    gain = torch.exp(torch.randn(cfg.hidden, generator=gen))
+    gain[torch.randperm(cfg.hidden, generator=gen)[: max(1, cfg.hidden // 256)]] *= 30.0
+    return (torch.randn(cfg.tokens, cfg.hidden, generator=gen) * gain).to(torch.bfloat16)
+
+
+def _rmsnorm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (y * gain.float()).to(torch.bfloat16)
+
+
+class H3Model:
+    """The workload on one backend. ``wrap(block, role, linear)`` may replace a linear by any
+    callable with its signature (the ladder's recorders and perturbed fakes use it)."""
+
+    def __init__(self, cfg: H3Config = QUICK, seed: int = 0, backend: str = "reference",
+                 device: str = "cpu", cache: bool = True, wrap=None):
+        if not isinstance(cfg, H3Config):
+            raise TypeError(f"cfg must be an H3Config, got {type(cfg).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {seed!r}")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but no CUDA GPU is visible")
+        self.cfg, self.seed, self.backend = cfg, seed, resolve_backend(backend, None)
+        self.device = torch.device("cuda" if self.backend == "p0" else device)
+        self.cache, self.wrap = cache, wrap
+        self._linears: dict = {}
+        self._vectors: dict = {}
+
+    def derived(self, backend: str | None = None, wrap=None) -> H3Model:
+        """A model sharing this one's packed weights, on another backend and/or wrap."""
+        m = H3Model(self.cfg, self.seed, backend or self.backend, self.device.type, self.cache,
+                    wrap)
+        if m.device != self.device:
+            return m
+        m._vectors = self._vectors
+        if m.backend == self.backend:  # one shared cache: what either quantizes, both keep
+            m._linears = self._linears
+        else:
+            m._linears = {i: {r: lin.with_backend(m.backend) for r, lin in d.items()}
+                          for i, d in self._linears.items()}
+        return m
+
+    def linears(self, block: int) -> dict:
+        """role -> Nvfp4Linear of ``block``; its bf16 weights live only while quantizing."""
+        lin = self._linears.get(block)
+        if lin is None:
+            lin = {r: Nvfp4Linear(weight(self.cfg, self.seed, block, r).to(self.device),
+                                  backend=self.backend, role=r) for r in ROLES}
+            if self.cache:
+                self._linears[block] = lin
+        if self.wrap is None:
+            return lin
+        return {r: self.wrap(block, r, lin[r]) for r in ROLES}
+
+    def vectors(self, block: int) -> dict:
+        if block not in self._vectors:
+            self._vectors[block] = {k: v.to(self.device) for k, v in
+                                    block_vectors(self.cfg, self.seed, block).items()}
+        return self._vectors[block]
+
+    def block(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """One transformer block on bf16 [tokens, hidden]."""
+        lin, vec = self.linears(i), self.vectors(i)
+        T, h = x.shape
+        q, k, v, gate = lin["qkv"](_rmsnorm(x, vec["norm_attn"])).split(h, dim=1)
+        heads = [t.reshape(T, self.cfg.heads, self.cfg.head_dim).transpose(0, 1)
+                 for t in (q, k, v)]
+        a = F.scaled_dot_product_attention(*heads).transpose(0, 1).reshape(T, h)
+        a = (a.float() * torch.sigmoid(gate.float())).to(torch.bfloat16)
+        x = (x.float() + vec["gate_attn"].float() * lin["out"](a).float()).to(torch.bfloat16)
+        f = F.gelu(lin["fc1"](_rmsnorm(x, vec["norm_mlp"])).float(), approximate="tanh")
+        y = lin["fc2"](f.to(torch.bfloat16))
+        return (x.float() + vec["gate_mlp"].float() * y.float()).to(torch.bfloat16)
+
+    def denoiser_step(self, latent: torch.Tensor, step: int, on_block=None) -> torch.Tensor:
+        """The velocity v for ``latent`` at ``step``: every block, then a plain RMS norm.
+        ``on_block(i, x_in, x_out)`` sees every block's input and output."""
+        x = self.embed(latent, step)
+        for i in range(self.cfg.blocks):
+            y = self.block(i, x)
+            if on_block is not None:
+                on_block(i, x, y)
+            x = y
+        return _rmsnorm(x, torch.ones(x.shape[1], device=x.device))
+
+    def embed(self, latent: torch.Tensor, step: int) -> torch.Tensor:
+        """Block 0's input: the latent plus a sinusoidal embedding of sigma, in bf16."""
+        return (latent.float() + self._time_embedding(step)).to(torch.bfloat16)
+
+    def _time_embedding(self, step: int) -> torch.Tensor:
+        h = self.cfg.hidden
+        freqs = torch.exp(-math.log(1e4) * torch.arange(h // 2, dtype=torch.float32) / (h // 2))
+        t = self.sigma(step) * 1000.0 * freqs
+        return torch.cat([t.sin(), t.cos()]).to(self.device)
+
+    def sigma(self, step: int) -> float:
+        """Linear flow-matching schedule: sigma 1 -> 0 over ``cfg.steps`` steps."""
+        return 1.0 - step / self.cfg.steps
+
+    def sampler_update(self, latent, v, step: int) -> torch.Tensor:
+        """Euler step latent + (sigma_{t+1} - sigma_t)·v, in fp32, rounded once to bf16."""
+        d = self.sigma(step + 1) - self.sigma(step)
+        return (latent.float() + d * v.float()).to(torch.bfloat16)
+
+    def trajectory(self, steps: int | None = None, latent=None, on_step=None) -> torch.Tensor:
+        """The final latent after ``steps`` sampler steps (default cfg.steps) from the seed's
+        noise; ``on_step(step, latent)`` sees every step's result."""
+        x = initial_latent(self.cfg, self.seed).to(self.device) if latent is None else latent
+        for step in range(self.cfg.steps if steps is None else steps):
+            x = self.sampler_update(x, self.denoiser_step(x, step), step)
+            if on_step is not None:
+                on_step(step, x)
+        return x
+
+
+def checksum(latent: torch.Tensor) -> dict:
+    """sha256 of the latent's bf16 bytes (row-major) and a float summary of its values."""
+    t = latent.detach().to("cpu", torch.bfloat16).contiguous()
+    digest = hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+    f = t.double()
+    return {"sha256": digest, "shape": list(t.shape), "mean": float(f.mean()),
+            "rms": float(f.pow(2).mean().sqrt()), "absmax": float(f.abs().max()),
+            "finite": bool(torch.isfinite(f).all())}

@@ -1,0 +1,191 @@
+"""``Nvfp4Linear`` (P3): y = x · Wᵀ with both operands in NVFP4, as H3 computes every projection.
+
+The weight is quantized once (numerics.nvfp4.quantize, its own global amax -> g_w); the input is
+quantized on every call (global amax -> g_x -> packed activation, the exact two-phase recipe of
+the streaming design), then D = RN_bf16(g_x·g_w · Σ_k a_k w_k).
+
+Backends (all consume the same packed weight, so they differ only in the GEMM):
+* ``reference``: exact math on the tensors' device (CPU or CUDA): the oracle's integer sums,
+  alpha, one correct bf16 rounding (numerics.gemm_oracle); :meth:`Nvfp4Linear.oracle` also
+  returns the proven per-element bound any fp32-accumulating kernel must meet.
+* ``p0``: kernels.nvfp4 amax + quantize_nvfp4 + gemm_nvfp4 on an sm_90 GPU.
+* ``p1`` / ``p2``: the streamed producers, refused until issues #4 (P1) and P2's issue land.
+FC2 is pinned to p0 whatever streamed backend is asked for: the seed keeps FC2 off the streamed
+producers (its K = 14336 reduction contract), so only QKV, out and FC1 would stream.
+A backend this machine cannot run is refused at construction, never replaced by another.
+"""
+from __future__ import annotations
+
+import torch
+
+from numerics import gemm_oracle as G
+from numerics import nvfp4
+from workbench import WorkbenchError
+
+BACKENDS = ("reference", "p0", "p1", "p2")
+NOT_BUILT = {"p1": "the P1 software A producer is not built yet (issue #4)",
+             "p2": "the P2 ring producer is not built yet (it follows P1, issue #4)"}
+PINNED_TO_P0 = ("fc2",)  # roles that never stream (seed: "FC2 remains explicitly on ... P0")
+ROW_TILE = 128  # a row slice starts on a 128-row scale tile, as gemm_nvfp4's ``rows``
+# the oracle's int64 weight (8 bytes an element) is kept only for weights up to this size: a
+# full H3 block's would be 2.4 GB, recomputed per call instead (cheap beside its matmuls)
+W_INT_CACHE_MAX = 1 << 22
+CHUNK_ELEMENTS = 1 << 26  # the oracle's rows a chunk: this many over max(N, K)
+
+
+class BackendUnavailable(WorkbenchError):
+    """The requested backend cannot run on this machine (or is not built yet)."""
+
+
+def p0_unavailable_reason() -> str | None:
+    """Why the p0 backend cannot run here (no CUDA, not sm_90, no CuTe DSL), or None."""
+    if not torch.cuda.is_available():
+        return "the p0 backend needs a CUDA GPU (none visible)"
+    cc = torch.cuda.get_device_capability(0)
+    if cc != (9, 0):
+        return f"the p0 backend needs an sm_90 (Hopper) GPU; GPU 0 is sm_{cc[0]}{cc[1]}"
+    try:
+        import cutlass  # noqa: F401
+    except ImportError as e:
+        return f"the p0 backend needs CuTe DSL (nvidia-cutlass-dsl): {e}"
+    return None
+
+
+def resolve_backend(backend: str, role: str | None) -> str:
+    """The backend a linear of ``role`` really runs (FC2 pinned to p0); raises for an unknown or
+    unbuilt one, or one this machine cannot run."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend in NOT_BUILT and role in PINNED_TO_P0:
+        backend = "p0"
+    if backend in NOT_BUILT:
+        raise BackendUnavailable(f"backend {backend!r} refused: {NOT_BUILT[backend]}")
+    if backend == "p0":
+        reason = p0_unavailable_reason()
+        if reason:
+            raise BackendUnavailable(reason)
+    return backend
+
+
+def _check_rows(rows, M: int) -> tuple[int, int]:
+    if rows is None:
+        return 0, M
+    if (not isinstance(rows, (tuple, list)) or len(rows) != 2
+            or not all(isinstance(r, int) and not isinstance(r, bool) for r in rows)):
+        raise TypeError(f"rows must be a pair of ints (r0, r1), got {rows!r}")
+    r0, r1 = rows
+    if not 0 <= r0 < r1 <= M:
+        raise ValueError(f"rows = ({r0}, {r1}) must satisfy 0 <= r0 < r1 <= M = {M}")
+    if r0 % ROW_TILE:
+        raise ValueError(f"rows start r0 = {r0} must be a multiple of {ROW_TILE}")
+    return r0, r1
+
+
+class Nvfp4Linear:
+    """A bias-free NVFP4 linear layer: weight bf16 [N, K] (N a multiple of 16, K of 32)."""
+
+    def __init__(self, weight: torch.Tensor, *, backend: str = "reference",
+                 role: str | None = None):
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+        if weight.dtype != torch.bfloat16:
+            raise TypeError(f"weight has dtype {weight.dtype}; expected torch.bfloat16")
+        if weight.dim() != 2 or weight.shape[0] % 16 or weight.shape[1] % 32 or not weight.numel():
+            raise ValueError(f"weight has shape {tuple(weight.shape)}; expected 2-D [N, K] with "
+                             "N a multiple of 16 and K a multiple of 32")
+        if weight.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"weight is on {weight.device}; expected a CPU or CUDA tensor")
+        if not bool(torch.isfinite(weight).all()):
+            raise ValueError("weight holds NaN or inf; its tensor scale would not be finite")
+        self.backend = resolve_backend(backend, role)
+        self.role = role
+        self.N, self.K = weight.shape
+        device = "cuda" if self.backend == "p0" else weight.device
+        w = weight.to(device)
+        self.g_w = float(nvfp4.global_scale(w))
+        self.w_q, self.w_s = nvfp4.quantize(w, self.g_w)
+        self._w_int = None  # the oracle's integer weight, made on first reference use
+
+    @property
+    def device(self) -> torch.device:
+        return self.w_q.device
+
+    def with_backend(self, backend: str) -> Nvfp4Linear:
+        """The same packed weight behind another backend (moved to its device if needed)."""
+        new = object.__new__(Nvfp4Linear)
+        new.__dict__.update(self.__dict__)
+        new.backend = resolve_backend(backend, self.role)
+        if new.backend == "p0" and self.device.type != "cuda":
+            new.w_q, new.w_s, new._w_int = self.w_q.cuda(), self.w_s.cuda(), None
+        return new
+
+    def _check_input(self, x) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"x has dtype {x.dtype}; expected torch.bfloat16")
+        if x.dim() != 2 or x.shape[1] != self.K or x.shape[0] == 0:
+            raise ValueError(f"x has shape {tuple(x.shape)}; expected [M >= 1, {self.K}]")
+        if x.device != self.device:
+            raise ValueError(f"x is on {x.device}; this linear's weight is on {self.device}")
+
+    def quantize_input(self, x: torch.Tensor):
+        """(packed, scales, g_x) of x with its global amax (reference quantizer, 16-padded)."""
+        g = nvfp4.global_scale(x)
+        q, s = nvfp4.quantize(x, g, pad_16x=True)
+        return q, s, float(g)
+
+    def __call__(self, x: torch.Tensor, rows=None) -> torch.Tensor:
+        """bf16 [r1 - r0, N]: rows [r0, r1) of x·Wᵀ, x quantized as a whole (its global amax)."""
+        self._check_input(x)
+        r0, r1 = _check_rows(rows, x.shape[0])
+        if self.backend == "p0":
+            return self._p0(x, r0, r1)
+        return self._exact(x, r0, r1)[0].to(torch.bfloat16)
+
+    def oracle(self, x: torch.Tensor, rows=None):
+        """(D bf16, alpha·S float64, bound float64) for rows [r0, r1): the correctly rounded
+        output, the exact real result and the oracle's proven fp32-accumulation bound."""
+        self._check_input(x)
+        r0, r1 = _check_rows(rows, x.shape[0])
+        d, real, bound = self._exact(x, r0, r1, with_bound=True)
+        return d.to(torch.bfloat16), real, bound
+
+    def _exact(self, x, r0, r1, with_bound: bool = False):
+        """The oracle over rows [r0, r1), in row chunks so that its int64/float64 temporaries
+        stay near CHUNK_ELEMENTS a chunk (a full H3 QKV at once would need ~100 GB)."""
+        q, s, g = self.quantize_input(x)
+        w_int = self._w_int
+        if w_int is None:
+            w_int = G.operand_integers(self.w_q, self.w_s, self.N, self.K)
+            if self.N * self.K <= W_INT_CACHE_MAX:
+                self._w_int = w_int
+        alpha = float(torch.tensor(g, dtype=torch.float32) * torch.tensor(self.g_w,
+                                                                           dtype=torch.float32))
+        d = torch.empty(r1 - r0, self.N, dtype=torch.float32, device=x.device)
+        real = bound = None
+        if with_bound:
+            real, bound = (torch.empty(r1 - r0, self.N, dtype=torch.float64, device=x.device)
+                           for _ in range(2))
+        step = max(ROW_TILE, CHUNK_ELEMENTS // max(self.N, self.K))
+        for c0 in range(r0, r1, step):
+            c1 = min(c0 + step, r1)
+            ids = torch.arange(c0, c1, device=x.device)
+            a_int = G.operand_integers(q, s, q.shape[0], self.K, row_ids=ids)
+            I = G.exact_sums(a_int, w_int)
+            d[c0 - r0:c1 - r0] = G.round_bf16_exact(I, alpha)
+            if with_bound:
+                real[c0 - r0:c1 - r0] = alpha * I.to(torch.float64) * 2.0**-20
+                bound[c0 - r0:c1 - r0] = G.fp32_error_bound(I, G.abs_sums(a_int, w_int),
+                                                            alpha, self.K)
+        return d, real, bound
+
+    def _p0(self, x, r0, r1):
+        from kernels.nvfp4.amax import amax
+        from kernels.nvfp4.gemm import gemm_nvfp4
+        from kernels.nvfp4.quantize import quantize_nvfp4
+
+        x = x.contiguous()
+        g = nvfp4.global_scale_from_amax(amax(x)).reshape(1)
+        q, s = quantize_nvfp4(x, g, pad_16x=True)
+        return gemm_nvfp4(q, s, g, self.w_q, self.w_s, self.g_w, rows=(r0, r1))

@@ -1,0 +1,127 @@
+"""Rung 3: the real QKV, out, FC1 and FC2 projections at blocks 0, 24 and 49 (first, middle and
+last block of a scaled config), on the activations the reference model really feeds them.
+
+Every GEMM output is checked per element: it must lie within the oracle's proven
+fp32-accumulation bound of the exact result alpha·S (numerics.gemm_oracle), a rerun must be
+bit-identical, and a row slice (rows=(128, M)) must equal the same rows of the whole output.
+Also home of what rungs 4-7 share: the backend-under-test model and the per-GEMM audit.
+"""
+from __future__ import annotations
+
+import torch
+
+from models.h3 import ROLES, H3Model, initial_latent
+from models.nvfp4_linear import BackendUnavailable
+from validators.base import RungResult, check
+
+NAME = "real projections"
+
+
+def selected_blocks(blocks: int) -> list[int]:
+    """First, middle and last block: 0, 24 and 49 of 50."""
+    return sorted({0, (blocks - 1) // 2, blocks - 1})
+
+
+def model_under_test(reference: H3Model, backend: str, wrap=None) -> H3Model:
+    """``reference``'s workload (same packed weights) on ``backend``; BackendUnavailable when
+    this machine cannot run it."""
+    return reference.derived(backend=backend, wrap=wrap)
+
+
+def not_run(rung: int, name: str, e: BackendUnavailable) -> RungResult:
+    return RungResult(rung, name, "not-run", str(e))
+
+
+def gemm_check(label: str, y: torch.Tensor, oracle) -> dict:
+    """Per element: |y - alpha·S| <= bound, from ``oracle`` = (D, alpha·S, bound)."""
+    d, real, bound = oracle
+    bad = ~((y.double() - real).abs() <= bound)
+    n = int(bad.sum())
+    exact = float((y.view(torch.int16) == d.view(torch.int16)).double().mean())
+    if n == 0:
+        return check(True, f"{label}: all {y.numel()} within the bound ({exact:.5f} equal to "
+                     "the correctly rounded result)")
+    r, c = (int(i) for i in bad.nonzero()[0])
+    return check(False, f"{label}: {n} of {y.numel()} outside the oracle bound, first at "
+                 f"element ({r}, {c}): {float(y[r, c])!r} vs exact {float(real[r, c])!r} "
+                 f"± {float(bound[r, c]):.3g}")
+
+
+class GemmAudit:
+    """A wrap for the model under test: every linear call is checked per element against the
+    reference linear's oracle on the same input; the first failure per (step, block, role)
+    is kept. Call n of a linear is step n (each step calls each linear once)."""
+
+    def __init__(self, reference: H3Model, inner=None):
+        self.reference, self.inner = reference, inner
+        self.calls: dict = {}
+        self.failures: dict = {}
+        self.elements = 0
+
+    def __call__(self, block: int, role: str, lin):
+        run = self.inner(block, role, lin) if self.inner is not None else lin
+
+        def audited(x, rows=None):
+            y = run(x, rows=rows)
+            step = self.calls.get((block, role), 0)
+            self.calls[(block, role)] = step + 1
+            ref = self.reference.linears(block)[role]
+            label = f"step {step} block {block} {role}"
+            c = gemm_check(label, y, ref.oracle(x, rows=rows))
+            self.elements += y.numel()
+            if not c["pass"]:
+                self.failures.setdefault(label, c)
+            return y
+
+        return audited
+
+    def check(self) -> dict:
+        n = sum(self.calls.values())
+        if not self.failures:
+            return {"gemm outputs": check(True, f"{n} GEMM calls, {self.elements} elements, "
+                                          "all within the oracle bound")}
+        return dict(self.failures)
+
+
+def real_inputs(reference: H3Model, blocks: list[int]) -> dict:
+    """(block, role) -> the bf16 input the reference feeds that projection at step 0."""
+    seen = {}
+
+    def record(block, role, lin):
+        def rec(x, rows=None):
+            if block in blocks:
+                seen[(block, role)] = x
+            return lin(x, rows=rows)
+        return rec
+
+    latent = initial_latent(reference.cfg, reference.seed).to(reference.device)
+    reference.derived(wrap=record).denoiser_step(latent, 0)
+    return seen
+
+
+def run(reference: H3Model, backend: str = "reference", wrap=None, log=print) -> RungResult:
+    try:
+        model = model_under_test(reference, backend, wrap)
+    except BackendUnavailable as e:
+        return not_run(3, NAME, e)
+    blocks = selected_blocks(reference.cfg.blocks)
+    inputs = real_inputs(reference, blocks)
+    checks, elements = {}, 0
+    for b in blocks:
+        lins, refs = model.linears(b), reference.linears(b)
+        for role in ROLES:
+            x = inputs[(b, role)]
+            y, again = lins[role](x), lins[role](x)
+            label = f"block {b} {role}"
+            checks[label] = gemm_check(label, y, refs[role].oracle(x))
+            same = torch.equal(y.view(torch.int16), again.view(torch.int16))
+            checks[f"{label} rerun"] = check(same, f"{label}: rerun bit-identical: {same}")
+            if x.shape[0] > 128:
+                part = lins[role](x, rows=(128, x.shape[0]))
+                ok = torch.equal(part.view(torch.int16), y[128:].view(torch.int16))
+                checks[f"{label} rows"] = check(ok, f"{label}: rows (128, {x.shape[0]}) equal "
+                                                f"the whole output's rows: {ok}")
+            elements += y.numel()
+        failing = [k for k in checks if k.startswith(f"block {b} ") and not checks[k]["pass"]]
+        log(f"    rung 3 block {b}: {'FAIL ' + ', '.join(failing) if failing else 'pass'}")
+    return RungResult.from_checks(3, NAME, checks, elements)
