@@ -263,22 +263,23 @@ def quantize_block16(w: cute.Tensor, g: Float32, rcp_g: Float32, words: cute.Ten
             words[q] = e2m1_word_fast(*[fmul_ftz(xf[e + k], enc) for k in range(8)],
                                       w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3])
     elif has_nan or enc == Float32(0.0):  # the only blocks that can produce NaN
-        for q in cutlass.range_constexpr(2):
-            word = Uint32(0)
-            for p in cutlass.range_constexpr(4):
-                e = q * 8 + p * 2
-                byte = e2m1_pair(fmul_ftz(xf[e], enc), fmul_ftz(xf[e + 1], enc))
-                word = word | (byte << Uint32(8 * p))
-            words[q] = word
+        _pack_pairs(e2m1_pair, xf, enc, words)
     else:
-        for q in cutlass.range_constexpr(2):
-            word = Uint32(0)
-            for p in cutlass.range_constexpr(4):
-                e = q * 8 + p * 2
-                byte = e2m1_pair_fast(fmul_ftz(xf[e], enc), fmul_ftz(xf[e + 1], enc))
-                word = word | (byte << Uint32(8 * p))
-            words[q] = word
+        _pack_pairs(e2m1_pair_fast, xf, enc, words)
     return s8
+
+
+def _pack_pairs(pair, xf, enc, words):
+    """The block's 16 codes, two at a time by ``pair`` (e2m1_pair or e2m1_pair_fast), into
+    two words, byte p of word q from elements 8q + 2p and 8q + 2p + 1 (plain Python loops:
+    unrolled while tracing, as range_constexpr is; the quantize kernel's PTX is unchanged)."""
+    for q in range(2):
+        word = Uint32(0)
+        for p in range(4):
+            e = q * 8 + p * 2
+            byte = pair(fmul_ftz(xf[e], enc), fmul_ftz(xf[e + 1], enc))
+            word = word | (byte << Uint32(8 * p))
+        words[q] = word
 
 
 # ---- dequantisation (P0 consumer): E2M1 codes x E4M3 scale -> exact f16 -------------------------
