@@ -1,1 +1,40 @@
-"""epilogues."""
+"""Epilogues: what the GEMM shell does with a finished fp32 accumulator tile.
+
+The contract (one signature for every epilogue): an epilogue module is a
+:class:`~epilogues.tile_store.TileStore`, built from an *output rule* and the shell's K
+``splits``. The shell calls, from every consumer thread once the tile's last wgmma retired::
+
+    epilogue.store(acc, thr_mma, tile_mn, operands, tile)
+
+``acc`` is the thread's fp32 accumulator fragment (wgmma C layout: registers 2i, 2i+1 are
+columns n, n+1 of one row), ``operands`` an :class:`EpilogueOperands` of global tensors and
+``tile`` an :class:`OutputTile`. The store owns the split-K reduction (fixed order); the output
+rule turns two fp32 sums of one row into one 32-bit word of two bf16 (``pair``) and names the
+extra operands it reads (``operands``: a subset of ("gate", "residual")), which the torch entry
+checks and passes. Rules: :class:`~epilogues.alpha_bf16.AlphaBf16` (D = RN_bf16(alpha·acc)) and
+:class:`~epilogues.gate_residual.GateResidualBf16` (P4, the exact gated residual add).
+Epilogues use named barrier 2 (split-K only) and no shared storage beyond one flag word.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class EpilogueOperands(NamedTuple):
+    """Global tensors an epilogue may touch (views built by the shell)."""
+    d: object         # uint32 [M, N/2]: D as bf16 column pairs
+    alpha: object     # Float32 value gA·gB
+    work: object      # fp32 [splits, M, N]: split-K partial sums
+    count: object     # int32 [tiles]: split-K arrival counters (re-armed to 0)
+    flag: object      # smem pointer: one int32, "this CTA reduces the tile"
+    gate: object      # uint32 [N/2]: a bf16 per-column gate, as pairs (P4)
+    residual: object  # uint32 [M, N/2]: the bf16 residual, as pairs (P4; may alias d)
+
+
+class OutputTile(NamedTuple):
+    """Where the tile lies: its first row and column, its index and K split, the thread."""
+    m0: object
+    n0: object
+    tile_id: object
+    split: object
+    ct: object  # consumer thread index 0..255

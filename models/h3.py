@@ -156,10 +156,11 @@ class H3Model:
                  for t in (q, k, v)]
         a = F.scaled_dot_product_attention(*heads).transpose(0, 1).reshape(T, h)
         a = (a.float() * torch.sigmoid(gate.float())).to(torch.bfloat16)
-        x = (x.float() + vec["gate_attn"].float() * lin["out"](a).float()).to(torch.bfloat16)
+        # the gated residual adds ride in the projections' epilogue (P4 on p0; the reference
+        # applies numerics.epilogue.gate_residual after its exact GEMM: the same bits)
+        x = lin["out"](a, gate=vec["gate_attn"], residual=x)
         f = F.gelu(lin["fc1"](_rmsnorm(x, vec["norm_mlp"])).float(), approximate="tanh")
-        y = lin["fc2"](f.to(torch.bfloat16))
-        return (x.float() + vec["gate_mlp"].float() * y.float()).to(torch.bfloat16)
+        return lin["fc2"](f.to(torch.bfloat16), gate=vec["gate_mlp"], residual=x)
 
     def denoiser_step(self, latent: torch.Tensor, step: int, on_block=None) -> torch.Tensor:
         """The velocity v for ``latent`` at ``step``: every block, then a plain RMS norm.

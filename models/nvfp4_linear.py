@@ -10,6 +10,9 @@ Backends (all consume the same packed weight, so they differ only in the GEMM):
   returns the proven per-element bound any fp32-accumulating kernel must meet.
 * ``p0``: kernels.nvfp4 amax + quantize_nvfp4 + gemm_nvfp4 on an sm_90 GPU.
 * ``p1`` / ``p2``: the streamed producers, refused until issues #4 (P1) and P2's issue land.
+With ``gate`` and ``residual`` a call returns H3's gated residual add of its output,
+numerics.epilogue.gate_residual(y, gate, residual): ``reference`` computes it after the exact
+GEMM, ``p0`` fuses it into the GEMM's store (P4, epilogues/gate_residual.py), bit-identical.
 FC2 is pinned to p0 whatever streamed backend is asked for: the seed keeps FC2 off the streamed
 producers (its K = 14336 reduction contract), so only QKV, out and FC1 would stream.
 A backend this machine cannot run is refused at construction, never replaced by another.
@@ -20,6 +23,7 @@ import torch
 
 from numerics import gemm_oracle as G
 from numerics import nvfp4
+from numerics.epilogue import gate_residual
 from workbench import WorkbenchError
 
 BACKENDS = ("reference", "p0", "p1", "p2")
@@ -135,13 +139,32 @@ class Nvfp4Linear:
         q, s = nvfp4.quantize(x, g, pad_16x=True)
         return q, s, float(g)
 
-    def __call__(self, x: torch.Tensor, rows=None) -> torch.Tensor:
-        """bf16 [r1 - r0, N]: rows [r0, r1) of x·Wᵀ, x quantized as a whole (its global amax)."""
+    def _check_epilogue(self, gate, residual, m: int) -> None:
+        if (gate is None) != (residual is None):
+            raise ValueError("gate and residual go together (the gated residual add): pass "
+                             "both or neither")
+        if gate is None:
+            return
+        for name, t, shape in (("gate", gate, (self.N,)), ("residual", residual, (m, self.N))):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16:
+                raise TypeError(f"{name} must be a bf16 torch.Tensor, got "
+                                f"{getattr(t, 'dtype', type(t).__name__)}")
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}; need {list(shape)}")
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}; this linear's weight is on "
+                                 f"{self.device}")
+
+    def __call__(self, x: torch.Tensor, rows=None, *, gate=None, residual=None) -> torch.Tensor:
+        """bf16 [r1 - r0, N]: rows [r0, r1) of x·Wᵀ, x quantized as a whole (its global amax);
+        with ``gate`` [N] and ``residual`` [r1 - r0, N], residual + gate · that (H3's order)."""
         self._check_input(x)
         r0, r1 = _check_rows(rows, x.shape[0])
+        self._check_epilogue(gate, residual, r1 - r0)
         if self.backend == "p0":
-            return self._p0(x, r0, r1)
-        return self._exact(x, r0, r1)[0].to(torch.bfloat16)
+            return self._p0(x, r0, r1, gate, residual)
+        y = self._exact(x, r0, r1)[0].to(torch.bfloat16)
+        return y if gate is None else gate_residual(y, gate, residual)
 
     def oracle(self, x: torch.Tensor, rows=None):
         """(D bf16, alpha·S float64, bound float64) for rows [r0, r1): the correctly rounded
@@ -180,7 +203,7 @@ class Nvfp4Linear:
                                                             alpha, self.K)
         return d, real, bound
 
-    def _p0(self, x, r0, r1):
+    def _p0(self, x, r0, r1, gate=None, residual=None):
         from kernels.nvfp4.amax import amax
         from kernels.nvfp4.gemm import gemm_nvfp4
         from kernels.nvfp4.quantize import quantize_nvfp4
@@ -188,4 +211,7 @@ class Nvfp4Linear:
         x = x.contiguous()
         g = nvfp4.global_scale_from_amax(amax(x)).reshape(1)
         q, s = quantize_nvfp4(x, g, pad_16x=True)
-        return gemm_nvfp4(q, s, g, self.w_q, self.w_s, self.g_w, rows=(r0, r1))
+        if residual is not None:
+            residual = residual.contiguous()
+        return gemm_nvfp4(q, s, g, self.w_q, self.w_s, self.g_w, rows=(r0, r1), gate=gate,
+                          residual=residual)

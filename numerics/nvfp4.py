@@ -216,6 +216,9 @@ def quantize(x: torch.Tensor, g, *, hi_first: bool = True, pad_16x: bool = False
         bs = max_abs.to(torch.float32) * RN_ONE_SIXTH  # torch on CUDA: x / 6.0 == x * RN(1/6)
         s = torch.clamp(bs / g, max=F8_E4M3_MAX)
         s8 = s.to(torch.float8_e4m3fn).view(torch.uint8)
+        # g = 0: a zero block's 0/0 is a NaN whose sign depends on the CPU code path (x86's
+        # default NaN is negative, a strided copy may take another path); CUDA's is +NaN (0x7F)
+        s8 = torch.where(s8 == 0xFF, torch.full_like(s8, 0x7F), s8)
         tot = (g * e4m3_decode(s8)).unsqueeze(-1)
         v = torch.where(tot == 0, torch.zeros_like(tot), xb.to(torch.float32) / tot)
         v = torch.clamp(v, -F4_E2M1_MAX, F4_E2M1_MAX)

@@ -281,6 +281,17 @@ BAD_INPUTS = {
                   r"out has dtype float16; expected bfloat16"),
     "config": (lambda o: dict(config="fast"), TypeError,
                r"config must be a BlockscaledGemmSm90, got str"),
+    "gate alone": (lambda o: dict(gate=torch.zeros(256, dtype=torch.bfloat16,
+                                                   device=o["device"])), ValueError,
+                   r"gate and residual go together"),
+    "gate shape": (lambda o: dict(gate=torch.zeros(255, dtype=torch.bfloat16, device=o["device"]),
+                                  residual=torch.zeros(128, 256, dtype=torch.bfloat16,
+                                                       device=o["device"])), ValueError,
+                   r"gate has shape \(255,\); need \[256\]"),
+    "residual dtype": (lambda o: dict(gate=torch.zeros(256, dtype=torch.bfloat16,
+                                                       device=o["device"]),
+                                      residual=torch.zeros(128, 256, device=o["device"])),
+                       TypeError, r"residual has dtype float32; expected bfloat16"),
 }
 
 

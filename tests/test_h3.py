@@ -56,9 +56,9 @@ def test_heavy_tailed_activation_channels():
     seen = {}
 
     def record(block, role, lin):
-        def rec(x, rows=None):
+        def rec(x, rows=None, **epilogue):
             seen[role] = x
-            return lin(x, rows=rows)
+            return lin(x, rows=rows, **epilogue)
         return rec
 
     latent = initial_latent(QUICK, 0)

@@ -59,8 +59,8 @@ def tiny():
 
 def _perturb_fc1_of_block_1(block, role, lin):
     """A fake backend: the reference with one fc1 output element of block 1 wrong."""
-    def wrong(x, rows=None):
-        y = lin(x, rows=rows)
+    def wrong(x, rows=None, **epilogue):
+        y = lin(x, rows=rows, **epilogue)
         if block == 1 and role == "fc1":
             y = y.clone()
             y[5, 7] = y[5, 7] * 2 + 1

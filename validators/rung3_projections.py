@@ -4,6 +4,8 @@ last block of a scaled config), on the activations the reference model really fe
 Every GEMM output is checked per element: it must lie within the oracle's proven
 fp32-accumulation bound of the exact result alpha·S (numerics.gemm_oracle), a rerun must be
 bit-identical, and a row slice (rows=(128, M)) must equal the same rows of the whole output.
+Where the model fuses its gated residual add into the projection (out, fc2: P4), the fused
+output must be bit-identical to numerics.epilogue.gate_residual of the plain output.
 Also home of what rungs 4-7 share: the backend-under-test model and the per-GEMM audit.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from models.h3 import ROLES, H3Model, initial_latent
 from models.nvfp4_linear import BackendUnavailable
+from numerics.epilogue import gate_residual
 from validators.base import RungResult, check
 
 NAME = "real projections"
@@ -47,10 +50,21 @@ def gemm_check(label: str, y: torch.Tensor, oracle) -> dict:
                  f"± {float(bound[r, c]):.3g}")
 
 
+def fused_check(label: str, fused: torch.Tensor, y: torch.Tensor, gate, residual) -> dict:
+    """P4: the fused gated residual add, bit for bit against the reference order on y."""
+    want = gate_residual(y, gate, residual)
+    n = int((fused.view(torch.int16) != want.view(torch.int16)).sum())
+    return check(n == 0, f"{label}: fused gated residual add bit-identical to the reference "
+                 f"order" if n == 0 else f"{label}: {n} of {want.numel()} fused gated residual "
+                 "add outputs differ from the reference order")
+
+
 class GemmAudit:
     """A wrap for the model under test: every linear call is checked per element against the
-    reference linear's oracle on the same input; the first failure per (step, block, role)
-    is kept. Call n of a linear is step n (each step calls each linear once)."""
+    reference linear's oracle on the same input; a call with a fused gated residual add is also
+    run plain, its GEMM output audited and the fused output checked bit for bit against the
+    reference order (fused_check). The first failure per (step, block, role) is kept. Call n of
+    a linear is step n (each step calls each linear once)."""
 
     def __init__(self, reference: H3Model, inner=None):
         self.reference, self.inner = reference, inner
@@ -61,17 +75,20 @@ class GemmAudit:
     def __call__(self, block: int, role: str, lin):
         run = self.inner(block, role, lin) if self.inner is not None else lin
 
-        def audited(x, rows=None):
-            y = run(x, rows=rows)
+        def audited(x, rows=None, *, gate=None, residual=None):
+            out = run(x, rows=rows, gate=gate, residual=residual)
+            y = out if gate is None else run(x, rows=rows)
             step = self.calls.get((block, role), 0)
             self.calls[(block, role)] = step + 1
             ref = self.reference.linears(block)[role]
             label = f"step {step} block {block} {role}"
             c = gemm_check(label, y, ref.oracle(x, rows=rows))
+            if c["pass"] and gate is not None:
+                c = fused_check(label, out, y, gate, residual)
             self.elements += y.numel()
             if not c["pass"]:
                 self.failures.setdefault(label, c)
-            return y
+            return out
 
         return audited
 
@@ -84,14 +101,15 @@ class GemmAudit:
 
 
 def real_inputs(reference: H3Model, blocks: list[int]) -> dict:
-    """(block, role) -> the bf16 input the reference feeds that projection at step 0."""
+    """(block, role) -> (the bf16 input the reference feeds that projection at step 0, its
+    gated residual operands: {} or {"gate", "residual"})."""
     seen = {}
 
     def record(block, role, lin):
-        def rec(x, rows=None):
+        def rec(x, rows=None, **epilogue):
             if block in blocks:
-                seen[(block, role)] = x
-            return lin(x, rows=rows)
+                seen[(block, role)] = (x, epilogue)
+            return lin(x, rows=rows, **epilogue)
         return rec
 
     latent = initial_latent(reference.cfg, reference.seed).to(reference.device)
@@ -110,10 +128,13 @@ def run(reference: H3Model, backend: str = "reference", wrap=None, log=print) ->
     for b in blocks:
         lins, refs = model.linears(b), reference.linears(b)
         for role in ROLES:
-            x = inputs[(b, role)]
+            x, epilogue = inputs[(b, role)]
             y, again = lins[role](x), lins[role](x)
             label = f"block {b} {role}"
             checks[label] = gemm_check(label, y, refs[role].oracle(x))
+            if epilogue:
+                checks[f"{label} fused"] = fused_check(label, lins[role](x, **epilogue), y,
+                                                       **epilogue)
             same = torch.equal(y.view(torch.int16), again.view(torch.int16))
             checks[f"{label} rerun"] = check(same, f"{label}: rerun bit-identical: {same}")
             if x.shape[0] > 128:

@@ -24,6 +24,7 @@ import torch
 
 from models.h3 import H3Model, initial_latent
 from models.nvfp4_linear import BackendUnavailable
+from numerics.epilogue import gate_residual
 from validators.base import RungResult, check
 from validators.rung3_projections import GemmAudit, model_under_test, not_run, selected_blocks
 
@@ -33,12 +34,15 @@ SAFETY = 2.0
 
 def edge_wrap(seed: int = 1):
     """The legal adversary's wrap (apply to the reference model)."""
-    calls: dict = {}  # (block, role) -> calls so far: each call draws fresh sides
+    calls: dict = {}  # (block, role, plain) -> calls so far: each step draws fresh sides
 
     def wrap(block, role, lin):
-        def edge(x, rows=None):
+        def edge(x, rows=None, *, gate=None, residual=None):
             d, real, bound = lin.oracle(x, rows=rows)
-            n = calls[(block, role)] = calls.get((block, role), -1) + 1
+            # a fused call and a plain one (GemmAudit makes both) count apart, so call n of
+            # each draws the same sides: the adversary is one deterministic legal backend
+            kind = (block, role, gate is None)
+            n = calls[kind] = calls.get(kind, -1) + 1
             key = f"{seed}:{block}:{role}:{n}".encode()
             gen = torch.Generator().manual_seed(zlib.crc32(key))
             side = (torch.randint(0, 2, d.shape, generator=gen) * 2 - 1).to(d.device)
@@ -46,7 +50,8 @@ def edge_wrap(seed: int = 1):
             ulp = torch.exp2(torch.floor(torch.log2(df.abs().clamp_min(2.0**-126))) - 7)
             cand = (df + side * ulp).to(torch.bfloat16)
             ok = ((cand.double() - real).abs() <= bound) & torch.isfinite(cand)
-            return torch.where(ok, cand, d)
+            y = torch.where(ok, cand, d)
+            return y if gate is None else gate_residual(y, gate, residual)
         return edge
     return wrap
 

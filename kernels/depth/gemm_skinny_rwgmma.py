@@ -29,6 +29,7 @@ from kernels.depth.gemm_skinny import (PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny, 
                                        weight_groups)
 from kernels.depth.gemm_skinny_wgmma import STAGE_BARRIER, bulk_copy_g2s, descriptor, smem_u32
 from kernels.device.runtime import cached_compile, cute_modules, current_stream, pointer_args
+from kernels.device.wgmma import sw128_kmajor_descriptor, wgmma_rs_m64k16
 from kernels.device.waits import diagnostics_mailbox, wait_parity
 
 cutlass, cute = cute_modules()
@@ -55,26 +56,6 @@ def pack_weights_rwgmma(w, swiglu: bool = False) -> PackedWeights:
     # [group, h, g, t, j, q, e] -> [group, t, g, q, j, h, e]: row 8h + g, k = 16t + 8j + 2q + e
     packed = grouped.reshape(G, 2, 8, K // 16, 2, 4, 2).permute(0, 3, 2, 5, 4, 1, 6)
     return PackedWeights(packed.contiguous().reshape(rows, K), swiglu, layout=LAYOUT)
-
-
-@dsl_user_op
-def wgmma_rs_m64k16(acc, a, desc_b, *, loc=None, ip=None):
-    """``wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16`` with A in registers (4 words a
-    thread) and B from shared memory (K-major descriptor): acc (N / 2 fp32 a thread) += A ·
-    B^T. Issue only between warpgroup.fence() and commit_group() / wait_group()."""
-    na = len(acc)
-    d = ",".join(f"${i}" for i in range(na))
-    ops = [Float32(x).ir_value(loc=loc, ip=ip) for x in acc] + \
-        [Uint32(x).ir_value(loc=loc, ip=ip) for x in a] + [Int64(desc_b).ir_value(loc=loc, ip=ip)]
-    cons = ",".join(["=f"] * na + [str(i) for i in range(na)] + ["r"] * 4 + ["l"])
-    a_regs = ",".join(f"${2 * na + i}" for i in range(4))
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * na), ops,
-        "{ .reg .pred p; setp.ne.b32 p, 1, 0; "
-        f"wgmma.mma_async.sync.aligned.m64n{2 * na}k16.f32.bf16.bf16 {{{d}}}, "
-        f"{{{a_regs}}}, ${2 * na + 4}, p, 1, 1, 0; }}",
-        cons, has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(na)]
 
 
 def rwgmma_smem_bytes(M: int, k_slice: int, tile_rows: int, stages: int) -> int:
@@ -248,8 +229,7 @@ class GemmSkinnyRegWgmma(GemmSkinny):
         n = M // self.m_split
         if cutlass.const_expr(self.a_copy == "tma"):  # SW128 K-major: 8-row atoms 1024 apart
             start = smem_u32(sA.iterator) + half * (n // 8) * SW128_ATOM
-            desc_b = Int64((start >> 4) & 0x3FFF) | Int64(1 << 16) \
-                | (Int64(SW128_ATOM >> 4) << 32) | (Int64(1) << 62)
+            desc_b = sw128_kmajor_descriptor(start, SW128_ATOM)
         else:
             desc_b = descriptor(smem_u32(sA.iterator) + half * (n // 8) * 128, M * 16, 128)
         acc = [Float32(0.0)] * (n // 2)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from kernels.depth.gemm_skinny import (MAX_SPLITS, PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny,
                                        PackedWeights, _ptr_specs, check_chunk_major_out,
                                        check_tiling, checked_operands, weight_groups)
+from kernels.device.ptx import bulk_copy_g2s, smem_u32  # noqa: F401  (used here and by rwgmma)
 from kernels.device.runtime import cached_compile, cute_modules, current_stream, pointer_args
 from kernels.device.waits import diagnostics_mailbox, wait_parity
 
@@ -75,28 +76,6 @@ def chunk_major(a):
     which the producer of this kernel's activations must write them."""
     M, K = a.shape
     return a.reshape(M, K // 8, 8).transpose(0, 1).contiguous().reshape(M, K)
-
-
-@dsl_user_op
-def smem_u32(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
-    """The 32-bit shared-memory address of ``ptr``."""
-    return Int32(llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
-
-
-@dsl_user_op
-def bulk_copy_g2s(dst: cute.Pointer, src: cute.Pointer, size: int, mbar: cute.Pointer, *,
-                  loc=None, ip=None):
-    """``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``: ``size`` bytes
-    (a multiple of 16; both ends 16-byte aligned) from global ``src`` into this CTA's shared
-    ``dst``, completing that many bytes on ``mbar``."""
-    d = llvm.ptrtoint(T.i32(), dst.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
-    s = llvm.ptrtoint(T.i64(), src.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
-    b = llvm.ptrtoint(T.i32(), mbar.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
-    llvm.inline_asm(None, [d, s, Int32(size).ir_value(loc=loc, ip=ip), b],
-                    "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-                    "[$0], [g], $2, [$3]; }", "r,l,r,r", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
 @dsl_user_op

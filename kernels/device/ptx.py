@@ -5,7 +5,7 @@ from __future__ import annotations
 from kernels.device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
-from cutlass import Float32, Uint32  # noqa: E402
+from cutlass import Float32, Int32, Uint32  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
@@ -20,6 +20,19 @@ def asm(ret, args, text, constraints, loc, ip):
 def fmul_ftz(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
     """IEEE fp32 multiply, denormals flushed (FMUL.FTZ)."""
     return Float32(asm(T.f32(), [Float32(a), Float32(b)], "mul.ftz.f32 $0, $1, $2;", "=f,f,f",
+                        loc, ip))
+
+@dsl_user_op
+def fmul_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """IEEE fp32 multiply with denormals (``mul.rn``: the explicit rounding mode keeps ptxas from
+    contracting it with a following add into an FMA)."""
+    return Float32(asm(T.f32(), [Float32(a), Float32(b)], "mul.rn.f32 $0, $1, $2;", "=f,f,f",
+                        loc, ip))
+
+@dsl_user_op
+def fadd_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """IEEE fp32 add with denormals (``add.rn``: never contracted into an FMA)."""
+    return Float32(asm(T.f32(), [Float32(a), Float32(b)], "add.rn.f32 $0, $1, $2;", "=f,f,f",
                         loc, ip))
 
 @dsl_user_op
@@ -65,3 +78,24 @@ def f16_lo(word: Uint32, *, loc=None, ip=None) -> Float32:
 def f16_hi(word: Uint32, *, loc=None, ip=None) -> Float32:
     return Float32(asm(T.f32(), [Uint32(word)], "{ .reg .b16 l, h; mov.b32 {l, h}, $1; "
                         "cvt.f32.f16 $0, h; }", "=f,r", loc, ip))
+
+
+@dsl_user_op
+def smem_u32(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
+    """The 32-bit shared-memory address of ``ptr``."""
+    return Int32(llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip))
+
+@dsl_user_op
+def bulk_copy_g2s(dst: cute.Pointer, src: cute.Pointer, size: int, mbar: cute.Pointer, *,
+                  loc=None, ip=None):
+    """``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``: ``size`` bytes
+    (a multiple of 16; both ends 16-byte aligned) from global ``src`` into this CTA's shared
+    ``dst``, completing that many bytes on ``mbar``."""
+    d = llvm.ptrtoint(T.i32(), dst.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
+    s = llvm.ptrtoint(T.i64(), src.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
+    b = llvm.ptrtoint(T.i32(), mbar.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
+    llvm.inline_asm(None, [d, s, Int32(size).ir_value(loc=loc, ip=ip), b],
+                    "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                    "[$0], [g], $2, [$3]; }", "r,l,r,r", has_side_effects=True,
+                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)

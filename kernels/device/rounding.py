@@ -8,7 +8,7 @@ from kernels.device.runtime import cute_modules
 cutlass, cute = cute_modules()
 from cutlass import Float32, Uint32  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
-from kernels.device.ptx import asm, bf16_hi, bf16_lo  # noqa: E402
+from kernels.device.ptx import asm, bf16_hi, bf16_lo, fadd_rn, fmul_rn  # noqa: E402
 
 
 @dsl_user_op
@@ -46,3 +46,13 @@ def rmsnorm_pair(x_word: Uint32, gamma_word: Uint32, r: Float32) -> Uint32:
     """:func:`rmsnorm_value` for the two bf16 packed in a word, packed again (bf16x2 roundings)."""
     y = bf16x2_rn(bf16_lo(x_word) * r, bf16_hi(x_word) * r)
     return bf16x2_rn(bf16_lo(gamma_word) * bf16_lo(y), bf16_hi(gamma_word) * bf16_hi(y))
+
+def gate_residual_pair(y_word: Uint32, gate_word: Uint32, residual_word: Uint32) -> Uint32:
+    """``RN_bf16(residual + gate·y)`` for the two bf16 packed in each word, in the order of
+    numerics.epilogue.gate_residual (H3's gated residual add): an fp32 multiply, rounded; an
+    fp32 add, rounded; one bf16 rounding. ``mul.rn`` / ``add.rn`` keep that order by
+    construction: ptxas never contracts them into an FMA. (For bf16 operands the fp32 product is
+    exact unless it is subnormal, so an FMA would rarely differ; equality must not rest on it.)"""
+    lo = fadd_rn(bf16_lo(residual_word), fmul_rn(bf16_lo(gate_word), bf16_lo(y_word)))
+    hi = fadd_rn(bf16_hi(residual_word), fmul_rn(bf16_hi(gate_word), bf16_hi(y_word)))
+    return bf16x2_rn(lo, hi)

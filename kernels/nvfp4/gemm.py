@@ -3,12 +3,15 @@
 Operands are Comfy Kitchen's prepacked NVFP4 (``numerics.nvfp4.quantize`` / the quantize kernel):
 packed codes uint8 [rows, K/2] (element 2i in the high nibble), E4M3 scales in the cuBLAS 128x4
 swizzle [roundup(rows, 128), roundup(K/16, 4)], and an fp32 tensor scale per operand.
+With ``gate`` and ``residual`` the store is P4's exact gated residual add
+(epilogues/gate_residual.py): D = RN_bf16(residual + gate · RN_bf16(alpha · Σ)).
 """
 from __future__ import annotations
 
 from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
                                     current_stream, pointer_args, require_hopper, sm_count)
 from kernels.device.waits import diagnostics_mailbox
+from epilogues.gate_residual import GateResidualBf16
 from kernels.nvfp4.gemm_shell import PTRS, BlockscaledGemmSm90
 from schedules import plan
 
@@ -70,7 +73,27 @@ def _tensor_scale(name: str, g, device):
     return g
 
 
-def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows):
+def _check_epilogue_operands(gate, residual, m: int, N: int, device):
+    """P4's operands: both or neither; gate bf16 [N], residual bf16 [m, N], on ``device``."""
+    import torch
+
+    if (gate is None) != (residual is None):
+        raise ValueError("gate and residual go together (P4's gated residual add): pass both "
+                         "or neither")
+    if gate is None:
+        return
+    check_cuda_tensor("gate", gate, dtypes=(torch.bfloat16,), align=4)
+    check_cuda_tensor("residual", residual, dtypes=(torch.bfloat16,), align=4)
+    if tuple(gate.shape) != (N,):
+        raise ValueError(f"gate has shape {tuple(gate.shape)}; need [{N}] (one per column)")
+    if tuple(residual.shape) != (m, N):
+        raise ValueError(f"residual has shape {tuple(residual.shape)}; need [{m}, {N}]")
+    for name, t in (("gate", gate), ("residual", residual)):
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}; the operands are on {device}")
+
+
+def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate=None, residual=None):
     """All checks, in order; returns (M, N, K, r0, r1, g_a, g_b). Raises before any launch."""
     import torch
 
@@ -103,23 +126,33 @@ def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows):
             raise ValueError(f"out has shape {tuple(out.shape)}; need [{r1 - r0}, {N}]")
         if out.device != device:
             raise ValueError(f"out is on {out.device}; the operands are on {device}")
+    _check_epilogue_operands(gate, residual, r1 - r0, N, device)
     return M, N, K, r0, r1, g_a, g_b
 
 
 def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
-               config: BlockscaledGemmSm90 | None = None):
+               config: BlockscaledGemmSm90 | None = None, gate=None, residual=None):
     """D = RN_bf16(g_a·g_b · Σ_k a_k b_k) for rows [r0, r1) of A (all rows by default): bf16
     [r1 - r0, N]. ``rows`` slices A without a copy (r0 a multiple of 128); ``out`` receives D.
-    Compiled kernels are cached per static config (``BlockscaledGemmSm90.static_key``)."""
+    With ``gate`` (bf16 [N]) and ``residual`` (bf16 [r1 - r0, N]; may be ``out`` itself, for an
+    in-place update) D is RN_bf16(residual + gate · that), bit-identical to
+    numerics.epilogue.gate_residual of the plain output. Compiled kernels are cached per static
+    config (``BlockscaledGemmSm90.static_key``)."""
     import torch
 
     if config is not None and not isinstance(config, BlockscaledGemmSm90):
         raise TypeError(f"config must be a BlockscaledGemmSm90, got {type(config).__name__}")
-    M, N, K, r0, r1, g_a, g_b = validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows)
+    M, N, K, r0, r1, g_a, g_b = validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate,
+                                         residual)
     m = r1 - r0
     if out is None:
         out = torch.empty(m, N, dtype=torch.bfloat16, device=a_q.device)
     config = config or default_config(m, N, K)
+    if gate is not None and not isinstance(config.epilogue.output, GateResidualBf16):
+        config = config.with_output(GateResidualBf16())
+    elif gate is None and config.epilogue.operands:
+        raise ValueError(f"config's epilogue {type(config.epilogue.output).__name__} reads "
+                         f"{config.epilogue.operands}: pass gate and residual")
     a_rows = a_q[r0:r1]
     a_scales = a_s.view(torch.uint8)[r0:]  # whole 128-row tiles from r0 on
     if config.splits * m * N >= 2**31:
@@ -132,7 +165,9 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     else:  # never dereferenced
         work, counters = out, diagnostics_mailbox()
     ptrs = pointer_args(PTRS, (a_rows, a_scales, b_q, b_s.view(torch.uint8), g_a, g_b, out,
-                               diagnostics_mailbox(), work, counters))
+                               diagnostics_mailbox(), work, counters,
+                               out if gate is None else gate,
+                               out if residual is None else residual))
     key = ("gemm_nvfp4_sm90", *config.static_key())
     compiled = cached_compile(key, lambda: cute.compile(
         config, *ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream()))

@@ -9,7 +9,10 @@ work is done by three modules passed in (each documents its contract):
   operands and scales by TMA into a ring of ``stages`` stages (``full``/``empty`` mbarriers);
 * consumer (:class:`consumers.dequant_wgmma.DequantWgmmaConsumer`): warpgroups 1-2 expand each
   stage to exact f16 tiles in smem and run wgmma into fp32 accumulators;
-* epilogue (:class:`epilogues.alpha_bf16.AlphaBf16Epilogue`): alpha, one bf16 rounding, store.
+* epilogue (:class:`epilogues.tile_store.TileStore`, contract in :mod:`epilogues`): the split-K
+  reduction in a fixed order and an output rule: alpha and one bf16 rounding
+  (:class:`epilogues.alpha_bf16.AlphaBf16`), or P4's exact gated residual add
+  (:class:`epilogues.gate_residual.GateResidualBf16`).
 
 Roles (384 threads): warpgroup 0 drops to 40 registers (only its warp 0 works); warpgroups 1-2
 raise to 232. Pipelines:
@@ -30,7 +33,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from consumers.dequant_wgmma import TILE_K, DequantWgmmaConsumer
-from epilogues.alpha_bf16 import AlphaBf16Epilogue, SplitKAlphaBf16Epilogue
+from epilogues import EpilogueOperands, OutputTile
+from epilogues.tile_store import TileStore
 from kernels.device.runtime import cute_modules
 from kernels.device.waits import ring_position, wait_parity
 from producers.tma_prepacked import TmaPrepackedProducer
@@ -101,8 +105,10 @@ class BlockscaledGemmSm90:
             if (m.tile_m, m.tile_n) != (TILE_M, tile_n):
                 raise ValueError(f"{name} tile ({m.tile_m}, {m.tile_n}) differs from the "
                                  f"shell's ({TILE_M}, {tile_n})")
-        self.epilogue = epilogue or (AlphaBf16Epilogue() if splits == 1
-                                     else SplitKAlphaBf16Epilogue(splits))
+        self.epilogue = epilogue or TileStore(splits=splits)
+        if not isinstance(self.epilogue, TileStore) or self.epilogue.splits != splits:
+            raise ValueError(f"epilogue must be a TileStore with splits = {splits} (the "
+                             f"epilogue contract, epilogues/__init__.py)")
         self.raster_along_m, self.swizzle = raster_along_m, swizzle
         self.threads = WARPGROUP + self.consumer.threads
         f16_bytes = (TILE_M + tile_n) * TILE_K * 2 * self.consumer.buffers
@@ -111,28 +117,40 @@ class BlockscaledGemmSm90:
             raise ValueError(f"tile_n={tile_n}, stages={stages} needs {self.smem_bytes} B of "
                              f"shared memory (> {SMEM_CAPACITY})")
 
+    def with_output(self, output) -> "BlockscaledGemmSm90":
+        """The same config with another epilogue output rule (e.g. P4's GateResidualBf16)."""
+        return BlockscaledGemmSm90(tile_n=self.tile_n, stages=self.stages, splits=self.splits,
+                                   raster_along_m=self.raster_along_m, swizzle=self.swizzle,
+                                   producer=self.producer, consumer=self.consumer,
+                                   epilogue=TileStore(output, self.splits), variant=self.variant)
+
     def static_key(self) -> tuple:
         """Every static choice that changes the compiled code: the compile cache's key."""
         return (TILE_M, self.tile_n, self.stages, self.splits, self.raster_along_m,
                 self.swizzle, self.variant, _module_key(self.producer),
-                _module_key(self.consumer), _module_key(self.epilogue))
+                _module_key(self.consumer), self.epilogue.key())
 
     def describe(self) -> dict:
         return {"tile": [self.tile_m, self.tile_n, TILE_K], "stages": self.stages,
                 "f16_buffers": self.consumer.buffers, "threads": self.threads,
                 "smem_bytes": self.smem_bytes, "raster_along_m": self.raster_along_m,
                 "swizzle": self.swizzle, "splits": self.splits,
+                "epilogue": type(self.epilogue.output).__name__,
                 "variant": None if self.variant == PRODUCTION else asdict(self.variant)}
 
     @cute.jit
     def __call__(self, a_ptr: cute.Pointer, sfa_ptr: cute.Pointer, b_ptr: cute.Pointer,
                  sfb_ptr: cute.Pointer, ga_ptr: cute.Pointer, gb_ptr: cute.Pointer,
                  d_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, work_ptr: cute.Pointer,
-                 count_ptr: cute.Pointer, M: Int32, N: Int32, k32: Int32, max_ctas: Int32, stream):
+                 count_ptr: cute.Pointer, gate_ptr: cute.Pointer, residual_ptr: cute.Pointer,
+                 M: Int32, N: Int32, k32: Int32, max_ctas: Int32, stream):
         mA, mB, mSFA, mSFB = self.producer.global_views(a_ptr, sfa_ptr, b_ptr, sfb_ptr, M, N, k32)
         n2 = N // 2  # D as uint32 column pairs (N is a multiple of 8)
-        mD = cute.make_tensor(cute.recast_ptr(d_ptr, dtype=Uint32),
-                              cute.make_layout((M, n2), stride=(n2, 1)))
+        pairs = cute.make_layout((M, n2), stride=(n2, 1))
+        mD = cute.make_tensor(cute.recast_ptr(d_ptr, dtype=Uint32), pairs)
+        # the P4 rule's operands (placeholders, never read, for rules that name none)
+        mGate = cute.make_tensor(cute.recast_ptr(gate_ptr, dtype=Uint32), cute.make_layout(n2))
+        mRes = cute.make_tensor(cute.recast_ptr(residual_ptr, dtype=Uint32), pairs)
         mG = (cute.make_tensor(ga_ptr, cute.make_layout(1)),
               cute.make_tensor(gb_ptr, cute.make_layout(1)))
         mailbox = cute.make_tensor(mailbox_ptr, cute.make_layout(8))
@@ -168,14 +186,13 @@ class BlockscaledGemmSm90:
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_ctas)
         k_tiles = (k32 + 1) // 2
         k_per_split = (k_tiles + self.splits - 1) // self.splits
-        self.kernel(tma, tiled_mma, mD, mG, mailbox, mWork, mCount, sched, k_tiles,
-                    k_per_split).launch(
+        self.kernel(tma, tiled_mma, (mD, mWork, mCount, mGate, mRes), mG, mailbox, sched,
+                    k_tiles, k_per_split).launch(
             grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     @cute.kernel
-    def kernel(self, tma, tiled_mma: cute.TiledMma, mD: cute.Tensor, mG, mailbox: cute.Tensor,
-               mWork: cute.Tensor, mCount: cute.Tensor, sched_params, k_tiles: Int32,
-               k_per_split: Int32):
+    def kernel(self, tma, tiled_mma: cute.TiledMma, epi_tensors, mG, mailbox: cute.Tensor,
+               sched_params, k_tiles: Int32, k_per_split: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
@@ -230,7 +247,11 @@ class BlockscaledGemmSm90:
             tile_mn = (self.tile_m, self.tile_n)
             acc = cute.make_rmem_tensor(
                 thr_mma.partition_C(cute.make_identity_tensor(tile_mn)).shape, Float32)
-            alpha = mG[0][0] * mG[1][0]
+            mD, mWork, mCount, mGate, mRes = epi_tensors
+            epi_ops = EpilogueOperands(d=mD, alpha=mG[0][0] * mG[1][0], work=mWork,
+                                       count=mCount, flag=storage.last_flag.data_ptr(),
+                                       gate=mGate, residual=mRes)
+            n_tiles = (mD.shape[1] * 2 + self.tile_n - 1) // self.tile_n
             # raw word views for the dequant loads and swizzled stores
             q_words_a = self._word_view(storage.q_a.data_ptr(), cute.cosize(q_a))
             q_words_b = self._word_view(storage.q_b.data_ptr(), cute.cosize(q_b))
@@ -267,14 +288,9 @@ class BlockscaledGemmSm90:
                         cute.nvgpu.warpgroup.wait_group(self.consumer.mma_in_flight)
                     count = count + 1
                 cute.nvgpu.warpgroup.wait_group(0)
-                if cutlass.const_expr(self.splits == 1):
-                    self.epilogue.store(acc, alpha, thr_mma, tile_mn, mD, m_idx * self.tile_m,
-                                        n_idx * self.tile_n)
-                else:
-                    tile_id = m_idx * ((mD.shape[1] * 2 + self.tile_n - 1) // self.tile_n) + n_idx
-                    self.epilogue.store(acc, alpha, thr_mma, tile_mn, mD, m_idx * self.tile_m,
-                                        n_idx * self.tile_n, mWork, mCount, tile_id, split, ct,
-                                        storage.last_flag.data_ptr())
+                self.epilogue.store(acc, thr_mma, tile_mn, epi_ops, OutputTile(
+                    m0=m_idx * self.tile_m, n0=n_idx * self.tile_n,
+                    tile_id=m_idx * n_tiles + n_idx, split=split, ct=ct))
                 tile_sched.advance_to_next_work()
                 work = tile_sched.get_current_work()
 
@@ -286,8 +302,10 @@ class BlockscaledGemmSm90:
 
 
 PTRS = ((Uint8, 16), (Uint8, 16), (Uint8, 16), (Uint8, 16), (Float32, 4), (Float32, 4),
-        (cutlass.BFloat16, 16), (Int32, 4), (Float32, 16), (Int32, 4))
-# a, sfa, b, sfb, gA, gB, d, diagnostics mailbox, split-K workspace, split-K tile counters
+        (cutlass.BFloat16, 16), (Int32, 4), (Float32, 16), (Int32, 4), (cutlass.BFloat16, 4),
+        (cutlass.BFloat16, 4))
+# a, sfa, b, sfb, gA, gB, d, diagnostics mailbox, split-K workspace, split-K tile counters,
+# the epilogue's gate and residual
 
 
 def compile_args(M: int = 256, N: int = 512, K: int = 256):

@@ -1,0 +1,96 @@
+"""TileStore: the epilogue module of the GEMM shell (contract in :mod:`epilogues`).
+
+``splits == 1``: every consumer thread applies the output rule to its accumulator pairs and
+stores each pair as one 32-bit word (rows past M and columns past N are not written; N is a
+multiple of 8, so pairs never straddle N).
+
+``splits > 1``: each of the ``splits`` CTAs of an output tile stores its fp32 partial sums to the
+workspace [splits, M, N]; the last to arrive (an acq_rel counter per tile) adds the partials in
+split order 0, 1, ..., so the result does not depend on arrival order (two runs are
+bit-identical), applies the output rule, and re-arms the counter to 0 for the next launch. Still
+an fp32 accumulation of exact products in some fixed order: the oracle's bound holds unchanged.
+
+Synchronisation (all 256 consumer threads): stores -> ``fence.acq_rel.gpu`` -> named barrier 2
+-> one thread ``atom.add.acq_rel.gpu`` on the tile's counter and publishes "last" in smem ->
+barrier 2 -> the last CTA fences and reads the partials with ``ld.relaxed.gpu`` (coherent, not
+served from a stale L1). No CTA waits on another, so this cannot deadlock.
+"""
+from __future__ import annotations
+
+from epilogues.alpha_bf16 import AlphaBf16
+from kernels.device.runtime import cute_modules
+from kernels.device.waits import count_split_arrival
+
+cutlass, cute = cute_modules()
+from cutlass import Float32, Int32  # noqa: E402
+
+CONSUMER_THREADS = 256
+SPLIT_BARRIER = 2  # named barrier id (1 is the consumers' f16-buffer barrier)
+
+
+class TileStore:
+    def __init__(self, output=None, splits: int = 1):
+        if not isinstance(splits, int) or splits < 1:
+            raise ValueError(f"splits = {splits!r}: need an int >= 1")
+        self.output = output if output is not None else AlphaBf16()
+        if not callable(getattr(self.output, "pair", None)):
+            raise TypeError(f"output rule {type(self.output).__name__} has no pair()")
+        self.splits = splits
+
+    @property
+    def operands(self) -> tuple:
+        return tuple(self.output.operands)
+
+    def key(self) -> tuple:
+        """Identity for the compile cache: the rule's class and the splits."""
+        cls = type(self.output)
+        return (cls.__module__, cls.__qualname__, self.splits)
+
+    @cute.jit
+    def store(self, acc: cute.Tensor, thr_mma, tile_mn: cutlass.Constexpr, ops, tile):
+        M, N2 = ops.d.shape
+        coords = thr_mma.partition_C(cute.make_identity_tensor(tile_mn))
+        if cutlass.const_expr(self.splits == 1):
+            for i in cutlass.range_constexpr(0, cute.size(acc), 2):
+                m, n = coords[i]
+                row = tile.m0 + m
+                pair = (tile.n0 + n) // 2
+                if row < M and pair < N2:
+                    ops.d[row, pair] = self.output.pair(ops, row, pair, acc[i], acc[i + 1])
+        else:
+            self._store_split(acc, coords, ops, tile, M, N2)
+
+    @cute.jit
+    def _store_split(self, acc: cute.Tensor, coords, ops, tile, M: Int32, N2: Int32):
+        for i in cutlass.range_constexpr(0, cute.size(acc), 2):
+            m, n = coords[i]
+            row = tile.m0 + m
+            col = tile.n0 + n
+            if row < M and col < N2 * 2:
+                ops.work[tile.split, row, col] = acc[i]
+                ops.work[tile.split, row, col + 1] = acc[i + 1]
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier(barrier_id=SPLIT_BARRIER, number_of_threads=CONSUMER_THREADS)
+        flag_t = cute.make_tensor(ops.flag, cute.make_layout(1))
+        if tile.ct == 0:
+            count_split_arrival(ops.count, tile.tile_id, self.splits, flag_t)
+        cute.arch.barrier(barrier_id=SPLIT_BARRIER, number_of_threads=CONSUMER_THREADS)
+        if flag_t[0] == Int32(1):
+            cute.arch.fence_acq_rel_gpu()
+            for i in cutlass.range_constexpr(0, cute.size(acc), 2):
+                m, n = coords[i]
+                row = tile.m0 + m
+                col = tile.n0 + n
+                if row < M and col < N2 * 2:
+                    lo = self._partial(ops.work, 0, row, col, M, N2)
+                    hi = self._partial(ops.work, 0, row, col + 1, M, N2)
+                    for sp in cutlass.range_constexpr(1, self.splits):
+                        lo = lo + self._partial(ops.work, sp, row, col, M, N2)
+                        hi = hi + self._partial(ops.work, sp, row, col + 1, M, N2)
+                    ops.d[row, col // 2] = self.output.pair(ops, row, col // 2, lo, hi)
+
+    @staticmethod
+    def _partial(work, split, row, col, M, N2) -> Float32:
+        """One fp32 partial sum, read coherently at gpu scope (another CTA wrote it)."""
+        p = work.iterator + (split * M + row) * (N2 * 2) + col
+        return cute.arch.load(p.llvm_ptr, Float32, sem="relaxed", scope="gpu")
