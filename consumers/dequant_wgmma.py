@@ -3,41 +3,37 @@
 Hopper has no FP4 conversion and no block-scaled MMA, but every E2M1 x E4M3 product is exact in
 f16 (at most 6 significant bits, 2^-10 .. 2688). So the two consumer warpgroups (256 threads)
 expand each packed stage into f16 A [tile_m, 64] and B [tile_n, 64] tiles in the 128-byte-swizzled
-K-major layout wgmma reads, then run f16 x f16 -> fp32 wgmma (m64 x tile_n x k16) on them; the
-fp32 sums are the only rounding. Both operands come from smem because B must (wgmma has no
-register-sourced B) and each B tile is shared by both warpgroups.
+K-major layout wgmma reads (kernels.device.nvfp4.expand_stage_rows), then run f16 x f16 -> fp32
+wgmma (m64 x tile_n x k16) on them; the fp32 sums are the only rounding.
 
-Per k-block and thread: one 16-byte chunk of packed A (32 codes of one row) and tile_n/128 chunks
-of B, each: ``ld.shared.v4``, one 16-bit scale-pair load from the swizzled scale tile, 4 x 8 codes
-through :func:`kernels.device.nvfp4.dequant_e2m1_word` (~17 instructions per 8 codes), four
-``st.shared.v4`` at swizzled addresses (conflict-free: the 8 lanes of a store phase hit 8
-different 16-byte columns).
+Role contract (kernels/nvfp4/gemm_shell.py): warpgroups 1-2 at 232 registers; waits on the
+packed ring's ``full``, arrives on its ``empty`` once per warp and stage (8 arrivals).
 
-Buffering: three f16 buffers and one named barrier per k-block; each warpgroup keeps one
-commit group in flight (``wait_group(1)`` after issuing). Iteration j writes buffer j % 3, last
-read by wgmma j-3; every warpgroup retired that group at the end of iteration j-2 and then
-arrived at the barrier of iteration j-1, which the writer passed. So the expansion of k-block j+1
-waits for wgmma j-1 to finish. Four buffers (two groups in flight) removed that wait and changed
-nothing measurable (notes/p0-gemm.md v3): expansion and MMA contend for issue slots and
-shared-memory bandwidth rather than wait on each other, so the option left the code.
+Buffering: three f16 buffers and one named barrier (id 1, 256 threads) per k-block; each
+warpgroup keeps one commit group in flight (``wait_group(1)`` after issuing). Iteration j writes
+buffer j % 3, last read by wgmma j-3; every warpgroup retired that group at the end of iteration
+j-2 and then arrived at the barrier of iteration j-1, which the writer passed. Four buffers (two
+groups in flight) changed nothing measurable (notes/p0-gemm.md v3): expansion and MMA contend
+for issue slots and shared-memory bandwidth rather than wait on each other.
 """
 from __future__ import annotations
 
-from kernels.device.nvfp4 import dequant_e2m1_word, e4m3x2_scales_x64, scale_tile_offset
-from kernels.device.ptx import prmt
+from kernels.device.nvfp4 import expand_stage_rows, word_view
 from kernels.device.runtime import cute_modules
+from kernels.device.tiles import k_range, make_scheduler
+from kernels.device.waits import ring_position, wait_parity
 
 cutlass, cute = cute_modules()
-from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402
+from cutlass import Float16, Float32, Int32, Uint16  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.utils import hopper_helpers as sm90_utils  # noqa: E402
 
-from numerics.nvfp4 import SCALE_TILE_BYTES, SCALE_TILE_ROWS  # noqa: E402
+from epilogues import OutputTile  # noqa: E402
 
 TILE_K = 64
 F16_BUFFERS = 3  # see Buffering above
 CONSUMER_THREADS = 256
-ROW_WORDS = TILE_K * 2 // 4  # one 64-element f16 row = 128 B = 32 words = 8 swizzle chunks
+F16_BARRIER = 1  # named barrier: the f16 tiles of a k-block are written
 
 
 class DequantWgmmaConsumer:
@@ -45,15 +41,41 @@ class DequantWgmmaConsumer:
     split M in 64-row slabs (128 accumulator registers per thread at most), and every tile covers
     whole 128-row scale tiles. 256 x 128 tiles were measured slower (notes/p0-gemm.md v2)."""
 
-    TILES = ((128, 128), (128, 256))
+    TILE_M = 128
+    TILE_NS = (128, 256)
+    warpgroups, regs = 2, 232
 
     def __init__(self, tile_m: int, tile_n: int):
-        if (tile_m, tile_n) not in self.TILES:
-            raise ValueError(f"tile ({tile_m}, {tile_n}) not supported; choose from {self.TILES}")
+        if tile_m != self.TILE_M or tile_n not in self.TILE_NS:
+            raise ValueError(f"tile ({tile_m}, {tile_n}) not supported; choose ({self.TILE_M}, "
+                             f"n) with n in {self.TILE_NS}")
         self.buffers = F16_BUFFERS
         self.mma_in_flight = F16_BUFFERS - 2
         self.tile_m, self.tile_n = tile_m, tile_n
         self.threads = CONSUMER_THREADS
+
+    # ---- the role contract ----------------------------------------------------------------
+    def barriers(self) -> dict:
+        return {}
+
+    def arrivals(self) -> dict:
+        return {"empty": self.threads // 32}
+
+    def waits(self) -> tuple:
+        return ("full",)
+
+    def smem_bytes(self) -> int:
+        return (self.tile_m + self.tile_n) * TILE_K * 2 * self.buffers + 2048
+
+    def allocate(self, alloc) -> dict:
+        out = {}
+        for name, lay, rows in zip(("f16_a", "f16_b"), self.smem_layouts(),
+                                   (self.tile_m, self.tile_n)):
+            raw = alloc.allocate(rows * TILE_K * 2 * self.buffers, 1024)
+            out[name] = cute.make_tensor(cute.recast_ptr(raw, lay.inner, dtype=Float16),
+                                         lay.outer)
+            out[name + "_raw"] = raw  # the unswizzled address, for the expansion's stores
+        return out
 
     # ---- host side ------------------------------------------------------------------------
     def tiled_mma(self):
@@ -69,41 +91,81 @@ class DequantWgmmaConsumer:
 
     # ---- device side ----------------------------------------------------------------------
     @cute.jit
-    def dequant_rows(self, ct: Int32, rows: cutlass.Constexpr[int], q_words: cute.Tensor,
-                     sf_pairs: cute.Tensor, f16_words: cute.Tensor, stage: Int32, buf: Int32):
-        """Expand ``rows`` x 64 codes of packed stage ``stage`` into f16 buffer ``buf``.
+    def run(self, ctx, ct: Int32):
+        tiled_mma = ctx.tiled_mma
+        sm = ctx.smem
+        variant = ctx.shell.variant
+        stages = ctx.shell.stages
+        wg = ct // 128
+        lane = ct % 32
+        sA, sB = sm["f16_a"], sm["f16_b"]
+        wg_mma = tiled_mma.get_slice(wg * 128)  # smem descriptors: one per warpgroup
+        thr_mma = tiled_mma.get_slice(ct)  # accumulator registers: one per thread
+        tCrA = tiled_mma.make_fragment_A(wg_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(wg_mma.partition_B(sB))
+        tile_mn = (self.tile_m, self.tile_n)
+        acc = cute.make_rmem_tensor(
+            thr_mma.partition_C(cute.make_identity_tensor(tile_mn)).shape, Float32)
+        # raw word views for the dequant loads and swizzled stores
+        q_a, q_b = word_view(sm["q_a"].iterator, cute.cosize(sm["q_a"].layout)), \
+            word_view(sm["q_b"].iterator, cute.cosize(sm["q_b"].layout))
+        sf_a = cute.make_tensor(cute.recast_ptr(sm["s_a"].iterator, dtype=Uint16),
+                                cute.make_layout(cute.cosize(sm["s_a"].layout) // 2))
+        sf_b = cute.make_tensor(cute.recast_ptr(sm["s_b"].iterator, dtype=Uint16),
+                                cute.make_layout(cute.cosize(sm["s_b"].layout) // 2))
+        f_a = word_view(sm["f16_a_raw"], self.tile_m * TILE_K * 2 * self.buffers)
+        f_b = word_view(sm["f16_b_raw"], self.tile_n * TILE_K * 2 * self.buffers)
+        epilogue, epi, mailbox = ctx.shell.epilogue, ctx.epi, ctx.mailbox
+        full, empty = ctx.bars["full"], ctx.bars["empty"]
+        k_per_split, k_tiles = ctx.k_per_split, ctx.k_tiles
+        n_tiles = (epi.d.shape[1] * 2 + self.tile_n - 1) // self.tile_n
+        sched = make_scheduler(ctx.sched_params)
+        work = sched.initial_work_tile_info()
+        count = Int32(0)
+        while work.is_valid_tile:
+            m_idx, n_idx, split = work.tile_idx
+            kb0, kb1 = k_range(k_per_split, k_tiles, split)
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kt in cutlass.range(kb0, kb1, unroll=1):
+                s, ph = ring_position(count, stages)
+                buf = count % self.buffers
+                wait_parity(full + s, ph, 0, s, mailbox)
+                if cutlass.const_expr(not variant.skip_dequant):
+                    expand_stage_rows(ct, self.threads, self.tile_m, q_a, sf_a, f_a, s, buf)
+                    expand_stage_rows(ct, self.threads, self.tile_n, q_b, sf_b, f_b, s, buf)
+                # our f16 stores -> wgmma (async proxy); our packed reads -> the next TMA
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.sync_warp()
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(empty + s)
+                cute.arch.barrier(barrier_id=F16_BARRIER, number_of_threads=self.threads)
+                if cutlass.const_expr(not variant.skip_mma):
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(TILE_K // 16):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, buf)],
+                                  tCrB[(None, None, kb, buf)], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(self.mma_in_flight)
+                count = count + 1
+            warpgroup.wait_group(0)
+            epilogue.store(self.output_pairs(acc, thr_mma, tile_mn), epi,
+                                     OutputTile(m0=m_idx * self.tile_m, n0=n_idx * self.tile_n,
+                                                tile_id=m_idx * n_tiles + n_idx, split=split,
+                                                ct=ct))
+            sched.advance_to_next_work()
+            work = sched.get_current_work()
 
-        ``q_words``: packed ring as (4 words, 16-byte chunk) — chunk (s·rows + r)·2 + half.
-        ``sf_pairs``: scale ring as uint16 pairs. ``f16_words``: f16 ring as (4 words, chunk).
-        """
-        for i in cutlass.range_constexpr(rows // 128):
-            r = i * 128 + (ct >> 1)
-            half = ct & 1
-            frag = cute.make_rmem_tensor((4,), Uint32)
-            cute.autovec_copy(q_words[(None, (stage * rows + r) * 2 + half)], frag)
-            # the scales of block columns 2·half, 2·half + 1 of row r: one 16-bit pair of tile i
-            tile = stage * (rows // SCALE_TILE_ROWS) + i
-            in_tile = scale_tile_offset(r & (SCALE_TILE_ROWS - 1), half * 2)
-            pair = tile * (SCALE_TILE_BYTES // 2) + (in_tile >> 1)
-            sv = e4m3x2_scales_x64(Uint32(sf_pairs[pair]))
-            scales = (prmt(sv, sv, 0x1010), prmt(sv, sv, 0x3232))
-            out_row = (buf * rows + r) * (ROW_WORDS // 4)
-            for j in cutlass.range_constexpr(4):
-                words = dequant_e2m1_word(frag[j], scales[j // 2])
-                out = cute.make_rmem_tensor((4,), Uint32)
-                for e in cutlass.range_constexpr(4):
-                    out[e] = words[e]
-                chunk = (half * 4 + j) ^ (r & 7)
-                cute.autovec_copy(out, f16_words[(None, out_row + chunk)])
-
-    @cute.jit
-    def mma(self, tiled_mma, acc, tCrA, tCrB, buf: Int32):
-        """Issue the 4 k16 wgmmas of one k-block on f16 buffer ``buf`` as one commit group."""
-        warpgroup.fence()
-        for kb in cutlass.range_constexpr(TILE_K // 16):
-            cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, buf)], tCrB[(None, None, kb, buf)],
-                      acc)
-        warpgroup.commit_group()
+    @staticmethod
+    def output_pairs(acc, thr_mma, tile_mn):
+        """[(m, n, x0, x1)]: the thread's accumulators as D-row pairs in tile coordinates (the
+        wgmma C layout: registers 2i, 2i+1 are columns n, n+1 of one row)."""
+        coords = thr_mma.partition_C(cute.make_identity_tensor(tile_mn))
+        out = []
+        for i in range(0, cute.size(acc), 2):
+            m, n = coords[i]
+            out.append((m, n, acc[i], acc[i + 1]))
+        return out
 
 
 __all__ = ["DequantWgmmaConsumer", "F16_BUFFERS", "TILE_K"]

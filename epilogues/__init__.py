@@ -2,13 +2,16 @@
 
 The contract (one signature for every epilogue): an epilogue module is a
 :class:`~epilogues.tile_store.TileStore`, built from an *output rule* and the shell's K
-``splits``. The shell calls, from every consumer thread once the tile's last wgmma retired::
+``splits``. The consumer calls, from every one of its threads once the tile's last wgmma
+retired::
 
-    epilogue.store(acc, thr_mma, tile_mn, operands, tile)
+    epilogue.store(pairs, operands, tile)
 
-``acc`` is the thread's fp32 accumulator fragment (wgmma C layout: registers 2i, 2i+1 are
-columns n, n+1 of one row), ``operands`` an :class:`EpilogueOperands` of global tensors and
-``tile`` an :class:`OutputTile`. The store owns the split-K reduction (fixed order); the output
+``pairs`` is the thread's accumulators as [(m, n, x0, x1)]: the fp32 sums of D[m, n] and
+D[m, n + 1] in tile coordinates, n even (the consumer's ``output_pairs`` knows its fragment
+layout; swap-AB consumers transpose with a shuffle), ``operands`` an :class:`EpilogueOperands` of
+global tensors and ``tile`` an :class:`OutputTile`. Epilogues and rules are frozen dataclasses
+(the DSL then treats them as read-only inside the consumer's tile loop). The store owns the split-K reduction (fixed order); the output
 rule turns two fp32 sums of one row into one 32-bit word of two bf16 (``pair``) and names the
 extra operands it reads (``operands``: a subset of ("gate", "residual")), which the torch entry
 checks and passes. Rules: :class:`~epilogues.alpha_bf16.AlphaBf16` (D = RN_bf16(alpha·acc)) and

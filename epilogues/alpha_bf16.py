@@ -5,9 +5,12 @@ with one ``cvt.rn.bf16x2.f32``: the single bf16 rounding the oracle assumes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kernels.device.rounding import bf16x2_rn
 
 
+@dataclass(frozen=True)
 class AlphaBf16:
     operands = ()
 

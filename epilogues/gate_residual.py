@@ -13,9 +13,12 @@ element is read and then written by the same thread).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kernels.device.rounding import bf16x2_rn, gate_residual_pair
 
 
+@dataclass(frozen=True)
 class GateResidualBf16:
     operands = ("gate", "residual")
 

@@ -17,6 +17,8 @@ served from a stale L1). No CTA waits on another, so this cannot deadlock.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from epilogues.alpha_bf16 import AlphaBf16
 from kernels.device.runtime import cute_modules
 from kernels.device.waits import count_split_arrival
@@ -28,14 +30,21 @@ CONSUMER_THREADS = 256
 SPLIT_BARRIER = 2  # named barrier id (1 is the consumers' f16-buffer barrier)
 
 
+@dataclass(frozen=True)
 class TileStore:
-    def __init__(self, output=None, splits: int = 1):
-        if not isinstance(splits, int) or splits < 1:
-            raise ValueError(f"splits = {splits!r}: need an int >= 1")
-        self.output = output if output is not None else AlphaBf16()
+    """An output rule and the split count. Frozen: the DSL treats a frozen dataclass whose
+    method a loop calls as read-only (a plain object would be loop-carried state)."""
+
+    output: object = None
+    splits: int = 1
+
+    def __post_init__(self):
+        if not isinstance(self.splits, int) or self.splits < 1:
+            raise ValueError(f"splits = {self.splits!r}: need an int >= 1")
+        if self.output is None:
+            object.__setattr__(self, "output", AlphaBf16())
         if not callable(getattr(self.output, "pair", None)):
             raise TypeError(f"output rule {type(self.output).__name__} has no pair()")
-        self.splits = splits
 
     @property
     def operands(self) -> tuple:
@@ -47,28 +56,27 @@ class TileStore:
         return (cls.__module__, cls.__qualname__, self.splits)
 
     @cute.jit
-    def store(self, acc: cute.Tensor, thr_mma, tile_mn: cutlass.Constexpr, ops, tile):
+    def store(self, pairs, ops, tile):
+        """Write one tile. ``pairs``: the consumer's [(m, n, x0, x1)], fp32 sums of D[m, n] and
+        D[m, n + 1] in tile coordinates (n even)."""
         M, N2 = ops.d.shape
-        coords = thr_mma.partition_C(cute.make_identity_tensor(tile_mn))
         if cutlass.const_expr(self.splits == 1):
-            for i in cutlass.range_constexpr(0, cute.size(acc), 2):
-                m, n = coords[i]
+            for m, n, x0, x1 in pairs:
                 row = tile.m0 + m
                 pair = (tile.n0 + n) // 2
                 if row < M and pair < N2:
-                    ops.d[row, pair] = self.output.pair(ops, row, pair, acc[i], acc[i + 1])
+                    ops.d[row, pair] = self.output.pair(ops, row, pair, x0, x1)
         else:
-            self._store_split(acc, coords, ops, tile, M, N2)
+            self._store_split(pairs, ops, tile, M, N2)
 
     @cute.jit
-    def _store_split(self, acc: cute.Tensor, coords, ops, tile, M: Int32, N2: Int32):
-        for i in cutlass.range_constexpr(0, cute.size(acc), 2):
-            m, n = coords[i]
+    def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
+        for m, n, x0, x1 in pairs:
             row = tile.m0 + m
             col = tile.n0 + n
             if row < M and col < N2 * 2:
-                ops.work[tile.split, row, col] = acc[i]
-                ops.work[tile.split, row, col + 1] = acc[i + 1]
+                ops.work[tile.split, row, col] = x0
+                ops.work[tile.split, row, col + 1] = x1
         cute.arch.fence_acq_rel_gpu()
         cute.arch.barrier(barrier_id=SPLIT_BARRIER, number_of_threads=CONSUMER_THREADS)
         flag_t = cute.make_tensor(ops.flag, cute.make_layout(1))
@@ -77,8 +85,7 @@ class TileStore:
         cute.arch.barrier(barrier_id=SPLIT_BARRIER, number_of_threads=CONSUMER_THREADS)
         if flag_t[0] == Int32(1):
             cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range_constexpr(0, cute.size(acc), 2):
-                m, n = coords[i]
+            for m, n, _, _ in pairs:
                 row = tile.m0 + m
                 col = tile.n0 + n
                 if row < M and col < N2 * 2:

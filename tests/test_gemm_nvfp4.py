@@ -162,6 +162,81 @@ def test_p0_variants_build_what_they_say(variant):
     assert announced == {cfg.producer.stage_bytes + (16 if variant == "stall_producer" else 0)}
 
 
+# ---- the swap-AB design (compile) -------------------------------------------------------------
+SWAP_AB_BUILDS = {"swap_ab-128-8-1": (128, 8, 1), "swap_ab-128-8-3": (128, 8, 3)}
+
+
+@functools.cache
+def _swap_ab_build(tokens: int, stages: int, splits: int):
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, compile_args
+    from workbench.compile import compile_report
+
+    cfg = BlockscaledGemmSm90.swap_ab(tokens=tokens, stages=stages, splits=splits)
+    return cfg, compile_report(cfg, *compile_args())
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("build", SWAP_AB_BUILDS)
+def test_swap_ab_compiles_with_the_instructions_we_meant(build):
+    """Weights as wgmma's register A operand, the activation expanded once by its own role:
+    per k-block a consumer thread converts its 32 weight elements with 16 packed converts and
+    16 packed multiplies (1 + 1 per two elements; + 4 + 4 for its 8 scales, 4 k16 steps x
+    (4 + 1)); the activation stage's thread expands 2 chunks of 32 codes (17 + 17 each)."""
+    tokens, _, splits = SWAP_AB_BUILDS[build]
+    cfg, r = _swap_ab_build(*SWAP_AB_BUILDS[build])
+    assert r.census["wgmma.mma_async"] == 4
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tokens}k16\.f32\.f16\.f16 "
+                     r"\{[^}]*\}, \{%r\d+,%r\d+,%r\d+,%r\d+\}", r.ptx), "A from registers"
+    chunks = 2 * tokens // 128  # 16-byte packed chunks a stage thread expands per k-block
+    assert r.ptx.count("cvt.rn.f16x2.e4m3x2") == 4 * (4 + 1) + 17 * chunks
+    assert r.ptx.count("mul.rn.f16x2") == 4 * (4 + 1) + 17 * chunks
+    assert r.census["cp.async.bulk.tensor"] == 2, "TMA: activation codes and scales"
+    assert r.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier") == 4, "2 weight slabs"
+    assert r.ptx.count("ld.shared.v4") == 1 + chunks and r.ptx.count("ld.shared.v2") == 1
+    assert r.ptx.count("shfl.sync.bfly") == tokens // 4, "one swap per accumulator pair"
+    assert r.census["setmaxnreg"] == 3 and r.census["atom"] == (1 if splits > 1 else 0)
+    assert r.frame_bytes == 0 and r.registers <= 128
+    if r.sass is not None:
+        assert r.spill_bytes == 0 and "CALL.ABS" not in r.sass
+        assert r.sass.count(f"HGMMA.64x{tokens}x16.F32") == 4
+        assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in r.sass, "one wgmma group in flight"
+        assert r.sass.count("WARPGROUP.DEPBAR") == 2, "no serialised wgmma"
+
+
+def test_swap_ab_roles_and_barriers_are_checked_before_compiling():
+    """The arrive counts the shell derives, and its refusals of an inconsistent role set."""
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, check_roles
+
+    cfg = BlockscaledGemmSm90.swap_ab(tokens=128)
+    counts = {k: v[1] for k, v in cfg.barrier_table.items()}
+    assert counts == {"full": 1, "empty": 12, "act_full": 4, "act_empty": 8}
+    assert cfg.threads == 512 and cfg.needs_prepacked_weights
+    assert {k: v[1] for k, v in BlockscaledGemmSm90(tile_n=128, stages=8)
+            .barrier_table.items()} == {"full": 1, "empty": 8}
+    with pytest.raises(ValueError, match=r"barrier 'act_full' has 0 arrivals"):
+        check_roles((cfg.producer, cfg.consumer, _NoArrivals(cfg.activation)))
+    with pytest.raises(ValueError, match=r"arrives on 'act_empty', which no role owns"):
+        check_roles((cfg.producer, cfg.consumer))
+    with pytest.raises(ValueError, match=r"tokens = 64: choose from \(128, 256\)"):
+        BlockscaledGemmSm90.swap_ab(tokens=64)
+
+
+class _NoArrivals:
+    """A role that owns its barriers but never arrives on them (a hang, refused)."""
+
+    def __init__(self, role):
+        self.role, self.warpgroups, self.regs = role, role.warpgroups, role.regs
+
+    def barriers(self):
+        return self.role.barriers()
+
+    def arrivals(self):
+        return {"empty": 4}
+
+    def waits(self):
+        return self.role.waits()
+
+
 # ---- the production shell and its cache key (CPU) -------------------------------------------
 @pytest.mark.parametrize("kw,exc,match", [
     (dict(tile_n=192), ValueError, r"tile_n = 192: choose from \(128, 256\)"),
@@ -192,14 +267,14 @@ def test_p0_cache_key_tells_modules_and_variants_apart():
 
     base = BlockscaledGemmSm90(tile_n=128, stages=8)
     assert base.static_key() == BlockscaledGemmSm90(tile_n=128, stages=8).static_key()
-    others = [BlockscaledGemmSm90(tile_n=128, stages=8, producer=OtherProducer(128, 128)),
+    others = [BlockscaledGemmSm90(tile_n=128, stages=8, producer=OtherProducer(128, 128, 8)),
               BlockscaledGemmSm90(tile_n=128, stages=8, variant=P0Variant(skip_mma=True)),
               BlockscaledGemmSm90(tile_n=128, stages=8, splits=2),
               BlockscaledGemmSm90(tile_n=128, stages=8, swizzle=2)]
     keys = {base.static_key(), *(c.static_key() for c in others)}
     assert len(keys) == 1 + len(others)
     with pytest.raises(ValueError, match=r"producer tile \(128, 256\) differs"):
-        BlockscaledGemmSm90(tile_n=128, producer=TmaPrepackedProducer(128, 256))
+        BlockscaledGemmSm90(tile_n=128, producer=TmaPrepackedProducer(128, 256, 4))
 
 
 def test_default_config_matches_the_h200_measurements():
@@ -415,6 +490,73 @@ def test_p0_drawn_shapes(M, n8, k32, kinds, seed):
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm_nvfp4(*a, *b, out=out)
     _check(out, a, b, M, N, K)
+
+
+def _swap_ab_within_bound(M, N, K, seed, tokens=128, splits=1, kinds=("normal", "lognormal")):
+    """Poisoned output, every element within the oracle's bound, a rerun bit-identical, P4's
+    fused output bit-identical to the reference order on this design too."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+    from kernels.nvfp4.prepack import prepack
+    from numerics.epilogue import gate_residual
+
+    cfg = BlockscaledGemmSm90.swap_ab(tokens=tokens, splits=splits)
+    a, b = _operands(*kinds, M, N, K, seed=seed)
+    pre = prepack(b[0], b[1])
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_nvfp4(*a, *b, out=out, config=cfg, prepacked=pre)
+    _check(out, a, b, M, N, K)
+    again = gemm_nvfp4(*a, *b, config=cfg, prepacked=pre)
+    assert torch.equal(out.view(torch.int16), again.view(torch.int16)), "two runs differ"
+    gate = torch.randn(N, device="cuda").to(torch.bfloat16)
+    res = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+    fused = gemm_nvfp4(*a, *b, config=cfg, prepacked=pre, gate=gate, residual=res)
+    want = gate_residual(out, gate, res)
+    assert torch.equal(fused.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.fast
+def test_swap_ab_small_gemm_within_fp32_bound_and_deterministic():
+    _swap_ab_within_bound(130, 264, 96, seed=7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8, 32), (300, 520, 1056), (256, 1024, 5376),
+                                   (128, 5376, 5376), (700, 384, 160)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_swap_ab_within_fp32_bound_and_deterministic(shape, splits):
+    _swap_ab_within_bound(*shape, seed=sum(shape) + splits, splits=splits)
+
+
+@pytest.mark.gpu
+@settings(max_examples=15, deadline=None)
+@given(M=st.integers(1, 500), n8=st.integers(1, 70), k32=st.integers(1, 30),
+       kinds=st.sampled_from([("normal", "normal"), ("raw", "raw"), ("lognormal", "cancel")]),
+       seed=st.integers(0, 2**31 - 1))
+def test_swap_ab_drawn_shapes(M, n8, k32, kinds, seed):
+    _swap_ab_within_bound(M, 8 * n8, 32 * k32, seed, kinds=kinds)
+
+
+@pytest.mark.gpu
+def test_swap_ab_row_slices_and_refuses_a_missing_prepack():
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+    from kernels.nvfp4.prepack import prepack
+
+    cfg = BlockscaledGemmSm90.swap_ab(tokens=128)
+    M, N, K = 700, 256, 512
+    a, b = _operands("normal", "lognormal", M, N, K, seed=13)
+    pre = prepack(b[0], b[1])
+    full = gemm_nvfp4(*a, *b, config=cfg, prepacked=pre)
+    for r0, r1 in ((128, 700), (256, 257)):
+        part = gemm_nvfp4(*a, *b, rows=(r0, r1), config=cfg, prepacked=pre)
+        assert torch.equal(part.view(torch.int16), full[r0:r1].view(torch.int16)), (r0, r1)
+    with pytest.raises(TypeError, match=r"pass prepacked= a PrepackedWeights"):
+        gemm_nvfp4(*a, *b, config=cfg)
+    other = prepack(*_operands("normal", "normal", M, 128, K, seed=1)[1][:2])
+    with pytest.raises(ValueError, match=r"prepacked holds a \[128, 512\] weight"):
+        gemm_nvfp4(*a, *b, config=cfg, prepacked=other)
 
 
 _STALL = """

@@ -12,7 +12,7 @@ from __future__ import annotations
 from kernels.device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
-from cutlass import Float32, Uint32  # noqa: E402
+from cutlass import Float32, Int32, Uint32  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 from kernels.device.ptx import (asm, bf16_hi, bf16_lo, f16_hi, f16_lo, fmax_abs,  # noqa: E402
@@ -326,3 +326,63 @@ def dequant_e2m1_word(w, scale_x64):
             e4m3x2_times_f16x2(hi, False, scale_x64), e4m3x2_times_f16x2(hi, True, scale_x64))
 
 
+
+
+ROW_CHUNKS = 8  # 16-byte chunks of one 64-element f16 row (128 B, one swizzle row)
+
+
+@cute.jit
+def expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int], rows: cutlass.Constexpr[int],
+                      q_words: cute.Tensor, sf_pairs: cute.Tensor, f16_words: cute.Tensor,
+                      stage: Int32, buf: Int32):
+    """Expand ``rows`` x 64 packed codes of ring stage ``stage`` to exact f16 in buffer ``buf``
+    of a [rows, 64] 128-byte-swizzled K-major tile (wgmma's layout), ``threads`` threads (``t``
+    is this one) sharing the 2·rows 16-byte chunks of packed codes.
+
+    ``q_words``: packed ring as (4 words, 16-byte chunk): chunk (stage·rows + r)·2 + half.
+    ``sf_pairs``: scale ring as uint16 pairs (rows/128 swizzled 128x4 tiles a stage).
+    ``f16_words``: f16 tiles as (4 words, chunk). Per chunk: ``ld.shared.v4``, one 16-bit
+    scale-pair load, 4 x 8 codes through :func:`dequant_e2m1_word`, four ``st.shared.v4`` at
+    swizzled addresses (conflict-free: the 8 lanes of a store phase hit 8 different columns)."""
+    for i in cutlass.range_constexpr(2 * rows // threads):
+        c = i * threads + t
+        r = c >> 1
+        half = c & 1
+        frag = cute.make_rmem_tensor((4,), Uint32)
+        cute.autovec_copy(q_words[(None, (stage * rows + r) * 2 + half)], frag)
+        # the scales of block columns 2·half, 2·half + 1 of row r: one 16-bit pair of its tile
+        tile = stage * (rows // SCALE_TILE_ROWS) + (r // SCALE_TILE_ROWS)
+        in_tile = scale_tile_offset(r & (SCALE_TILE_ROWS - 1), half * 2)
+        pair = tile * (SCALE_TILE_BYTES // 2) + (in_tile >> 1)
+        sv = e4m3x2_scales_x64(Uint32(sf_pairs[pair]))
+        scales = (prmt(sv, sv, 0x1010), prmt(sv, sv, 0x3232))
+        out_row = (buf * rows + r) * ROW_CHUNKS
+        for j in cutlass.range_constexpr(4):
+            words = dequant_e2m1_word(frag[j], scales[j // 2])
+            out = cute.make_rmem_tensor((4,), Uint32)
+            for e in cutlass.range_constexpr(4):
+                out[e] = words[e]
+            chunk = (half * 4 + j) ^ (r & 7)
+            cute.autovec_copy(out, f16_words[(None, out_row + chunk)])
+
+
+def word_view(byte_ptr, nbytes: int):
+    """(4 words, 16-byte chunk) view of a 16-byte-aligned smem byte range."""
+    words = cute.recast_ptr(byte_ptr, dtype=Uint32)
+    return cute.make_tensor(words, cute.make_layout((4, nbytes // 16), stride=(1, 4)))
+
+
+def dequant_a_fragment(codes: Uint32, scale_pair: Uint32):
+    """One k16 step of a register-A wgmma fragment from the register-order prepack
+    (kernels/nvfp4/prepack.py): ``codes`` byte j = the E2M1 pair of register j (element k in the
+    high nibble), ``scale_pair`` = the E4M3 scales of rows groupID (low byte) and groupID + 8
+    (bits 8-15). Returns the four f16x2 registers, exact (the E4M3-byte trick above): per two
+    elements one packed convert and one packed multiply."""
+    even = e2m1_bytes_as_e4m3(codes)  # element k of every register
+    odd = e2m1_bytes_as_e4m3(codes << Uint32(4))  # element k + 1
+    lo = prmt(even, odd, 0x5140)  # registers 0 (row g) and 1 (row g + 8)
+    hi = prmt(even, odd, 0x7362)  # registers 2 (row g) and 3 (row g + 8)
+    sv = e4m3x2_scales_x64(scale_pair)
+    s_g, s_g8 = prmt(sv, sv, 0x1010), prmt(sv, sv, 0x3232)
+    return (e4m3x2_times_f16x2(lo, False, s_g), e4m3x2_times_f16x2(lo, True, s_g8),
+            e4m3x2_times_f16x2(hi, False, s_g), e4m3x2_times_f16x2(hi, True, s_g8))

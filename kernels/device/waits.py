@@ -56,7 +56,9 @@ def wait_parity(mbar: cute.Pointer, parity: Int32, barrier_id: cutlass.Constexpr
 
 MAILBOX_MAGIC = 0x7130E007
 BARRIER_NAMES = {0: "full (consumer waiting for the producer's stage)",
-                 1: "empty (producer waiting for consumers to release a stage)"}
+                 1: "empty (producer waiting for consumers to release a stage)",
+                 2: "act_full (consumer waiting for the activation stage's f16 tile)",
+                 3: "act_empty (activation stage waiting for consumers to release a tile)"}
 
 def ring_position(count: Int32, stages: int):
     """(stage index, phase parity) of the ``count``-th use of a ring of ``stages`` buffers."""

@@ -93,6 +93,26 @@ def _check_epilogue_operands(gate, residual, m: int, N: int, device):
             raise ValueError(f"{name} is on {t.device}; the operands are on {device}")
 
 
+def _check_prepacked(prepacked, N: int, K: int, device):
+    """The register-order prepack of the weight (kernels.nvfp4.prepack) the swap-AB design
+    reads instead of b_q / b_s."""
+    import torch
+
+    from kernels.nvfp4.prepack import PrepackedWeights
+
+    if not isinstance(prepacked, PrepackedWeights):
+        raise TypeError("the swap-AB config reads the register-order prepack: pass prepacked= a "
+                        f"PrepackedWeights (kernels.nvfp4.prepack.prepack), got "
+                        f"{type(prepacked).__name__}")
+    if (prepacked.rows, prepacked.cols) != (N, K):
+        raise ValueError(f"prepacked holds a [{prepacked.rows}, {prepacked.cols}] weight; b_q is "
+                         f"[{N}, {K}]")
+    for name, t in (("prepacked.codes", prepacked.codes), ("prepacked.scales", prepacked.scales)):
+        check_cuda_tensor(name, t, dtypes=(torch.uint8,))
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}; the operands are on {device}")
+
+
 def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate=None, residual=None):
     """All checks, in order; returns (M, N, K, r0, r1, g_a, g_b). Raises before any launch."""
     import torch
@@ -131,13 +151,15 @@ def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate=None, residual=None):
 
 
 def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
-               config: BlockscaledGemmSm90 | None = None, gate=None, residual=None):
+               config: BlockscaledGemmSm90 | None = None, gate=None, residual=None,
+               prepacked=None):
     """D = RN_bf16(g_a·g_b · Σ_k a_k b_k) for rows [r0, r1) of A (all rows by default): bf16
     [r1 - r0, N]. ``rows`` slices A without a copy (r0 a multiple of 128); ``out`` receives D.
     With ``gate`` (bf16 [N]) and ``residual`` (bf16 [r1 - r0, N]; may be ``out`` itself, for an
     in-place update) D is RN_bf16(residual + gate · that), bit-identical to
-    numerics.epilogue.gate_residual of the plain output. Compiled kernels are cached per static
-    config (``BlockscaledGemmSm90.static_key``)."""
+    numerics.epilogue.gate_residual of the plain output. ``prepacked``: the weight's
+    register-order prepack (kernels.nvfp4.prepack), required by swap-AB configs. Compiled kernels
+    are cached per static config (``BlockscaledGemmSm90.static_key``)."""
     import torch
 
     if config is not None and not isinstance(config, BlockscaledGemmSm90):
@@ -153,6 +175,10 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     elif gate is None and config.epilogue.operands:
         raise ValueError(f"config's epilogue {type(config.epilogue.output).__name__} reads "
                          f"{config.epilogue.operands}: pass gate and residual")
+    b_ptrs = (b_q, b_s.view(torch.uint8))
+    if config.needs_prepacked_weights:
+        _check_prepacked(prepacked, N, K, a_q.device)
+        b_ptrs = (prepacked.codes, prepacked.scales)
     a_rows = a_q[r0:r1]
     a_scales = a_s.view(torch.uint8)[r0:]  # whole 128-row tiles from r0 on
     if config.splits * m * N >= 2**31:
@@ -164,7 +190,7 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
         counters = torch.zeros(tiles, dtype=torch.int32, device=a_q.device)
     else:  # never dereferenced
         work, counters = out, diagnostics_mailbox()
-    ptrs = pointer_args(PTRS, (a_rows, a_scales, b_q, b_s.view(torch.uint8), g_a, g_b, out,
+    ptrs = pointer_args(PTRS, (a_rows, a_scales, *b_ptrs, g_a, g_b, out,
                                diagnostics_mailbox(), work, counters,
                                out if gate is None else gate,
                                out if residual is None else residual))

@@ -1,0 +1,115 @@
+"""Producer of the swap-AB design: one warp streams, per k-block, the activation tile by TMA
+(Comfy-packed codes and swizzled scales, as P0's) and the CTA's two 64-row weight slabs of the
+register-order prepack (kernels/nvfp4/prepack.py) by 1-D bulk copies.
+
+Role contract (kernels/nvfp4/gemm_shell.py): warpgroup 0, only its warp 0 works, 24 registers.
+Owns the packed ring: stage ``s`` holds activation codes [tokens, 32 B] and ``tokens/128`` scale
+tiles, and per weight slab w (0, 1) its codes [128 threads][16 B] (2048 B) and scales
+[32 groups][8 B] (256 B), both contiguous in the prepack, so one bulk copy each. ``full[s]``:
+one arrive + the stage's bytes (a last tile's missing slab is neither copied nor counted);
+waits on ``empty[s]`` (the activation stage's and the consumers' arrivals).
+"""
+from __future__ import annotations
+
+from kernels.device.ptx import bulk_copy_g2s
+from kernels.device.runtime import cute_modules
+from kernels.device.tiles import k_range, make_scheduler
+from kernels.device.waits import ring_position, wait_parity
+from producers.tma_prepacked import (check_rows, copy_operand, operand_bytes, operand_smem,
+                                     operand_tma, operand_views, partition_tma)
+
+cutlass, cute = cute_modules()
+from cutlass import Int32, Uint8  # noqa: E402
+
+from kernels.nvfp4.prepack import SLAB_ROWS, THREADS, GROUPS  # noqa: E402
+
+SLAB_CODE_BYTES = THREADS * 16  # one slab's codes of one k-block
+SLAB_SCALE_BYTES = GROUPS * 8
+
+
+class RegisterOrderProducer:
+    """Static config: ``tile_m`` token rows (a multiple of 128), ``tile_n`` weight rows (two
+    64-row slabs), ring depth ``stages``."""
+
+    warpgroups, regs = 1, 24
+
+    def __init__(self, tile_m: int, tile_n: int, stages: int):
+        check_rows("tokens", tile_m)
+        if tile_n != 2 * SLAB_ROWS:
+            raise ValueError(f"tile_n = {tile_n}: the consumer's two warpgroups take one "
+                             f"{SLAB_ROWS}-row slab each")
+        self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
+        self.slabs = tile_n // SLAB_ROWS
+        self.act_bytes = operand_bytes(tile_m)
+        self.slab_bytes = SLAB_CODE_BYTES + SLAB_SCALE_BYTES
+        self.stage_bytes = self.act_bytes + self.slabs * self.slab_bytes
+
+    def barriers(self) -> dict:
+        return {"full": self.stages, "empty": self.stages}
+
+    def arrivals(self) -> dict:
+        return {"full": 1}
+
+    def waits(self) -> tuple:
+        return ("empty",)
+
+    def smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes + 4 * 128
+
+    def allocate(self, alloc) -> dict:
+        qa, sa = operand_smem(alloc, self.tile_m, self.stages)
+        n = self.stages * self.slabs
+        wq = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_CODE_BYTES), 128)
+        ws = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_SCALE_BYTES), 128)
+        return {"q_a": qa, "s_a": sa, "w_codes": wq, "w_scales": ws}
+
+    def global_views(self, a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
+        """(TMA atoms: activation codes and scales; (prepacked codes, scales, slab count))."""
+        tma = operand_tma(*operand_views(a_ptr, sfa_ptr, M, k32), self.tile_m, self.stages)
+        n_slabs = (N + SLAB_ROWS - 1) // SLAB_ROWS
+        k_tiles = (k32 + 1) // 2
+        codes = cute.make_tensor(b_ptr, cute.make_layout(n_slabs * k_tiles * SLAB_CODE_BYTES))
+        scales = cute.make_tensor(sfb_ptr,
+                                  cute.make_layout(n_slabs * k_tiles * SLAB_SCALE_BYTES))
+        return tma, (codes, scales, n_slabs)
+
+    @cute.jit
+    def run(self, ctx, rt: Int32):
+        if rt // 32 == 0:
+            sm = ctx.smem
+            parts = partition_tma(ctx.tma, (sm["q_a"], sm["s_a"]))
+            codes, scales, n_slabs = ctx.globals
+            wq, ws = sm["w_codes"].iterator, sm["w_scales"].iterator
+            full, empty, mailbox = ctx.bars["full"], ctx.bars["empty"], ctx.mailbox
+            k_per_split, k_tiles = ctx.k_per_split, ctx.k_tiles
+            extra = 16 if ctx.shell.variant.stall_producer else 0
+            sched = make_scheduler(ctx.sched_params)
+            work = sched.initial_work_tile_info()
+            count = Int32(0)
+            while work.is_valid_tile:
+                m_idx, n_idx, split = work.tile_idx
+                kb0, kb1 = k_range(k_per_split, k_tiles, split)
+                slab0 = n_idx * self.slabs
+                valid = cutlass.min(n_slabs - slab0, self.slabs)
+                tx = self.act_bytes + valid * self.slab_bytes + extra
+                for kt in cutlass.range(kb0, kb1, unroll=1):
+                    s, ph = ring_position(count, self.stages)
+                    wait_parity(empty + s, ph ^ 1, 1, s, mailbox)
+                    bar = full + s
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
+                    copy_operand(parts, m_idx, kt, s, bar)
+                    with cute.arch.elect_one():
+                        for w in cutlass.range_constexpr(self.slabs):
+                            if w < valid:
+                                blk = (slab0 + w) * k_tiles + kt
+                                dst = s * self.slabs + w
+                                bulk_copy_g2s(wq + dst * SLAB_CODE_BYTES,
+                                              codes.iterator + blk * SLAB_CODE_BYTES,
+                                              SLAB_CODE_BYTES, bar)
+                                bulk_copy_g2s(ws + dst * SLAB_SCALE_BYTES,
+                                              scales.iterator + blk * SLAB_SCALE_BYTES,
+                                              SLAB_SCALE_BYTES, bar)
+                    count = count + 1
+                sched.advance_to_next_work()
+                work = sched.get_current_work()
