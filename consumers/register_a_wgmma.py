@@ -14,8 +14,10 @@ weights never touch f16 shared memory, and the activation is expanded once per C
 Role contract (kernels/nvfp4/gemm_shell.py): warpgroups 2-3 at 200 registers. Waits on the ring's
 ``full[s]`` and arrives on its ``empty[s]`` once per warp right after the fragment loads (8
 arrivals); waits on ``act_full[b]`` and arrives on ``act_empty[b]`` once per warp when the
-wgmmas that read tile b have retired (8 arrivals). One commit group stays in flight: the
-conversion of k-block j+1 overlaps the wgmmas of k-block j.
+wgmmas that read tile b have retired (8 arrivals). Each warpgroup retires its k-block's wgmmas
+before converting the next one (the loop rewrites the same A registers, which an in-flight
+wgmma still reads: a first build that kept one group in flight computed garbage on the H200);
+the two warpgroups interleave, so one converts while the other's wgmmas run.
 
 The accumulator of thread (warp q, groupID g, tig) holds rows 16q + g + 8h (weight rows) and
 columns 8j + 2·tig + e (tokens); D pairs adjacent weight rows, which live in lanes g and g ^ 1,
@@ -134,14 +136,12 @@ class RegisterAWgmmaConsumer:
                         for i in cutlass.range_constexpr(self.tile_m // 2):
                             acc[i] = res[i]
                     warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                if kt > kb0:  # the previous k-block's wgmmas retired: release its f16 tile
-                    if lane == 0:
-                        cute.arch.mbarrier_arrive(act_empty + (count - 1) % buffers)
+                    # retire before the next conversion: it rewrites the A registers these
+                    # wgmmas read (the loop reuses them); the other warpgroup's wgmmas fill in
+                    warpgroup.wait_group(0)
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(act_empty + b)
                 count = count + 1
-            warpgroup.wait_group(0)
-            if kb1 > kb0 and lane == 0:
-                cute.arch.mbarrier_arrive(act_empty + (count - 1) % buffers)
             epilogue.store(self.output_pairs(acc, wg, t), epi,
                            OutputTile(m0=m_idx * self.tile_m, n0=n_idx * self.tile_n,
                                       tile_id=m_idx * n_tiles + n_idx, split=split, ct=ct))

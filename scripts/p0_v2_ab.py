@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from kernels.nvfp4.gemm import default_config, gemm_nvfp4
-from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant
+from kernels.nvfp4.gemm_shell import P0Variant, SwapAbStudy
 from kernels.nvfp4.prepack import prepack
 from numerics import gemm_oracle as G
 from numerics import nvfp4
@@ -52,12 +52,12 @@ def _configs(M, N, K, quick):
     for sp in splits:
         for raster_m in ((False,) if quick else (False, True)):
             out.append((f"swap_ab s{sp} {'m' if raster_m else 'n'}-raster",
-                        BlockscaledGemmSm90.swap_ab(tokens=128, stages=8, splits=sp,
-                                                    raster_along_m=raster_m)))
+                        SwapAbStudy(tokens=128, stages=8, splits=sp,
+                                                    raster_along_m=raster_m).build()))
     if not quick and M > 1024:
         for name, v in (("no expand", P0Variant(skip_dequant=True)),
                         ("no mma", P0Variant(skip_mma=True))):
-            out.append((f"swap_ab {name}", BlockscaledGemmSm90.swap_ab(tokens=128, variant=v)))
+            out.append((f"swap_ab {name}", SwapAbStudy(tokens=128, variant=v).build()))
     return out
 
 

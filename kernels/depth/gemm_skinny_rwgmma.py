@@ -34,9 +34,7 @@ from kernels.device.waits import diagnostics_mailbox, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Int64, Uint32  # noqa: E402
-from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
-from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 LAYOUT = "rwgmma"  # PackedWeights.layout of this kernel's weights
 A_COPIES = ("bulk", "tma")  # how the a slice reaches shared memory (module notes)

@@ -14,13 +14,17 @@ Elements past the last whole vector are read one at a time by CTA 0.
 """
 from __future__ import annotations
 
-from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                                    pointer_args, require_hopper, sm_count)
+import torch
+
+from kernels.device import ffi
+from kernels.device.ffi import plain_cuda, require_hopper
+from kernels.device.runtime import check_cuda_tensor, cute_modules, sm_count
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint16, Uint32  # noqa: E402
 
 VEC = 8  # 16-bit elements per 16-byte vector
+X_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class TensorAbsMax:
@@ -30,12 +34,16 @@ class TensorAbsMax:
         self.threads = threads
         self.unroll = unroll
         self.ctas_per_sm = ctas_per_sm
+        self.key = (threads, unroll, ctas_per_sm)
+
+    def grid(self, n: int) -> int:
+        per_cta = self.threads * self.unroll
+        return max(1, min(-(-max(1, n // VEC) // per_cta), sm_count() * self.ctas_per_sm))
 
     @cute.jit
-    def __call__(self, x_ptr: cute.Pointer, out_ptr: cute.Pointer, n: Int32, grid_x: Int32,
-                 stream):
-        mX = cute.make_tensor(x_ptr, cute.make_layout(n))  # raw 16-bit patterns
-        mOut = cute.make_tensor(out_ptr, cute.make_layout(1))  # uint32, zero on entry
+    def __call__(self, x, out, n: Int32, grid_x: Int32, stream):  # x, out: see ffi.pointer
+        mX = cute.make_tensor(ffi.pointer(x, Uint16), cute.make_layout(n))  # raw 16-bit patterns
+        mOut = cute.make_tensor(ffi.pointer(out, Uint32), cute.make_layout(1))  # zero on entry
         self.kernel(mX, mOut, n).launch(grid=[grid_x, 1, 1], block=[self.threads, 1, 1],
                                         stream=stream)
 
@@ -74,56 +82,58 @@ class TensorAbsMax:
 
 
 PTRS = ((Uint16, 16), (Uint32, 4))  # x (raw 16-bit patterns), the 32-bit result
+ENTRY = ffi.Entry("amax", PTRS, scalars=2)  # (x, out), (n, grid_x)
 
 
-def compile_args():
-    """Arguments for cute.compile offline."""
-    from cutlass.cute.runtime import make_fake_stream
+def compile_args(dtype=None):
+    """Arguments for cute.compile offline: the pointer path's, or with ``dtype`` (cutlass
+    BFloat16 / Float16) the TVM-FFI path's (x 1-D; compile with options="--enable-tvm-ffi")."""
+    return ENTRY.compile_args(None if dtype is None else [(dtype, 1), (dtype, 1)],
+                              ffi=dtype is not None)
 
-    return (*pointer_args(PTRS), Int32(0), Int32(1), make_fake_stream())
+
+def _result(x):
+    """The zeroed result buffer: two x-dtype elements, one uint32 to the kernel; the maximum bit
+    pattern is < 2^16, so element 0 (the low half) is the answer and element 1 stays zero."""
+    return torch.zeros(2, dtype=x.dtype, device=x.device)
 
 
 class AmaxRunner:
-    """Launch helper bound to one input tensor (its pointers and grid are computed once)."""
+    """Launch helper bound to one input tensor (its arguments and grid are computed once); each
+    call returns a view of the runner's one result buffer, overwritten by the next call."""
 
     def __init__(self, x, config: TensorAbsMax | None = None):
-        import torch
-
         validate_input(x)
         self.config = config or TensorAbsMax()
-        self.x = x
-        self.n = x.numel()
-        self.out = torch.zeros(1, dtype=torch.int32, device=x.device)
-        self.ptrs = pointer_args(PTRS, (x, self.out))
-        self.compiled = cached_compile(("amax", self._key()), lambda: cute.compile(
-            self.config, *self.ptrs, Int32(0), Int32(1), current_stream()))
-        nvec = max(1, self.n // VEC)
-        per_cta = self.config.threads * self.config.unroll
-        self.grid = max(1, min(-(-nvec // per_cta), sm_count() * self.config.ctas_per_sm))
-
-    def _key(self):
-        c = self.config
-        return (c.threads, c.unroll, c.ctas_per_sm)
+        self.out = _result(x)
+        n = x.numel()
+        self.launch = ENTRY.bind(self.config, self.config.key, (x, self.out),
+                                 (n, self.config.grid(n)))
 
     def __call__(self):
-        import torch
-
         self.out.zero_()
-        self.compiled(*self.ptrs, Int32(self.n), Int32(self.grid), current_stream())
-        return self.out.to(torch.int16).view(self.x.dtype).reshape(())
+        self.launch()
+        return self.out[0]
 
 
 def validate_input(x):
-    import torch
-
     require_hopper()
-    check_cuda_tensor("x", x, dtypes=(torch.bfloat16, torch.float16))
+    plain_cuda(x, X_DTYPES, 16) or check_cuda_tensor("x", x, dtypes=X_DTYPES)
     if x.numel() == 0:
         raise ValueError("x is empty; the absolute maximum of no elements is undefined")
     if x.numel() >= 2**31:
         raise ValueError(f"x has {x.numel()} elements; this kernel indexes with int32 (< 2^31)")
 
 
-def amax(x):
-    """``torch.amax(x.abs())`` for a contiguous, 16-byte-aligned bf16/fp16 CUDA tensor."""
-    return AmaxRunner(x)()
+_DEFAULT = TensorAbsMax()
+
+
+def amax(x, config: TensorAbsMax | None = None):
+    """``torch.amax(x.abs())`` (0-d, x's dtype) for a contiguous, 16-byte-aligned bf16/fp16 CUDA
+    tensor."""
+    validate_input(x)
+    config = config or _DEFAULT
+    out = _result(x)
+    n = x.numel()
+    ENTRY(config, config.key, (x, out), (n, config.grid(n)))
+    return out[0]

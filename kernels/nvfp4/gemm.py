@@ -8,15 +8,16 @@ With ``gate`` and ``residual`` the store is P4's exact gated residual add
 """
 from __future__ import annotations
 
-from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
-                                    current_stream, pointer_args, require_hopper, sm_count)
+import functools
+
+from kernels.device.ffi import require_hopper
+from kernels.device.runtime import check_cuda_tensor, cute_modules, sm_count
 from kernels.device.waits import diagnostics_mailbox
 from epilogues.gate_residual import GateResidualBf16
-from kernels.nvfp4.gemm_shell import PTRS, BlockscaledGemmSm90
+from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
 from schedules import plan
 
 cutlass, cute = cute_modules()
-from cutlass import Int32  # noqa: E402
 
 from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape  # noqa: E402
 
@@ -189,13 +190,15 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
         tiles = -(-m // config.tile_m) * -(-N // config.tile_n)
         counters = torch.zeros(tiles, dtype=torch.int32, device=a_q.device)
     else:  # never dereferenced
-        work, counters = out, diagnostics_mailbox()
-    ptrs = pointer_args(PTRS, (a_rows, a_scales, *b_ptrs, g_a, g_b, out,
-                               diagnostics_mailbox(), work, counters,
-                               out if gate is None else gate,
-                               out if residual is None else residual))
-    key = ("gemm_nvfp4_sm90", *config.static_key())
-    compiled = cached_compile(key, lambda: cute.compile(
-        config, *ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream()))
-    compiled(*ptrs, Int32(m), Int32(N), Int32(K // 32), Int32(sm_count()), current_stream())
+        work = counters = out
+    ENTRY(config, config.static_key(),
+          (a_rows, a_scales, *b_ptrs, g_a, g_b, out, _mailbox_address(), work, counters,
+           out if gate is None else gate, out if residual is None else residual),
+          (m, N, K // 32, sm_count()))
     return out
+
+
+@functools.cache
+def _mailbox_address() -> int:
+    """The pinned-host diagnostics mailbox, as the address the kernel writes through."""
+    return diagnostics_mailbox().data_ptr()

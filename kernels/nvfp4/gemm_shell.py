@@ -23,7 +23,7 @@ Designs (the module sets; notes/p0-gemm.md has their measurements):
   ========  ===========  ====  =========================================================
   packed ring  full[s]: 1 arrive + bytes (TMA); empty[s]: 8 (consumer warps)
 
-``swap_ab`` (:meth:`BlockscaledGemmSm90.swap_ab`), 512 threads: weights on wgmma's M side as
+``swap_ab`` (under study, :class:`SwapAbStudy`), 512 threads: weights on wgmma's M side as
 the register-sourced A operand, tokens on N:
   ==========  ===========  ====  =======================================================
   role        warpgroups   regs  module
@@ -46,6 +46,7 @@ from typing import NamedTuple
 
 from epilogues import EpilogueOperands
 from epilogues.tile_store import TileStore
+from kernels.device import ffi
 from kernels.device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
@@ -75,6 +76,24 @@ class P0Variant:
 
 
 PRODUCTION = P0Variant()
+
+
+@dataclass(frozen=True)
+class SwapAbStudy:
+    """The swap-AB design's knobs while it is under study (it lost its first A/B at 128 x 128
+    tiles: notes/p0-gemm.md v5): scripts/p0_v2_ab.py and tests build it; no default picks it."""
+
+    tokens: int = 128
+    stages: int = 8
+    splits: int = 1
+    raster_along_m: bool = False
+    variant: P0Variant = PRODUCTION
+
+    def build(self) -> BlockscaledGemmSm90:
+        return BlockscaledGemmSm90._swap_ab(tokens=self.tokens, stages=self.stages,
+                                            splits=self.splits,
+                                            raster_along_m=self.raster_along_m,
+                                            variant=self.variant)
 
 
 class ShellContext(NamedTuple):
@@ -162,11 +181,12 @@ class BlockscaledGemmSm90:
                                                                tile_n))
 
     @classmethod
-    def swap_ab(cls, *, tokens: int = 128, stages: int = 8, splits: int = 1,
-                raster_along_m: bool = False, swizzle: int = 1, epilogue=None,
-                variant: P0Variant = PRODUCTION) -> BlockscaledGemmSm90:
-        """The swap-AB design: ``tokens`` activation rows (64, 128 or 256) x 128 weight rows a
-        CTA; weights from the register-order prepack (kernels.nvfp4.prepack)."""
+    def _swap_ab(cls, *, tokens: int = 128, stages: int = 8, splits: int = 1,
+                 raster_along_m: bool = False, swizzle: int = 1, epilogue=None,
+                 variant: P0Variant = PRODUCTION) -> BlockscaledGemmSm90:
+        """The swap-AB design (under study: built only through :class:`SwapAbStudy`):
+        ``tokens`` activation rows x 128 weight rows a CTA; weights from the register-order
+        prepack (kernels.nvfp4.prepack)."""
         from consumers.register_a_wgmma import RegisterAWgmmaConsumer
         from producers.activation_stage import ExpandedActivationStage
         from producers.register_order import RegisterOrderProducer
@@ -238,11 +258,21 @@ class BlockscaledGemmSm90:
                 "variant": None if self.variant == PRODUCTION else asdict(self.variant)}
 
     @cute.jit
-    def __call__(self, a_ptr: cute.Pointer, sfa_ptr: cute.Pointer, b_ptr: cute.Pointer,
-                 sfb_ptr: cute.Pointer, ga_ptr: cute.Pointer, gb_ptr: cute.Pointer,
-                 d_ptr: cute.Pointer, mailbox_ptr: cute.Pointer, work_ptr: cute.Pointer,
-                 count_ptr: cute.Pointer, gate_ptr: cute.Pointer, residual_ptr: cute.Pointer,
+    def __call__(self, a, sfa, b, sfb, ga, gb, d, mailbox_p, work, count, gate, residual,
                  M: Int32, N: Int32, k32: Int32, max_ctas: Int32, stream):
+        # each buffer is a Pointer (pointer path) or a Tensor (TVM-FFI path): kernels/device/ffi
+        a_ptr = ffi.pointer(a, PTRS[0][0])
+        sfa_ptr = ffi.pointer(sfa, PTRS[1][0])
+        b_ptr = ffi.pointer(b, PTRS[2][0])
+        sfb_ptr = ffi.pointer(sfb, PTRS[3][0])
+        ga_ptr = ffi.pointer(ga, PTRS[4][0])
+        gb_ptr = ffi.pointer(gb, PTRS[5][0])
+        d_ptr = ffi.pointer(d, PTRS[6][0])
+        mailbox_ptr = ffi.pointer(mailbox_p, PTRS[7][0])
+        work_ptr = ffi.pointer(work, PTRS[8][0])
+        count_ptr = ffi.pointer(count, PTRS[9][0])
+        gate_ptr = ffi.pointer(gate, PTRS[10][0])
+        residual_ptr = ffi.pointer(residual, PTRS[11][0])
         tma, glob = self.producer.global_views(a_ptr, sfa_ptr, b_ptr, sfb_ptr, M, N, k32)
         n2 = N // 2  # D as uint32 column pairs (N is a multiple of 8)
         pairs = cute.make_layout((M, n2), stride=(n2, 1))
@@ -316,6 +346,8 @@ PTRS = ((Uint8, 16), (Uint8, 16), (Uint8, 16), (Uint8, 16), (Float32, 4), (Float
 # a, sfa, b, sfb, gA, gB, d, diagnostics mailbox, split-K workspace, split-K tile counters,
 # the epilogue's gate and residual. b / sfb are the weight in the producer's format: Comfy's
 # packing and swizzled scales (p0), or the register-order prepack's codes and scales (swap_ab).
+# Slot 7, the pinned-host mailbox, is an address on both host paths.
+ENTRY = ffi.Entry("gemm_nvfp4_sm90", PTRS, scalars=4, addresses=(7,))
 
 
 def compile_args(M: int = 256, N: int = 512, K: int = 256):

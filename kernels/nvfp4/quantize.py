@@ -15,10 +15,13 @@ synchronises with the host.
 """
 from __future__ import annotations
 
+import torch
+
+from kernels.device import ffi
+from kernels.device.ffi import plain_cuda, require_hopper
 from kernels.device.nvfp4 import quantize_block16, scale_swizzle_offset
 from kernels.device.ptx import rcp_approx_ftz
-from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
-                                    pointer_args, require_hopper)
+from kernels.device.runtime import check_cuda_tensor, cute_modules
 from numerics.nvfp4 import BLOCK, SCALE_TILE_COLS, scale_shape
 
 cutlass, cute = cute_modules()
@@ -44,20 +47,21 @@ class QuantizeNvfp4Kernel:
         self.is_bf16 = dtype_name == "bfloat16"
         self.rows_per_cta = rows_per_cta
         self.rows_per_thread = rows_per_thread
+        self.key = (dtype_name, rows_per_cta, rows_per_thread)
 
     def grid(self, rows: int, k_blocks: int) -> tuple[int, int]:
         return (-(-k_blocks // self.COLS),
                 -(-rows // (self.rows_per_cta * self.rows_per_thread)))
 
     @cute.jit
-    def __call__(self, x_ptr: cute.Pointer, q_ptr: cute.Pointer, s_ptr: cute.Pointer,
-                 g_ptr: cute.Pointer, rows: Int32, k_blocks: Int32, row_offset: Int32,
-                 s_bytes: Int32, grid_x: Int32, grid_y: Int32, stream):
+    def __call__(self, x, q, s, g, rows: Int32, k_blocks: Int32, row_offset: Int32,
+                 s_bytes: Int32, grid_x: Int32, grid_y: Int32, stream):  # x..g: see ffi.pointer
         n_blocks = rows * k_blocks
-        mX = cute.make_tensor(x_ptr, cute.make_layout(n_blocks * 8))  # 16-bit pairs as words
-        mQ = cute.make_tensor(q_ptr, cute.make_layout(n_blocks * 2))  # 8 packed bytes per block
-        mS = cute.make_tensor(s_ptr, cute.make_layout(s_bytes))  # swizzled scale bytes
-        mG = cute.make_tensor(g_ptr, cute.make_layout(1))
+        # 16-bit pairs as words; 8 packed bytes per block; swizzled scale bytes; g
+        mX = cute.make_tensor(ffi.pointer(x, Uint32), cute.make_layout(n_blocks * 8))
+        mQ = cute.make_tensor(ffi.pointer(q, Uint32), cute.make_layout(n_blocks * 2))
+        mS = cute.make_tensor(ffi.pointer(s, Uint8), cute.make_layout(s_bytes))
+        mG = cute.make_tensor(ffi.pointer(g, Float32), cute.make_layout(1))
         self.kernel(mX, mQ, mS, mG, rows, k_blocks, row_offset).launch(
             grid=[grid_x, grid_y, 1], block=[self.COLS, self.rows_per_cta, 1], stream=stream)
 
@@ -92,21 +96,27 @@ class QuantizeNvfp4Kernel:
 
 
 PTRS = ((Uint32, 16), (Uint32, 8), (Uint8, 4), (Float32, 4))  # x words, packed, scales, g
+# (x, q rows, s, g), (rows, k_blocks, row_offset, s_bytes, grid_x, grid_y)
+ENTRY = ffi.Entry("quantize_nvfp4", PTRS, scalars=6)
 
 
-def compile_args():
-    """Arguments for cute.compile offline."""
-    from cutlass.cute.runtime import make_fake_stream
+def compile_args(dtype=None):
+    """Arguments for cute.compile offline: the pointer path's, or with ``dtype`` (cutlass
+    BFloat16 / Float16) the TVM-FFI path's (2-D x and packed, 2-D uint8 scales, 1-D g; compile
+    with options="--enable-tvm-ffi")."""
+    if dtype is None:
+        return ENTRY.compile_args(ffi=False)
+    return ENTRY.compile_args([(dtype, 2), (Uint8, 2), (Uint8, 2), (Float32, 1)])
 
-    return (*pointer_args(PTRS), Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1),
-            make_fake_stream())
+
+# each tensor's check: the cheap common case (ffi.plain_cuda), else check_cuda_tensor's verdict
+X_DTYPES, G_DTYPES = (torch.bfloat16, torch.float16), (torch.float32,)
+Q_DTYPES, S_DTYPES = (torch.uint8,), (torch.float8_e4m3fn, torch.uint8)
 
 
 def _validate(x, g, out, row_offset):
-    import torch
-
     require_hopper()
-    check_cuda_tensor("x", x, dtypes=(torch.bfloat16, torch.float16))
+    plain_cuda(x, X_DTYPES, 16) or check_cuda_tensor("x", x, dtypes=X_DTYPES)
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [M, K]; got shape {tuple(x.shape)}")
     M, K = x.shape
@@ -114,7 +124,7 @@ def _validate(x, g, out, row_offset):
         raise ValueError(f"K = {K} must be a multiple of 16 (pad K first)")
     if M == 0 or K == 0:
         raise ValueError(f"x is empty (shape {tuple(x.shape)})")
-    check_cuda_tensor("g", g, dtypes=(torch.float32,))
+    plain_cuda(g, G_DTYPES, 16) or check_cuda_tensor("g", g, dtypes=G_DTYPES)
     if g.numel() != 1:
         raise ValueError(f"g must hold one fp32 value; it has {g.numel()}")
     if g.device != x.device:
@@ -127,17 +137,21 @@ def _validate(x, g, out, row_offset):
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise TypeError(f"out must be a (packed, scales) pair, got {type(out).__name__}")
         q, s = out
-        check_cuda_tensor("out packed", q, dtypes=(torch.uint8,), align=8)
-        check_cuda_tensor("out scales", s, dtypes=(torch.float8_e4m3fn, torch.uint8), align=4)
+        plain_cuda(q, Q_DTYPES, 8) or check_cuda_tensor("out packed", q, dtypes=Q_DTYPES, align=8)
+        plain_cuda(s, S_DTYPES, 4) or check_cuda_tensor("out scales", s, dtypes=S_DTYPES, align=4)
         if q.device != x.device or s.device != x.device:
             raise ValueError(f"out is on {q.device} / {s.device}; x is on {x.device}")
-        if q.dim() != 2 or q.shape[1] != K // 2 or q.shape[0] < row_offset + M:
-            raise ValueError(f"out packed has shape {tuple(q.shape)}; need [>= {row_offset + M}, "
+        qs, ss = q.shape, s.shape
+        if len(qs) != 2 or qs[1] != K // 2 or qs[0] < row_offset + M:
+            raise ValueError(f"out packed has shape {tuple(qs)}; need [>= {row_offset + M}, "
                              f"{K // 2}] for rows [{row_offset}, {row_offset + M})")
         need = scale_shape(row_offset + M, K)
-        if s.dim() != 2 or s.shape[1] != need[1] or s.shape[0] < need[0] or s.shape[0] % 128:
-            raise ValueError(f"out scales has shape {tuple(s.shape)}; need [multiple of 128 >= "
+        if len(ss) != 2 or ss[1] != need[1] or ss[0] < need[0] or ss[0] % 128:
+            raise ValueError(f"out scales has shape {tuple(ss)}; need [multiple of 128 >= "
                              f"{need[0]}, {need[1]}]")
+
+
+_DEFAULT: dict = {}  # dtype name -> the default config
 
 
 def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0,
@@ -149,33 +163,31 @@ def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0
     rows [row_offset, row_offset + M) of those caller-owned buffers instead (their padding is
     left as it is: allocate them zeroed).
     """
-    import torch
-
     _validate(x, g, out, row_offset)
     M, K = x.shape
+    kb = K // BLOCK
     if out is None:
         Mp = -(-M // BLOCK) * BLOCK if pad_16x else M
         if not pad_16x and M % BLOCK:
             raise ValueError(f"M = {M} is not a multiple of 16; pass pad_16x=True")
-        q = torch.zeros(Mp, K // 2, dtype=torch.uint8, device=x.device)
-        s = torch.zeros(scale_shape(Mp, K), dtype=torch.uint8, device=x.device)
+        # the kernel writes every byte but the padding: zero only buffers that have some
+        q = (torch.empty if Mp == M else torch.zeros)(Mp, K // 2, dtype=torch.uint8,
+                                                      device=x.device)
+        s = (torch.empty if M % 128 == 0 and kb % SCALE_TILE_COLS == 0 else torch.zeros)(
+            scale_shape(Mp, K), dtype=torch.uint8, device=x.device)
     else:
         q, s = out
-    dtype_name = str(x.dtype).replace("torch.", "")
-    config = config or QuantizeNvfp4Kernel(dtype_name)
-    if (config.is_bf16) != (x.dtype == torch.bfloat16):
+    dtype_name = "bfloat16" if x.dtype == torch.bfloat16 else "float16"
+    if config is None:
+        config = _DEFAULT.get(dtype_name) or _DEFAULT.setdefault(
+            dtype_name, QuantizeNvfp4Kernel(dtype_name))
+    elif config.is_bf16 != (x.dtype == torch.bfloat16):
         raise ValueError(f"config is for {'bfloat16' if config.is_bf16 else 'float16'}, x is "
                          f"{dtype_name}")
-    q_rows = q[row_offset:row_offset + M]
-    ptrs = pointer_args(PTRS, (x, q_rows, s, g))
-    key = ("quantize_nvfp4", dtype_name, config.rows_per_cta, config.rows_per_thread)
-    compiled = cached_compile(key, lambda: cute.compile(
-        config, *ptrs, Int32(0), Int32(0), Int32(0), Int32(0), Int32(1), Int32(1),
-        current_stream()))
-    gx, gy = config.grid(M, K // BLOCK)
+    gx, gy = config.grid(M, kb)
     if gy > 65535:
         raise ValueError(f"M = {M} needs {gy} CTAs along grid y (> 65535); quantize in row "
                          "chunks with out= and row_offset=")
-    compiled(*ptrs, Int32(M), Int32(K // BLOCK), Int32(row_offset), Int32(s.numel()),
-             Int32(gx), Int32(gy), current_stream())
-    return q, s.view(torch.float8_e4m3fn)
+    q_rows = q if row_offset == 0 else q[row_offset:row_offset + M]  # the kernel reads no shape
+    ENTRY(config, config.key, (x, q_rows, s, g), (M, kb, row_offset, s.numel(), gx, gy))
+    return q, s if s.dtype == torch.float8_e4m3fn else s.view(torch.float8_e4m3fn)

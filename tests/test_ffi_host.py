@@ -1,0 +1,282 @@
+"""The TVM-FFI host path (kernels/device/ffi.py, issue #24).
+
+Offline: each FFI build compiles to the pointer build's PTX, its native entry refuses bad
+arguments before anything launches, and the dispatch and the fallback do what ffi.py says.
+On the GPU: host time per call of amax and quantize_nvfp4 (<= 10 µs), the same bits as the
+pointer path, and launches on torch's current stream (a CUDA graph captures them).
+"""
+import re
+import time
+
+import pytest
+import torch
+
+from kernels.device import ffi
+
+needs_tvm_ffi = pytest.mark.skipif(
+    not ffi.active(), reason=f"TVM-FFI path not active: {ffi.path()}")
+
+
+def _norm(ptx: str) -> str:
+    """PTX without comments and with the kernel's mangled name (it embeds the argument types)."""
+    return re.sub(r"//[^\n]*", "", re.sub(r"kernel_cutlass_kernel_\w+", "KERNEL", ptx))
+
+
+@needs_tvm_ffi
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["amax", "quantize_nvfp4"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_ffi_build_has_the_pointer_builds_ptx(name, dtype):
+    import cutlass
+
+    from kernels.nvfp4 import amax as A
+    from kernels.nvfp4 import quantize as Q
+    from workbench.compile import compile_report
+
+    mod, config = (A, A.TensorAbsMax()) if name == "amax" else (Q, Q.QuantizeNvfp4Kernel(dtype))
+    ptr = compile_report(config, *mod.compile_args())
+    fast = compile_report(config, *mod.compile_args({"bfloat16": cutlass.BFloat16,
+                                                     "float16": cutlass.Float16}[dtype]),
+                          options="--enable-tvm-ffi")
+    assert _norm(fast.ptx) == _norm(ptr.ptx), "the kernel must not change with the host path"
+    assert fast.census == ptr.census and fast.registers == ptr.registers
+    assert fast.spill_bytes == ptr.spill_bytes == 0
+    assert fast.compiled.__tvm_ffi_object__() is not None
+
+
+@needs_tvm_ffi
+@pytest.mark.compile
+def test_gemm_ffi_build_has_the_pointer_builds_ptx():
+    """P0 through the FFI entry: tensors for every buffer but the pinned mailbox (an address)."""
+    import cutlass
+
+    from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, compile_args
+    from workbench.compile import compile_report
+
+    c = cutlass
+    cfg = BlockscaledGemmSm90(tile_n=128, stages=8, splits=3)
+    ptr = compile_report(cfg, *compile_args())
+    types = [(c.Uint8, 2), (c.Uint8, 2), (c.Uint8, 2), (c.Uint8, 2), (c.Float32, 1),
+             (c.Float32, 1), (c.BFloat16, 2), None, (c.Float32, 3), (c.Int32, 1),
+             (c.BFloat16, 2), (c.BFloat16, 2)]
+    fast = compile_report(cfg, *ENTRY.compile_args(types), options="--enable-tvm-ffi")
+    assert _norm(fast.ptx) == _norm(ptr.ptx), "the kernel must not change with the host path"
+    assert fast.registers == ptr.registers and fast.spill_bytes == ptr.spill_bytes == 0
+
+
+@needs_tvm_ffi
+@pytest.mark.compile
+def test_native_entry_refuses_bad_arguments_before_launching():
+    """Compiled per (dtype, rank) from example tensors (CPU ones will do offline); the native
+    entry checks arity, device, dtype and rank itself, so these raise with no GPU."""
+    from kernels.nvfp4 import quantize as Q
+
+    cfg = Q.QuantizeNvfp4Kernel("float16")
+    x = torch.zeros(16, 64, dtype=torch.float16)
+    q, s = torch.zeros(16, 32, dtype=torch.uint8), torch.zeros(128, 4, dtype=torch.float8_e4m3fn)
+    g = torch.ones(())  # 0-d g and fp8 scales are variants of their own
+    fn = Q.ENTRY.function(cfg, cfg.key, (x, q, s, g))
+    assert fn is Q.ENTRY.function(cfg, cfg.key, (x, q, s, g)), "compiled once per variant"
+    with pytest.raises(TypeError, match="Expects 10 parameters"):
+        fn(x, q, s, g, 16, 4, 0, 512, 1)
+    with pytest.raises(ValueError, match="device_type=cuda"):
+        fn(x, q, s, g, 16, 4, 0, 512, 1, 1)
+
+
+@needs_tvm_ffi
+@pytest.mark.compile
+def test_an_address_slot_is_a_pointer_argument_with_the_same_ptx():
+    """Slots named in ``addresses`` stay cute Pointers (ints at run time, e.g. gemm's pinned host
+    mailbox); the kernel still compiles to the pointer build's PTX."""
+    import cutlass
+
+    from kernels.nvfp4 import amax as A
+    from workbench.compile import compile_report
+
+    entry = ffi.Entry("amax-address-probe", A.PTRS, scalars=2, addresses=(1,))
+    config = A.TensorAbsMax()
+    fast = compile_report(config, *entry.compile_args([(cutlass.BFloat16, 2), None]),
+                          options="--enable-tvm-ffi")
+    assert _norm(fast.ptx) == _norm(compile_report(config, *A.compile_args()).ptx)
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    fn = entry.function(config, config.key, (x, 1 << 20))
+    with pytest.raises(ValueError, match=r"out: DataPointer.*device_type=cuda"):
+        fn(x, 1 << 20, 32, 1)
+
+
+def test_dispatch_retries_once_with_the_right_variant(monkeypatch):
+    """A call first tries the last function of its key; one the native entry refuses (another
+    dtype or rank) is replaced by the tensors' own variant, and a refusal of that one stands."""
+    entry = ffi.Entry("probe", [], scalars=1)
+    calls = []
+
+    def refuses(*args):
+        calls.append("old")
+        raise ValueError("Mismatched Tensor")
+
+    def takes(*args):
+        calls.append(("new", args))
+
+    monkeypatch.setattr(ffi, "_IMPORT_ERROR", None)
+    monkeypatch.setattr(ffi, "_forced_pointers", False)
+    monkeypatch.setattr(entry, "function", lambda config, key, tensors: takes)
+    entry._last["k"] = refuses
+    entry(None, "k", (), (7,))
+    assert calls == ["old", ("new", (7,))] and entry._last["k"] is takes
+    monkeypatch.setattr(entry, "function", lambda config, key, tensors: refuses)
+    entry._last["k"] = refuses
+    with pytest.raises(ValueError):
+        entry(None, "k", (), (7,))
+
+
+def test_path_names_the_fallback_and_how_to_leave_it(monkeypatch):
+    from workbench import WorkbenchError
+
+    monkeypatch.setattr(ffi, "_IMPORT_ERROR", "ModuleNotFoundError: No module named 'tvm_ffi'")
+    assert not ffi.active()
+    assert "pip install apache-tvm-ffi" in ffi.path()
+    with pytest.raises(WorkbenchError, match="pip install apache-tvm-ffi"):
+        ffi.require()
+    monkeypatch.setattr(ffi, "_IMPORT_ERROR", None)
+    assert ffi.active() and ffi.path().startswith("tvm-ffi")
+    with ffi.pointer_path():
+        assert not ffi.active() and ffi.path().startswith("pointers (forced")
+    assert ffi.active()
+
+
+# --- on the GPU ---------------------------------------------------------------------------------
+def _us_per_call(fn, n=2000, chunk=200):
+    """Host µs per call: n calls back to back, timed in chunks with the GPU drained between them
+    (tiny GPU work, and never a full launch queue to wait on); the median chunk."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    per_chunk = []
+    for _ in range(max(1, n // chunk)):
+        t0 = time.perf_counter()
+        for _ in range(chunk):
+            fn()
+        per_chunk.append((time.perf_counter() - t0) / chunk * 1e6)
+        torch.cuda.synchronize()
+    return sorted(per_chunk)[len(per_chunk) // 2]
+
+
+def _quantize_case(M=128, K=256, dtype=torch.bfloat16, seed=0):
+    from numerics import nvfp4
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(M, K, device="cuda", generator=gen) * 3).to(dtype)
+    g = nvfp4.global_scale(x).reshape(1).float()
+    q = torch.zeros(M, K // 2, dtype=torch.uint8, device="cuda")
+    s = torch.zeros(nvfp4.scale_shape(M, K), dtype=torch.uint8, device="cuda")
+    return x, g, q, s
+
+
+@pytest.mark.gpu
+def test_host_time_per_call_is_at_most_10us():
+    from kernels.nvfp4 import amax as A
+    from kernels.nvfp4.quantize import quantize_nvfp4
+
+    ffi.require()
+    xa = torch.randn(4096, device="cuda").bfloat16()
+    x, g, q, s = _quantize_case()
+    t = {"amax(x)": _us_per_call(lambda: A.amax(xa)),
+         "quantize_nvfp4(x, g, out=)": _us_per_call(lambda: quantize_nvfp4(x, g, out=(q, s))),
+         "quantize_nvfp4(x, g) allocating": _us_per_call(lambda: quantize_nvfp4(x, g)),
+         "amax launch alone (AmaxRunner)": _us_per_call(A.AmaxRunner(xa).launch)}
+    with ffi.pointer_path():
+        t["pointer path: amax(x)"] = _us_per_call(lambda: A.amax(xa), n=400)
+        t["pointer path: quantize_nvfp4(out=)"] = _us_per_call(
+            lambda: quantize_nvfp4(x, g, out=(q, s)), n=400)
+    report = f"host path {ffi.path()}: " + ", ".join(f"{k} {v:.1f} µs" for k, v in t.items())
+    print(report)
+    assert t["amax(x)"] <= 10 and t["quantize_nvfp4(x, g, out=)"] <= 10, report
+
+
+@pytest.mark.gpu
+def test_gemm_host_time_per_call_and_bits_match_the_pointer_path():
+    """P0 at a tiny shape (GPU work ~5 µs): host µs per call on both paths (reported; the
+    issue's target is <= 10 µs), and the same bits."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from validators.gemm_operands import make_operand
+
+    ffi.require()
+    a = make_operand("normal", 128, 256, 1, "cuda")
+    b = make_operand("normal", 256, 256, 2, "cuda")
+    ga, gb = (torch.tensor([float(o[2])], device="cuda") for o in (a, b))
+    out = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
+    args = (a[0], a[1], ga, b[0], b[1], gb)
+    fast = _us_per_call(lambda: gemm_nvfp4(*args, out=out))
+    got = out.clone()
+    with ffi.pointer_path():
+        slow = _us_per_call(lambda: gemm_nvfp4(*args, out=out), n=400)
+        want = gemm_nvfp4(*args)
+    print(f"gemm_nvfp4 host path {ffi.path()}: {fast:.1f} µs per call; pointer path "
+          f"{slow:.1f} µs")
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert fast < slow / 2, (fast, slow)
+
+
+def _bits_equal(a, b):
+    bits = {1: torch.uint8, 2: torch.int16}[a.element_size()]
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(bits), b.view(bits))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ffi_path_gives_the_pointer_paths_bits(dtype):
+    from kernels.nvfp4.amax import amax
+    from kernels.nvfp4.quantize import quantize_nvfp4
+    from numerics import nvfp4
+
+    def both(fn, *args, **kw):  # (pointer path's result, FFI path's)
+        with ffi.pointer_path():
+            ref = fn(*args, **kw)
+        return ref, fn(*args, **kw)
+
+    def into(x, g, M, K):  # fp8 scale buffers at a row offset, a 0-d g: variants of their own
+        q = torch.full((32 + M + 16, K // 2), 0xAB, dtype=torch.uint8, device="cuda")
+        s = torch.full(nvfp4.scale_shape(32 + M + 16, K), 0xCD, dtype=torch.uint8,
+                       device="cuda").view(torch.float8_e4m3fn)
+        return quantize_nvfp4(x, g.reshape(()), out=(q, s), row_offset=32)
+
+    ffi.require()
+    for M, K in [(16, 16), (48, 16 * 37), (300, 512), (256, 1024)]:
+        x, g, _, _ = _quantize_case(M, K, dtype, seed=M + K)
+        for t in (x, x.reshape(-1), x.reshape(M, K // 16, 16)):  # amax takes any rank
+            assert _bits_equal(*both(amax, t))
+        y = x.clone()
+        y[M // 2, 3] = float("nan")
+        assert _bits_equal(*both(amax, y))
+        for (q0, s0), (q1, s1) in (both(quantize_nvfp4, x, g, pad_16x=True),
+                                   both(into, x, g, M, K)):
+            assert _bits_equal(q0, q1) and _bits_equal(s0, s1)
+
+
+@pytest.mark.gpu
+def test_launches_go_on_torchs_current_stream():
+    """A CUDA graph captures only work on its capture stream (a launch elsewhere breaks the
+    capture), and a side stream's result is right once that stream is synchronised."""
+    from kernels.nvfp4.amax import amax
+    from kernels.nvfp4.quantize import quantize_nvfp4
+
+    ffi.require()
+    x, g, q, s = _quantize_case(256, 512)
+    want_q, want_s = quantize_nvfp4(x, g)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got_amax = amax(x)
+        quantize_nvfp4(x, g, out=(q, s))
+    side.synchronize()
+    assert _bits_equal(got_amax, torch.amax(x.abs())) and torch.equal(q, want_q)
+    q.zero_()
+    s.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        quantize_nvfp4(x, g, out=(q, s))
+    torch.cuda.synchronize()
+    assert not q.any(), "capturing must not run the kernel"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(q, want_q) and torch.equal(s, want_s.view(torch.uint8))
