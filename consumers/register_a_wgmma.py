@@ -30,7 +30,7 @@ from kernels.device.ptx import smem_u32
 from kernels.device.runtime import cute_modules
 from kernels.device.tiles import k_range, make_scheduler
 from kernels.device.waits import ring_position, wait_parity
-from kernels.device.wgmma import sw128_kmajor_descriptor, wgmma_rs_m64k16
+from kernels.device.wgmma import keep_alive, sw128_kmajor_descriptor, wgmma_rs_m64k16
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402
@@ -51,11 +51,12 @@ class RegisterAWgmmaConsumer:
     TOKENS = (128, 256)
     warpgroups, regs = 2, 200
 
-    def __init__(self, tokens: int):
+    def __init__(self, tokens: int, overlap: bool = False):
         if tokens not in self.TOKENS:
             raise ValueError(f"tokens = {tokens}: choose from {self.TOKENS}")
         self.tile_m, self.tile_n = tokens, 2 * SLAB_ROWS
         self.threads = 256
+        self.overlap = overlap  # under study (SwapAbStudy): one wgmma group in flight
 
     def barriers(self) -> dict:
         return {}
@@ -89,7 +90,6 @@ class RegisterAWgmmaConsumer:
         wg = ct // 128
         t = ct % 128
         lane = t % 32
-        group = t // 4
         codes = word_view(sm["w_codes"].iterator, cute.cosize(sm["w_codes"].layout))
         scales = cute.make_tensor(cute.recast_ptr(sm["w_scales"].iterator, dtype=Uint32),
                                   cute.make_layout(cute.cosize(sm["w_scales"].layout) // 4))
@@ -100,6 +100,8 @@ class RegisterAWgmmaConsumer:
         k_per_split, k_tiles = ctx.k_per_split, ctx.k_tiles
         n_tiles = (epi.d.shape[1] * 2 + self.tile_n - 1) // self.tile_n
         acc = cute.make_rmem_tensor((self.tile_m // 2,), Float32)
+        a_x = cute.make_rmem_tensor((4 * STEPS,), Uint32)
+        a_y = cute.make_rmem_tensor((4 * STEPS,), Uint32)
         sched = make_scheduler(ctx.sched_params)
         work = sched.initial_work_tile_info()
         count = Int32(0)
@@ -107,46 +109,105 @@ class RegisterAWgmmaConsumer:
             m_idx, n_idx, split = work.tile_idx
             kb0, kb1 = k_range(k_per_split, k_tiles, split)
             acc.fill(0.0)
-            for kt in cutlass.range(kb0, kb1, unroll=1):
-                s, ph = ring_position(count, stages)
-                b, bph = ring_position(count, buffers)
-                wait_parity(full + s, ph, 0, s, mailbox)
-                slot = s * 2 + wg
-                frag = cute.make_rmem_tensor((4,), Uint32)
-                cute.autovec_copy(codes[(None, slot * (SLAB_CODE_BYTES // 16) + t)], frag)
-                sc = cute.make_rmem_tensor((2,), Uint32)
-                base = slot * (SLAB_SCALE_BYTES // 4) + group * 2
-                sc[0] = scales[base]
-                sc[1] = scales[base + 1]
-                cute.arch.sync_warp()
-                if lane == 0:
-                    cute.arch.mbarrier_arrive(empty + s)
-                a = []
-                for st in cutlass.range_constexpr(STEPS):
-                    pair = sc[st // 2] if st % 2 == 0 else sc[st // 2] >> Uint32(16)
-                    a.append(dequant_a_fragment(frag[st], pair))
-                wait_parity(act_full + b, bph, 2, b, mailbox)
-                if cutlass.const_expr(not variant.skip_mma):
-                    warpgroup.fence()
-                    tile_addr = f16_base + b * tile_bytes
-                    for st in cutlass.range_constexpr(STEPS):
-                        desc = sw128_kmajor_descriptor(tile_addr + st * 32, SW128_ATOM)
-                        res = wgmma_rs_m64k16([acc[i] for i in range(self.tile_m // 2)], a[st],
-                                              desc, "f16")
-                        for i in cutlass.range_constexpr(self.tile_m // 2):
-                            acc[i] = res[i]
-                    warpgroup.commit_group()
-                    # retire before the next conversion: it rewrites the A registers these
-                    # wgmmas read (the loop reuses them); the other warpgroup's wgmmas fill in
+            if cutlass.const_expr(not self.overlap):
+                for kt in cutlass.range(kb0, kb1, unroll=1):
+                    self._load_convert(a_x, codes, scales, full, empty, mailbox, stages, count,
+                                       wg, t)
+                    self._issue(acc, a_x, act_full, mailbox, f16_base, tile_bytes, buffers,
+                                count, variant)
+                    # retire before the next conversion rewrites the A registers these
+                    # wgmmas read; the other warpgroup's wgmmas fill the gap
                     warpgroup.wait_group(0)
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(act_empty + count % buffers)
+                    count = count + 1
+            else:
+                # one group in flight: k-blocks alternate between two A register sets, x and
+                # y; a set is read once more (keep_alive) after the wait that retires its
+                # wgmmas, so it cannot be reassigned while they may still read it
+                n = kb1 - kb0
+                self._load_convert(a_x, codes, scales, full, empty, mailbox, stages, count, wg,
+                                   t)
+                for p in cutlass.range((n + 1) // 2, unroll=1):
+                    i = 2 * p
+                    self._issue(acc, a_x, act_full, mailbox, f16_base, tile_bytes, buffers,
+                                count + i, variant)
+                    warpgroup.wait_group(1)
+                    if i > 0:
+                        self._retire(a_y, act_empty, buffers, count + i - 1, lane, k_tiles,
+                                     mailbox)
+                    if i + 1 < n:
+                        self._load_convert(a_y, codes, scales, full, empty, mailbox, stages,
+                                           count + i + 1, wg, t)
+                        self._issue(acc, a_y, act_full, mailbox, f16_base, tile_bytes, buffers,
+                                    count + i + 1, variant)
+                        warpgroup.wait_group(1)
+                        self._retire(a_x, act_empty, buffers, count + i, lane, k_tiles, mailbox)
+                        if i + 2 < n:
+                            self._load_convert(a_x, codes, scales, full, empty, mailbox, stages,
+                                               count + i + 2, wg, t)
+                warpgroup.wait_group(0)
                 if lane == 0:
-                    cute.arch.mbarrier_arrive(act_empty + b)
-                count = count + 1
+                    cute.arch.mbarrier_arrive(act_empty + (count + n - 1) % buffers)
+                count = count + n
             epilogue.store(self.output_pairs(acc, wg, t), epi,
                            OutputTile(m0=m_idx * self.tile_m, n0=n_idx * self.tile_n,
                                       tile_id=m_idx * n_tiles + n_idx, split=split, ct=ct))
             sched.advance_to_next_work()
             work = sched.get_current_work()
+
+    @cute.jit
+    def _load_convert(self, a: cute.Tensor, codes: cute.Tensor, scales: cute.Tensor, full,
+                      empty, mailbox: cute.Tensor, stages: cutlass.Constexpr[int], cnt: Int32,
+                      wg: Int32, t: Int32):
+        """Wait for ring use ``cnt``, load this thread's weight fragments of it (16 code bytes,
+        8 scale bytes), release the stage and convert them into ``a`` (4 k16 steps x 4 f16x2
+        registers)."""
+        s, ph = ring_position(cnt, stages)
+        wait_parity(full + s, ph, 0, s, mailbox)
+        slot = s * 2 + wg
+        frag = cute.make_rmem_tensor((4,), Uint32)
+        cute.autovec_copy(codes[(None, slot * (SLAB_CODE_BYTES // 16) + t)], frag)
+        sc = cute.make_rmem_tensor((2,), Uint32)
+        base = slot * (SLAB_SCALE_BYTES // 4) + (t // 4) * 2
+        sc[0] = scales[base]
+        sc[1] = scales[base + 1]
+        cute.arch.sync_warp()
+        if t % 32 == 0:
+            cute.arch.mbarrier_arrive(empty + s)
+        for st in cutlass.range_constexpr(STEPS):
+            pair = sc[st // 2] if st % 2 == 0 else sc[st // 2] >> Uint32(16)
+            words = dequant_a_fragment(frag[st], pair)
+            for j in cutlass.range_constexpr(4):
+                a[4 * st + j] = words[j]
+
+    @cute.jit
+    def _issue(self, acc: cute.Tensor, a: cute.Tensor, act_full, mailbox: cute.Tensor,
+               f16_base: Int32, tile_bytes: cutlass.Constexpr[int],
+               buffers: cutlass.Constexpr[int], cnt: Int32, variant):
+        """Wait for the activation tile of use ``cnt`` and issue its 4 k16 wgmmas on ``a`` as
+        one commit group."""
+        b, bph = ring_position(cnt, buffers)
+        wait_parity(act_full + b, bph, 2, b, mailbox)
+        if cutlass.const_expr(not variant.skip_mma):
+            warpgroup.fence()
+            tile_addr = f16_base + b * tile_bytes
+            for st in cutlass.range_constexpr(STEPS):
+                desc = sw128_kmajor_descriptor(tile_addr + st * 32, SW128_ATOM)
+                res = wgmma_rs_m64k16([acc[i] for i in range(self.tile_m // 2)],
+                                      [a[4 * st + j] for j in range(4)], desc, "f16")
+                for i in cutlass.range_constexpr(self.tile_m // 2):
+                    acc[i] = res[i]
+            warpgroup.commit_group()
+
+    @cute.jit
+    def _retire(self, a: cute.Tensor, act_empty, buffers: cutlass.Constexpr[int], cnt: Int32,
+                lane: Int32, never: Int32, mailbox: cute.Tensor):
+        """After the wait that retired use ``cnt``'s wgmmas: release its activation tile and
+        read its A registers once more (kernels.device.wgmma.keep_alive)."""
+        if lane == 0:
+            cute.arch.mbarrier_arrive(act_empty + cnt % buffers)
+        keep_alive([a[i] for i in range(4 * STEPS)], never, mailbox.iterator)
 
     def output_pairs(self, acc, wg, t):
         """[(m, n, x0, x1)] in D tile coordinates (m a token, n an even weight row of the

@@ -50,14 +50,17 @@ def _configs(M, N, K, quick):
     if M > 1024:
         splits = [1]
     for sp in splits:
-        for raster_m in ((False,) if quick else (False, True)):
-            out.append((f"swap_ab s{sp} {'m' if raster_m else 'n'}-raster",
-                        SwapAbStudy(tokens=128, stages=8, splits=sp,
-                                                    raster_along_m=raster_m).build()))
-    if not quick and M > 1024:
+        for overlap, buffers in ((False, 2), (True, 2), (True, 4)):
+            out.append((f"swap_ab s{sp} ov{int(overlap)} b{buffers}",
+                        SwapAbStudy(tokens=128, stages=8, splits=sp, overlap=overlap,
+                                    buffers=buffers).build()))
+    if not quick:
+        sp = max(splits)
         for name, v in (("no expand", P0Variant(skip_dequant=True)),
                         ("no mma", P0Variant(skip_mma=True))):
-            out.append((f"swap_ab {name}", SwapAbStudy(tokens=128, variant=v).build()))
+            out.append((f"swap_ab s{sp} ov1 b4 {name}",
+                        SwapAbStudy(tokens=128, splits=sp, overlap=True, buffers=4,
+                                    variant=v).build()))
     return out
 
 
@@ -76,7 +79,7 @@ def _check(cfg, a, b, pre, M, N, K, seed):
 
 
 def run(args) -> list:
-    ms = [128, 2048] if args.quick else [128, 2048, 8192]
+    ms = [128, 2048] if args.quick else [128, 512, 2048, 8192]
     rows = []
     for M in ms:
         for name, (N, K) in PROJECTIONS.items():

@@ -493,7 +493,8 @@ def test_p0_drawn_shapes(M, n8, k32, kinds, seed):
     _check(out, a, b, M, N, K)
 
 
-def _swap_ab_within_bound(M, N, K, seed, tokens=128, splits=1, kinds=("normal", "lognormal")):
+def _swap_ab_within_bound(M, N, K, seed, tokens=128, splits=1, kinds=("normal", "lognormal"),
+                          **study):
     """Poisoned output, every element within the oracle's bound, a rerun bit-identical, P4's
     fused output bit-identical to the reference order on this design too."""
     from kernels.nvfp4.gemm import gemm_nvfp4
@@ -501,7 +502,7 @@ def _swap_ab_within_bound(M, N, K, seed, tokens=128, splits=1, kinds=("normal", 
     from kernels.nvfp4.prepack import prepack
     from numerics.epilogue import gate_residual
 
-    cfg = SwapAbStudy(tokens=tokens, splits=splits).build()
+    cfg = SwapAbStudy(tokens=tokens, splits=splits, **study).build()
     a, b = _operands(*kinds, M, N, K, seed=seed)
     pre = prepack(b[0], b[1])
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -526,8 +527,10 @@ def test_swap_ab_small_gemm_within_fp32_bound_and_deterministic():
 @pytest.mark.parametrize("shape", [(1, 8, 32), (300, 520, 1056), (256, 1024, 5376),
                                    (128, 5376, 5376), (700, 384, 160)])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_swap_ab_within_fp32_bound_and_deterministic(shape, splits):
-    _swap_ab_within_bound(*shape, seed=sum(shape) + splits, splits=splits)
+@pytest.mark.parametrize("overlap,buffers", [(False, 2), (True, 2), (True, 4)])
+def test_swap_ab_within_fp32_bound_and_deterministic(shape, splits, overlap, buffers):
+    _swap_ab_within_bound(*shape, seed=sum(shape) + splits, splits=splits, overlap=overlap,
+                          buffers=buffers)
 
 
 @pytest.mark.gpu

@@ -87,12 +87,15 @@ class SwapAbStudy:
     stages: int = 8
     splits: int = 1
     raster_along_m: bool = False
+    buffers: int = 2  # f16 activation tiles
+    overlap: bool = False  # one wgmma group in flight per consumer warpgroup
     variant: P0Variant = PRODUCTION
 
     def build(self) -> BlockscaledGemmSm90:
         return BlockscaledGemmSm90._swap_ab(tokens=self.tokens, stages=self.stages,
                                             splits=self.splits,
                                             raster_along_m=self.raster_along_m,
+                                            buffers=self.buffers, overlap=self.overlap,
                                             variant=self.variant)
 
 
@@ -182,7 +185,8 @@ class BlockscaledGemmSm90:
 
     @classmethod
     def _swap_ab(cls, *, tokens: int = 128, stages: int = 8, splits: int = 1,
-                 raster_along_m: bool = False, swizzle: int = 1, epilogue=None,
+                 raster_along_m: bool = False, swizzle: int = 1, buffers: int = 2,
+                 overlap: bool = False, epilogue=None,
                  variant: P0Variant = PRODUCTION) -> BlockscaledGemmSm90:
         """The swap-AB design (under study: built only through :class:`SwapAbStudy`):
         ``tokens`` activation rows x 128 weight rows a CTA; weights from the register-order
@@ -192,11 +196,11 @@ class BlockscaledGemmSm90:
         from producers.register_order import RegisterOrderProducer
 
         self = object.__new__(cls)
-        consumer = RegisterAWgmmaConsumer(tokens)
+        consumer = RegisterAWgmmaConsumer(tokens, overlap)
         self._configure("swap_ab", tokens, consumer.tile_n, stages, splits, raster_along_m,
                         swizzle, epilogue, variant,
                         RegisterOrderProducer(tokens, consumer.tile_n, stages),
-                        ExpandedActivationStage(tokens), consumer)
+                        ExpandedActivationStage(tokens, buffers), consumer)
         return self
 
     def _configure(self, design, tile_m, tile_n, stages, splits, raster_along_m, swizzle,

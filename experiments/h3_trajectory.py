@@ -1,0 +1,120 @@
+"""The canonical H3 trajectory at full size on one backend: 12 sampler steps of the 50-block,
+hidden-5376 synthetic H3 (models.h3.FULL, 37,810 tokens), every linear an Nvfp4Linear.
+
+Records the trajectory checksum (sha256 of the final latent's bf16 bytes: the ladder's
+headline, comparable between p0, p1 and p2), wall time per step, peak GPU memory, and the cost
+that keeps the full-size ladder out of one 10-minute run: one block of the exact reference
+backend (the oracle's integer sums) timed at full size (``--reference-block``).
+
+    python3 -m experiments.h3_trajectory [--backend p0] [--steps 12] [--reference-block]
+
+Bytes and FLOPs per step (for the floor): 50 blocks x (4 GEMMs, 2·T·Σ N·K = 22.6 TFLOP, plus
+attention 4·T²·hidden = 30.7 TFLOP) = 2.66 PFLOP a step at T = 37,810; at the measured
+~0.79 PFLOP/s dense f16 wgmma rate a step cannot take less than ~3.4 s.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from experiments._common import need_gpu, parser, progress, run_main
+from workbench import results as R
+
+WGMMA_PEAK = 790e12
+
+
+def _flops_per_step(cfg) -> float:
+    T = cfg.tokens
+    gemm = 2 * T * sum(n * k for n, k in cfg.shapes().values())
+    attention = 4 * T * T * cfg.hidden
+    return cfg.blocks * (gemm + attention)
+
+
+def _reference_block_seconds(model) -> float:
+    """One full-size block on the exact reference backend (what rungs 3-7 run per block)."""
+    ref = model.derived(backend="reference")
+    from models.h3 import initial_latent
+
+    x = ref.embed(initial_latent(ref.cfg, ref.seed).to(ref.device), 0)
+    ref.linears(0)  # quantize outside the timing
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    ref.block(0, x)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _main(argv) -> int:
+    from models.h3 import FULL, H3Model, checksum
+
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--backend", default="p0", choices=("p0", "reference"))
+    p.add_argument("--steps", type=int, default=FULL.steps)
+    p.add_argument("--reference-block", action="store_true",
+                   help="also time one full-size block of the exact reference backend")
+    args = p.parse_args(argv)
+    need_gpu("h3-trajectory")
+    if not 1 <= args.steps <= FULL.steps:
+        raise SystemExit(f"--steps must be 1..{FULL.steps}")
+    model = H3Model(FULL, seed=args.seed, backend=args.backend, device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    t_build = time.perf_counter()
+    for b in range(FULL.blocks):  # quantize every block's weights once (kept packed)
+        model.linears(b)
+        if b % 10 == 9:
+            progress(f"weights of block {b + 1}/{FULL.blocks} packed "
+                     f"({time.perf_counter() - t_build:.0f} s)")
+    build_s = time.perf_counter() - t_build
+    steps = []
+
+    def on_step(step, latent):
+        torch.cuda.synchronize()
+        now = time.perf_counter()
+        steps.append({"step": step, "seconds": now - on_step.t, "checksum":
+                      checksum(latent)["sha256"]})
+        progress(f"step {step + 1}/{args.steps}: {now - on_step.t:.2f} s")
+        on_step.t = now
+
+    on_step.t = time.perf_counter()
+    final = model.trajectory(steps=args.steps, on_step=on_step)
+    total = sum(s["seconds"] for s in steps)
+    summary_ck = checksum(final)
+    peak = torch.cuda.max_memory_allocated()
+    flops = _flops_per_step(FULL)
+    row = {"backend": args.backend, "steps": args.steps, "per_step": steps,
+           "weights_pack_s": build_s, "trajectory_s": total, "peak_bytes": peak,
+           "final": summary_ck, "flops_per_step": flops,
+           "floor_s_per_step": flops / WGMMA_PEAK}
+    if args.reference_block:
+        row["reference_block_s"] = _reference_block_seconds(model)
+        ladder = 3 * FULL.blocks * (1 + 2 + FULL.steps) * row["reference_block_s"]
+        row["full_ladder_reference_s_estimate"] = ladder
+        progress(f"reference block: {row['reference_block_s']:.1f} s, so rungs 5-7 at full size "
+                 f"need ~{ladder / 60:.0f} min of reference work (2 oracle models x 15 steps)")
+    headline = {"trajectory_checksum": summary_ck["sha256"], "steps": args.steps,
+                "trajectory_s": total, "s_per_step": total / len(steps), "peak_bytes": peak}
+    gates = {"finite": R.gate(summary_ck["finite"], "the final latent is finite"),
+             "canonical": R.gate(args.steps == FULL.steps,
+                                 f"{args.steps} of {FULL.steps} steps")}
+    summary = R.make_summary(f"h3-trajectory-{args.backend}",
+                             parameters={"config": "FULL", "backend": args.backend,
+                                         "steps": args.steps, "seed": args.seed},
+                             measurements=[row], headline=headline, gates=gates,
+                             seeds={"model": args.seed})
+    path = R.write(summary, args.results_dir)
+    print(R.format_table([[args.backend, args.steps, f"{total:.1f}", f"{total / len(steps):.2f}",
+                           f"{flops / WGMMA_PEAK:.2f}", f"{peak / 2**30:.1f}",
+                           summary_ck["sha256"][:16]]],
+                         ["backend", "steps", "total s", "s/step", "floor s/step", "peak GiB",
+                          "checksum"]))
+    print(f"wrote {path} (verdict {summary['verdict']})")
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
