@@ -126,30 +126,32 @@ class RegisterAWgmmaConsumer:
                 # y; a set is read once more (keep_alive) after the wait that retires its
                 # wgmmas, so it cannot be reassigned while they may still read it
                 n = kb1 - kb0
-                self._load_convert(a_x, codes, scales, full, empty, mailbox, stages, count, wg,
-                                   t)
-                for p in cutlass.range((n + 1) // 2, unroll=1):
-                    i = 2 * p
-                    self._issue(acc, a_x, act_full, mailbox, f16_base, tile_bytes, buffers,
-                                count + i, variant)
-                    warpgroup.wait_group(1)
-                    if i > 0:
-                        self._retire(a_y, act_empty, buffers, count + i - 1, lane, k_tiles,
-                                     mailbox)
-                    if i + 1 < n:
-                        self._load_convert(a_y, codes, scales, full, empty, mailbox, stages,
-                                           count + i + 1, wg, t)
-                        self._issue(acc, a_y, act_full, mailbox, f16_base, tile_bytes, buffers,
-                                    count + i + 1, variant)
+                if n > 0:  # a K split past the end has no k-block (its partial is 0)
+                    self._load_convert(a_x, codes, scales, full, empty, mailbox, stages, count,
+                                       wg, t)
+                    for p in cutlass.range((n + 1) // 2, unroll=1):
+                        i = 2 * p
+                        self._issue(acc, a_x, act_full, mailbox, f16_base, tile_bytes, buffers,
+                                    count + i, variant)
                         warpgroup.wait_group(1)
-                        self._retire(a_x, act_empty, buffers, count + i, lane, k_tiles, mailbox)
-                        if i + 2 < n:
-                            self._load_convert(a_x, codes, scales, full, empty, mailbox, stages,
-                                               count + i + 2, wg, t)
-                warpgroup.wait_group(0)
-                if lane == 0:
-                    cute.arch.mbarrier_arrive(act_empty + (count + n - 1) % buffers)
-                count = count + n
+                        if i > 0:
+                            self._retire(a_y, act_empty, buffers, count + i - 1, lane, k_tiles,
+                                         mailbox)
+                        if i + 1 < n:
+                            self._load_convert(a_y, codes, scales, full, empty, mailbox, stages,
+                                               count + i + 1, wg, t)
+                            self._issue(acc, a_y, act_full, mailbox, f16_base, tile_bytes,
+                                        buffers, count + i + 1, variant)
+                            warpgroup.wait_group(1)
+                            self._retire(a_x, act_empty, buffers, count + i, lane, k_tiles,
+                                         mailbox)
+                            if i + 2 < n:
+                                self._load_convert(a_x, codes, scales, full, empty, mailbox,
+                                                   stages, count + i + 2, wg, t)
+                    warpgroup.wait_group(0)
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(act_empty + (count + n - 1) % buffers)
+                    count = count + n
             epilogue.store(self.output_pairs(acc, wg, t), epi,
                            OutputTile(m0=m_idx * self.tile_m, n0=n_idx * self.tile_n,
                                       tile_id=m_idx * n_tiles + n_idx, split=split, ct=ct))
