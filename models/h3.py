@@ -152,9 +152,11 @@ class H3Model:
         lin, vec = self.linears(i), self.vectors(i)
         T, h = x.shape
         q, k, v, gate = lin["qkv"](_rmsnorm(x, vec["norm_attn"])).split(h, dim=1)
-        heads = [t.reshape(T, self.cfg.heads, self.cfg.head_dim).transpose(0, 1)
+        # [1, heads, T, head_dim]: 4-D, so CUDA takes a fused (flash) kernel; the math
+        # fallback would materialise heads x T x T scores (224 GiB at the full config)
+        heads = [t.reshape(T, self.cfg.heads, self.cfg.head_dim).transpose(0, 1)[None]
                  for t in (q, k, v)]
-        a = F.scaled_dot_product_attention(*heads).transpose(0, 1).reshape(T, h)
+        a = F.scaled_dot_product_attention(*heads)[0].transpose(0, 1).reshape(T, h)
         a = (a.float() * torch.sigmoid(gate.float())).to(torch.bfloat16)
         # the gated residual adds ride in the projections' epilogue (P4 on p0; the reference
         # applies numerics.epilogue.gate_residual after its exact GEMM: the same bits)
