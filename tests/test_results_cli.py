@@ -203,6 +203,22 @@ def test_publish_logs_records_and_plots(published, tmp_path, capsys):
     _one_line_error(capsys, "exists with other content")
 
 
+def test_publish_puts_a_report_beside_its_summary_and_refuses_two_sources_one_name(
+        published, tmp_path, capsys):
+    run = _run(tmp_path, _summary("ladder-p0", gpu=H200))
+    (run / "ladder-p0.md").write_text("# Ladder p0: pass\n")
+    assert main(["results", "publish", str(run)]) == 0
+    assert (published / "ladder-p0.md").read_text() == "# Ladder p0: pass\n"
+    header = L.log_header("pytest", prov={**R.provenance(), "commit": SHA, "gpu": H200})
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, text in ((a, "1 passed"), (b, "2 passed")):
+        d.mkdir()
+        (d / "tests.log").write_text(header + "\n" + text + "\n")
+    assert main(["results", "publish", str(a), str(b)]) == 2
+    _one_line_error(capsys, "two sources would be published as logs/0123456-tests.log")
+    assert not (published / "logs").exists()
+
+
 def test_publish_refuses_a_log_without_provenance(published, tmp_path, capsys):
     log = tmp_path / "lonely.log"
     log.write_text("8 passed in 23.40s\n")

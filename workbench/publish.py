@@ -7,12 +7,14 @@ is wrong (one line naming each problem). Then:
   results/history/. A summary never replaces one measured on another machine class (the GPU's
   name, or "none"): there is no override, the published file must be removed in a commit of
   its own first. Its verdict must be the one its gates and not-run parts imply.
-* ``<name>.png`` beside a summary published in the same call goes beside it.
+* ``<name>.png`` (a plot) and ``<name>.md`` (a report, e.g. the ladder's) beside a summary
+  published in the same call go beside it; the ones they replace move to results/history/.
 * a record (JSON with provenance that is not a summary) and a log (``.log``/``.txt``) go to
   results/logs/<commit>-<file>. A log must start with a provenance line (commit, device); one
   without gets a header from its run folder's summaries when they agree on commit and device,
   and is refused otherwise. Files already published with the same bytes are skipped; a
-  different file under the same name is refused.
+  different file under the same name is refused, and so are two sources of one call that
+  would land on one name.
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ from workbench import WorkbenchError
 from workbench import logs as L
 from workbench import results as R
 
-SUMMARY, RECORD, LOG, PLOT, SKIP = "summary", "record", "log", "plot", "skip"
-SUFFIXES = (".json", ".png", ".log", ".txt")
+SUMMARY, RECORD, LOG, PLOT, REPORT, SKIP = "summary", "record", "log", "plot", "report", "skip"
+SUFFIXES = (".json", ".png", ".md", ".log", ".txt")
+BESIDE = (PLOT, REPORT)  # kinds that go beside their summary
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -87,6 +90,8 @@ def _classify(path: Path, in_folder: bool, problems: list[str]) -> Item | None:
                 problems.append(f"{path}: not a PNG image")
                 return None
             return Item(path, PLOT, data=blob)
+        if suffix == ".md":
+            return Item(path, REPORT, data=L.read_text(path).encode())
         return Item(path, LOG, data=L.read_text(path))
     except WorkbenchError as e:
         problems.append(str(e))
@@ -168,10 +173,10 @@ def plan(sources: list[Path], published: Path | None = None) -> list[Item]:
     names = [s.data["name"] for s in summaries]
     problems += [f"summary '{n}' given twice" for n in sorted(set(names)) if names.count(n) > 1]
     for item, run in items:
-        if item.kind == PLOT:
+        if item.kind in BESIDE:
             if item.src.stem not in names:
-                problems.append(f"{item.src}: a plot goes beside a summary published in the "
-                                f"same call, and there is no '{item.src.stem}' summary here")
+                problems.append(f"{item.src}: a {item.kind} goes beside a summary published in "
+                                f"the same call, and there is no '{item.src.stem}' summary here")
             item.dest = published / item.src.name
         elif item.kind == RECORD:
             _logs_dest(item, published, problems)
@@ -179,6 +184,9 @@ def plan(sources: list[Path], published: Path | None = None) -> list[Item]:
             run_sums = [s for s, r in items if s.kind == SUMMARY and run is not None and r == run]
             if _check_log(item, _run_provenance(run_sums) if run_sums else None, problems):
                 _logs_dest(item, published, problems)
+    dests = [i.dest for i, _ in items if i.dest is not None]
+    problems += [f"two sources would be published as {d.relative_to(published)} (rename one)"
+                 for d in sorted(set(dests)) if dests.count(d) > 1]
     if problems:
         raise WorkbenchError("publish refused, nothing written: " + "; ".join(problems))
     if all(i.kind == SKIP for i, _ in items):
@@ -211,7 +219,7 @@ def publish(sources: list[Path], published: Path | None = None) -> list[str]:
         if item.kind == SUMMARY:
             R.write(item.data, published)
         else:
-            if item.kind == PLOT and item.dest.exists():
+            if item.kind in BESIDE and item.dest.exists():
                 R.keep_in_history(item.dest, published / "history")
             _write_bytes(item.dest, item.data)
         done.append(f"published {item.src} -> {rel}")
