@@ -109,6 +109,7 @@ class Nvfp4Linear:
         self.g_w = float(nvfp4.global_scale(w))
         self.w_q, self.w_s = nvfp4.quantize(w, self.g_w)
         self._w_int = None  # the oracle's integer weight, made on first reference use
+        self._w_pre = None  # the register-order prepack (p0's swap-AB design), made on first use
 
     @property
     def device(self) -> torch.device:
@@ -121,6 +122,7 @@ class Nvfp4Linear:
         new.backend = resolve_backend(backend, self.role)
         if new.backend == "p0" and self.device.type != "cuda":
             new.w_q, new.w_s, new._w_int = self.w_q.cuda(), self.w_s.cuda(), None
+            new._w_pre = None
         return new
 
     def _check_input(self, x) -> None:
@@ -211,7 +213,11 @@ class Nvfp4Linear:
         x = x.contiguous()
         g = nvfp4.global_scale_from_amax(amax(x)).reshape(1)
         q, s = quantize_nvfp4(x, g, pad_16x=True)
+        from kernels.nvfp4.prepack import prepack
+
         if residual is not None:
             residual = residual.contiguous()
+        if self._w_pre is None:
+            self._w_pre = prepack(self.w_q, self.w_s)
         return gemm_nvfp4(q, s, g, self.w_q, self.w_s, self.g_w, rows=(r0, r1), gate=gate,
-                          residual=residual)
+                          residual=residual, prepacked=self._w_pre)

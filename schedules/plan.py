@@ -296,3 +296,15 @@ WIDE_MIN_WAVES = 2  # v1 (c997143) design; M = 128 (< 1 wave) and 2048 (>= 2 wav
 # k_blocks // MIN_K_BLOCKS_PER_SPLIT), at least 1.
 MAX_SPLITS = 4  # v4 (4d741a1): 3 splits won for out/fc2 at M = 128, 4 (two waves) lost
 MIN_K_BLOCKS_PER_SPLIT = 16  # v4 (4d741a1) design: each split keeps a pipelined K loop
+
+# The swap-AB design (weights as register-A wgmma from the register-order prepack, 128 tokens x
+# 128 weight rows a CTA) runs when the weight's prepack is at hand and its 128 x 128 tiles
+# stay within SWAP_AB_MAX_WAVES waves of SMs: v5 (6148474) measured it ahead of P0 at M = 128
+# for every H3 shape and at M = 512 for out, fc1, fc2 and 7168 x 5376 (<= 3.4 waves), behind at
+# M = 512 qkv (5.1 waves) and at every shape from M = 2048 on. Splits: the rule above (v5: the
+# best split at M = 128 was SMs // tiles for all five shapes).
+SWAP_AB_MAX_WAVES = 4  # v5 (6148474): between 3.4 waves (won) and 5.1 (lost)
+SWAP_AB = TileChoice(
+    tile_n=128, stages=8,
+    source="v5 (6148474): tokens 128, one wgmma group in flight and 4 f16 activation tiles "
+           "(the best swap-AB config at 19 of 20 shapes; 2 % ahead of none in flight)")

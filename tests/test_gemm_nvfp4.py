@@ -289,6 +289,17 @@ def test_default_config_matches_the_h200_measurements():
     assert pick(128, 21504, 5376) == (128, 8, 1) and pick(128, 14336, 5376) == (128, 8, 1)
     assert pick(2048, 21504, 5376) == (256, 4, 1) and pick(37810, 5376, 14336) == (256, 4, 1)
 
+    def pick_prepacked(M, N, K):  # v5 (6148474): swap-AB below 4 waves of 128 x 128 tiles
+        c = default_config(M, N, K, sms=132, prepacked=True)
+        return c.design, c.splits
+
+    assert pick_prepacked(128, 5376, 5376) == ("swap_ab", 3)
+    assert pick_prepacked(128, 7168, 5376) == ("swap_ab", 2)
+    assert pick_prepacked(128, 21504, 5376) == ("swap_ab", 1)
+    assert pick_prepacked(512, 14336, 5376) == ("swap_ab", 1)  # 3.4 waves: won
+    assert pick_prepacked(512, 21504, 5376) == ("p0", 1)  # 5.1 waves: lost
+    assert pick_prepacked(2048, 5376, 5376) == ("p0", 1)
+
 
 # ---- input checks: one case each, on CPU (the CUDA requirement patched out) and on the GPU ----
 class _CudaLooking(torch.Tensor):

@@ -25,16 +25,24 @@ ROW_TILE = SCALE_TILE_ROWS  # a row slice must start on a scale tile
 _scale_shape = scale_shape  # the old name, still called by tests/test_entry_fuzz.py
 
 
-def default_config(M: int, N: int, K: int, sms: int | None = None) -> BlockscaledGemmSm90:
-    """The config schedules/plan.py picks: 128 x 256 tiles once they fill ``WIDE_MIN_WAVES``
-    waves of SMs, else 128 x 128 (twice the CTAs), with K split below one wave of those."""
+def default_config(M: int, N: int, K: int, sms: int | None = None,
+                   prepacked: bool = False) -> BlockscaledGemmSm90:
+    """The config schedules/plan.py picks: with the weight's register-order prepack at hand and
+    at most ``SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles, the swap-AB design; else 128 x 256
+    tiles once they fill ``WIDE_MIN_WAVES`` waves of SMs, else 128 x 128 (twice the CTAs); K
+    split below one wave of those."""
+    from kernels.nvfp4.gemm_shell import SwapAbStudy
+
     sms = sms or sm_count()
     row_tiles = -(-M // plan.ROW_TILE)
-    if row_tiles * -(-N // plan.WIDE.tile_n) >= plan.WIDE_MIN_WAVES * sms:
-        return BlockscaledGemmSm90(tile_n=plan.WIDE.tile_n, stages=plan.WIDE.stages)
     tiles = row_tiles * -(-N // plan.NARROW.tile_n)
     k_blocks = -(-K // plan.K_BLOCK)
     splits = max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
+    if prepacked and tiles <= plan.SWAP_AB_MAX_WAVES * sms:
+        return SwapAbStudy(tokens=plan.ROW_TILE, stages=plan.SWAP_AB.stages, splits=splits,
+                           overlap=True, buffers=4).build()
+    if row_tiles * -(-N // plan.WIDE.tile_n) >= plan.WIDE_MIN_WAVES * sms:
+        return BlockscaledGemmSm90(tile_n=plan.WIDE.tile_n, stages=plan.WIDE.stages)
     return BlockscaledGemmSm90(tile_n=plan.NARROW.tile_n, stages=plan.NARROW.stages,
                                splits=splits)
 
@@ -170,7 +178,7 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     m = r1 - r0
     if out is None:
         out = torch.empty(m, N, dtype=torch.bfloat16, device=a_q.device)
-    config = config or default_config(m, N, K)
+    config = config or default_config(m, N, K, prepacked=prepacked is not None)
     if gate is not None and not isinstance(config.epilogue.output, GateResidualBf16):
         config = config.with_output(GateResidualBf16())
     elif gate is None and config.epilogue.operands:

@@ -23,7 +23,8 @@ Designs (the module sets; notes/p0-gemm.md has their measurements):
   ========  ===========  ====  =========================================================
   packed ring  full[s]: 1 arrive + bytes (TMA); empty[s]: 8 (consumer warps)
 
-``swap_ab`` (under study, :class:`SwapAbStudy`), 512 threads: weights on wgmma's M side as
+``swap_ab`` (:class:`SwapAbStudy`; the default at small M when the prepack is given), 512
+threads: weights on wgmma's M side as
 the register-sourced A operand, tokens on N:
   ==========  ===========  ====  =======================================================
   role        warpgroups   regs  module
@@ -80,8 +81,8 @@ PRODUCTION = P0Variant()
 
 @dataclass(frozen=True)
 class SwapAbStudy:
-    """The swap-AB design's knobs while it is under study (it lost its first A/B at 128 x 128
-    tiles: notes/p0-gemm.md v5): scripts/p0_v2_ab.py and tests build it; no default picks it."""
+    """The swap-AB design and its knobs: schedules/plan.py's default picks one setting of them
+    for small M (notes/p0-gemm.md v5, where it won); scripts/p0_v2_ab.py and tests vary them."""
 
     tokens: int = 128
     stages: int = 8
@@ -188,7 +189,7 @@ class BlockscaledGemmSm90:
                  raster_along_m: bool = False, swizzle: int = 1, buffers: int = 2,
                  overlap: bool = False, epilogue=None,
                  variant: P0Variant = PRODUCTION) -> BlockscaledGemmSm90:
-        """The swap-AB design (under study: built only through :class:`SwapAbStudy`):
+        """The swap-AB design (built through :class:`SwapAbStudy`):
         ``tokens`` activation rows x 128 weight rows a CTA; weights from the register-order
         prepack (kernels.nvfp4.prepack)."""
         from consumers.register_a_wgmma import RegisterAWgmmaConsumer
