@@ -38,7 +38,8 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.utils import hopper_helpers as sm90_utils  # noqa: E402
 
 from epilogues import OutputTile  # noqa: E402
-from kernels.nvfp4.prepack import SLAB_ROWS, STEPS  # noqa: E402
+from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS  # noqa: E402
+from numerics.nvfp4 import PREPACK_STEPS as STEPS  # noqa: E402
 from producers.register_order import SLAB_CODE_BYTES, SLAB_SCALE_BYTES  # noqa: E402
 
 TILE_K = 64

@@ -40,6 +40,13 @@ def _roundup(a: int, b: int) -> int:
 SCALE_TILE_ROWS = 128
 SCALE_TILE_COLS = 4
 SCALE_TILE_BYTES = SCALE_TILE_ROWS * SCALE_TILE_COLS
+# The register-order prepack of weights for the swap-AB register-A wgmma consumer
+# (kernels/nvfp4/prepack.py has the layout): per 64-row slab and 64-wide k-block, 128 threads x
+# 16 code bytes (4 k16 steps x 4 registers) and 32 thread quads x 8 scale bytes.
+PREPACK_SLAB_ROWS = 64
+PREPACK_STEPS = 4
+PREPACK_THREADS = 128
+PREPACK_GROUPS = PREPACK_THREADS // 4
 SCALE_LINE_ROWS = 32  # rows r and r + 32·j share one 16-byte line
 SCALE_LINE_BYTES = SCALE_TILE_BYTES // SCALE_LINE_ROWS
 

@@ -21,7 +21,9 @@ from producers.tma_prepacked import (check_rows, copy_operand, operand_bytes, op
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint8  # noqa: E402
 
-from kernels.nvfp4.prepack import SLAB_ROWS, THREADS, GROUPS  # noqa: E402
+from numerics.nvfp4 import PREPACK_GROUPS as GROUPS  # noqa: E402
+from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS  # noqa: E402
+from numerics.nvfp4 import PREPACK_THREADS as THREADS  # noqa: E402
 
 SLAB_CODE_BYTES = THREADS * 16  # one slab's codes of one k-block
 SLAB_SCALE_BYTES = GROUPS * 8

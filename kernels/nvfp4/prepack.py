@@ -36,13 +36,13 @@ import torch
 
 from numerics import nvfp4
 
-SLAB_ROWS = 64  # wgmma M: weight rows per warpgroup fragment
+SLAB_ROWS = nvfp4.PREPACK_SLAB_ROWS  # wgmma M: weight rows per warpgroup fragment
 K_STEP = nvfp4.BLOCK  # wgmma K for f16 is 16 too: one scale block per k16 step
-STEPS = 4  # k16 steps per 128-bit load: 4 steps x 4 registers x 1 byte
+STEPS = nvfp4.PREPACK_STEPS  # k16 steps per 128-bit load: 4 steps x 4 registers x 1 byte
 K_BLOCK = K_STEP * STEPS
-THREADS = 128  # one warpgroup
+THREADS = nvfp4.PREPACK_THREADS  # one warpgroup
 REGISTERS = 4  # f16x2 registers of A per thread and k16 step
-GROUPS = THREADS // 4  # quads of threads sharing rows (and so scales)
+GROUPS = nvfp4.PREPACK_GROUPS  # quads of threads sharing rows (and so scales)
 ROW_HALVES = 2  # rows groupID and groupID + 8 of a thread
 
 
