@@ -15,8 +15,8 @@ from kernels.device.ptx import bulk_copy_g2s
 from kernels.device.runtime import cute_modules
 from kernels.device.tiles import k_range, make_scheduler
 from kernels.device.waits import ring_position, wait_parity
-from producers.tma_prepacked import (check_rows, copy_operand, operand_bytes, operand_smem,
-                                     operand_tma, operand_views, partition_tma)
+from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, operand_bytes,
+                                     operand_smem, operand_tma, operand_views, partition_tma)
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint8  # noqa: E402
@@ -29,7 +29,7 @@ SLAB_CODE_BYTES = THREADS * 16  # one slab's codes of one k-block
 SLAB_SCALE_BYTES = GROUPS * 8
 
 
-class RegisterOrderProducer:
+class RegisterOrderProducer(PackedRingOwner):
     """Static config: ``tile_m`` token rows (a multiple of 128), ``tile_n`` weight rows (two
     64-row slabs), ring depth ``stages``."""
 
@@ -45,18 +45,6 @@ class RegisterOrderProducer:
         self.act_bytes = operand_bytes(tile_m)
         self.slab_bytes = SLAB_CODE_BYTES + SLAB_SCALE_BYTES
         self.stage_bytes = self.act_bytes + self.slabs * self.slab_bytes
-
-    def barriers(self) -> dict:
-        return {"full": self.stages, "empty": self.stages}
-
-    def arrivals(self) -> dict:
-        return {"full": 1}
-
-    def waits(self) -> tuple:
-        return ("empty",)
-
-    def smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes + 4 * 128
 
     def allocate(self, alloc) -> dict:
         qa, sa = operand_smem(alloc, self.tile_m, self.stages)

@@ -107,19 +107,11 @@ def copy_operand(parts, tile: Int32, kt: Int32, s: Int32, bar):
     cute.copy(f_atom, f_g[(None, tile, kt, 0)], f_s[(None, s)], tma_bar_ptr=bar)
 
 
-class TmaPrepackedProducer:
-    """Static config: CTA tile rows of A (``tile_m``) and B (``tile_n``), multiples of 128, and
-    the ring depth."""
+class PackedRingOwner:
+    """The role contract of a producer that owns the packed ring: ``stages`` stages of
+    ``stage_bytes``, ``full[s]`` completed by its one arrive and the TMA / bulk-copy bytes,
+    ``empty[s]`` waited on before a stage is refilled (its readers declare their arrivals)."""
 
-    warpgroups, regs = 1, 40
-
-    def __init__(self, tile_m: int, tile_n: int, stages: int):
-        check_rows("tile_m", tile_m)
-        check_rows("tile_n", tile_n)
-        self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
-        self.stage_bytes = operand_bytes(tile_m) + operand_bytes(tile_n)
-
-    # ---- the role contract ----------------------------------------------------------------
     def barriers(self) -> dict:
         return {"full": self.stages, "empty": self.stages}
 
@@ -130,7 +122,20 @@ class TmaPrepackedProducer:
         return ("empty",)
 
     def smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes + 4 * 128  # + alignment of the four arrays
+        return self.stages * self.stage_bytes + 4 * 128  # + alignment of up to four arrays
+
+
+class TmaPrepackedProducer(PackedRingOwner):
+    """Static config: CTA tile rows of A (``tile_m``) and B (``tile_n``), multiples of 128, and
+    the ring depth."""
+
+    warpgroups, regs = 1, 40
+
+    def __init__(self, tile_m: int, tile_n: int, stages: int):
+        check_rows("tile_m", tile_m)
+        check_rows("tile_n", tile_n)
+        self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
+        self.stage_bytes = operand_bytes(tile_m) + operand_bytes(tile_n)
 
     def allocate(self, alloc) -> dict:
         qa, sa = operand_smem(alloc, self.tile_m, self.stages)

@@ -28,13 +28,12 @@ from kernels.depth.gemm_skinny import (MAX_SPLITS, PART_PAD, SMEM_LIMIT, WARPS, 
                                        PackedWeights, _ptr_specs, check_chunk_major_out,
                                        check_tiling, checked_operands, weight_groups)
 from kernels.device.ptx import bulk_copy_g2s, smem_u32  # noqa: F401  (used here and by rwgmma)
+from kernels.device.wgmma import wgmma_ss_m64k16
 from kernels.device.runtime import cached_compile, cute_modules, current_stream, pointer_args
 from kernels.device.waits import diagnostics_mailbox, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
-from cutlass._mlir.dialects import llvm  # noqa: E402
-from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 WGMMA_WARPS = 4  # the fast loop's tiles (64 weight rows: every projection's slices fit)
 STAGES = 4  # K-ranges of a slice, each with its own mbarrier (fewer where the slice is short)
@@ -76,25 +75,6 @@ def chunk_major(a):
     which the producer of this kernel's activations must write them."""
     M, K = a.shape
     return a.reshape(M, K // 8, 8).transpose(0, 1).contiguous().reshape(M, K)
-
-
-@dsl_user_op
-def wgmma_ss_m64k16(acc, desc_a, desc_b, *, loc=None, ip=None):
-    """``wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16`` with both operands in shared
-    memory (descriptors, K-major): acc (N / 2 fp32 a thread) += A · B^T. Issue only between
-    warpgroup.fence() and commit_group() / wait_group()."""
-    na = len(acc)
-    d = ",".join(f"${i}" for i in range(na))
-    ops = [Float32(x).ir_value(loc=loc, ip=ip) for x in acc] + \
-        [Int64(desc_a).ir_value(loc=loc, ip=ip), Int64(desc_b).ir_value(loc=loc, ip=ip)]
-    cons = ",".join(["=f"] * na + [str(i) for i in range(na)] + ["l", "l"])
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * na), ops,
-        "{ .reg .pred p; setp.ne.b32 p, 1, 0; "
-        f"wgmma.mma_async.sync.aligned.m64n{2 * na}k16.f32.bf16.bf16 {{{d}}}, "
-        f"${2 * na}, ${2 * na + 1}, p, 1, 1, 0, 0; }}",
-        cons, has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(na)]
 
 
 def descriptor(start: Int32, lbo: int, sbo: int) -> Int64:
