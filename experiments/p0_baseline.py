@@ -3,10 +3,12 @@
 Per projection (N x K: qkv 21504x5376, out 5376x5376, fc1 14336x5376, fc2 5376x14336) and
 M in (128, 2048, 37810), timed side by side in one process (CUDA-graph replay, medians, operand
 sets rotated beyond L2 where a set is smaller than 3x L2):
-* ``p0``: gemm_nvfp4 on prepacked A and B;
-* ``ours_e2e``: an NVFP4 linear from bf16 activations: amax kernel, g, quantize kernel, P0;
+* ``p0``: gemm_nvfp4 on prepacked A and B with the weight's register-order prepack, so the
+  default config is the production one (schedules/plan.py: swap-AB at small M, else P0);
+* ``ours_e2e``: an NVFP4 linear from bf16 activations: amax kernel, g, quantize kernel, the
+  GEMM; timed under CUDA graphs and eagerly (``ours_e2e_eager``: host time per call included);
 * ``comfy_e2e``: what a Hopper user of Comfy Kitchen 0.2.40 gets: torch amax, quantize_nvfp4
-  (pad_16x), dequantize_nvfp4 of activation and weight, bf16 F.linear;
+  (pad_16x), dequantize_nvfp4 of activation and weight, bf16 F.linear; graphs and eager;
 * ``cublas_bf16``: F.linear on the dequantized bf16 operands;
 * ``cublas_fp8``: torch._scaled_mm on e4m3 operands with per-tensor scales (context only).
 
@@ -32,21 +34,20 @@ PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
 M_VALUES = (128, 2048, 37810)
 WGMMA_PEAK = 790e12
 TARGETS = {"p0_over_cublas_bf16": {128: 1.15, 2048: 0.90, 37810: 0.90},
-           "e2e_speedup_vs_comfy": {128: 3.0, 2048: 1.3, 37810: 1.1}}
+           "e2e_speedup_vs_comfy": {128: 3.0, 2048: 1.3, 37810: 1.1},  # eager, as a user calls
+           "e2e_speedup_vs_comfy_graph": {128: 3.0, 2048: 1.3, 37810: 1.1}}
 NOTES = {
-    "prediction": "v1 (first GPU run, smoke at 8 shapes): tile 128x256, 4-stage packed ring, "
-                  "f16 triple buffer. Per k-block each consumer thread runs ~270 SASS "
-                  "instructions for 96 codes (F2FP e4m3->f16x2, HMUL2 by 64·scale, PRMT/LOP3 "
-                  "bit moves), ~700 issue cycles per SM against 1024 cycles of wgmma; smem "
-                  "traffic (dequant stores 48 KB + wgmma reads ~80 KB per k-block) is the other "
-                  "limit. Predicted 0.65-0.8 of cuBLAS bf16 at M >= 2048, and at M = 128 a "
-                  "latency-bound 1.3-1.6 µs per k-block on 42-84 CTAs (no split-K), i.e. slower "
-                  "than cuBLAS on out/fc2 and about even on qkv/fc1.",
-    "outcome": "v1 measured 0.67-0.80 of cuBLAS bf16 at M = 2048, 0.74-0.75 at M = 37810 and "
-               "0.33-0.73 at M = 128 (out/fc2 worst); e2e vs Comfy 1.39-2.99x / 1.01-1.13x / "
-               "0.84-1.06x. Ablations (notes/p0-gemm.md): without the dequant the shell runs at "
-               "1.10x cuBLAS; the dequant alone takes ~94 % of the MMA time and overlaps it only "
-               "partly (shared issue slots and smem bandwidth). 256x128 tiles: 5-7 % slower.",
+    "prediction": "session 16, written before this version's first run: the p0 column at the "
+                  "production defaults (notes/p0-gemm.md v5): 0.45-0.68 of cuBLAS bf16 at "
+                  "M = 128 (swap-AB), 0.52-0.67 at 2048 and ~0.7 at 37810 (the P0 design, as "
+                  "at 1515c0c). End to end under graphs about as at 1515c0c (1.9-2.9x at 128, "
+                  "1.0-1.2x at 2048, 0.8-1.1x at 37810), a little better at 128. Eagerly the "
+                  "three launches (amax, quantize, GEMM) now cost ~11-24 µs of host time each "
+                  "through TVM-FFI instead of ~70-100, so e2e eager at M = 128 should rise from "
+                  "0.94-1.05x (the issue's figure) to ~2x; at M >= 2048 the GPU time dominates.",
+    "outcome": "v1 (c997143, before split-K, swap-AB and TVM-FFI): 0.67-0.80 of cuBLAS bf16 at "
+               "M = 2048, 0.74-0.75 at 37810, 0.33-0.73 at 128; e2e vs Comfy under graphs "
+               "1.39-2.99x / 1.01-1.13x / 0.84-1.06x. This version's outcome: not yet run.",
 }
 
 
@@ -65,8 +66,8 @@ def _global_scale_from_amax(amax_value: torch.Tensor) -> torch.Tensor:
     return global_scale_from_amax(amax_value).reshape(1)
 
 
-def _time(fn, arg_sets, quick):
-    kw = dict(graph=True, warmup_ms=10 if quick else 25, rep_ms=60 if quick else 200)
+def _time(fn, arg_sets, quick, graph: bool = True):
+    kw = dict(graph=graph, warmup_ms=10 if quick else 25, rep_ms=60 if quick else 200)
     try:
         return bench(fn, arg_sets, **kw).as_dict()
     except Exception as e:  # not capturable: time eagerly (host overhead included) and say so
@@ -78,7 +79,8 @@ def _time(fn, arg_sets, quick):
 
 def _case(name, N, K, M, ck, quick, seed):
     from kernels.nvfp4.amax import amax
-    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.gemm import default_config, gemm_nvfp4
+    from kernels.nvfp4.prepack import prepack
     from kernels.nvfp4.quantize import quantize_nvfp4
     from numerics import gemm_oracle as G
 
@@ -95,13 +97,13 @@ def _case(name, N, K, M, ck, quick, seed):
         aq, as_ = quantize_nvfp4(x, ga, pad_16x=True)
         bq, bs = quantize_nvfp4(w, gb, pad_16x=True)
         xs.append((x, aq[:M], as_, ga))
-        weights.append((bq, bs, gb))
+        weights.append((bq, bs, gb, prepack(bq, bs)))
     out = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
 
     # correctness of P0 on sampled rows (oracle on the GPU)
     x, aq, as_, ga = xs[0]
-    bq, bs, gb = weights[0]
-    gemm_nvfp4(aq, as_, ga, bq, bs, gb, out=out)
+    bq, bs, gb, pre = weights[0]
+    gemm_nvfp4(aq, as_, ga, bq, bs, gb, out=out, prepacked=pre)
     rows = torch.randperm(M, generator=torch.Generator().manual_seed(seed))[:32].sort().values
     d, real, bound = G.reference_gemm(aq, as_, bq, bs, float(ga), float(gb), M, N, K,
                                       row_ids=rows.cuda())
@@ -111,6 +113,7 @@ def _case(name, N, K, M, ck, quick, seed):
 
     p0_sets = [(xs[i][1], xs[i][2], xs[i][3], *weights[i]) for i in range(sets)]
     row = {"projection": name, "M": M, "N": N, "K": K, "operand_sets": sets,
+           "config": default_config(M, N, K, prepacked=True).describe(),
            "p0_within_fp32_bound_on_32_rows": within, "p0_exact_fraction": exact_frac}
     flops = 2 * M * N * K
     bytes_p0 = (M + N) * (K // 2 + K // 16) + 2 * M * N
@@ -121,15 +124,18 @@ def _case(name, N, K, M, ck, quick, seed):
     row["bound"] = "bytes" if bytes_p0 / COPY_CEILING_BPS > flops / WGMMA_PEAK else "flops"
 
     t = {}
-    t["p0"] = _time(lambda a, s, g, b, bs_, gb_: gemm_nvfp4(a, s, g, b, bs_, gb_, out=out),
+    t["p0"] = _time(lambda a, s, g, b, bs_, gb_, pre: gemm_nvfp4(a, s, g, b, bs_, gb_, out=out,
+                                                                   prepacked=pre),
                     p0_sets, quick)
 
-    def ours_e2e(x, b, bs_, gb_):
+    def ours_e2e(x, b, bs_, gb_, pre):
         g = _global_scale_from_amax(amax(x))
         q, s = quantize_nvfp4(x, g, pad_16x=True)
-        return gemm_nvfp4(q[:M], s, g, b, bs_, gb_, out=out)
+        return gemm_nvfp4(q[:M], s, g, b, bs_, gb_, out=out, prepacked=pre)
 
-    t["ours_e2e"] = _time(ours_e2e, [(xs[i][0], *weights[i]) for i in range(sets)], quick)
+    e2e_sets = [(xs[i][0], *weights[i]) for i in range(sets)]
+    t["ours_e2e"] = _time(ours_e2e, e2e_sets, quick)
+    t["ours_e2e_eager"] = _time(ours_e2e, e2e_sets, quick, graph=False)
 
     deq = []
     for i in range(sets):  # dequantized operands for cuBLAS (exact values of the NVFP4 codes)
@@ -152,21 +158,25 @@ def _case(name, N, K, M, ck, quick, seed):
         row["cublas_fp8_error"] = str(e).splitlines()[0]
     del fp8
     if ck is not None:
-        def comfy_e2e(x, b, bs_, gb_):
+        def comfy_e2e(x, b, bs_, gb_, pre):
             g = _global_scale_from_amax(torch.amax(x.abs())).reshape(())
             q, s = ck.quantize_nvfp4(x, g, pad_16x=True)
             xd = ck.dequantize_nvfp4(q, g, s, torch.bfloat16)[:M]
             wd = ck.dequantize_nvfp4(b, gb_.reshape(()), bs_, torch.bfloat16)
             return torch.nn.functional.linear(xd, wd)
 
-        t["comfy_e2e"] = _time(comfy_e2e, [(xs[i][0], *weights[i]) for i in range(sets)], quick)
+        t["comfy_e2e"] = _time(comfy_e2e, e2e_sets, quick)
+        t["comfy_e2e_eager"] = _time(comfy_e2e, e2e_sets, quick, graph=False)
     for k, v in t.items():
         v["tflops"] = flops / v["median_us"] / 1e6
     row["timings"] = t
     row["p0_over_cublas_bf16"] = t["cublas_bf16"]["median_us"] / t["p0"]["median_us"]
     row["p0_fraction_of_floor"] = row["floor_us_p0"] / t["p0"]["median_us"]
     if "comfy_e2e" in t:
-        row["e2e_speedup_vs_comfy"] = t["comfy_e2e"]["median_us"] / t["ours_e2e"]["median_us"]
+        row["e2e_speedup_vs_comfy"] = (t["comfy_e2e_eager"]["median_us"]
+                                       / t["ours_e2e_eager"]["median_us"])
+        row["e2e_speedup_vs_comfy_graph"] = (t["comfy_e2e"]["median_us"]
+                                             / t["ours_e2e"]["median_us"])
     return row
 
 
@@ -186,13 +196,14 @@ def _main(argv) -> int:
             progress(f"{name} M={M} (N={N}, K={K})")
             rows.append(_case(name, N, K, M, ck, args.quick, seed=args.seed + M + N + K))
             r = rows[-1]
-            progress(f"  p0 {r['timings']['p0']['median_us']:.1f} us, cuBLAS bf16 "
-                     f"{r['timings']['cublas_bf16']['median_us']:.1f} us, ratio "
-                     f"{r['p0_over_cublas_bf16']:.2f}; e2e vs comfy "
-                     f"{r.get('e2e_speedup_vs_comfy', float('nan')):.2f}")
+            progress(f"  p0 ({r['config']['design']}) {r['timings']['p0']['median_us']:.1f} us, "
+                     f"cuBLAS bf16 {r['timings']['cublas_bf16']['median_us']:.1f} us, ratio "
+                     f"{r['p0_over_cublas_bf16']:.2f}; e2e vs comfy eager "
+                     f"{r.get('e2e_speedup_vs_comfy', float('nan')):.2f}, graph "
+                     f"{r.get('e2e_speedup_vs_comfy_graph', float('nan')):.2f}")
             torch.cuda.empty_cache()
     headline, gates = {}, {}
-    for key in ("p0_over_cublas_bf16", "e2e_speedup_vs_comfy"):
+    for key in ("p0_over_cublas_bf16", "e2e_speedup_vs_comfy", "e2e_speedup_vs_comfy_graph"):
         per_m = {}
         for M in args.m:
             vals = [r[key] for r in rows if r["M"] == M and key in r]
@@ -220,14 +231,18 @@ def _main(argv) -> int:
         progress(f"wrote {p0_ratio_png(summary, path.with_suffix('.png'))}")
     except WorkbenchError as e:
         progress(f"no plot: {e}")
-    table = [[r["projection"], r["M"], f"{r['timings']['p0']['median_us']:.1f}",
+    nan = float("nan")
+    table = [[r["projection"], r["M"], r["config"]["design"],
+              f"{r['timings']['p0']['median_us']:.1f}",
               f"{r['timings']['cublas_bf16']['median_us']:.1f}", f"{r['p0_over_cublas_bf16']:.2f}",
-              f"{r['timings']['ours_e2e']['median_us']:.1f}",
-              f"{r['timings'].get('comfy_e2e', {}).get('median_us', float('nan')):.1f}",
-              f"{r.get('e2e_speedup_vs_comfy', float('nan')):.2f}",
+              f"{r['timings']['ours_e2e_eager']['median_us']:.1f}",
+              f"{r['timings'].get('comfy_e2e_eager', {}).get('median_us', nan):.1f}",
+              f"{r.get('e2e_speedup_vs_comfy', nan):.2f}",
+              f"{r.get('e2e_speedup_vs_comfy_graph', nan):.2f}",
               f"{r['p0_fraction_of_floor']:.2f}"] for r in rows]
-    print(R.format_table(table, ["proj", "M", "p0 us", "bf16 us", "p0/bf16", "e2e us",
-                                 "comfy us", "e2e x", "floor frac"]))
+    print(R.format_table(table, ["proj", "M", "design", "p0 us", "bf16 us", "p0/bf16",
+                                 "e2e eager us", "comfy eager us", "e2e x eager",
+                                 "e2e x graph", "floor frac"]))
     print(f"wrote {path} (verdict {summary['verdict']})")
     return 0
 
