@@ -22,15 +22,18 @@ cutlass, cute = cute_modules()
 from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape  # noqa: E402
 
 ROW_TILE = SCALE_TILE_ROWS  # a row slice must start on a scale tile
+GATE_RESIDUAL = GateResidualBf16()
 _scale_shape = scale_shape  # the old name, still called by tests/test_entry_fuzz.py
 
 
+@functools.lru_cache(maxsize=1024)
 def default_config(M: int, N: int, K: int, sms: int | None = None,
                    prepacked: bool = False) -> BlockscaledGemmSm90:
     """The config schedules/plan.py picks: with the weight's register-order prepack at hand and
     at most ``SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles, the swap-AB design; else 128 x 256
     tiles once they fill ``WIDE_MIN_WAVES`` waves of SMs, else 128 x 128 (twice the CTAs); K
-    split below one wave of those."""
+    split below one wave of those. Cached: a config is an immutable value, and building one
+    costs ~50 µs of host time (measured on the CPU), more than a whole launch should."""
     from kernels.nvfp4.gemm_shell import SwapAbStudy
 
     sms = sms or sm_count()
@@ -180,7 +183,7 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
         out = torch.empty(m, N, dtype=torch.bfloat16, device=a_q.device)
     config = config or default_config(m, N, K, prepacked=prepacked is not None)
     if gate is not None and not isinstance(config.epilogue.output, GateResidualBf16):
-        config = config.with_output(GateResidualBf16())
+        config = config.with_output(GATE_RESIDUAL)
     elif gate is None and config.epilogue.operands:
         raise ValueError(f"config's epilogue {type(config.epilogue.output).__name__} reads "
                          f"{config.epilogue.operands}: pass gate and residual")

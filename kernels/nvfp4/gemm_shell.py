@@ -235,10 +235,17 @@ class BlockscaledGemmSm90:
                              f"B of shared memory (> {SMEM_CAPACITY})")
 
     def with_output(self, output) -> BlockscaledGemmSm90:
-        """The same config with another epilogue output rule (e.g. P4's GateResidualBf16)."""
-        new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
-        new.epilogue = TileStore(output, self.splits)
+        """The same config with another epilogue output rule (e.g. P4's GateResidualBf16); one
+        object per rule (rules are frozen dataclasses), so a call path that asks each time
+        costs a lookup, not a new config and a new cache key."""
+        cache = self.__dict__.setdefault("_with_output", {})
+        new = cache.get(output)
+        if new is None:
+            new = object.__new__(type(self))
+            new.__dict__.update({k: v for k, v in self.__dict__.items()
+                                 if k not in ("_with_output", "_static_key")})
+            new.epilogue = TileStore(output, self.splits)
+            cache[output] = new
         return new
 
     @property
@@ -246,10 +253,15 @@ class BlockscaledGemmSm90:
         return self.design == "swap_ab"
 
     def static_key(self) -> tuple:
-        """Every static choice that changes the compiled code: the compile cache's key."""
-        return (self.design, self.tile_m, self.tile_n, self.stages, self.splits,
+        """Every static choice that changes the compiled code: the compile cache's key
+        (computed once: a config does not change after it is built)."""
+        key = self.__dict__.get("_static_key")
+        if key is None:
+            key = self._static_key = (
+                self.design, self.tile_m, self.tile_n, self.stages, self.splits,
                 self.raster_along_m, self.swizzle, self.variant,
                 *(_module_key(r) for r in self.roles), self.epilogue.key())
+        return key
 
     def describe(self) -> dict:
         return {"design": self.design, "tile": [self.tile_m, self.tile_n, TILE_K],
