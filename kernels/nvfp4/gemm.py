@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 
-from kernels.device.ffi import require_hopper
+import torch
+
+from kernels.device.ffi import plain_cuda, require_hopper
 from kernels.device.runtime import check_cuda_tensor, cute_modules, sm_count
 from kernels.device.waits import diagnostics_mailbox
 from epilogues.gate_residual import GateResidualBf16
@@ -23,6 +25,7 @@ from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape  # noqa: E402
 
 ROW_TILE = SCALE_TILE_ROWS  # a row slice must start on a scale tile
 GATE_RESIDUAL = GateResidualBf16()
+_CODES, _SCALES, _G = (torch.uint8,), (torch.float8_e4m3fn, torch.uint8), (torch.float32,)
 _scale_shape = scale_shape  # the old name, still called by tests/test_entry_fuzz.py
 
 
@@ -51,10 +54,9 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
 
 
 def _check_operand(name: str, q, s, device):
-    import torch
-
-    check_cuda_tensor(f"{name}_q", q, dtypes=(torch.uint8,))
-    check_cuda_tensor(f"{name}_s", s, dtypes=(torch.float8_e4m3fn, torch.uint8))
+    # the common case in one cheap test each; check_cuda_tensor names any problem
+    plain_cuda(q, _CODES, 16) or check_cuda_tensor(f"{name}_q", q, dtypes=_CODES)
+    plain_cuda(s, _SCALES, 16) or check_cuda_tensor(f"{name}_s", s, dtypes=_SCALES)
     if q.dim() != 2:
         raise ValueError(f"{name}_q must be 2-D [rows, K/2]; got shape {tuple(q.shape)}")
     if q.device != device or s.device != device:
@@ -73,11 +75,9 @@ def _check_operand(name: str, q, s, device):
 
 
 def _tensor_scale(name: str, g, device):
-    import torch
-
     if isinstance(g, (int, float)) and not isinstance(g, bool):
         return torch.tensor([float(g)], dtype=torch.float32, device=device)
-    check_cuda_tensor(name, g, dtypes=(torch.float32,), align=4)
+    plain_cuda(g, _G, 4) or check_cuda_tensor(name, g, dtypes=_G, align=4)
     if g.numel() != 1:
         raise ValueError(f"{name} must hold one fp32 value; it has {g.numel()}")
     if g.device != device:
@@ -187,12 +187,14 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     elif gate is None and config.epilogue.operands:
         raise ValueError(f"config's epilogue {type(config.epilogue.output).__name__} reads "
                          f"{config.epilogue.operands}: pass gate and residual")
-    b_ptrs = (b_q, b_s.view(torch.uint8))
+    # scales go as they are (fp8 or uint8: each a variant of the FFI entry, the same kernel);
+    # no view or slice unless rows asks for one (each costs host time)
+    b_ptrs = (b_q, b_s)
     if config.needs_prepacked_weights:
         _check_prepacked(prepacked, N, K, a_q.device)
         b_ptrs = (prepacked.codes, prepacked.scales)
-    a_rows = a_q[r0:r1]
-    a_scales = a_s.view(torch.uint8)[r0:]  # whole 128-row tiles from r0 on
+    a_rows = a_q if r0 == 0 and r1 == M else a_q[r0:r1]
+    a_scales = a_s if r0 == 0 else a_s[r0:]  # whole 128-row tiles from r0 on
     if config.splits * m * N >= 2**31:
         raise ValueError(f"split-K workspace of {config.splits} x {m} x {N} exceeds 32-bit "
                          "indexing; use fewer splits (splits only pay below one wave of tiles)")
