@@ -46,17 +46,21 @@ def test_ffi_build_has_the_pointer_builds_ptx(name, dtype):
 
 @needs_tvm_ffi
 @pytest.mark.compile
-def test_gemm_ffi_build_has_the_pointer_builds_ptx():
-    """P0 through the FFI entry: tensors for every buffer but the pinned mailbox (an address)."""
+@pytest.mark.parametrize("scales", ["uint8", "float8_e4m3fn"])
+def test_gemm_ffi_build_has_the_pointer_builds_ptx(scales):
+    """P0 through the FFI entry: tensors for every buffer but the pinned mailbox (an address);
+    scales as uint8 or as E4M3 tensors (what quantize returns: gemm_nvfp4 passes them as they
+    are), the same kernel either way."""
     import cutlass
 
     from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, compile_args
     from workbench.compile import compile_report
 
     c = cutlass
+    sc = {"uint8": c.Uint8, "float8_e4m3fn": c.Float8E4M3FN}[scales]
     cfg = BlockscaledGemmSm90(tile_n=128, stages=8, splits=3)
     ptr = compile_report(cfg, *compile_args())
-    types = [(c.Uint8, 2), (c.Uint8, 2), (c.Uint8, 2), (c.Uint8, 2), (c.Float32, 1),
+    types = [(c.Uint8, 2), (sc, 2), (c.Uint8, 2), (sc, 2), (c.Float32, 1),
              (c.Float32, 1), (c.BFloat16, 2), None, (c.Float32, 3), (c.Int32, 1),
              (c.BFloat16, 2), (c.BFloat16, 2)]
     fast = compile_report(cfg, *ENTRY.compile_args(types), options="--enable-tvm-ffi")
