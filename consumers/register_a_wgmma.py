@@ -49,7 +49,7 @@ SW128_ATOM = 1024  # bytes of an 8-row swizzle atom of the f16 B tile
 class RegisterAWgmmaConsumer:
     """Static config: ``tokens`` (wgmma N: 128 or 256); the weight tile is two 64-row slabs."""
 
-    TOKENS = (128, 256)
+    TOKENS = (128,)  # 256 needs 128 accumulators a thread: over the 512-thread CTA's 128 registers
     warpgroups, regs = 2, 200
 
     def __init__(self, tokens: int, overlap: bool = False):

@@ -213,11 +213,15 @@ class Nvfp4Linear:
         x = x.contiguous()
         g = nvfp4.global_scale_from_amax(amax(x)).reshape(1)
         q, s = quantize_nvfp4(x, g, pad_16x=True)
+        from kernels.nvfp4.gemm import default_config
         from kernels.nvfp4.prepack import prepack
 
         if residual is not None:
             residual = residual.contiguous()
-        if self._w_pre is None:
-            self._w_pre = prepack(self.w_q, self.w_s)
+        pre = None
+        if default_config(r1 - r0, self.N, self.K, prepacked=True).needs_prepacked_weights:
+            if self._w_pre is None:  # made once, and only where the chooser reads it
+                self._w_pre = prepack(self.w_q, self.w_s)
+            pre = self._w_pre
         return gemm_nvfp4(q, s, g, self.w_q, self.w_s, self.g_w, rows=(r0, r1), gate=gate,
-                          residual=residual, prepacked=self._w_pre)
+                          residual=residual, prepacked=pre)

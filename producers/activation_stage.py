@@ -36,6 +36,10 @@ class ExpandedActivationStage:
     def __init__(self, tokens: int, buffers: int = 2):
         if tokens % 128 or not 128 <= tokens <= 256:
             raise ValueError(f"tokens = {tokens}: choose 128 or 256")
+        if not isinstance(buffers, int) or buffers < 2:
+            # one tile cannot be refilled while the consumers still read it (with a wgmma group
+            # in flight, use u is released only after u + 1 is issued: a deadlock)
+            raise ValueError(f"buffers = {buffers!r}: the activation stage needs >= 2 f16 tiles")
         self.tokens, self.buffers = tokens, buffers
         self.tile_bytes = tokens * ROW_BYTES
 

@@ -306,5 +306,7 @@ MIN_K_BLOCKS_PER_SPLIT = 16  # v4 (4d741a1) design: each split keeps a pipelined
 SWAP_AB_MAX_WAVES = 4  # v5 (6148474): between 3.4 waves (won) and 5.1 (lost)
 SWAP_AB = TileChoice(
     tile_n=128, stages=8,
-    source="v5 (6148474): tokens 128, one wgmma group in flight and 4 f16 activation tiles "
-           "(the best swap-AB config at 19 of 20 shapes; 2 % ahead of none in flight)")
+    source="v5 (6148474): tokens 128, each k-block's wgmmas retired before the next "
+           "conversion, 2 f16 activation tiles: correct by construction; the one-group-in-"
+           "flight variant measured within 2 % (inside the run's spread) and its A-register "
+           "guard is not ordered by ptxas (v5 review), so it stays a study knob")

@@ -136,8 +136,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("p0_v2_ab: needs the H200", file=sys.stderr)
         return 2
-    rows = run(args)
     out_dir = args.out or Path(os.environ.get("WB_RESULTS_DIR", "."))
+    if (out_dir / "p0-v2-ab.json").exists():  # refuse before the run, not after it
+        print(f"p0_v2_ab: {out_dir / 'p0-v2-ab.json'} exists; not overwritten", file=sys.stderr)
+        return 1
+    rows = run(args)
     out_dir.mkdir(parents=True, exist_ok=True)
     prov = {"commit": os.environ.get("WB_GIT_COMMIT", "unknown")[:7],
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,

@@ -218,8 +218,12 @@ def test_swap_ab_roles_and_barriers_are_checked_before_compiling():
         check_roles((cfg.producer, cfg.consumer, _NoArrivals(cfg.activation)))
     with pytest.raises(ValueError, match=r"arrives on 'act_empty', which no role owns"):
         check_roles((cfg.producer, cfg.consumer))
-    with pytest.raises(ValueError, match=r"tokens = 64: choose from \(128, 256\)"):
+    with pytest.raises(ValueError, match=r"tokens = 64: choose from \(128,\)"):
         SwapAbStudy(tokens=64).build()
+    with pytest.raises(ValueError, match=r"tokens = 256: choose from \(128,\)"):
+        SwapAbStudy(tokens=256).build()
+    with pytest.raises(ValueError, match=r"buffers = 1: the activation stage needs >= 2"):
+        SwapAbStudy(buffers=1, overlap=True).build()
 
 
 class _NoArrivals:

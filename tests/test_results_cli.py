@@ -207,8 +207,13 @@ def test_publish_puts_a_report_beside_its_summary_and_refuses_two_sources_one_na
         published, tmp_path, capsys):
     run = _run(tmp_path, _summary("ladder-p0", gpu=H200))
     (run / "ladder-p0.md").write_text("# Ladder p0: pass\n")
+    (run / "scratch.md").write_text("# notes of the run, no summary of that name\n")
     assert main(["results", "publish", str(run)]) == 0
+    assert "scratch.md: skipped" in capsys.readouterr().out
     assert (published / "ladder-p0.md").read_text() == "# Ladder p0: pass\n"
+    assert main(["results", "publish", str(run)]) == 0  # the same bytes again: not archived
+    assert not (published / "history").exists() or not any(
+        p.name.startswith("ladder-p0.md") for p in (published / "history").iterdir())
     header = L.log_header("pytest", prov={**R.provenance(), "commit": SHA, "gpu": H200})
     a, b = tmp_path / "a", tmp_path / "b"
     for d, text in ((a, "1 passed"), (b, "2 passed")):

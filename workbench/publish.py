@@ -173,11 +173,16 @@ def plan(sources: list[Path], published: Path | None = None) -> list[Item]:
     names = [s.data["name"] for s in summaries]
     problems += [f"summary '{n}' given twice" for n in sorted(set(names)) if names.count(n) > 1]
     for item, run in items:
+        if item.kind == REPORT and run is not None and item.src.stem not in names:
+            item.kind, item.note = SKIP, "skipped (a report without its summary in this call)"
+            continue
         if item.kind in BESIDE:
             if item.src.stem not in names:
                 problems.append(f"{item.src}: a {item.kind} goes beside a summary published in "
                                 f"the same call, and there is no '{item.src.stem}' summary here")
             item.dest = published / item.src.name
+            if item.dest.is_file() and item.dest.read_bytes() == item.data:
+                item.note = "already published"
         elif item.kind == RECORD:
             _logs_dest(item, published, problems)
         elif item.kind == LOG:

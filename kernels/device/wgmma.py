@@ -70,9 +70,12 @@ def sw128_kmajor_descriptor(start_addr, sbo_bytes: int = 1024) -> Int64:
 @dsl_user_op
 def keep_alive(words, never, addr, *, loc=None, ip=None):
     """Read ``words`` (32-bit registers) where ptxas cannot drop the read: their xor goes to
-    global ``addr`` (a Pointer) under a predicate that is false at run time (``never`` < 0, e.g. a count that is
-    never negative). Placed after the ``wait_group`` that retires a register-A wgmma, it keeps
-    that wgmma's A registers from being reassigned while the wgmma may still read them."""
+    global ``addr`` (a Pointer) under a predicate that is false at run time (``never`` < 0,
+    e.g. a count that is never negative). Placed after the ``wait_group`` that retires a
+    register-A wgmma, it is meant to keep that wgmma's A registers from being reassigned while
+    the wgmma may still read them. Caveat (seen in SASS): ptxas may schedule these reads above
+    the ``WARPGROUP.DEPBAR``, so it is no ordering guarantee; no default config relies on it
+    (SwapAbStudy(overlap=True) is a study knob)."""
     n = len(words)
     ops = [Uint32(w).ir_value(loc=loc, ip=ip) for w in words] + [
         Int32(never).ir_value(loc=loc, ip=ip),

@@ -46,7 +46,7 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
     splits = max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
     if prepacked and tiles <= plan.SWAP_AB_MAX_WAVES * sms:
         return SwapAbStudy(tokens=plan.ROW_TILE, stages=plan.SWAP_AB.stages, splits=splits,
-                           overlap=True, buffers=4).build()
+                           overlap=False, buffers=2).build()
     if row_tiles * -(-N // plan.WIDE.tile_n) >= plan.WIDE_MIN_WAVES * sms:
         return BlockscaledGemmSm90(tile_n=plan.WIDE.tile_n, stages=plan.WIDE.stages)
     return BlockscaledGemmSm90(tile_n=plan.NARROW.tile_n, stages=plan.NARROW.stages,
