@@ -1,6 +1,7 @@
 """P0 baseline: the block-scaled NVFP4 GEMM against cuBLAS and Comfy Kitchen's Hopper path.
 
-Per projection (N x K: qkv 21504x5376, out 5376x5376, fc1 14336x5376, fc2 5376x14336) and
+Per projection (N x K: qkv 21504x5376, out 5376x5376, fc1 14336x5376, fc2 5376x14336, and a
+7168x5376 projection, "wide") and
 M in (128, 2048, 37810), timed side by side in one process (CUDA-graph replay, medians, operand
 sets rotated beyond L2 where a set is smaller than 3x L2):
 * ``p0``: gemm_nvfp4 on prepacked A and B with the weight's register-order prepack, so the
@@ -30,7 +31,7 @@ from workbench import results as R
 from workbench.timing import COPY_CEILING_BPS, bench, rotation_count
 
 PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
-               "fc2": (5376, 14336)}
+               "fc2": (5376, 14336), "wide": (7168, 5376)}
 M_VALUES = (128, 2048, 37810)
 WGMMA_PEAK = 790e12
 TARGETS = {"p0_over_cublas_bf16": {128: 1.15, 2048: 0.90, 37810: 0.90},

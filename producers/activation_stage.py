@@ -11,7 +11,9 @@ expansion.
 Role contract (kernels/nvfp4/gemm_shell.py): one warpgroup at 80 registers. Owns ``buffers``
 f16 tiles and their barriers: ``act_full[b]`` (4 arrivals: each warp after its stores and a
 ``fence.proxy.async``), ``act_empty[b]`` (the consumers' 8 warp arrivals after the wgmmas that
-read it retired). Waits on the ring's ``full[s]``, arrives on its ``empty[s]`` (4 arrivals).
+read it retired). Waits on the ring's ``full[s]``, arrives on its ``empty[s]`` (4 arrivals;
+with the activation multicast to a CTA pair, on both CTAs' ``empty[s]``: 4 + 4 on each, since
+either CTA's producer writes its half of the activation into both).
 """
 from __future__ import annotations
 
@@ -29,25 +31,28 @@ WARPS = 4
 
 
 class ExpandedActivationStage:
-    """Static config: ``tokens`` rows a tile (a multiple of 128), ``buffers`` f16 tiles."""
+    """Static config: ``tokens`` rows a tile (a multiple of 128), ``buffers`` f16 tiles, and the
+    CTAs (1 or 2) the producer multicasts the packed activation to."""
 
     warpgroups, regs = 1, 80
 
-    def __init__(self, tokens: int, buffers: int = 2):
+    def __init__(self, tokens: int, buffers: int = 2, multicast: int = 1):
         if tokens % 128 or not 128 <= tokens <= 256:
             raise ValueError(f"tokens = {tokens}: choose 128 or 256")
         if not isinstance(buffers, int) or buffers < 2:
             # one tile cannot be refilled while the consumers still read it (with a wgmma group
             # in flight, use u is released only after u + 1 is issued: a deadlock)
             raise ValueError(f"buffers = {buffers!r}: the activation stage needs >= 2 f16 tiles")
-        self.tokens, self.buffers = tokens, buffers
+        if multicast not in (1, 2):
+            raise ValueError(f"multicast = {multicast!r}: 1 or a CTA pair (2)")
+        self.tokens, self.buffers, self.multicast = tokens, buffers, multicast
         self.tile_bytes = tokens * ROW_BYTES
 
     def barriers(self) -> dict:
         return {"act_full": self.buffers, "act_empty": self.buffers}
 
     def arrivals(self) -> dict:
-        return {"empty": WARPS, "act_full": WARPS}
+        return {"empty": WARPS * self.multicast, "act_full": WARPS}
 
     def waits(self) -> tuple:
         return ("full", "act_empty")
@@ -89,7 +94,11 @@ class ExpandedActivationStage:
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.sync_warp()
                 if lane == 0:
-                    cute.arch.mbarrier_arrive(empty + s)
+                    if cutlass.const_expr(self.multicast == 1):
+                        cute.arch.mbarrier_arrive(empty + s)
+                    else:  # both CTAs' producers write into this stage
+                        for r in cutlass.range_constexpr(self.multicast):
+                            cute.arch.mbarrier_arrive(empty + s, r)
                     cute.arch.mbarrier_arrive(act_full + b)
                 count = count + 1
             sched.advance_to_next_work()

@@ -8,6 +8,12 @@ tiles, and per weight slab w (0, 1) its codes [128 threads][16 B] (2048 B) and s
 [32 groups][8 B] (256 B), both contiguous in the prepack, so one bulk copy each. ``full[s]``:
 one arrive + the stage's bytes (a last tile's missing slab is neither copied nor counted);
 waits on ``empty[s]`` (the activation stage's and the consumers' arrivals).
+
+With ``multicast`` = 2 (a cluster of two CTAs on neighbouring weight tiles of one token tile):
+each CTA's producer TMAs half of the activation box to both CTAs (same stage, same barrier
+offset), so each CTA's ``full[s]`` still counts the whole activation plus its own weights, and
+``empty[s]`` also counts the peer's activation-stage arrivals (the peer's producer writes into
+this CTA's stage only once both activation stages have read it).
 """
 from __future__ import annotations
 
@@ -15,8 +21,9 @@ from kernels.device.ptx import bulk_copy_g2s
 from kernels.device.runtime import cute_modules
 from kernels.device.tiles import k_range, make_scheduler
 from kernels.device.waits import ring_position, wait_parity
-from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, operand_bytes,
-                                     operand_smem, operand_tma, operand_views, partition_tma)
+from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, multicast_group,
+                                     operand_bytes, operand_smem, operand_tma, operand_views,
+                                     partition_tma)
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint8  # noqa: E402
@@ -31,16 +38,20 @@ SLAB_SCALE_BYTES = GROUPS * 8
 
 class RegisterOrderProducer(PackedRingOwner):
     """Static config: ``tile_m`` token rows (a multiple of 128), ``tile_n`` weight rows (two
-    64-row slabs), ring depth ``stages``."""
+    64-row slabs), ring depth ``stages``, and the CTAs (1 or 2) the activation is multicast
+    to."""
 
     warpgroups, regs = 1, 24
 
-    def __init__(self, tile_m: int, tile_n: int, stages: int):
+    def __init__(self, tile_m: int, tile_n: int, stages: int, multicast: int = 1):
         check_rows("tokens", tile_m)
+        if multicast not in (1, 2):
+            raise ValueError(f"multicast = {multicast!r}: 1 or a CTA pair (2)")
         if tile_n != 2 * SLAB_ROWS:
             raise ValueError(f"tile_n = {tile_n}: the consumer's two warpgroups take one "
                              f"{SLAB_ROWS}-row slab each")
         self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
+        self.multicast = multicast
         self.slabs = tile_n // SLAB_ROWS
         self.act_bytes = operand_bytes(tile_m)
         self.slab_bytes = SLAB_CODE_BYTES + SLAB_SCALE_BYTES
@@ -55,7 +66,8 @@ class RegisterOrderProducer(PackedRingOwner):
 
     def global_views(self, a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
         """(TMA atoms: activation codes and scales; (prepacked codes, scales, slab count))."""
-        tma = operand_tma(*operand_views(a_ptr, sfa_ptr, M, k32), self.tile_m, self.stages)
+        tma = operand_tma(*operand_views(a_ptr, sfa_ptr, M, k32), self.tile_m, self.stages,
+                          self.multicast)
         n_slabs = (N + SLAB_ROWS - 1) // SLAB_ROWS
         k_tiles = (k32 + 1) // 2
         codes = cute.make_tensor(b_ptr, cute.make_layout(n_slabs * k_tiles * SLAB_CODE_BYTES))
@@ -67,7 +79,8 @@ class RegisterOrderProducer(PackedRingOwner):
     def run(self, ctx, rt: Int32):
         if rt // 32 == 0:
             sm = ctx.smem
-            parts = partition_tma(ctx.tma, (sm["q_a"], sm["s_a"]))
+            rank, mask = multicast_group(self.multicast)
+            parts = partition_tma(ctx.tma, (sm["q_a"], sm["s_a"]), rank, self.multicast)
             codes, scales, n_slabs = ctx.globals
             wq, ws = sm["w_codes"].iterator, sm["w_scales"].iterator
             full, empty, mailbox = ctx.bars["full"], ctx.bars["empty"], ctx.mailbox
@@ -88,7 +101,7 @@ class RegisterOrderProducer(PackedRingOwner):
                     bar = full + s
                     with cute.arch.elect_one():
                         cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
-                    copy_operand(parts, m_idx, kt, s, bar)
+                    copy_operand(parts, m_idx, kt, s, bar, mask)
                     with cute.arch.elect_one():
                         for w in cutlass.range_constexpr(self.slabs):
                             if w < valid:

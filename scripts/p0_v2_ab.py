@@ -2,12 +2,13 @@
 against ``swap_ab`` (weights as register-sourced wgmma A from the register-order prepack,
 activations expanded once per CTA tile), beside cuBLAS bf16 on the dequantized operands.
 
-    python3 scripts/p0_v2_ab.py [--quick] [--out DIR]
+    python3 scripts/p0_v2_ab.py [--quick] [--ms M ...] [--ablations] [--out DIR]
 
 Per H3 projection and M: every config's output checked on 32 sampled rows against the exact
 oracle (fp32 bound) and a rerun bit-identical; then CUDA-graph medians with operand sets rotated
-past L2. The swap_ab configs vary the K split (small M) and the raster order. Ablations of
-swap_ab (no activation expansion, no wgmma) say which half limits it. Writes
+past L2. The swap_ab configs vary the K split (small M) and whether CTA pairs share the
+activation's TMA (multicast). Ablations of swap_ab (no activation expansion, no wgmma) say
+which half limits it. Writes
 ``p0-v2-ab.json`` (provenance, all rows) under --out or $WB_RESULTS_DIR and prints a table.
 """
 from __future__ import annotations
@@ -42,25 +43,28 @@ def _operands(M, N, K, seed):
     return (a[0], a[1], g[0]), (b[0], b[1], g[1]), prepack(b[0], b[1])
 
 
-def _configs(M, N, K, quick):
-    out = [("p0 default", default_config(M, N, K))]
+def _configs(M, N, K, args):
+    """(label, config): P0's design as the chooser builds it, the chooser's pick with the
+    prepack, and the swap-AB design per K split, alone and as CTA pairs sharing the
+    activation's TMA (multicast; only where the weight tiles pair up)."""
+    out = [("p0 default", default_config(M, N, K)),
+           ("chosen", default_config(M, N, K, prepacked=True))]
     tiles = -(-M // 128) * -(-N // 128)
     kb = -(-K // 64)
     splits = sorted({1, *[s for s in (2, 3, 4) if tiles * s <= 2 * 132 and kb // s >= 8]})
     if M > 1024:
         splits = [1]
+    pairs = (-(-N // 128)) % 2 == 0
     for sp in splits:
-        for overlap, buffers in ((False, 2), (True, 2), (True, 4)):
-            out.append((f"swap_ab s{sp} ov{int(overlap)} b{buffers}",
-                        SwapAbStudy(tokens=128, stages=8, splits=sp, overlap=overlap,
-                                    buffers=buffers).build()))
-    if not quick:
+        for mc in (1, 2) if pairs else (1,):
+            out.append((f"swap_ab s{sp} mc{mc}",
+                        SwapAbStudy(tokens=128, stages=8, splits=sp, multicast=mc).build()))
+    if args.ablations:
         sp = max(splits)
         for name, v in (("no expand", P0Variant(skip_dequant=True)),
                         ("no mma", P0Variant(skip_mma=True))):
-            out.append((f"swap_ab s{sp} ov1 b4 {name}",
-                        SwapAbStudy(tokens=128, splits=sp, overlap=True, buffers=4,
-                                    variant=v).build()))
+            out.append((f"swap_ab s{sp} mc1 {name}",
+                        SwapAbStudy(tokens=128, splits=sp, variant=v).build()))
     return out
 
 
@@ -79,7 +83,7 @@ def _check(cfg, a, b, pre, M, N, K, seed):
 
 
 def run(args) -> list:
-    ms = [128, 2048] if args.quick else [128, 512, 2048, 8192]
+    ms = args.ms or ([128, 2048] if args.quick else [128, 512, 2048, 8192])
     rows = []
     for M in ms:
         for name, (N, K) in PROJECTIONS.items():
@@ -97,7 +101,7 @@ def run(args) -> list:
                           warmup_ms=10, rep_ms=60 if args.quick else 150).as_dict()
             del deq
             out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
-            for label, cfg in _configs(M, N, K, args.quick):
+            for label, cfg in _configs(M, N, K, args):
                 row = {"projection": name, "M": M, "N": N, "K": K, "config": label,
                        "describe": cfg.describe(), "cublas_bf16_us": t_ref["median_us"]}
                 try:
@@ -130,7 +134,10 @@ def run(args) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--quick", action="store_true", help="M = 128 and 2048, 4 projections")
+    p.add_argument("--ms", type=int, nargs="+", default=None, help="the M values to run")
+    p.add_argument("--ablations", action="store_true",
+                   help="also time swap-AB without its activation expansion / its wgmmas")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -145,7 +152,7 @@ def main(argv=None) -> int:
     prov = {"commit": os.environ.get("WB_GIT_COMMIT", "unknown")[:7],
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": "python3 scripts/p0_v2_ab.py" + (" --quick" if args.quick else "")}
+            "command": "python3 scripts/p0_v2_ab.py " + " ".join(argv or sys.argv[1:])}
     path = out_dir / "p0-v2-ab.json"
     if path.exists():
         print(f"p0_v2_ab: {path} exists; not overwritten", file=sys.stderr)

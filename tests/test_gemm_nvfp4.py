@@ -163,15 +163,16 @@ def test_p0_variants_build_what_they_say(variant):
 
 
 # ---- the swap-AB design (compile) -------------------------------------------------------------
-SWAP_AB_BUILDS = {"swap_ab-128-8-1": (128, 8, 1), "swap_ab-128-8-3": (128, 8, 3)}
+SWAP_AB_BUILDS = {"swap_ab-128-8-1": (128, 8, 1, 1), "swap_ab-128-8-3": (128, 8, 3, 1),
+                  "swap_ab-128-8-1-mc2": (128, 8, 1, 2), "swap_ab-128-8-3-mc2": (128, 8, 3, 2)}
 
 
 @functools.cache
-def _swap_ab_build(tokens: int, stages: int, splits: int):
+def _swap_ab_build(tokens: int, stages: int, splits: int, multicast: int):
     from kernels.nvfp4.gemm_shell import SwapAbStudy, compile_args
     from workbench.compile import compile_report
 
-    cfg = SwapAbStudy(tokens=tokens, stages=stages, splits=splits).build()
+    cfg = SwapAbStudy(tokens=tokens, stages=stages, splits=splits, multicast=multicast).build()
     return cfg, compile_report(cfg, *compile_args())
 
 
@@ -182,7 +183,7 @@ def test_swap_ab_compiles_with_the_instructions_we_meant(build):
     per k-block a consumer thread converts its 32 weight elements with 16 packed converts and
     16 packed multiplies (1 + 1 per two elements; + 4 + 4 for its 8 scales, 4 k16 steps x
     (4 + 1)); the activation stage's thread expands 2 chunks of 32 codes (17 + 17 each)."""
-    tokens, _, splits = SWAP_AB_BUILDS[build]
+    tokens, _, splits, multicast = SWAP_AB_BUILDS[build]
     cfg, r = _swap_ab_build(*SWAP_AB_BUILDS[build])
     assert r.census["wgmma.mma_async"] == 4
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tokens}k16\.f32\.f16\.f16 "
@@ -191,6 +192,17 @@ def test_swap_ab_compiles_with_the_instructions_we_meant(build):
     assert r.ptx.count("cvt.rn.f16x2.e4m3x2") == 4 * (4 + 1) + 17 * chunks
     assert r.ptx.count("mul.rn.f16x2") == 4 * (4 + 1) + 17 * chunks
     assert r.census["cp.async.bulk.tensor"] == 2, "TMA: activation codes and scales"
+    if multicast == 1:
+        assert "multicast" not in r.ptx and "barrier.cluster" not in r.ptx
+    else:  # each CTA sends its half of both boxes to the pair; its readers free both CTAs'
+        assert r.ptx.count(".multicast::cluster") == 2
+        assert len(re.findall(r"mapa\.shared::cluster\.u32\s+%r\d+, %r\d+, [01];", r.ptx)) == 2
+        assert r.ptx.count("mbarrier.arrive.shared::cluster.b64") == 2
+        assert r.ptx.count("fence.mbarrier_init.release.cluster") == 1
+        # barriers armed pair-wide before use; neither CTA exits while its peer may write
+        assert r.ptx.count("barrier.cluster.arrive.relaxed;") == 1
+        assert r.ptx.count("barrier.cluster.arrive;") == 1
+        assert r.ptx.count("barrier.cluster.wait;") == 2
     assert r.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier") == 4, "2 weight slabs"
     assert r.ptx.count("ld.shared.v4") == 1 + chunks and r.ptx.count("ld.shared.v2") == 1
     assert r.ptx.count("shfl.sync.bfly") == tokens // 4, "one swap per accumulator pair"
@@ -211,6 +223,11 @@ def test_swap_ab_roles_and_barriers_are_checked_before_compiling():
     cfg = SwapAbStudy(tokens=128).build()
     counts = {k: v[1] for k, v in cfg.barrier_table.items()}
     assert counts == {"full": 1, "empty": 12, "act_full": 4, "act_empty": 8}
+    pair = SwapAbStudy(tokens=128, multicast=2).build()
+    assert pair.barrier_table["empty"][1] == 16 and pair.cluster_n == 2  # + the peer's 4
+    assert pair.static_key() != cfg.static_key()
+    with pytest.raises(ValueError, match=r"multicast = 4: 1 or a CTA pair"):
+        SwapAbStudy(multicast=4).build()
     assert cfg.threads == 512 and cfg.needs_prepacked_weights
     assert {k: v[1] for k, v in BlockscaledGemmSm90(tile_n=128, stages=8)
             .barrier_table.items()} == {"full": 1, "empty": 8}
@@ -555,6 +572,42 @@ def test_swap_ab_within_fp32_bound_and_deterministic(shape, splits, overlap, buf
        seed=st.integers(0, 2**31 - 1))
 def test_swap_ab_drawn_shapes(M, n8, k32, kinds, seed):
     _swap_ab_within_bound(M, 8 * n8, 32 * k32, seed, kinds=kinds)
+
+
+@pytest.mark.gpu
+@pytest.mark.fast
+def test_swap_ab_multicast_pair_small_gemm():
+    """A CTA pair sharing the activation TMA: ragged M and N inside the pair's tiles."""
+    _swap_ab_within_bound(130, 200, 96, seed=17, multicast=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 256, 32), (300, 1000, 1056), (256, 1024, 5376),
+                                   (128, 5376, 5376), (700, 256, 160)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_swap_ab_multicast_within_fp32_bound_and_deterministic(shape, splits):
+    _swap_ab_within_bound(*shape, seed=sum(shape) + splits + 2, splits=splits, multicast=2)
+
+
+@pytest.mark.gpu
+@settings(max_examples=10, deadline=None)
+@given(M=st.integers(1, 500), tiles=st.integers(1, 6), n8=st.integers(1, 16),
+       k32=st.integers(1, 30), seed=st.integers(0, 2**31 - 1))
+def test_swap_ab_multicast_drawn_shapes(M, tiles, n8, k32, seed):
+    """N drawn to give an even tile count (2·tiles 128-row tiles, the last one ragged)."""
+    _swap_ab_within_bound(M, 256 * tiles - 8 * n8 + 8, 32 * k32, seed, multicast=2)
+
+
+@pytest.mark.gpu
+def test_swap_ab_multicast_refuses_an_odd_tile_count():
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.gemm_shell import SwapAbStudy
+    from kernels.nvfp4.prepack import prepack
+
+    a, b = _operands("normal", "normal", 128, 384, 64, seed=3)
+    with pytest.raises(ValueError, match=r"N = 384 gives 3 tiles, not a multiple of 2"):
+        gemm_nvfp4(*a, *b, config=SwapAbStudy(multicast=2).build(),
+                   prepacked=prepack(b[0], b[1]))
 
 
 @pytest.mark.gpu

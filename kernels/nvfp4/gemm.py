@@ -193,6 +193,10 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     if config.needs_prepacked_weights:
         _check_prepacked(prepacked, N, K, a_q.device)
         b_ptrs = (prepacked.codes, prepacked.scales)
+    if config.cluster_n > 1 and -(-N // config.tile_n) % config.cluster_n:
+        raise ValueError(f"config pairs CTAs on neighbouring {config.tile_n}-row weight tiles "
+                         f"(activation multicast); N = {N} gives {-(-N // config.tile_n)} tiles, "
+                         f"not a multiple of {config.cluster_n}")
     a_rows = a_q if r0 == 0 and r1 == M else a_q[r0:r1]
     a_scales = a_s if r0 == 0 else a_s[r0:]  # whole 128-row tiles from r0 on
     if config.splits * m * N >= 2**31:

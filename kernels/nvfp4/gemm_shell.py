@@ -34,9 +34,12 @@ the register-sourced A operand, tokens on N:
   ==========  ===========  ====  =======================================================
   packed ring   full[s]: 1 arrive + bytes; empty[s]: 12 (4 activation + 8 consumer warps)
   f16 B tiles   act_full[b]: 4 (activation warps); act_empty[b]: 8 (consumer warps)
+  multicast 2   clusters of 2 CTAs along N share the token tile: each producer TMAs half of
+                the packed activation to both; empty[s]: 16 (4 + 4 activation warps of the
+                pair, 8 consumer warps)
 
-No CTA ever waits on another (split-K's last CTA only counts arrivals), so the persistent grid
-needs no co-residency guarantee. Every mbarrier wait is bounded (:mod:`kernels.device.waits`):
+No CTA waits on a CTA outside its cluster (split-K's last CTA only counts arrivals; a cluster's
+CTAs are co-scheduled by the hardware), so the persistent grid needs no co-residency guarantee. Every mbarrier wait is bounded (:mod:`kernels.device.waits`):
 a stalled barrier traps with a report naming it. Measurement-only builds go through one
 :class:`P0Variant`; schedules/plan.py says which config runs per problem.
 """
@@ -90,6 +93,7 @@ class SwapAbStudy:
     raster_along_m: bool = False
     buffers: int = 2  # f16 activation tiles
     overlap: bool = False  # one wgmma group in flight per consumer warpgroup
+    multicast: int = 1  # 2: CTA pairs on neighbouring weight tiles share the activation's TMA
     variant: P0Variant = PRODUCTION
 
     def build(self) -> BlockscaledGemmSm90:
@@ -97,7 +101,7 @@ class SwapAbStudy:
                                             splits=self.splits,
                                             raster_along_m=self.raster_along_m,
                                             buffers=self.buffers, overlap=self.overlap,
-                                            variant=self.variant)
+                                            multicast=self.multicast, variant=self.variant)
 
 
 class ShellContext(NamedTuple):
@@ -187,11 +191,12 @@ class BlockscaledGemmSm90:
     @classmethod
     def _swap_ab(cls, *, tokens: int = 128, stages: int = 8, splits: int = 1,
                  raster_along_m: bool = False, swizzle: int = 1, buffers: int = 2,
-                 overlap: bool = False, epilogue=None,
+                 overlap: bool = False, multicast: int = 1, epilogue=None,
                  variant: P0Variant = PRODUCTION) -> BlockscaledGemmSm90:
         """The swap-AB design (built through :class:`SwapAbStudy`):
         ``tokens`` activation rows x 128 weight rows a CTA; weights from the register-order
-        prepack (kernels.nvfp4.prepack)."""
+        prepack (kernels.nvfp4.prepack); with ``multicast`` = 2, clusters of two CTAs on
+        neighbouring weight tiles, each TMA-ing half of the shared activation tile to both."""
         from consumers.register_a_wgmma import RegisterAWgmmaConsumer
         from producers.activation_stage import ExpandedActivationStage
         from producers.register_order import RegisterOrderProducer
@@ -200,12 +205,13 @@ class BlockscaledGemmSm90:
         consumer = RegisterAWgmmaConsumer(tokens, overlap)
         self._configure("swap_ab", tokens, consumer.tile_n, stages, splits, raster_along_m,
                         swizzle, epilogue, variant,
-                        RegisterOrderProducer(tokens, consumer.tile_n, stages),
-                        ExpandedActivationStage(tokens, buffers), consumer)
+                        RegisterOrderProducer(tokens, consumer.tile_n, stages, multicast),
+                        ExpandedActivationStage(tokens, buffers, multicast), consumer,
+                        cluster_n=multicast)
         return self
 
     def _configure(self, design, tile_m, tile_n, stages, splits, raster_along_m, swizzle,
-                   epilogue, variant, producer, activation, consumer):
+                   epilogue, variant, producer, activation, consumer, cluster_n=1):
         if not isinstance(stages, int) or stages < 2:
             raise ValueError(f"stages = {stages!r}: the packed ring needs an int >= 2")
         if not isinstance(splits, int) or not 1 <= splits <= 16:
@@ -215,6 +221,7 @@ class BlockscaledGemmSm90:
         self.design = design
         self.tile_m, self.tile_n, self.stages, self.splits = tile_m, tile_n, stages, splits
         self.variant = variant
+        self.cluster_n = cluster_n  # CTAs of a cluster, along N (one token tile, 2 weight tiles)
         self.producer, self.activation, self.consumer = producer, activation, consumer
         for name, m in (("producer", producer), ("consumer", consumer)):
             if (m.tile_m, m.tile_n) != (tile_m, tile_n):
@@ -259,7 +266,7 @@ class BlockscaledGemmSm90:
         if key is None:
             key = self._static_key = (
                 self.design, self.tile_m, self.tile_n, self.stages, self.splits,
-                self.raster_along_m, self.swizzle, self.variant,
+                self.raster_along_m, self.swizzle, self.cluster_n, self.variant,
                 *(_module_key(r) for r in self.roles), self.epilogue.key())
         return key
 
@@ -267,7 +274,7 @@ class BlockscaledGemmSm90:
         return {"design": self.design, "tile": [self.tile_m, self.tile_n, TILE_K],
                 "stages": self.stages, "threads": self.threads, "smem_bytes": self.smem_bytes,
                 "raster_along_m": self.raster_along_m, "swizzle": self.swizzle,
-                "splits": self.splits, "epilogue": type(self.epilogue.output).__name__,
+                "splits": self.splits, "cluster_n": self.cluster_n, "epilogue": type(self.epilogue.output).__name__,
                 "roles": {type(r).__name__: {"warpgroups": r.warpgroups, "regs": r.regs}
                           for r in self.roles},
                 "barriers": {k: {"stages": v[0], "arrive_count": v[1]}
@@ -307,15 +314,18 @@ class BlockscaledGemmSm90:
         n_tiles = (N + self.tile_n - 1) // self.tile_n
         mCount = cute.make_tensor(count_ptr, cute.make_layout(m_tiles * n_tiles))
         tiled_mma = self.consumer.tiled_mma()
-        sched = utils.PersistentTileSchedulerParams((m_tiles, n_tiles, self.splits), (1, 1, 1),
+        sched = utils.PersistentTileSchedulerParams((m_tiles, n_tiles, self.splits),
+                                                    (1, self.cluster_n, 1),
                                                     swizzle_size=self.swizzle,
                                                     raster_along_m=self.raster_along_m)
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_ctas)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched,
+                                                                  max_ctas // self.cluster_n)
+        cluster = {} if self.cluster_n == 1 else {"cluster": [1, self.cluster_n, 1]}
         k_tiles = (k32 + 1) // 2
         k_per_split = (k_tiles + self.splits - 1) // self.splits
         self.kernel(tma, glob, tiled_mma, (mD, mWork, mCount, mGate, mRes), mG, mailbox, sched,
                     k_tiles, k_per_split).launch(
-            grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+            grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream, **cluster)
 
     @cute.kernel
     def kernel(self, tma, glob, tiled_mma: cute.TiledMma, epi_tensors, mG, mailbox: cute.Tensor,
@@ -337,7 +347,13 @@ class BlockscaledGemmSm90:
                     for s in cutlass.range_constexpr(n):
                         cute.arch.mbarrier_init(bars[name] + s, count)
             cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        # a cluster's barriers are armed in both CTAs before either CTA's TMA or arrive can
+        # reach them
+        if cutlass.const_expr(self.cluster_n > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
         mD, mWork, mCount, mGate, mRes = epi_tensors
         epi = EpilogueOperands(d=mD, alpha=mG[0][0] * mG[1][0], work=mWork, count=mCount,
                                flag=smem["split_flag"].iterator, gate=mGate, residual=mRes)
@@ -355,6 +371,10 @@ class BlockscaledGemmSm90:
                     cute.arch.setmaxregister_increase(r.regs)
                 r.run(ctx, tidx - first * WARPGROUP)
             first += r.warpgroups
+        if cutlass.const_expr(self.cluster_n > 1):
+            # no CTA leaves while its peer may still multicast into it or arrive on its barriers
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
 
 PTRS = ((Uint8, 16), (Uint8, 16), (Uint8, 16), (Uint8, 16), (Float32, 4), (Float32, 4),
