@@ -38,14 +38,14 @@ TARGETS = {"p0_over_cublas_bf16": {128: 1.15, 2048: 0.90, 37810: 0.90},
            "e2e_speedup_vs_comfy": {128: 3.0, 2048: 1.3, 37810: 1.1},  # eager, as a user calls
            "e2e_speedup_vs_comfy_graph": {128: 3.0, 2048: 1.3, 37810: 1.1}}
 NOTES = {
-    "prediction": "session 16, written before this version's first run: the p0 column at the "
-                  "production defaults (notes/p0-gemm.md v5): 0.45-0.68 of cuBLAS bf16 at "
-                  "M = 128 (swap-AB), 0.52-0.67 at 2048 and ~0.7 at 37810 (the P0 design, as "
-                  "at 1515c0c). End to end under graphs about as at 1515c0c (1.9-2.9x at 128, "
-                  "1.0-1.2x at 2048, 0.8-1.1x at 37810), a little better at 128. Eagerly the "
-                  "three launches (amax, quantize, GEMM) now cost ~11-24 µs of host time each "
-                  "through TVM-FFI instead of ~70-100, so e2e eager at M = 128 should rise from "
-                  "0.94-1.05x (the issue's figure) to ~2x; at M >= 2048 the GPU time dominates.",
+    "prediction": "session 17, written before this version's first run (dedfb51's A/B, "
+                  "results/logs/dedfb51-p0-v2-ab.json, set the p0 column): 0.44-0.67 of cuBLAS "
+                  "bf16 at M = 128 (swap-AB; out and 7168x5376 the worst), 0.56-0.68 at 2048 and "
+                  "~0.7 at 37810 (the P0 design). End to end under graphs 1.9-3.0x Comfy at 128, "
+                  "1.0-1.2x at 2048, 0.8-1.1x at 37810. Eagerly our three launches now cost "
+                  "~11-24 µs of host time each (TVM-FFI) against 52-134 µs of GPU work at "
+                  "M = 128, so eager e2e should sit near the graph figure (1.8-2.9x, up from "
+                  "0.94-1.05x at 1515c0c); at M >= 2048 GPU time dominates both columns.",
     "outcome": "v1 (c997143, before split-K, swap-AB and TVM-FFI): 0.67-0.80 of cuBLAS bf16 at "
                "M = 2048, 0.74-0.75 at 37810, 0.33-0.73 at 128; e2e vs Comfy under graphs "
                "1.39-2.99x / 1.01-1.13x / 0.84-1.06x. This version's outcome: not yet run.",
