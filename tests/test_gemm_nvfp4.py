@@ -144,6 +144,40 @@ def test_p0_sass_has_no_call_and_the_wgmma_we_meant(build):
     assert f"HGMMA.64x{tile_n}x16.F32" in r.sass
 
 
+# SASS instructions of P0's k-loop at 1515c0c, the build behind results/p0-baseline.json before
+# session 16: the module refactor grew it to 375 (128 x 256) and P0 lost ~10 % at M = 2048 (its
+# ring index math left the uniform datapath; notes/p0-gemm.md, v7)
+P0_KLOOP_AT_1515C0C = {256: 354, 128: 261}
+
+
+def _k_loop(sass: str) -> list:
+    """The instructions of the consumer's k-loop: from the target of the branch after the
+    k-block's last HGMMA (the one that commits the group) back to that branch."""
+    lines = sass.splitlines()
+    last = next(i for i, ln in enumerate(lines) if "HGMMA" in ln and "gsb0" in ln)
+    j = next(i for i in range(last, len(lines)) if "BRA" in lines[i])
+    label = re.search(r"\(\.(L_x_\d+)\)", lines[j]).group(1)
+    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f".{label}:"))
+    return [m.group(1) for ln in lines[start:j + 1]
+            if (m := re.match(r"\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", ln))]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("build", P0_BUILDS)
+def test_p0_k_loop_did_not_grow(build):
+    """The k-loop is issue-bound (the f16 expansion shares issue slots with the MMA): a few
+    instructions more per k-block cost measurable time. The ring's index math stays on the
+    uniform datapath (the full barrier's address is a uniform register)."""
+    r = _p0_build(*P0_BUILDS[build])[2]
+    if r.sass is None:
+        pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not checked")
+    body = _k_loop(r.sass)
+    limit = P0_KLOOP_AT_1515C0C[P0_BUILDS[build][0]] + 4
+    assert len(body) <= limit, f"k-loop has {len(body)} instructions (1515c0c: {limit - 4})"
+    assert any(re.search(r"TRYWAIT P0, \[UR\d+\]", ins) for ins in body)
+    assert not any(ins.startswith("BSSY") for ins in body), "no divergent region in the loop"
+
+
 @pytest.mark.compile
 @pytest.mark.parametrize("variant", ["skip_dequant", "skip_mma", "stall_producer"])
 def test_p0_variants_build_what_they_say(variant):

@@ -360,21 +360,34 @@ class BlockscaledGemmSm90:
         ctx = ShellContext(shell=self, smem=smem, bars=bars, tma=tma, globals=glob,
                            tiled_mma=tiled_mma, epi=epi, mailbox=mailbox,
                            sched_params=sched_params, k_tiles=k_tiles, k_per_split=k_per_split)
-        wg = warp // 4
-        base_regs = REGISTER_FILE // self.threads // 8 * 8
-        first = 0
-        for r in self.roles:  # role dispatch: warpgroups [first, first + r.warpgroups)
-            if wg >= first and wg < first + r.warpgroups:
-                if cutlass.const_expr(r.regs < base_regs):
-                    cute.arch.setmaxregister_decrease(r.regs)
-                else:
-                    cute.arch.setmaxregister_increase(r.regs)
-                r.run(ctx, tidx - first * WARPGROUP)
-            first += r.warpgroups
+        self._dispatch(ctx, warp // 4, tidx, 0, 0)
         if cutlass.const_expr(self.cluster_n > 1):
             # no CTA leaves while its peer may still multicast into it or arrive on its barriers
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+
+
+    @cute.jit
+    def _dispatch(self, ctx, wg: Int32, tidx: Int32, i: cutlass.Constexpr, first: cutlass.Constexpr):
+        """Role ``i`` on warpgroups [first, first + its warpgroups), the later roles in the else
+        branch (one if / else chain)."""
+        r = self.roles[i]
+        base_regs = REGISTER_FILE // self.threads // 8 * 8
+        if cutlass.const_expr(i == len(self.roles) - 1):
+            self._run_role(ctx, r, tidx - first * WARPGROUP, base_regs)
+        else:
+            if wg < first + r.warpgroups:
+                self._run_role(ctx, r, tidx - first * WARPGROUP, base_regs)
+            else:
+                self._dispatch(ctx, wg, tidx, i + 1, first + r.warpgroups)
+
+    @cute.jit
+    def _run_role(self, ctx, r: cutlass.Constexpr, rt: Int32, base_regs: cutlass.Constexpr):
+        if cutlass.const_expr(r.regs < base_regs):
+            cute.arch.setmaxregister_decrease(r.regs)
+        else:
+            cute.arch.setmaxregister_increase(r.regs)
+        r.run(ctx, rt)
 
 
 PTRS = ((Uint8, 16), (Uint8, 16), (Uint8, 16), (Uint8, 16), (Float32, 4), (Float32, 4),
