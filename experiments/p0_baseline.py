@@ -46,9 +46,12 @@ NOTES = {
                   "~11-24 µs of host time each (TVM-FFI) against 52-134 µs of GPU work at "
                   "M = 128, so eager e2e should sit near the graph figure (1.8-2.9x, up from "
                   "0.94-1.05x at 1515c0c); at M >= 2048 GPU time dominates both columns.",
-    "outcome": "v1 (c997143, before split-K, swap-AB and TVM-FFI): 0.67-0.80 of cuBLAS bf16 at "
-               "M = 2048, 0.74-0.75 at 37810, 0.33-0.73 at 128; e2e vs Comfy under graphs "
-               "1.39-2.99x / 1.01-1.13x / 0.84-1.06x. This version's outcome: not yet run.",
+    "outcome": "session 17 (5ea022f, H200): 0.47-0.76 of cuBLAS bf16 at M = 128 (swap-AB), "
+               "0.63-0.75 at 2048, 0.72-0.75 at 37810; e2e vs Comfy under graphs 2.09-3.42x / "
+               "0.97-1.20x / 0.81-1.03x, eager 1.61-2.91x / 0.96-2.21x / 0.81-1.01x. The "
+               "prediction held for the graph columns; eager at M = 128 came out below it, host "
+               "bound and noisy (notes/p0-gemm.md v7). v1 (c997143): 0.67-0.80 at 2048, "
+               "0.33-0.73 at 128.",
 }
 
 
