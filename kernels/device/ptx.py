@@ -99,3 +99,62 @@ def bulk_copy_g2s(dst: cute.Pointer, src: cute.Pointer, size: int, mbar: cute.Po
                     "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
                     "[$0], [g], $2, [$3]; }", "r,l,r,r", has_side_effects=True,
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+# ---- cross-CTA handoffs (the depth frame's counters and cluster-pair partials) -------------
+def _asm_effect(ret, args, text, constraints, loc, ip):
+    """Inline asm that must not be hoisted, merged or dropped (a spin's load, a signal)."""
+    return llvm.inline_asm(ret, args, text, constraints, has_side_effects=True,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def _gaddr(ptr, loc, ip):
+    return llvm.ptrtoint(T.i64(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
+
+
+def _saddr(ptr, loc, ip):
+    return llvm.ptrtoint(T.i32(), ptr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_acquire_gpu(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
+    """``ld.acquire.gpu.global.b32``: a counter's value, ordering every later read after the
+    writes its signallers released."""
+    return Int32(_asm_effect(T.i32(), [_gaddr(ptr, loc, ip)], "ld.acquire.gpu.global.b32 $0, [$1];",
+                             "=r,l", loc, ip))
+
+
+@dsl_user_op
+def red_release_gpu_add(ptr: cute.Pointer, value: Int32, *, loc=None, ip=None) -> None:
+    """``red.release.gpu.global.add.s32``: a signal, after every write before it is visible."""
+    _asm_effect(None, [_gaddr(ptr, loc, ip), Int32(value).ir_value(loc=loc, ip=ip)],
+                "red.release.gpu.global.add.s32 [$0], $1;", "l,r", loc, ip)
+
+
+@dsl_user_op
+def st_cluster_u32(ptr: cute.Pointer, rank: Int32, value: Int32, *, loc=None, ip=None) -> None:
+    """Store ``value`` at ``ptr``'s offset in the shared memory of cluster CTA ``rank``
+    (``mapa`` + ``st.shared::cluster``)."""
+    _asm_effect(None, [_saddr(ptr, loc, ip), Int32(rank).ir_value(loc=loc, ip=ip),
+                       Int32(value).ir_value(loc=loc, ip=ip)],
+                "{ .reg .b32 r; mapa.shared::cluster.u32 r, $0, $1; "
+                "st.shared::cluster.u32 [r], $2; }", "r,r,r", loc, ip)
+
+
+@dsl_user_op
+def arrive_cluster_release(mbar: cute.Pointer, rank: Int32, *, loc=None, ip=None) -> None:
+    """Arrive on the mbarrier at ``mbar``'s offset in cluster CTA ``rank``, releasing this
+    thread's earlier writes (to that CTA's shared memory too) at cluster scope."""
+    _asm_effect(None, [_saddr(mbar, loc, ip), Int32(rank).ir_value(loc=loc, ip=ip)],
+                "{ .reg .b32 r; mapa.shared::cluster.u32 r, $0, $1; "
+                "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }", "r,r", loc, ip)
+
+
+@dsl_user_op
+def try_wait_acquire_cluster(mbar: cute.Pointer, parity: Int32, *, loc=None, ip=None) -> Int32:
+    """1 when this CTA's mbarrier has completed the phase of ``parity``, acquiring at cluster
+    scope what its arrivers released; else 0 (after the hardware's suspend time)."""
+    return Int32(_asm_effect(
+        T.i32(), [_saddr(mbar, loc, ip), Int32(parity).ir_value(loc=loc, ip=ip)],
+        "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [$1], $2; "
+        "selp.u32 $0, 1, 0, p; }", "=r,r,r", loc, ip))

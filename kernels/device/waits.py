@@ -46,12 +46,7 @@ def wait_parity(mbar: cute.Pointer, parity: Int32, barrier_id: cutlass.Constexpr
                 if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
                     tid, _, _ = cute.arch.thread_idx()
                     bid, _, _ = cute.arch.block_idx()
-                    for i, v in enumerate((Int32(barrier_id), stage, parity, bid, tid)):
-                        mailbox[i + 1] = v
-                    cute.arch.fence_acq_rel_sys()
-                    mailbox[0] = Int32(MAILBOX_MAGIC)
-                    cute.arch.fence_acq_rel_sys()
-                    trap()
+                    _report_and_trap(mailbox, barrier_id, stage, parity, bid, tid, Int32(0))
 
 
 MAILBOX_MAGIC = 0x7130E007
@@ -59,6 +54,61 @@ BARRIER_NAMES = {0: "full (consumer waiting for the producer's stage)",
                  1: "empty (producer waiting for consumers to release a stage)",
                  2: "act_full (consumer waiting for the activation stage's f16 tile)",
                  3: "act_empty (activation stage waiting for consumers to release a tile)"}
+
+# ---- counters between CTAs (the depth frame) ---------------------------------------------------
+# mailbox codes of these waits (slot 1); the report's other slots follow each code's FIELDS
+COUNTER_WAIT, PARTIAL_WAIT, SLOT_WAIT = 16, 17, 18
+WAIT_FIELDS = {COUNTER_WAIT: ("counter", "expected", "cta", "task", "seen"),
+               PARTIAL_WAIT: ("slot", "parity", "cta", "task", "split"),
+               SLOT_WAIT: ("slot", "parity", "cta", "task", "split")}
+
+
+@cute.jit
+def _report_and_trap(mailbox: cute.Tensor, code: cutlass.Constexpr[int], a: Int32, b: Int32,
+                     c: Int32, d: Int32, e: Int32):
+    for i, v in enumerate((Int32(code), a, b, c, d, e)):
+        mailbox[i + 1] = v
+    cute.arch.fence_acq_rel_sys()
+    mailbox[0] = Int32(MAILBOX_MAGIC)
+    cute.arch.fence_acq_rel_sys()
+    trap()
+
+
+@cute.jit
+def wait_counter(counters: cute.Tensor, cid: Int32, expect: Int32, task: Int32,
+                 mailbox: cute.Tensor):
+    """Spin (``ld.acquire.gpu``) until global counter ``cid`` reaches ``expect``; after
+    TIMEOUT_NS report (counter, expected, CTA, task, last value seen) and trap."""
+    from kernels.device.ptx import ld_acquire_gpu
+
+    seen = ld_acquire_gpu(counters.iterator + cid)
+    if seen < expect:
+        start = cute.arch.globaltimer()
+        while seen < expect:
+            seen = ld_acquire_gpu(counters.iterator + cid)
+            if seen < expect:
+                if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
+                    bid, _, _ = cute.arch.block_idx()
+                    _report_and_trap(mailbox, COUNTER_WAIT, cid, expect, bid, task, seen)
+
+
+@cute.jit
+def wait_cluster_parity(mbar: cute.Pointer, parity: Int32, code: cutlass.Constexpr[int],
+                        slot: Int32, task: Int32, split: Int32, mailbox: cute.Tensor):
+    """Wait (acquire at cluster scope) for this CTA's mbarrier phase of ``parity``, which the
+    pair CTA arrives on; after TIMEOUT_NS report (slot, parity, CTA, task, split index), trap."""
+    from kernels.device.ptx import try_wait_acquire_cluster
+
+    done = try_wait_acquire_cluster(mbar, parity)
+    if done == 0:
+        start = cute.arch.globaltimer()
+        while done == 0:
+            done = try_wait_acquire_cluster(mbar, parity)
+            if done == 0:
+                if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
+                    bid, _, _ = cute.arch.block_idx()
+                    _report_and_trap(mailbox, code, slot, parity, bid, task, split)
+
 
 def ring_position(count: Int32, stages: int):
     """(stage index, phase parity) of the ``count``-th use of a ring of ``stages`` buffers."""
@@ -96,22 +146,35 @@ def diagnostics_mailbox():
     return _MAILBOX
 
 
-def mailbox_report() -> str | None:
+def mailbox_report(counter_names=None) -> str | None:
+    """The trapped kernel's report, or None; ``counter_names`` name a counter wait's counter."""
     if _MAILBOX is None or int(_MAILBOX[0]) != MAILBOX_MAGIC:
         return None
-    bar, stage, parity, cta, tid = (int(v) for v in _MAILBOX[1:6])
-    return (f"kernel timed out after 2 s waiting on the {BARRIER_NAMES.get(bar, bar)} barrier "
+    code, *vals = (int(v) for v in _MAILBOX[1:6 + 1])
+    if code == COUNTER_WAIT:
+        cid, expect, cta, task, seen = vals
+        name = counter_names[cid] if counter_names and 0 <= cid < len(counter_names) else cid
+        return (f"kernel timed out after 2 s in CTA {cta}, task {task}, waiting on counter "
+                f"{name!r} (id {cid}) for {expect} signals; it holds {seen}")
+    if code in (PARTIAL_WAIT, SLOT_WAIT):
+        slot, parity, cta, task, split = vals
+        what = ("the pair CTA's partial" if code == PARTIAL_WAIT
+                else "the pair CTA to free its combine slot")
+        return (f"kernel timed out after 2 s in CTA {cta}, task {task} (split tile {split}), "
+                f"waiting for {what} (slot {slot}, parity {parity})")
+    stage, parity, cta, tid = vals[:4]
+    return (f"kernel timed out after 2 s waiting on the {BARRIER_NAMES.get(code, code)} barrier "
             f"(stage {stage}, parity {parity}) in CTA {cta}, thread {tid}")
 
 
-def synchronize():
+def synchronize(counter_names=None):
     """torch.cuda.synchronize(), turning a trapped kernel's mailbox into the error message."""
     import torch
 
     try:
         torch.cuda.synchronize()
     except RuntimeError as e:
-        report = mailbox_report()
+        report = mailbox_report(counter_names)
         if report:
             raise WorkbenchError(report) from e
         raise

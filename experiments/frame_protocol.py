@@ -1,0 +1,124 @@
+"""Frame protocol: what synchronisation alone costs the depth frame on the H200.
+
+The depth frame kernel (issue #26) walks schedules/depth_frame.py's per-CTA task lists: 432
+phases for the 1.7B CodePredictor, each task waiting on a global counter (ld.acquire spin) or
+its cluster pair (DSMEM mbarrier), then signalling (red.release). kernels/depth/frame_protocol.py
+runs exactly that walk with no tile work. Its time is the floor the protocol puts under any
+frame built on this schedule, and the per-task stamps give the handoff latency the simulator
+(schedules/frame_sim.py) should charge per dependency.
+
+Per row count (1, 8, 16, 32, 64): the frame's protocol time (CUDA-graph replay of the counter
+reset + the launch, median), the schedule's critical path in phases (the longest chain of
+dependencies through program order, counters and cluster waits), the time per phase on that
+path, and from one traced run the span between the first task's start and the last task's
+end, with the median wait of a task. Checks in the same run: every counter at its expected
+count, no combine mismatch.
+"""
+from __future__ import annotations
+
+import statistics
+
+
+from experiments._common import need_gpu, parser, progress, run_main
+from workbench import results as R
+from workbench.timing import bench
+
+ROWS = (1, 8, 16, 32, 64)
+NOTES = {
+    "prediction": "session 17, before the first run: a handoff through L2 (red.release, then "
+                  "an ld.acquire spin in another SM) costs ~1-2 µs, and the schedule's longest "
+                  "chain is 592 tasks (432 phases, plus the per-CTA program order), so "
+                  "~0.6-0.9 ms a frame at every row count (rows change task counts, not the "
+                  "chain). If so, synchronisation alone takes most of the 1.5 ms "
+                  "target and the weight floor of ~0.6 ms cannot be reached without "
+                  "overlapping phases (splitting the chain per kv head / row group).",
+}
+
+
+def critical_path(s) -> int:
+    """Tasks on the longest dependency chain (program order, counters, cluster waits)."""
+    from schedules.depth_frame import topological_order
+
+    order = topological_order(s)
+    depth = {}
+    signallers: dict[int, list] = {}
+    for c, lst in enumerate(s.ctas):
+        for i, t in enumerate(lst):
+            if t.signal >= 0:
+                signallers.setdefault(t.signal, []).append((c, i))
+    for c, i in order:
+        t = s.ctas[c][i]
+        preds = [(c, i - 1)] if i else []
+        if t.wait >= 0:
+            preds += signallers.get(t.wait, [])
+        if t.local_dep is not None:
+            preds.append(t.local_dep)
+        depth[(c, i)] = 1 + max((depth[p] for p in preds if p in depth), default=0)
+    return max(depth.values())
+
+
+def _case(rows: int, quick: bool) -> dict:
+    from kernels.depth.frame_protocol import ProtocolRun
+    from schedules.depth_frame import FrameOptions, build
+
+    s = build(options=FrameOptions(rows=rows))
+    run = ProtocolRun(s)
+    run.launch()
+    run.synchronize()
+    checks = run.check()
+    t = bench(run.launch, graph=True, calls_per_graph=10, warmup_ms=20,
+              rep_ms=100 if quick else 300).as_dict()
+    traced = ProtocolRun(s, trace=True)
+    traced.launch()
+    traced.synchronize()
+    stamps = [st for lst in traced.task_stamps() for st in lst]
+    span_us = (max(e for _, _, e in stamps) - min(b for b, _, _ in stamps)) / 1e3
+    waits_us = [(r - b) / 1e3 for b, r, _ in stamps]
+    chain = critical_path(s)
+    return {"rows": rows, "tasks": s.n_tasks, "phases": len(s.phases), "grid": s.options.grid,
+            "critical_path_tasks": chain, "checks": checks, "timing": t,
+            "protocol_us": t["median_us"], "us_per_critical_task": t["median_us"] / chain,
+            "traced_span_us": span_us, "median_task_wait_us": statistics.median(waits_us),
+            "max_task_wait_us": max(waits_us)}
+
+
+def _main(argv) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="*", default=list(ROWS))
+    args = p.parse_args(argv)
+    need_gpu("frame-protocol")
+    rows = []
+    for r in args.rows:
+        progress(f"rows {r}")
+        rows.append(_case(r, args.quick))
+        x = rows[-1]
+        progress(f"  {x['protocol_us']:.1f} us a frame, {x['critical_path_tasks']} tasks on "
+                 f"the critical path ({x['us_per_critical_task']:.2f} us each), traced span "
+                 f"{x['traced_span_us']:.1f} us")
+    gates = {"protocol_correct": R.gate(
+        all(x["checks"] == {"counters_at_expected": True, "combine_mismatches": 0}
+            for x in rows), "every counter at its expected count, no combine mismatch")}
+    summary = R.make_summary(
+        "frame-protocol", parameters={"rows": args.rows, "quick": args.quick},
+        measurements=rows, gates=gates, seeds={},
+        headline={"protocol_us": {str(x["rows"]): x["protocol_us"] for x in rows},
+                  "us_per_critical_task": {str(x["rows"]): x["us_per_critical_task"]
+                                           for x in rows}},
+        notes=NOTES)
+    path = R.write(summary, args.results_dir)
+    print(R.format_table([[x["rows"], x["tasks"], x["critical_path_tasks"],
+                           f"{x['protocol_us']:.1f}", f"{x['us_per_critical_task']:.2f}",
+                           f"{x['traced_span_us']:.1f}", f"{x['median_task_wait_us']:.2f}"]
+                          for x in rows],
+                         ["rows", "tasks", "critical", "frame us", "us/critical task",
+                          "traced span us", "median wait us"]))
+    print(f"wrote {path} (verdict {summary['verdict']})")
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

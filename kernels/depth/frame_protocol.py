@@ -1,0 +1,235 @@
+"""The depth frame's synchronisation protocol as one persistent launch, without tile work.
+
+The frame kernel (issue #26) is a grid of 2-CTA clusters, each CTA walking its static task list
+from :mod:`schedules.depth_frame`. This module is that walk with everything but the tiles: per
+task, the waits the schedule gives it, a timestamp pair, its cluster handoff and its signal.
+The frame's tile bodies plug in between the waits and the signal, so this kernel serves twice:
+it tests the protocol on the H200 (every wait is bounded and reports what it waited on), and it
+measures the floor that synchronisation alone puts under a frame.
+
+Per task, in thread 0 of each CTA (the other threads only take part in the cluster barriers):
+
+1. ``wait >= 0``: spin with ``ld.acquire.gpu`` until global counter ``wait`` reaches
+   ``wait_expect`` (:func:`kernels.device.waits.wait_counter`: after 2 s it reports the
+   counter's name, the CTA and the task, then traps).
+2. Split tiles (``half`` 0 / 1, the two CTAs of a cluster; their k-th split task uses combine
+   slot k % S):
+   * rank 1 (``local_wait`` LOCAL_SLOT from k >= S on) waits until rank 0 has consumed partial
+     k - S, then writes its "partial" (the task's id) into rank 0's slot with
+     ``st.shared::cluster`` and arrives on rank 0's ``partial[slot]`` (release, cluster scope);
+   * rank 0 (LOCAL_PARTIAL) waits on ``partial[slot]`` (acquire, cluster scope), checks that
+     the slot holds its own task's id (a mismatch counts in ``errors``), and arrives on rank 1's
+     ``slot_free[slot]``.
+3. ``signal >= 0``: ``red.release.gpu`` adds 1 to counter ``signal``.
+
+Shared memory: ``partial[S]`` and ``slot_free[S]`` mbarriers (arrive count 1) and S combine
+words. Both are armed cluster-wide before the first task, and neither CTA exits before its
+peer (closing cluster barrier). Counters start at 0 (the host zeroes them before each launch).
+All CTAs must be co-resident: :func:`run_protocol` checks the occupancy API before launching.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from kernels.device.ptx import arrive_cluster_release, red_release_gpu_add, st_cluster_u32
+from kernels.device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
+                                    require_hopper, sm_count)
+from kernels.device.waits import (PARTIAL_WAIT, SLOT_WAIT, diagnostics_mailbox, synchronize,
+                                  wait_cluster_parity, wait_counter)
+from schedules import depth_frame as F
+
+cutlass, cute = cute_modules()
+from cutlass import Int32, Int64  # noqa: E402
+
+THREADS = 128
+NF = len(F.FIELDS)
+COL = {name: i for i, name in enumerate(F.FIELDS)}
+TASK_ID_BITS = 16  # a task's id in the combine slot: phase << 16 | tile
+
+
+class FrameProtocol:
+    """Static config: ``max_tasks`` rows of the encoded table per CTA, ``combine_slots`` (S),
+    ``trace`` (stamp %globaltimer before the waits, after them and after the signal)."""
+
+    def __init__(self, max_tasks: int, combine_slots: int, trace: bool):
+        self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace
+
+    @cute.jit
+    def __call__(self, table: cute.Pointer, counts: cute.Pointer, counters: cute.Pointer,
+                 errors: cute.Pointer, trace: cute.Pointer, mailbox_p: cute.Pointer,
+                 grid: Int32, n_counters: Int32, stream):
+        mTable = cute.make_tensor(table, cute.make_layout(grid * self.max_tasks * NF))
+        mCounts = cute.make_tensor(counts, cute.make_layout(grid))
+        mCounters = cute.make_tensor(counters, cute.make_layout(n_counters))
+        mErrors = cute.make_tensor(errors, cute.make_layout(1))
+        # [grid, max_tasks, 3] stamps: start, waits done, signalled
+        mTrace = cute.make_tensor(trace, cute.make_layout(grid * self.max_tasks * 3))
+        mailbox = cute.make_tensor(mailbox_p, cute.make_layout(8))
+        self.kernel(mTable, mCounts, mCounters, mErrors, mTrace, mailbox).launch(
+            grid=[grid, 1, 1], block=[THREADS, 1, 1], cluster=[2, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mTable: cute.Tensor, mCounts: cute.Tensor, mCounters: cute.Tensor,
+               mErrors: cute.Tensor, mTrace: cute.Tensor, mailbox: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        S = self.slots
+        alloc = cutlass.utils.SmemAllocator()
+        partial = alloc.allocate_tensor(Int64, cute.make_layout(S), 8).iterator
+        slot_free = alloc.allocate_tensor(Int64, cute.make_layout(S), 8).iterator
+        combine = alloc.allocate_tensor(Int32, cute.make_layout(S), 4)
+        if tidx == 0:
+            for s in cutlass.range_constexpr(S):
+                cute.arch.mbarrier_init(partial + s, 1)
+                cute.arch.mbarrier_init(slot_free + s, 1)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.cluster_arrive_relaxed()
+        cute.arch.cluster_wait()
+        if tidx == 0:
+            self._walk(cta, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, partial,
+                       slot_free, combine)
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+
+    @cute.jit
+    def _walk(self, cta: Int32, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, partial,
+              slot_free, combine):
+        S = self.slots
+        split = Int32(0)  # this CTA's split tasks so far: the k of the module docstring
+        for i in cutlass.range(mCounts[cta], unroll=1):
+            row = (cta * self.max_tasks + i) * NF
+            stamp = (cta * self.max_tasks + i) * 3
+            t_start = cute.arch.globaltimer()
+            wait = mTable[row + COL["wait"]]
+            if wait >= 0:
+                wait_counter(mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox)
+            half = mTable[row + COL["half"]]
+            slot = split % S
+            use = split // S
+            task_id = (mTable[row + COL["phase"]] << TASK_ID_BITS) | mTable[row + COL["tile"]]
+            t_ready = t_start
+            if half == 1:
+                if split >= S:  # rank 0 must have consumed partial split - S from this slot
+                    wait_cluster_parity(slot_free + slot, (use - 1) & 1, SLOT_WAIT, slot, i,
+                                        split, mailbox)
+                t_ready = cute.arch.globaltimer()
+                # (the tile's partial sum goes to rank 0 here; the protocol sends its id)
+                st_cluster_u32(combine.iterator + slot, Int32(0), task_id)
+                arrive_cluster_release(partial + slot, Int32(0))
+                split = split + 1
+            elif half == 0:
+                wait_cluster_parity(partial + slot, use & 1, PARTIAL_WAIT, slot, i, split,
+                                    mailbox)
+                t_ready = cute.arch.globaltimer()
+                if combine[slot] != task_id:  # the pair ran its split tiles out of step
+                    cute.arch.atomic_add(mErrors.iterator.llvm_ptr, Int32(1))
+                arrive_cluster_release(slot_free + slot, Int32(1))
+                split = split + 1
+            else:
+                t_ready = cute.arch.globaltimer()
+            signal = mTable[row + COL["signal"]]
+            if signal >= 0:
+                red_release_gpu_add(mCounters.iterator + signal, Int32(1))
+            if cutlass.const_expr(self.trace):
+                mTrace[stamp] = t_start
+                mTrace[stamp + 1] = t_ready
+                mTrace[stamp + 2] = cute.arch.globaltimer()
+
+
+PTRS = ((Int32, 16), (Int32, 16), (Int32, 16), (Int32, 4), (Int64, 16), (Int32, 4))
+# table, counts, counters, errors, trace (int64 stamps), diagnostics mailbox
+
+
+def compile_args(grid: int = 132, counters: int = 500):
+    """Arguments for cute.compile offline (placeholder addresses, never dereferenced)."""
+    from cutlass.cute.runtime import make_fake_stream
+
+    return (*pointer_args(PTRS), Int32(grid), Int32(counters), make_fake_stream())
+
+
+# ---- host -------------------------------------------------------------------------------------
+class FrameRefused(RuntimeError):
+    """The launch would not be safe on this machine (the message says why); nothing ran."""
+
+
+@functools.cache
+def _max_active_pairs() -> int:
+    """2-CTA clusters of a max-shared-memory CTA the occupancy API says fit at once."""
+    from cutlass.utils import HardwareInfo
+
+    return HardwareInfo().get_max_active_clusters(2)
+
+
+def check_launchable(schedule: F.Schedule) -> None:
+    """Everything that must hold before CTAs that wait on each other launch: the schedule
+    passes validate(); sm_90; enough SMs; no MPS (which may not co-schedule the whole grid);
+    the occupancy API guarantees every cluster resident at once. Raises ScheduleError or
+    FrameRefused."""
+    F.validate(schedule)
+    require_hopper()
+    grid = schedule.options.grid
+    if sm_count() < grid:
+        raise FrameRefused(f"the schedule's grid of {grid} CTAs needs {grid} SMs; this GPU has "
+                           f"{sm_count()}")
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        raise FrameRefused("CUDA_MPS_PIPE_DIRECTORY is set: under MPS the grid's CTAs may not "
+                           "all be resident, and CTAs that wait on each other would hang")
+    pairs = _max_active_pairs()
+    if pairs < grid // 2:
+        raise FrameRefused(f"the occupancy API fits {pairs} 2-CTA clusters at once; the "
+                           f"schedule's grid needs {grid // 2} resident together")
+
+
+class ProtocolRun:
+    """Device buffers of one schedule's protocol launch (encoded once): ``launch()`` zeroes
+    the counters and runs the frame's walk (capturable); ``check()`` reads back what a run
+    must leave (every counter at its expected count, no combine mismatch)."""
+
+    def __init__(self, schedule: F.Schedule, *, trace: bool = False, table=None):
+        import torch
+
+        check_launchable(schedule)
+        self.schedule = schedule
+        enc, counts = F.encode(schedule) if table is None else table
+        dev = "cuda"
+        self.table = torch.from_numpy(np.ascontiguousarray(enc)).to(dev)
+        self.counts = torch.from_numpy(counts).to(dev)
+        self.expect = torch.tensor(schedule.counter_expect, dtype=torch.int32, device=dev)
+        self.counters = torch.zeros_like(self.expect)
+        self.errors = torch.zeros(1, dtype=torch.int32, device=dev)
+        grid, T = schedule.options.grid, schedule.options.max_tasks_per_cta
+        self.trace = torch.zeros(grid, T, 3, dtype=torch.int64, device=dev) if trace else None
+        self.kernel = FrameProtocol(T, schedule.options.combine_slots, trace)
+        tensors = (self.table, self.counts, self.counters, self.errors,
+                   self.trace if trace else self.table)
+        self.ptrs = (*pointer_args(PTRS[:5], tensors),
+                     pointer_args(PTRS[5:], [diagnostics_mailbox()])[0])
+        self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)))
+        key = ("frame_protocol", T, schedule.options.combine_slots, trace)
+        self.compiled = cached_compile(key, lambda: cute.compile(
+            self.kernel, *self.ptrs, *self.scalars, current_stream()))
+
+    def launch(self):
+        self.counters.zero_()
+        self.compiled(*self.ptrs, *self.scalars, current_stream())
+
+    def synchronize(self):
+        synchronize(self.schedule.counter_names)
+
+    def check(self) -> dict:
+        """{"counters_at_expected": bool, "combine_mismatches": int} after a synchronised run."""
+        import torch
+
+        return {"counters_at_expected": bool(torch.equal(self.counters, self.expect)),
+                "combine_mismatches": int(self.errors.item())}
+
+    def task_stamps(self) -> list[list[tuple[int, int, int]]]:
+        """Per CTA, per task: (start, waits done, signalled) %globaltimer ns (trace builds)."""
+        if self.trace is None:
+            raise ValueError("built without trace=True")
+        host = self.trace.cpu().numpy()
+        return [[tuple(int(v) for v in host[c, i]) for i in range(len(lst))]
+                for c, lst in enumerate(self.schedule.ctas)]

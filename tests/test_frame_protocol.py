@@ -1,0 +1,169 @@
+"""The depth frame's protocol kernel (kernels/depth/frame_protocol.py): the schedule's waits,
+cluster handoffs and signals in one persistent launch, without tile work.
+
+Compile tests (CI) check the instructions the protocol rests on; GPU tests run the real
+schedules at 1, 13 and 64 rows and check what a run must leave behind (every counter at its
+expected count, every combine slot holding the partner's task) and that the per-task
+timestamps respect every dependency edge. The stalled-counter test corrupts one task's expected
+count after validation, so the wait can never complete: the kernel must trap within its 2 s
+bound and the error must name the counter and the task.
+"""
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from schedules import depth_frame as F  # noqa: E402
+
+ROWS = (1, 13, 64)
+
+
+@functools.cache
+def _build(trace: bool):
+    from kernels.depth.frame_protocol import FrameProtocol, compile_args
+    from workbench.compile import compile_report
+
+    return compile_report(FrameProtocol(512, 2, trace), *compile_args())
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("trace", [False, True])
+def test_protocol_compiles_with_the_handoffs_we_meant(trace):
+    r = _build(trace)
+    ptx = r.ptx
+    assert ptx.count("ld.acquire.gpu.global.b32") >= 1, "counter waits acquire"
+    assert ptx.count("red.release.gpu.global.add.s32") == 1, "one release signal a task"
+    assert ptx.count("st.shared::cluster.u32") == 1, "rank 1's partial into rank 0's slot"
+    assert ptx.count("mbarrier.arrive.release.cluster.shared::cluster.b64") == 2
+    assert re.search(r"mapa\.shared::cluster\.u32", ptx)
+    assert ptx.count("mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64") >= 2
+    assert "barrier.cluster.arrive.relaxed;" in ptx and "barrier.cluster.arrive;" in ptx
+    assert ptx.count("trap;") == 3, "every wait is bounded: counter, partial, slot"
+    assert r.frame_bytes == 0
+    if r.sass is not None:
+        assert r.spill_bytes == 0 and "CALL." not in r.sass
+
+
+def _schedule(rows: int, **kw) -> F.Schedule:
+    return F.build(options=F.FrameOptions(rows=rows, **kw))
+
+
+def test_a_schedule_validate_rejects_is_refused_before_anything_runs():
+    from kernels.depth.frame_protocol import check_launchable
+
+    s = _schedule(64)
+    task = next(t for lst in s.ctas for t in lst if t.wait >= 0)
+    task.wait_expect += 1  # can never be reached
+    with pytest.raises(F.ScheduleError, match=r"waits for \d+ on"):
+        check_launchable(s)
+
+
+@pytest.mark.gpu
+def test_launch_is_refused_without_guaranteed_coresidency(monkeypatch):
+    from kernels.depth.frame_protocol import FrameRefused, check_launchable
+
+    with pytest.raises(FrameRefused, match="needs 134 SMs"):
+        check_launchable(_schedule(64, grid=134, max_coresident=200))
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/mps")
+    with pytest.raises(FrameRefused, match="CUDA_MPS_PIPE_DIRECTORY"):
+        check_launchable(_schedule(64))
+
+
+def _edges_respected(s: F.Schedule, stamps) -> list[str]:
+    """Every dependency edge: the waiter's "waits done" stamp is not before the moment its
+    producer was ready to signal (program order: start after the previous task's end)."""
+    bad = []
+    ready_of_signal: dict[int, int] = {}
+    for c, lst in enumerate(s.ctas):
+        for i, t in enumerate(lst):
+            if t.signal >= 0:
+                ready_of_signal[t.signal] = max(ready_of_signal.get(t.signal, 0), stamps[c][i][1])
+    for c, lst in enumerate(s.ctas):
+        for i, t in enumerate(lst):
+            start, ready, end = stamps[c][i]
+            if not start <= ready <= end:
+                bad.append(f"CTA {c} task {i}: stamps out of order {stamps[c][i]}")
+            if i and start < stamps[c][i - 1][2]:
+                bad.append(f"CTA {c} task {i} started before task {i - 1} ended")
+            if t.wait >= 0 and ready < ready_of_signal[t.wait]:
+                bad.append(f"CTA {c} task {i} passed its wait on {s.counter_names[t.wait]} "
+                           "before the counter's last signaller was ready")
+            if t.local_dep is not None:
+                dc, di = t.local_dep
+                if ready < stamps[dc][di][1]:
+                    bad.append(f"CTA {c} task {i} passed its cluster wait before CTA {dc} "
+                               f"task {di} was ready")
+    return bad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", ROWS)
+def test_protocol_runs_every_task_in_dependency_order(rows):
+    from kernels.depth.frame_protocol import ProtocolRun
+
+    s = _schedule(rows)
+    run = ProtocolRun(s, trace=True)
+    run.trace.fill_(-1)  # poisoned: every task must stamp its three points
+    run.launch()
+    run.synchronize()
+    assert run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
+    stamps = run.task_stamps()
+    assert all(v >= 0 for lst in stamps for st in lst for v in st)
+    bad = _edges_respected(s, stamps)
+    assert not bad, f"{len(bad)} edges broken; first: {bad[:3]}"
+
+
+@pytest.mark.gpu
+def test_protocol_replays_under_a_cuda_graph():
+    from kernels.depth.frame_protocol import ProtocolRun
+
+    run = ProtocolRun(_schedule(64))
+    run.launch()  # compile outside the capture
+    run.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            run.launch()
+    for _ in range(3):
+        run.errors.zero_()
+        run.counters.fill_(-7)  # the graph's own zeroing must run first
+        graph.replay()
+        run.synchronize()
+        assert run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
+
+
+_STALL = """
+import numpy as np
+from schedules import depth_frame as F
+from kernels.depth.frame_protocol import ProtocolRun
+s = F.build(options=F.FrameOptions(rows=8))
+table, counts = F.encode(s)
+c, i = next((c, i) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst)
+            if t.wait >= 0 and s.counter_names[t.wait].startswith("attn[l2,p3]"))
+table[c, i, F.FIELDS.index("wait_expect")] += 1
+print("STALLED", c, i, flush=True)
+run = ProtocolRun(s, table=(table, counts))
+run.launch()
+run.synchronize()
+"""
+
+
+@pytest.mark.gpu
+def test_a_stalled_counter_traps_with_its_name_and_task():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    p = subprocess.run([sys.executable, "-c", _STALL], capture_output=True, text=True,
+                       timeout=300, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-2000:]
+    c, i = re.search(r"STALLED (\d+) (\d+)", out).groups()
+    assert re.search(rf"CTA {c}, task {i}, waiting on counter 'attn\[l2,p3\]' \(id \d+\) for "
+                     r"\d+ signals", out), out[-2000:]
