@@ -158,9 +158,15 @@ class FrameRefused(RuntimeError):
 @functools.cache
 def _max_active_pairs() -> int:
     """2-CTA clusters of a max-shared-memory CTA the occupancy API says fit at once."""
+    import torch
     from cutlass.utils import HardwareInfo
 
-    return HardwareInfo().get_max_active_clusters(2)
+    torch.zeros(1, device="cuda")  # the driver API below needs torch's context current
+    try:
+        return HardwareInfo(torch.cuda.current_device()).get_max_active_clusters(2)
+    except RuntimeError as e:  # no answer: co-residency cannot be guaranteed
+        raise FrameRefused(f"the occupancy API did not answer ({e}): cannot guarantee that "
+                           "every cluster is resident") from None
 
 
 def check_launchable(schedule: F.Schedule) -> None:
