@@ -11,7 +11,8 @@ Per task, in thread 0 of each CTA (the other threads only take part in the clust
 
 1. ``wait >= 0``: spin with ``ld.acquire.gpu`` until global counter ``wait`` reaches
    ``wait_expect`` (:func:`kernels.device.waits.wait_counter`: after 2 s it reports the
-   counter's name, the CTA and the task, then traps).
+   counter's name, the CTA and the task, then traps; the first wait of the launch to time out
+   writes the report).
 2. Split tiles (``half`` 0 / 1, the two CTAs of a cluster; their k-th split task uses combine
    slot k % S):
    * rank 1 (``local_wait`` LOCAL_SLOT from k >= S on) waits until rank 0 has consumed partial
@@ -64,7 +65,8 @@ class FrameProtocol:
         mTable = cute.make_tensor(table, cute.make_layout(grid * self.max_tasks * NF))
         mCounts = cute.make_tensor(counts, cute.make_layout(grid))
         mCounters = cute.make_tensor(counters, cute.make_layout(n_counters))
-        mErrors = cute.make_tensor(errors, cute.make_layout(1))
+        # [combine mismatches, timeout claim]
+        mErrors = cute.make_tensor(errors, cute.make_layout(2))
         # [grid, max_tasks, 3] stamps: start, waits done, signalled
         mTrace = cute.make_tensor(trace, cute.make_layout(grid * self.max_tasks * 3))
         mailbox = cute.make_tensor(mailbox_p, cute.make_layout(8))
@@ -98,6 +100,7 @@ class FrameProtocol:
     def _walk(self, cta: Int32, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, partial,
               slot_free, combine):
         S = self.slots
+        claim = cute.make_tensor(mErrors.iterator + 1, cute.make_layout(1))
         split = Int32(0)  # this CTA's split tasks so far: the k of the module docstring
         for i in cutlass.range(mCounts[cta], unroll=1):
             row = (cta * self.max_tasks + i) * NF
@@ -105,7 +108,8 @@ class FrameProtocol:
             t_start = cute.arch.globaltimer()
             wait = mTable[row + COL["wait"]]
             if wait >= 0:
-                wait_counter(mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox)
+                wait_counter(mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox,
+                             claim)
             half = mTable[row + COL["half"]]
             slot = split % S
             use = split // S
@@ -114,7 +118,7 @@ class FrameProtocol:
             if half == 1:
                 if split >= S:  # rank 0 must have consumed partial split - S from this slot
                     wait_cluster_parity(slot_free + slot, (use - 1) & 1, SLOT_WAIT, slot, i,
-                                        split, mailbox)
+                                        split, mailbox, claim)
                 t_ready = cute.arch.globaltimer()
                 # (the tile's partial sum goes to rank 0 here; the protocol sends its id)
                 st_cluster_u32(combine.iterator + slot, Int32(0), task_id)
@@ -122,7 +126,7 @@ class FrameProtocol:
                 split = split + 1
             elif half == 0:
                 wait_cluster_parity(partial + slot, use & 1, PARTIAL_WAIT, slot, i, split,
-                                    mailbox)
+                                    mailbox, claim)
                 t_ready = cute.arch.globaltimer()
                 if combine[slot] != task_id:  # the pair ran its split tiles out of step
                     cute.arch.atomic_add(mErrors.iterator.llvm_ptr, Int32(1))
@@ -205,7 +209,7 @@ class ProtocolRun:
         self.counts = torch.from_numpy(counts).to(dev)
         self.expect = torch.tensor(schedule.counter_expect, dtype=torch.int32, device=dev)
         self.counters = torch.zeros_like(self.expect)
-        self.errors = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.errors = torch.zeros(2, dtype=torch.int32, device=dev)  # mismatches, claim
         grid, T = schedule.options.grid, schedule.options.max_tasks_per_cta
         self.trace = torch.zeros(grid, T, 3, dtype=torch.int64, device=dev) if trace else None
         self.kernel = FrameProtocol(T, schedule.options.combine_slots, trace)
@@ -230,7 +234,7 @@ class ProtocolRun:
         import torch
 
         return {"counters_at_expected": bool(torch.equal(self.counters, self.expect)),
-                "combine_mismatches": int(self.errors.item())}
+                "combine_mismatches": int(self.errors[0].item())}
 
     def task_stamps(self) -> list[list[tuple[int, int, int]]]:
         """Per CTA, per task: (start, waits done, signalled) %globaltimer ns (trace builds)."""

@@ -75,8 +75,19 @@ def _report_and_trap(mailbox: cute.Tensor, code: cutlass.Constexpr[int], a: Int3
 
 
 @cute.jit
+def _claim_report_and_trap(claim: cute.Tensor, mailbox: cute.Tensor,
+                           code: cutlass.Constexpr[int], a: Int32, b: Int32, c: Int32, d: Int32,
+                           e: Int32):
+    """The first timed-out thread of the launch (``claim[0]``, zeroed by the host) writes the
+    report; the others trap without it, so one report is never mixed with another's fields."""
+    if cute.arch.atomic_add(claim.iterator.llvm_ptr, Int32(1)) == 0:
+        _report_and_trap(mailbox, code, a, b, c, d, e)
+    trap()
+
+
+@cute.jit
 def wait_counter(counters: cute.Tensor, cid: Int32, expect: Int32, task: Int32,
-                 mailbox: cute.Tensor):
+                 mailbox: cute.Tensor, claim: cute.Tensor):
     """Spin (``ld.acquire.gpu``) until global counter ``cid`` reaches ``expect``; after
     TIMEOUT_NS report (counter, expected, CTA, task, last value seen) and trap."""
     from kernels.device.ptx import ld_acquire_gpu
@@ -89,12 +100,14 @@ def wait_counter(counters: cute.Tensor, cid: Int32, expect: Int32, task: Int32,
             if seen < expect:
                 if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
                     bid, _, _ = cute.arch.block_idx()
-                    _report_and_trap(mailbox, COUNTER_WAIT, cid, expect, bid, task, seen)
+                    _claim_report_and_trap(claim, mailbox, COUNTER_WAIT, cid, expect, bid,
+                                           task, seen)
 
 
 @cute.jit
 def wait_cluster_parity(mbar: cute.Pointer, parity: Int32, code: cutlass.Constexpr[int],
-                        slot: Int32, task: Int32, split: Int32, mailbox: cute.Tensor):
+                        slot: Int32, task: Int32, split: Int32, mailbox: cute.Tensor,
+                        claim: cute.Tensor):
     """Wait (acquire at cluster scope) for this CTA's mbarrier phase of ``parity``, which the
     pair CTA arrives on; after TIMEOUT_NS report (slot, parity, CTA, task, split index), trap."""
     from kernels.device.ptx import try_wait_acquire_cluster
@@ -107,7 +120,8 @@ def wait_cluster_parity(mbar: cute.Pointer, parity: Int32, code: cutlass.Constex
             if done == 0:
                 if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
                     bid, _, _ = cute.arch.block_idx()
-                    _report_and_trap(mailbox, code, slot, parity, bid, task, split)
+                    _claim_report_and_trap(claim, mailbox, code, slot, parity, bid, task,
+                                           split)
 
 
 def ring_position(count: Int32, stages: int):
