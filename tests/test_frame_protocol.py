@@ -23,11 +23,12 @@ ROWS = (1, 13, 64)
 
 
 @functools.cache
-def _build(trace: bool):
+def _build(trace: bool, pages: int = 0):
     from kernels.depth.frame_protocol import FrameProtocol, compile_args
     from workbench.compile import compile_report
 
-    return compile_report(FrameProtocol(512, 2, trace), *compile_args())
+    return compile_report(FrameProtocol(512, 2, trace, pages, 4096 if pages else 0),
+                          *compile_args())
 
 
 @pytest.mark.compile
@@ -45,6 +46,19 @@ def test_protocol_compiles_with_the_handoffs_we_meant(trace):
     # every wait is bounded (counter, partial, slot); the first to time out claims the report
     assert ptx.count("trap;") == 6
     assert ptx.count("atom.global.add.u32") == 4, "3 timeout claims + the mismatch count"
+    assert r.frame_bytes == 0
+    if r.sass is not None:
+        assert r.spill_bytes == 0 and "CALL." not in r.sass
+
+
+@pytest.mark.compile
+def test_weight_streaming_build_adds_the_loader_and_the_page_waits():
+    """One 1-D bulk copy a page, issued behind its page_empty wait; tasks wait on page_full:
+    two more bounded waits (8 traps), nothing else changes."""
+    r, plain = _build(False, 32), _build(False)
+    assert r.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") == 1
+    assert plain.ptx.count("cp.async.bulk") == 0
+    assert r.ptx.count("trap;") == 8 and r.ptx.count("mbarrier.arrive.expect_tx") == 1
     assert r.frame_bytes == 0
     if r.sass is not None:
         assert r.spill_bytes == 0 and "CALL." not in r.sass
@@ -117,6 +131,24 @@ def test_protocol_runs_every_task_in_dependency_order(rows):
     assert all(v >= 0 for lst in stamps for st in lst for v in st)
     bad = _edges_respected(s, stamps)
     assert not bad, f"{len(bad)} edges broken; first: {bad[:3]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64])
+def test_protocol_with_weight_streaming_keeps_every_edge(rows):
+    """The loader streams every task's tile through the page ring while the tasks wait; the
+    protocol's results and order are unchanged, and each task passes its page waits."""
+    from kernels.depth.frame_protocol import ProtocolRun
+
+    s = _schedule(rows)
+    run = ProtocolRun(s, trace=True, weights=True)
+    run.trace.fill_(-1)
+    run.launch()
+    run.synchronize()
+    assert run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
+    bad = _edges_respected(s, run.task_stamps())
+    assert not bad, f"{len(bad)} edges broken; first: {bad[:3]}"
+    assert run.weight_bytes_per_frame > 2e9  # 16 positions x 5 layers + heads + proj
 
 
 @pytest.mark.gpu

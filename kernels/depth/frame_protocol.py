@@ -23,6 +23,14 @@ Per task, in thread 0 of each CTA (the other threads only take part in the clust
      ``slot_free[slot]``.
 3. ``signal >= 0``: ``red.release.gpu`` adds 1 to counter ``signal``.
 
+With ``weights`` the CTA also streams every task's weight tile through the shared-memory page
+ring the schedule plans (``ring_pages`` pages of ``page_bytes``; a tile takes ``n_pages``
+consecutive pages in ring order). Thread 0 of warp 1 is the loader: per page it waits on
+``page_empty[p]``, announces the bytes on ``page_full[p]`` and issues one 1-D bulk copy; it runs
+ahead of the tasks as far as free pages allow, since weights never depend on data. Thread 0
+waits on ``page_full`` of its task's pages after the task's other waits and arrives on
+``page_empty`` when the task is done. Page p's k-th use has parity k & 1 on both barriers.
+
 Shared memory: ``partial[S]`` and ``slot_free[S]`` mbarriers (arrive count 1) and S combine
 words. Both are armed cluster-wide before the first task, and neither CTA exits before its
 peer (closing cluster barrier). Counters start at 0 (the host zeroes them before each launch).
@@ -35,11 +43,12 @@ import os
 
 import numpy as np
 
-from kernels.device.ptx import arrive_cluster_release, red_release_gpu_add, st_cluster_u32
+from kernels.device.ptx import (arrive_cluster_release, bulk_copy_g2s, red_release_gpu_add,
+                                st_cluster_u32)
 from kernels.device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
                                     require_hopper, sm_count)
 from kernels.device.waits import (PARTIAL_WAIT, SLOT_WAIT, diagnostics_mailbox, synchronize,
-                                  wait_cluster_parity, wait_counter)
+                                  wait_cluster_parity, wait_counter, wait_parity)
 from schedules import depth_frame as F
 
 cutlass, cute = cute_modules()
@@ -55,13 +64,17 @@ class FrameProtocol:
     """Static config: ``max_tasks`` rows of the encoded table per CTA, ``combine_slots`` (S),
     ``trace`` (stamp %globaltimer before the waits, after them and after the signal)."""
 
-    def __init__(self, max_tasks: int, combine_slots: int, trace: bool):
+    def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
+                 page_bytes: int = 0):
         self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace
+        # ring_pages = 0: no weight streaming (the protocol alone)
+        self.pages, self.page_bytes = ring_pages, page_bytes
 
     @cute.jit
     def __call__(self, table: cute.Pointer, counts: cute.Pointer, counters: cute.Pointer,
                  errors: cute.Pointer, trace: cute.Pointer, mailbox_p: cute.Pointer,
-                 grid: Int32, n_counters: Int32, stream):
+                 weights: cute.Pointer, sources: cute.Pointer, grid: Int32, n_counters: Int32,
+                 stream):
         mTable = cute.make_tensor(table, cute.make_layout(grid * self.max_tasks * NF))
         mCounts = cute.make_tensor(counts, cute.make_layout(grid))
         mCounters = cute.make_tensor(counters, cute.make_layout(n_counters))
@@ -70,12 +83,17 @@ class FrameProtocol:
         # [grid, max_tasks, 3] stamps: start, waits done, signalled
         mTrace = cute.make_tensor(trace, cute.make_layout(grid * self.max_tasks * 3))
         mailbox = cute.make_tensor(mailbox_p, cute.make_layout(8))
-        self.kernel(mTable, mCounts, mCounters, mErrors, mTrace, mailbox).launch(
+        # each task's weight tile: byte offset into ``weights`` (-1: none)
+        mSources = cute.make_tensor(sources, cute.make_layout(grid * self.max_tasks))
+        mWeights = cute.make_tensor(weights, cute.make_layout(1))
+        self.kernel(mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mWeights,
+                    mSources).launch(
             grid=[grid, 1, 1], block=[THREADS, 1, 1], cluster=[2, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mTable: cute.Tensor, mCounts: cute.Tensor, mCounters: cute.Tensor,
-               mErrors: cute.Tensor, mTrace: cute.Tensor, mailbox: cute.Tensor):
+               mErrors: cute.Tensor, mTrace: cute.Tensor, mailbox: cute.Tensor,
+               mWeights: cute.Tensor, mSources: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         S = self.slots
@@ -83,24 +101,55 @@ class FrameProtocol:
         partial = alloc.allocate_tensor(Int64, cute.make_layout(S), 8).iterator
         slot_free = alloc.allocate_tensor(Int64, cute.make_layout(S), 8).iterator
         combine = alloc.allocate_tensor(Int32, cute.make_layout(S), 4)
+        R = max(self.pages, 1)
+        page_full = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
+        page_empty = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
+        ring = alloc.allocate(R * max(self.page_bytes, 16), 128)
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 cute.arch.mbarrier_init(partial + s, 1)
                 cute.arch.mbarrier_init(slot_free + s, 1)
+            if cutlass.const_expr(self.pages > 0):
+                for p in cutlass.range_constexpr(R):
+                    cute.arch.mbarrier_init(page_full + p, 1)
+                    cute.arch.mbarrier_init(page_empty + p, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
         if tidx == 0:
             self._walk(cta, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, partial,
-                       slot_free, combine)
+                       slot_free, combine, page_full, page_empty)
+        if cutlass.const_expr(self.pages > 0):
+            if tidx == 32:
+                self._load(cta, mTable, mCounts, mSources, mWeights, mailbox, ring, page_full,
+                           page_empty)
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
 
     @cute.jit
+    def _load(self, cta: Int32, mTable, mCounts, mSources, mWeights, mailbox, ring, page_full,
+              page_empty):
+        """The loader: every task's pages in ring order, each behind its page_empty."""
+        R, P = self.pages, self.page_bytes
+        at = Int32(0)  # pages issued so far (the ring position, unwrapped)
+        for i in cutlass.range(mCounts[cta], unroll=1):
+            n = mTable[(cta * self.max_tasks + i) * NF + COL["n_pages"]]
+            if n > 0:
+                src = mSources[cta * self.max_tasks + i]
+                for j in cutlass.range(n, unroll=1):
+                    q, use = (at + j) % R, (at + j) // R
+                    wait_parity(page_empty + q, (use & 1) ^ 1, 5, q, mailbox)
+                    cute.arch.mbarrier_arrive_and_expect_tx(page_full + q, P)
+                    bulk_copy_g2s(ring + q * P, mWeights.iterator + src + Int64(j) * P, P,
+                                  page_full + q)
+                at = at + n
+
+    @cute.jit
     def _walk(self, cta: Int32, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, partial,
-              slot_free, combine):
-        S = self.slots
+              slot_free, combine, page_full, page_empty):
+        S, R = self.slots, self.pages
         claim = cute.make_tensor(mErrors.iterator + 1, cute.make_layout(1))
+        at = Int32(0)  # pages consumed so far (unwrapped ring position)
         split = Int32(0)  # this CTA's split tasks so far: the k of the module docstring
         for i in cutlass.range(mCounts[cta], unroll=1):
             row = (cta * self.max_tasks + i) * NF
@@ -134,6 +183,17 @@ class FrameProtocol:
                 split = split + 1
             else:
                 t_ready = cute.arch.globaltimer()
+            if cutlass.const_expr(R > 0):
+                n = mTable[row + COL["n_pages"]]
+                if n > 0:  # the tile's weights have landed ...
+                    for j in cutlass.range(n, unroll=1):
+                        q, use = (at + j) % R, (at + j) // R
+                        wait_parity(page_full + q, use & 1, 4, q, mailbox)
+                    t_ready = cute.arch.globaltimer()
+                    # (the tile's wgmmas read the pages here) ... and are released
+                    for j in cutlass.range(n, unroll=1):
+                        cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
+                    at = at + n
             signal = mTable[row + COL["signal"]]
             if signal >= 0:
                 red_release_gpu_add(mCounters.iterator + signal, Int32(1))
@@ -143,8 +203,10 @@ class FrameProtocol:
                 mTrace[stamp + 2] = cute.arch.globaltimer()
 
 
-PTRS = ((Int32, 16), (Int32, 16), (Int32, 16), (Int32, 4), (Int64, 16), (Int32, 4))
-# table, counts, counters, errors, trace (int64 stamps), diagnostics mailbox
+PTRS = ((Int32, 16), (Int32, 16), (Int32, 16), (Int32, 4), (Int64, 16), (Int32, 4),
+        (cutlass.Uint8, 16), (Int64, 16))
+# table, counts, counters, errors, trace (int64 stamps), diagnostics mailbox, weights (bytes),
+# each task's weight offset
 
 
 def compile_args(grid: int = 132, counters: int = 500):
@@ -193,12 +255,38 @@ def check_launchable(schedule: F.Schedule) -> None:
                            f"schedule's grid needs {grid // 2} resident together")
 
 
+def weight_sources(schedule: F.Schedule) -> tuple[np.ndarray, int]:
+    """(int64 [grid, max_tasks] byte offset of each task's weight tile, -1 for none; the
+    buffer's size). One region per distinct tile of the model: a layer's tiles are shared by
+    every position, each head's by its one position; a split tile's two halves are adjacent."""
+    opt = schedule.options
+    out = np.full((opt.grid, opt.max_tasks_per_cta), -1, dtype=np.int64)
+    where: dict = {}
+    size = 0
+    for c, lst in enumerate(schedule.ctas):
+        for i, t in enumerate(lst):
+            if t.n_pages == 0:
+                continue
+            ph = schedule.phases[t.phase]
+            owner = ph.pos if t.type in (F.HEAD, F.PROJ) else ph.layer
+            key = (t.type, owner, t.tile, t.half)
+            if key not in where:
+                where[key] = size
+                size += t.n_pages * opt.page_bytes
+            out[c, i] = where[key]
+    return out, max(size, 16)
+
+
 class ProtocolRun:
     """Device buffers of one schedule's protocol launch (encoded once): ``launch()`` zeroes
     the counters and runs the frame's walk (capturable); ``check()`` reads back what a run
     must leave (every counter at its expected count, no combine mismatch)."""
 
-    def __init__(self, schedule: F.Schedule, *, trace: bool = False, table=None):
+    def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights: bool = False,
+                 table=None):
+        """``weights``: also stream every task's weight tile through the page ring (from a
+        synthetic buffer laid out like the model's: one copy of each layer's and head's tiles,
+        which every position reads again)."""
         import torch
 
         check_launchable(schedule)
@@ -212,13 +300,21 @@ class ProtocolRun:
         self.errors = torch.zeros(2, dtype=torch.int32, device=dev)  # mismatches, claim
         grid, T = schedule.options.grid, schedule.options.max_tasks_per_cta
         self.trace = torch.zeros(grid, T, 3, dtype=torch.int64, device=dev) if trace else None
-        self.kernel = FrameProtocol(T, schedule.options.combine_slots, trace)
+        opt = schedule.options
+        pages = (opt.ring_pages, opt.page_bytes) if weights else (0, 0)
+        self.kernel = FrameProtocol(T, opt.combine_slots, trace, *pages)
+        sources, total = weight_sources(schedule)
+        self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
+                                          * opt.page_bytes) if weights else 0
+        self.sources = torch.from_numpy(sources).to(dev)
+        self.weights = torch.empty(total if weights else 16, dtype=torch.uint8, device=dev)
         tensors = (self.table, self.counts, self.counters, self.errors,
                    self.trace if trace else self.table)
         self.ptrs = (*pointer_args(PTRS[:5], tensors),
-                     pointer_args(PTRS[5:], [diagnostics_mailbox()])[0])
+                     pointer_args(PTRS[5:6], [diagnostics_mailbox()])[0],
+                     *pointer_args(PTRS[6:], (self.weights, self.sources)))
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)))
-        key = ("frame_protocol", T, schedule.options.combine_slots, trace)
+        key = ("frame_protocol", T, opt.combine_slots, trace, *pages)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 

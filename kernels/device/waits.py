@@ -53,7 +53,9 @@ MAILBOX_MAGIC = 0x7130E007
 BARRIER_NAMES = {0: "full (consumer waiting for the producer's stage)",
                  1: "empty (producer waiting for consumers to release a stage)",
                  2: "act_full (consumer waiting for the activation stage's f16 tile)",
-                 3: "act_empty (activation stage waiting for consumers to release a tile)"}
+                 3: "act_empty (activation stage waiting for consumers to release a tile)",
+                 4: "page_full (a frame task waiting for its weight page; 'stage' is the page)",
+                 5: "page_empty (the frame's loader waiting for a task to release a page)"}
 
 # ---- counters between CTAs (the depth frame) ---------------------------------------------------
 # mailbox codes of these waits (slot 1); the report's other slots follow each code's FIELDS
