@@ -28,8 +28,8 @@ ring the schedule plans (``ring_pages`` pages of ``page_bytes``; a tile takes ``
 consecutive pages in ring order). Thread 0 of warp 1 is the loader: per page it waits on
 ``page_empty[p]``, announces the bytes on ``page_full[p]`` and issues one 1-D bulk copy; it runs
 ahead of the tasks as far as free pages allow, since weights never depend on data. Thread 0
-waits on ``page_full`` of its task's pages after the task's other waits and arrives on
-``page_empty`` when the task is done. Page p's k-th use has parity k & 1 on both barriers.
+waits on ``page_full`` of its task's pages after the counter wait (a split tile's half needs
+its weights before its partial exists) and arrives on ``page_empty`` when the task is done. Page p's k-th use has parity k & 1 on both barriers.
 
 Shared memory: ``partial[S]`` and ``slot_free[S]`` mbarriers (arrive count 1) and S combine
 words. Both are armed cluster-wide before the first task, and neither CTA exits before its
@@ -159,6 +159,13 @@ class FrameProtocol:
             if wait >= 0:
                 wait_counter(mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox,
                              claim)
+            n = Int32(0)
+            if cutlass.const_expr(R > 0):  # the tile's weights have landed
+                n = mTable[row + COL["n_pages"]]
+                for j in cutlass.range(n, unroll=1):
+                    q, page_use = (at + j) % R, (at + j) // R
+                    wait_parity(page_full + q, page_use & 1, 4, q, mailbox)
+            # (the tile's wgmmas read the pages here: a split tile's half makes its partial)
             half = mTable[row + COL["half"]]
             slot = split % S
             use = split // S
@@ -169,7 +176,7 @@ class FrameProtocol:
                     wait_cluster_parity(slot_free + slot, (use - 1) & 1, SLOT_WAIT, slot, i,
                                         split, mailbox, claim)
                 t_ready = cute.arch.globaltimer()
-                # (the tile's partial sum goes to rank 0 here; the protocol sends its id)
+                # (the partial sum goes to rank 0 here; the protocol sends the task's id)
                 st_cluster_u32(combine.iterator + slot, Int32(0), task_id)
                 arrive_cluster_release(partial + slot, Int32(0))
                 split = split + 1
@@ -183,17 +190,10 @@ class FrameProtocol:
                 split = split + 1
             else:
                 t_ready = cute.arch.globaltimer()
-            if cutlass.const_expr(R > 0):
-                n = mTable[row + COL["n_pages"]]
-                if n > 0:  # the tile's weights have landed ...
-                    for j in cutlass.range(n, unroll=1):
-                        q, use = (at + j) % R, (at + j) // R
-                        wait_parity(page_full + q, use & 1, 4, q, mailbox)
-                    t_ready = cute.arch.globaltimer()
-                    # (the tile's wgmmas read the pages here) ... and are released
-                    for j in cutlass.range(n, unroll=1):
-                        cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
-                    at = at + n
+            if cutlass.const_expr(R > 0):  # (the epilogue has run) the pages go back
+                for j in cutlass.range(n, unroll=1):
+                    cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
+                at = at + n
             signal = mTable[row + COL["signal"]]
             if signal >= 0:
                 red_release_gpu_add(mCounters.iterator + signal, Int32(1))
