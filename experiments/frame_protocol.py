@@ -37,6 +37,12 @@ NOTES = {
                   "weights streamed (2.58 GB a frame at 64 rows; 0.61 ms at the 4.2 TB/s copy "
                   "ceiling): 0.75-1.1 ms, since the loader runs at most one ring (128 KB) "
                   "ahead of a CTA's tasks and stalls while they wait.",
+    "outcome": "20e5028 (H200): 603-609 µs a frame at 1-64 rows, 1.02-1.03 µs per task on "
+               "the 592-task critical path (prediction right, at its low end). e3337c9: with "
+               "the weights 1760-1772 µs, 1.46 TB/s (prediction wrong by ~1.6x: the 128 KB "
+               "ring lets a CTA prefetch one ring across each wait; notes/depth-frame.md). "
+               "That build let a split tile's rank 1 send before its pages landed (fixed in "
+               "a501cb8, not re-run).",
 }
 
 
