@@ -1,8 +1,8 @@
 """Shared pytest setup: compile target, gpu skipping, hypothesis profiles, the GPU suite's split.
 
 The whole GPU suite runs in two parts (each within one 10-minute device call on the H200):
-``--gpu-part depth`` (the depth loop: the fast loop, the CodePredictor, the depth kernels) and
-``--gpu-part nvfp4`` (everything else: NVFP4 GEMM, quantize, amax, numerics, ladder, workbench).
+``--gpu-part depth`` (the depth loop: the fast loop, the CodePredictor, the depth kernels,
+the frame protocol) and ``--gpu-part nvfp4`` (everything else: NVFP4 GEMM, quantize, amax, numerics, ladder, workbench).
 ``-m fast`` is the fast GPU subset: each kernel's core exactness test once. Tests marked
 ``after_others`` run last in their session, and in both parts (they check that bits do not
 depend on what ran before them in the process)."""
@@ -37,7 +37,7 @@ HAVE_CUDA = _cuda()
 
 # the depth part of the GPU suite, by file name; every other test file is the nvfp4 part
 DEPTH_FILES = re.compile(r"test_(fast_loop|codepredictor\w*|gemv_small_m|gemm_skinny\w*|"
-                         r"rows_rmsnorm|depth_attention|depth_draw)\.py$")
+                         r"rows_rmsnorm|depth_attention|depth_draw|frame_protocol)\.py$")
 
 
 def pytest_addoption(parser):

@@ -117,7 +117,8 @@ def _edges_respected(s: F.Schedule, stamps) -> list[str]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("rows", [pytest.param(r, marks=pytest.mark.fast) if r == 64 else r
+                                  for r in ROWS])
 def test_protocol_runs_every_task_in_dependency_order(rows):
     from kernels.depth.frame_protocol import ProtocolRun
 
