@@ -2,7 +2,8 @@
 
 The whole GPU suite runs in two parts (each within one 10-minute device call on the H200):
 ``--gpu-part depth`` (the depth loop: the fast loop, the CodePredictor, the depth kernels,
-the frame protocol) and ``--gpu-part nvfp4`` (everything else: NVFP4 GEMM, quantize, amax, numerics, ladder, workbench).
+the frame protocol) and ``--gpu-part nvfp4`` (everything else: NVFP4 GEMM, quantize, amax,
+numerics, ladder, workbench).
 ``-m fast`` is the fast GPU subset: each kernel's core exactness test once. Tests marked
 ``after_others`` run last in their session, and in both parts (they check that bits do not
 depend on what ran before them in the process)."""
