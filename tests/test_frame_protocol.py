@@ -54,11 +54,11 @@ def test_protocol_compiles_with_the_handoffs_we_meant(trace):
 @pytest.mark.compile
 def test_weight_streaming_build_adds_the_loader_and_the_page_waits():
     """One 1-D bulk copy a page, issued behind its page_empty wait; tasks wait on page_full:
-    two more bounded waits (8 traps), nothing else changes."""
+    two more bounded waits, claiming the report (10 traps), nothing else changes."""
     r, plain = _build(False, 32), _build(False)
     assert r.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") == 1
     assert plain.ptx.count("cp.async.bulk") == 0
-    assert r.ptx.count("trap;") == 8 and r.ptx.count("mbarrier.arrive.expect_tx") == 1
+    assert r.ptx.count("trap;") == 10 and r.ptx.count("mbarrier.arrive.expect_tx") == 1
     assert r.frame_bytes == 0
     if r.sass is not None:
         assert r.spill_bytes == 0 and "CALL." not in r.sass
@@ -147,7 +147,9 @@ def test_protocol_with_weight_streaming_keeps_every_edge(rows):
     run.launch()
     run.synchronize()
     assert run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
-    bad = _edges_respected(s, run.task_stamps())
+    stamps = run.task_stamps()
+    assert all(v >= 0 for lst in stamps for st in lst for v in st)
+    bad = _edges_respected(s, stamps)
     assert not bad, f"{len(bad)} edges broken; first: {bad[:3]}"
     assert run.weight_bytes_per_frame > 2e9  # 16 positions x 5 layers + heads + proj
 
@@ -165,7 +167,7 @@ def test_protocol_replays_under_a_cuda_graph():
         with torch.cuda.graph(graph, stream=stream):
             run.launch()
     for _ in range(3):
-        run.errors.zero_()
+        run.errors.fill_(5)
         run.counters.fill_(-7)  # the graph's own zeroing must run first
         graph.replay()
         run.synchronize()
@@ -208,3 +210,38 @@ def test_a_stalled_counter_traps_with_its_name_and_task():
     assert m, out[-2000:]
     cta, task, want, held = map(int, m.groups())
     assert (cta, task) in waiters and held == want - 1
+
+
+_STALL_MANY = """
+from schedules import depth_frame as F
+from kernels.depth.frame_protocol import ProtocolRun
+s = F.build(options=F.FrameOptions(rows=64))
+table, counts = F.encode(s)
+# one attention task of layer 2, position 3 never signals: its 128 o tasks time out together
+c, i = next((c, i) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst)
+            if t.signal >= 0 and s.counter_names[t.signal] == "attn[l2,p3]")
+table[c, i, F.FIELDS.index("signal")] = -1
+run = ProtocolRun(s, table=(table, counts), weights=True)
+run.launch()
+run.synchronize()
+"""
+
+
+@pytest.mark.gpu
+def test_many_waiters_timing_out_together_leave_one_whole_report():
+    """128 waiters (and the loaders behind them) time out within microseconds of each other:
+    the first claims the report, the others wait for its trap, so the error is one whole
+    report on a counter of the stalled chain, short of its count."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    p = subprocess.run([sys.executable, "-c", _STALL_MANY], capture_output=True, text=True,
+                       timeout=300, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-2000:]
+    m = re.search(r"in CTA \d+, task \d+, waiting on counter '(\w+)\[l2,p3\]' \(id \d+\) "
+                  r"for (\d+) signals; it holds (\d+)", out)
+    assert m, out[-2000:]
+    assert m.group(1) in ("attn", "o", "gateup", "down") and int(m.group(3)) < int(m.group(2))

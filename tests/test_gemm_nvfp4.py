@@ -172,6 +172,7 @@ def test_p0_k_loop_did_not_grow(build):
     if r.sass is None:
         pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not checked")
     body = _k_loop(r.sass)
+    assert sum(ins.startswith("HGMMA") for ins in body) == 4, "not the k-loop"
     limit = P0_KLOOP_AT_1515C0C[P0_BUILDS[build][0]] + 4
     assert len(body) <= limit, f"k-loop has {len(body)} instructions (1515c0c: {limit - 4})"
     assert any(re.search(r"TRYWAIT P0, \[UR\d+\]", ins) for ins in body)

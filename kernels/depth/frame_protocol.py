@@ -47,8 +47,8 @@ from kernels.device.ptx import (arrive_cluster_release, bulk_copy_g2s, red_relea
                                 st_cluster_u32)
 from kernels.device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
                                     require_hopper, sm_count)
-from kernels.device.waits import (PARTIAL_WAIT, SLOT_WAIT, diagnostics_mailbox, synchronize,
-                                  wait_cluster_parity, wait_counter, wait_parity)
+from kernels.device.waits import (PARTIAL_WAIT, SLOT_WAIT, TIMEOUT_NS, diagnostics_mailbox,
+                                  synchronize, wait_cluster_parity, wait_counter, wait_parity)
 from schedules import depth_frame as F
 
 cutlass, cute = cute_modules()
@@ -121,16 +121,17 @@ class FrameProtocol:
                        slot_free, combine, page_full, page_empty)
         if cutlass.const_expr(self.pages > 0):
             if tidx == 32:
-                self._load(cta, mTable, mCounts, mSources, mWeights, mailbox, ring, page_full,
-                           page_empty)
+                self._load(cta, mTable, mCounts, mSources, mWeights, mErrors, mailbox, ring,
+                           page_full, page_empty)
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
 
     @cute.jit
-    def _load(self, cta: Int32, mTable, mCounts, mSources, mWeights, mailbox, ring, page_full,
-              page_empty):
+    def _load(self, cta: Int32, mTable, mCounts, mSources, mWeights, mErrors, mailbox, ring,
+              page_full, page_empty):
         """The loader: every task's pages in ring order, each behind its page_empty."""
         R, P = self.pages, self.page_bytes
+        claim = cute.make_tensor(mErrors.iterator + 1, cute.make_layout(1))
         at = Int32(0)  # pages issued so far (the ring position, unwrapped)
         for i in cutlass.range(mCounts[cta], unroll=1):
             n = mTable[(cta * self.max_tasks + i) * NF + COL["n_pages"]]
@@ -138,7 +139,10 @@ class FrameProtocol:
                 src = mSources[cta * self.max_tasks + i]
                 for j in cutlass.range(n, unroll=1):
                     q, use = (at + j) % R, (at + j) // R
-                    wait_parity(page_empty + q, (use & 1) ^ 1, 5, q, mailbox)
+                    # the loader's bound outlasts the tasks': a stall is reported by the
+                    # task waiting on its counter, not by the loader behind it
+                    wait_parity(page_empty + q, (use & 1) ^ 1, 5, q, mailbox, claim,
+                                2 * TIMEOUT_NS)
                     cute.arch.mbarrier_arrive_and_expect_tx(page_full + q, P)
                     bulk_copy_g2s(ring + q * P, mWeights.iterator + src + Int64(j) * P, P,
                                   page_full + q)
@@ -164,7 +168,7 @@ class FrameProtocol:
                 n = mTable[row + COL["n_pages"]]
                 for j in cutlass.range(n, unroll=1):
                     q, page_use = (at + j) % R, (at + j) // R
-                    wait_parity(page_full + q, page_use & 1, 4, q, mailbox)
+                    wait_parity(page_full + q, page_use & 1, 4, q, mailbox, claim)
             # (the tile's wgmmas read the pages here: a split tile's half makes its partial)
             half = mTable[row + COL["half"]]
             slot = split % S
@@ -222,14 +226,14 @@ class FrameRefused(RuntimeError):
 
 
 @functools.cache
-def _max_active_pairs() -> int:
+def _max_active_pairs(device: int) -> int:
     """2-CTA clusters of a max-shared-memory CTA the occupancy API says fit at once."""
     import torch
     from cutlass.utils import HardwareInfo
 
-    torch.zeros(1, device="cuda")  # the driver API below needs torch's context current
+    torch.zeros(1, device=f"cuda:{device}")  # the driver API needs torch's context current
     try:
-        return HardwareInfo(torch.cuda.current_device()).get_max_active_clusters(2)
+        return HardwareInfo(device).get_max_active_clusters(2)
     except RuntimeError as e:  # no answer: co-residency cannot be guaranteed
         raise FrameRefused(f"the occupancy API did not answer ({e}): cannot guarantee that "
                            "every cluster is resident") from None
@@ -249,7 +253,9 @@ def check_launchable(schedule: F.Schedule) -> None:
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         raise FrameRefused("CUDA_MPS_PIPE_DIRECTORY is set: under MPS the grid's CTAs may not "
                            "all be resident, and CTAs that wait on each other would hang")
-    pairs = _max_active_pairs()
+    import torch
+
+    pairs = _max_active_pairs(torch.cuda.current_device())
     if pairs < grid // 2:
         raise FrameRefused(f"the occupancy API fits {pairs} 2-CTA clusters at once; the "
                            f"schedule's grid needs {grid // 2} resident together")
@@ -320,6 +326,7 @@ class ProtocolRun:
 
     def launch(self):
         self.counters.zero_()
+        self.errors.zero_()  # the mismatch count and the timeout claim are per launch
         self.compiled(*self.ptrs, *self.scalars, current_stream())
 
     def synchronize(self):

@@ -349,8 +349,9 @@ def expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int], rows: cutlass.C
     # is a function of t alone (hoisted out of the k-loop into a few registers; written as
     # (i·threads + t) >> 1 it was recomputed per pass, 6 % more instructions a k-block)
     per_pass = threads // 2
-    if cutlass.const_expr(SCALE_TILE_ROWS % per_pass):
-        raise ValueError(f"{threads} threads: two a row must tile {SCALE_TILE_ROWS} rows evenly")
+    if cutlass.const_expr(SCALE_TILE_ROWS % per_pass or per_pass % 8):
+        raise ValueError(f"{threads} threads: two a row must tile {SCALE_TILE_ROWS} rows evenly "
+                         "in passes of a multiple of 8 rows (the swizzle's row phase)")
     tr = t >> 1  # this thread's row within a pass
     half = t & 1
     for i in cutlass.range_constexpr(2 * rows // threads):

@@ -24,6 +24,7 @@ from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cutlass_dsl import dsl_user_op  # noqa: E402
 
 TIMEOUT_NS = 2_000_000_000  # 2 s: far beyond any legitimate wait in these kernels
+CLAIM_GRACE_NS = 200_000_000  # a losing timed-out thread waits this long for the winner's trap
 
 
 @dsl_user_op
@@ -34,19 +35,26 @@ def trap(*, loc=None, ip=None) -> None:
 
 @cute.jit
 def wait_parity(mbar: cute.Pointer, parity: Int32, barrier_id: cutlass.Constexpr[int],
-                stage: Int32, mailbox: cute.Tensor):
+                stage: Int32, mailbox: cute.Tensor, claim=None,
+                timeout_ns: cutlass.Constexpr[int] = TIMEOUT_NS):
     """Wait until the mbarrier at ``mbar`` completes the phase with ``parity``, or report
-    (``BARRIER_NAMES[barrier_id]``, stage, parity, CTA, thread) in ``mailbox`` and trap."""
+    (``BARRIER_NAMES[barrier_id]``, stage, parity, CTA, thread) in ``mailbox`` and trap.
+    ``claim``: the launch's report claim (:func:`_claim_report_and_trap`), for kernels where
+    many waits can time out together."""
     done = cute.arch.mbarrier_try_wait(mbar, parity)
     if not done:
         start = cute.arch.globaltimer()
         while not done:
             done = cute.arch.mbarrier_try_wait(mbar, parity)
             if not done:
-                if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
+                if cute.arch.globaltimer() - start > Int64(timeout_ns):
                     tid, _, _ = cute.arch.thread_idx()
                     bid, _, _ = cute.arch.block_idx()
-                    _report_and_trap(mailbox, barrier_id, stage, parity, bid, tid)
+                    if cutlass.const_expr(claim is None):
+                        _report_and_trap(mailbox, barrier_id, stage, parity, bid, tid)
+                    else:
+                        _claim_report_and_trap(claim, mailbox, barrier_id, stage, parity, bid,
+                                               tid, Int32(0))
 
 
 MAILBOX_MAGIC = 0x7130E007
@@ -81,9 +89,13 @@ def _claim_report_and_trap(claim: cute.Tensor, mailbox: cute.Tensor,
                            code: cutlass.Constexpr[int], a: Int32, b: Int32, c: Int32, d: Int32,
                            e: Int32):
     """The first timed-out thread of the launch (``claim[0]``, zeroed by the host) writes the
-    report; the others trap without it, so one report is never mixed with another's fields."""
+    report and traps; the others wait (bounded: CLAIM_GRACE_NS) for that trap, which ends the
+    grid, so their own trap can neither cut the report short nor mix fields into it."""
     if cute.arch.atomic_add(claim.iterator.llvm_ptr, Int32(1)) == 0:
         _report_and_trap(mailbox, code, a, b, c, d, e)
+    start = cute.arch.globaltimer()
+    while cute.arch.globaltimer() - start < Int64(CLAIM_GRACE_NS):
+        pass
     trap()
 
 
