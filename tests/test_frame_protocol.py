@@ -116,33 +116,13 @@ def _edges_respected(s: F.Schedule, stamps) -> list[str]:
     return bad
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [pytest.param(r, marks=pytest.mark.fast) if r == 64 else r
-                                  for r in ROWS])
-def test_protocol_runs_every_task_in_dependency_order(rows):
+def _traced_run_in_order(rows: int, weights: bool = False):
+    """One traced launch at ``rows``: the run must leave every counter at its count, no
+    combine mismatch, all three stamps of every task (poisoned before) and every edge kept."""
     from kernels.depth.frame_protocol import ProtocolRun
 
     s = _schedule(rows)
-    run = ProtocolRun(s, trace=True)
-    run.trace.fill_(-1)  # poisoned: every task must stamp its three points
-    run.launch()
-    run.synchronize()
-    assert run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
-    stamps = run.task_stamps()
-    assert all(v >= 0 for lst in stamps for st in lst for v in st)
-    bad = _edges_respected(s, stamps)
-    assert not bad, f"{len(bad)} edges broken; first: {bad[:3]}"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 64])
-def test_protocol_with_weight_streaming_keeps_every_edge(rows):
-    """The loader streams every task's tile through the page ring while the tasks wait; the
-    protocol's results and order are unchanged, and each task passes its page waits."""
-    from kernels.depth.frame_protocol import ProtocolRun
-
-    s = _schedule(rows)
-    run = ProtocolRun(s, trace=True, weights=True)
+    run = ProtocolRun(s, trace=True, weights=weights)
     run.trace.fill_(-1)
     run.launch()
     run.synchronize()
@@ -151,6 +131,22 @@ def test_protocol_with_weight_streaming_keeps_every_edge(rows):
     assert all(v >= 0 for lst in stamps for st in lst for v in st)
     bad = _edges_respected(s, stamps)
     assert not bad, f"{len(bad)} edges broken; first: {bad[:3]}"
+    return run
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [pytest.param(r, marks=pytest.mark.fast) if r == 64 else r
+                                  for r in ROWS])
+def test_protocol_runs_every_task_in_dependency_order(rows):
+    _traced_run_in_order(rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64])
+def test_protocol_with_weight_streaming_keeps_every_edge(rows):
+    """The loader streams every task's tile through the page ring while the tasks wait; the
+    protocol's results and order are unchanged, and each task passes its page waits."""
+    run = _traced_run_in_order(rows, weights=True)
     assert run.weight_bytes_per_frame > 2e9  # 16 positions x 5 layers + heads + proj
 
 
@@ -177,34 +173,42 @@ def test_protocol_replays_under_a_cuda_graph():
 _STALL = """
 from schedules import depth_frame as F
 from kernels.depth.frame_protocol import ProtocolRun
-s = F.build(options=F.FrameOptions(rows=8))
+s = F.build(options=F.FrameOptions(rows={rows}))
 table, counts = F.encode(s)
-# one head tile of the last position never signals: only the last draws wait on its counter
 c, i = next((c, i) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst)
-            if t.signal >= 0 and s.counter_names[t.signal] == "head[l-1,p15]")
+            if t.signal >= 0 and s.counter_names[t.signal] == {counter!r})
 table[c, i, F.FIELDS.index("signal")] = -1
-run = ProtocolRun(s, table=(table, counts))
+run = ProtocolRun(s, table=(table, counts), weights={weights})
 run.launch()
 run.synchronize()
 """
 
 
-@pytest.mark.gpu
-def test_a_stalled_counter_traps_with_its_name_and_task():
-    """A signal that never comes: the waiters time out after 2 s, the kernel traps and the
-    error names the counter, what it holds and the waiting CTA and task."""
+def _stalled_run(rows: int, counter: str, weights: bool = False) -> str:
+    """Output of a fresh process whose launch drops one signal of ``counter`` (a trapped
+    kernel ends its CUDA context, so it cannot run in the test process); it must fail."""
     import os
     import subprocess
     import sys
 
-    s = _schedule(8)
-    waiters = {(c, i) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst)
-               if t.wait >= 0 and s.counter_names[t.wait] == "head[l-1,p15]"}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
-    p = subprocess.run([sys.executable, "-c", _STALL], capture_output=True, text=True,
+    script = _STALL.format(rows=rows, counter=counter, weights=weights)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=300, env=env)
     out = p.stdout + p.stderr
     assert p.returncode != 0, out[-2000:]
+    return out
+
+
+@pytest.mark.gpu
+def test_a_stalled_counter_traps_with_its_name_and_task():
+    """A signal that never comes (one head tile of the last position: only the last draws
+    wait on its counter): the waiters time out after 2 s, the kernel traps and the error names
+    the counter, what it holds and the waiting CTA and task."""
+    s = _schedule(8)
+    waiters = {(c, i) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst)
+               if t.wait >= 0 and s.counter_names[t.wait] == "head[l-1,p15]"}
+    out = _stalled_run(8, "head[l-1,p15]")
     m = re.search(r"in CTA (\d+), task (\d+), waiting on counter 'head\[l-1,p15\]' \(id \d+\) "
                   r"for (\d+) signals; it holds (\d+)", out)
     assert m, out[-2000:]
@@ -212,35 +216,13 @@ def test_a_stalled_counter_traps_with_its_name_and_task():
     assert (cta, task) in waiters and held == want - 1
 
 
-_STALL_MANY = """
-from schedules import depth_frame as F
-from kernels.depth.frame_protocol import ProtocolRun
-s = F.build(options=F.FrameOptions(rows=64))
-table, counts = F.encode(s)
-# one attention task of layer 2, position 3 never signals: its 128 o tasks time out together
-c, i = next((c, i) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst)
-            if t.signal >= 0 and s.counter_names[t.signal] == "attn[l2,p3]")
-table[c, i, F.FIELDS.index("signal")] = -1
-run = ProtocolRun(s, table=(table, counts), weights=True)
-run.launch()
-run.synchronize()
-"""
-
-
 @pytest.mark.gpu
 def test_many_waiters_timing_out_together_leave_one_whole_report():
-    """128 waiters (and the loaders behind them) time out within microseconds of each other:
-    the first claims the report, the others wait for its trap, so the error is one whole
-    report on a counter of the stalled chain, short of its count."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
-    p = subprocess.run([sys.executable, "-c", _STALL_MANY], capture_output=True, text=True,
-                       timeout=300, env=env)
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out[-2000:]
+    """One attention task of layer 2, position 3 never signals: its 128 o tasks (and the
+    loaders behind them) time out within microseconds of each other. The first claims the
+    report, the others wait for its trap, so the error is one whole report on a counter of the
+    stalled chain, short of its count."""
+    out = _stalled_run(64, "attn[l2,p3]", weights=True)
     m = re.search(r"in CTA \d+, task \d+, waiting on counter '(\w+)\[l2,p3\]' \(id \d+\) "
                   r"for (\d+) signals; it holds (\d+)", out)
     assert m, out[-2000:]
