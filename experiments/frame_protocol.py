@@ -43,6 +43,13 @@ NOTES = {
                "ring lets a CTA prefetch one ring across each wait; notes/depth-frame.md). "
                "That build let a split tile's rank 1 send before its pages landed (fixed in "
                "a501cb8, not re-run).",
+    "prediction_tiles": "session 18, before the first run: with the projection tiles (wgmma "
+                        "over the ring's pages, pages freed per K stage) each phase on the "
+                        "chain adds its tile: the first activation stage's copy from L2 "
+                        "(~1-2 µs) and 4-6 stages of wgmma, retire and named barrier "
+                        "(~0.2-0.5 µs each). So 1.3-1.9 ms a frame at 1 row and 1.5-2.8 ms "
+                        "at 64, the weights hidden behind the chain; every output within "
+                        "the bound.",
 }
 
 
@@ -68,6 +75,87 @@ def critical_path(s) -> int:
     return max(depth.values())
 
 
+def critical_chain(s, stamps) -> dict:
+    """Walk back from the last task to end along whichever dependency released each task
+    last (the previous task on its CTA, or its counter's last signaller) and split that
+    chain's time: handoff (a signaller ready -> the waiter through its counter wait; with
+    program order binding, the wait's own acquire), tile (waited -> ready: activation and page
+    waits, wgmmas, the pair handoff), signal (ready -> signalled, where the next task on the
+    CTA waited for it), program order (the gap between a task's end and the next's start)."""
+    last_ready: dict[int, tuple] = {}
+    for c, lst in enumerate(s.ctas):
+        for i, t in enumerate(lst):
+            if t.signal >= 0 and stamps[c][i][2] >= last_ready.get(t.signal, (-1,))[0]:
+                last_ready[t.signal] = (stamps[c][i][2], c, i)
+    node = max(((c, i) for c, lst in enumerate(s.ctas) for i in range(len(lst))),
+               key=lambda n: stamps[n[0]][n[1]][3])
+    split = {"handoff_us": 0.0, "tile_us": 0.0, "signal_us": 0.0, "program_order_us": 0.0}
+    tasks, count_signal = 0, True
+    while node is not None:
+        c, i = node
+        start, waited, ready, end = stamps[c][i]
+        t = s.ctas[c][i]
+        tasks += 1
+        split["tile_us"] += (ready - waited) / 1e3
+        if count_signal:
+            split["signal_us"] += (end - ready) / 1e3
+        by_counter = last_ready.get(t.wait) if t.wait >= 0 else None
+        by_order = stamps[c][i - 1][3] if i else None
+        if by_counter is not None and (by_order is None or by_counter[0] > by_order):
+            split["handoff_us"] += (waited - by_counter[0]) / 1e3
+            node, count_signal = (by_counter[1], by_counter[2]), False
+        elif by_order is not None:
+            split["handoff_us"] += (waited - start) / 1e3
+            split["program_order_us"] += (start - by_order) / 1e3
+            node, count_signal = (c, i - 1), True
+        else:
+            split["handoff_us"] += (waited - start) / 1e3
+            node = None
+    split["tasks"] = tasks
+    return split
+
+
+def _tile_times(s, stamps) -> dict:
+    """Median (counter wait, tile) µs of the tasks of each type."""
+    from schedules.depth_frame import TYPE_NAMES
+
+    by: dict[str, list] = {}
+    for c, lst in enumerate(s.ctas):
+        for i, t in enumerate(lst):
+            st = stamps[c][i]
+            by.setdefault(TYPE_NAMES[t.type], []).append(((st[1] - st[0]) / 1e3,
+                                                          (st[2] - st[1]) / 1e3))
+    return {k: {"wait_us": statistics.median(w for w, _ in v),
+                "tile_us": statistics.median(x for _, x in v)} for k, v in by.items()}
+
+
+def _tiles_case(s, quick: bool) -> dict:
+    """The frame with the projection tiles (kernels/depth/frame_tiles.py) on random weights:
+    the checks, the time, and one traced run's critical chain and per-type tile times."""
+    from kernels.depth.frame_protocol import ProtocolRun
+    from kernels.depth.frame_tiles import ProjectionStudy
+
+    study = ProjectionStudy(s, seed=0)
+    run = ProtocolRun(s, weights=study.packed, io=study.io())
+    run.launch()
+    run.synchronize()
+    checks = run.check()
+    worst = study.check()
+    t = bench(run.launch, graph=True, calls_per_graph=5, warmup_ms=20,
+              rep_ms=100 if quick else 300).as_dict()
+    del run
+    traced = ProtocolRun(s, trace=True, weights=study.packed, io=study.io())
+    traced.launch()
+    traced.synchronize()
+    stamps = traced.task_stamps()
+    out = {"checks_with_tiles": checks, "tiles_within_bound": bool(worst.pop("ok")),
+           "tiles_worst_error_ratio": max(worst.values()), "timing_with_tiles": t,
+           "with_tiles_us": t["median_us"], "critical_chain": critical_chain(s, stamps),
+           "tile_times": _tile_times(s, stamps)}
+    del traced, study
+    return out
+
+
 def _case(rows: int, quick: bool) -> dict:
     from kernels.depth.frame_protocol import ProtocolRun
     from schedules.depth_frame import FrameOptions, build
@@ -91,10 +179,11 @@ def _case(rows: int, quick: bool) -> dict:
     traced.launch()
     traced.synchronize()
     stamps = [st for lst in traced.task_stamps() for st in lst]
-    span_us = (max(e for _, _, e in stamps) - min(b for b, _, _ in stamps)) / 1e3
-    waits_us = [(r - b) / 1e3 for b, r, _ in stamps]
+    span_us = (max(e for *_, e in stamps) - min(b for b, *_ in stamps)) / 1e3
+    waits_us = [(r - b) / 1e3 for b, _, r, _ in stamps]
     chain = critical_path(s)
-    return {"rows": rows, "tasks": s.n_tasks, "phases": len(s.phases), "grid": s.options.grid,
+    tiles = _tiles_case(s, quick)
+    return {**tiles, "rows": rows, "tasks": s.n_tasks, "phases": len(s.phases), "grid": s.options.grid,
             "critical_path_tasks": chain, "checks": checks, "checks_with_weights": checks_w,
             "timing": t, "timing_with_weights": tw, "with_weights_us": tw["median_us"],
             "weight_bytes": wbytes, "weight_gbps": wbytes / tw["median_us"] / 1e3,
@@ -117,16 +206,23 @@ def _main(argv) -> int:
         progress(f"  {x['protocol_us']:.1f} us a frame, {x['critical_path_tasks']} tasks on "
                  f"the critical path ({x['us_per_critical_task']:.2f} us each), traced span "
                  f"{x['traced_span_us']:.1f} us; with weights {x['with_weights_us']:.1f} us "
-                 f"({x['weight_gbps']:.0f} GB/s, floor {x['weight_floor_us']:.0f} us)")
+                 f"({x['weight_gbps']:.0f} GB/s, floor {x['weight_floor_us']:.0f} us); with "
+                 f"projection tiles {x['with_tiles_us']:.1f} us (worst error / bound "
+                 f"{x['tiles_worst_error_ratio']:.3f}); chain {x['critical_chain']}")
     gates = {"protocol_correct": R.gate(
         all(x[k] == {"counters_at_expected": True, "combine_mismatches": 0}
-            for x in rows for k in ("checks", "checks_with_weights")),
-        "every counter at its expected count, no combine mismatch (with and without weights)")}
+            for x in rows for k in ("checks", "checks_with_weights", "checks_with_tiles")),
+        "every counter at its expected count, no combine mismatch (alone, with weights, with "
+        "the projection tiles)"),
+        "tiles_within_bound": R.gate(all(x["tiles_within_bound"] for x in rows),
+                                     "every projection output within the derived bound of "
+                                     "float64 (kernels.depth.frame_tiles.projection_error_ratio)")}
     summary = R.make_summary(
         "frame-protocol", parameters={"rows": args.rows, "quick": args.quick},
         measurements=rows, gates=gates, seeds={},
         headline={"protocol_us": {str(x["rows"]): x["protocol_us"] for x in rows},
                   "with_weights_us": {str(x["rows"]): x["with_weights_us"] for x in rows},
+                  "with_tiles_us": {str(x["rows"]): x["with_tiles_us"] for x in rows},
                   "us_per_critical_task": {str(x["rows"]): x["us_per_critical_task"]
                                            for x in rows}},
         notes=NOTES)
@@ -135,11 +231,14 @@ def _main(argv) -> int:
                            f"{x['protocol_us']:.1f}", f"{x['us_per_critical_task']:.2f}",
                            f"{x['traced_span_us']:.1f}", f"{x['median_task_wait_us']:.2f}",
                            f"{x['with_weights_us']:.1f}", f"{x['weight_gbps']:.0f}",
-                           f"{x['weight_floor_us']:.0f}"]
+                           f"{x['weight_floor_us']:.0f}", f"{x['with_tiles_us']:.1f}",
+                           "/".join(f"{x['critical_chain'][k]:.0f}" for k in
+                                    ("handoff_us", "tile_us", "signal_us",
+                                     "program_order_us"))]
                           for x in rows],
                          ["rows", "tasks", "critical", "frame us", "us/critical task",
                           "traced span us", "median wait us", "+weights us", "GB/s",
-                          "floor us"]))
+                          "floor us", "+tiles us", "chain handoff/tile/signal/order us"]))
     print(f"wrote {path} (verdict {summary['verdict']})")
     return 0
 

@@ -24,10 +24,10 @@ ROWS = (1, 13, 64)
 
 @functools.cache
 def _build(trace: bool, pages: int = 0):
-    from kernels.depth.frame_protocol import FrameProtocol, compile_args
+    from kernels.depth.frame_protocol import FrameKernel, compile_args
     from workbench.compile import compile_report
 
-    return compile_report(FrameProtocol(512, 2, trace, pages, 4096 if pages else 0),
+    return compile_report(FrameKernel(512, 2, trace, pages, 4096 if pages else 0),
                           *compile_args())
 
 
@@ -90,27 +90,29 @@ def test_launch_is_refused_without_guaranteed_coresidency(monkeypatch):
 
 
 def _edges_respected(s: F.Schedule, stamps) -> list[str]:
-    """Every dependency edge: the waiter's "waits done" stamp is not before the moment its
-    producer was ready to signal (program order: start after the previous task's end)."""
+    """Every dependency edge in the stamps (start, counter waited, ready, signalled): a counter
+    waiter passes its wait no earlier than the last signaller was ready, a cluster waiter is
+    ready no earlier than its pair task, and a CTA starts a task after its previous one
+    ended."""
     bad = []
     ready_of_signal: dict[int, int] = {}
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
             if t.signal >= 0:
-                ready_of_signal[t.signal] = max(ready_of_signal.get(t.signal, 0), stamps[c][i][1])
+                ready_of_signal[t.signal] = max(ready_of_signal.get(t.signal, 0), stamps[c][i][2])
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
-            start, ready, end = stamps[c][i]
-            if not start <= ready <= end:
+            start, waited, ready, end = stamps[c][i]
+            if not start <= waited <= ready <= end:
                 bad.append(f"CTA {c} task {i}: stamps out of order {stamps[c][i]}")
-            if i and start < stamps[c][i - 1][2]:
+            if i and start < stamps[c][i - 1][3]:
                 bad.append(f"CTA {c} task {i} started before task {i - 1} ended")
-            if t.wait >= 0 and ready < ready_of_signal[t.wait]:
+            if t.wait >= 0 and waited < ready_of_signal[t.wait]:
                 bad.append(f"CTA {c} task {i} passed its wait on {s.counter_names[t.wait]} "
                            "before the counter's last signaller was ready")
             if t.local_dep is not None:
                 dc, di = t.local_dep
-                if ready < stamps[dc][di][1]:
+                if ready < stamps[dc][di][2]:
                     bad.append(f"CTA {c} task {i} passed its cluster wait before CTA {dc} "
                                f"task {di} was ready")
     return bad
@@ -118,7 +120,7 @@ def _edges_respected(s: F.Schedule, stamps) -> list[str]:
 
 def _traced_run_in_order(rows: int, weights: bool = False):
     """One traced launch at ``rows``: the run must leave every counter at its count, no
-    combine mismatch, all three stamps of every task (poisoned before) and every edge kept."""
+    combine mismatch, all four stamps of every task (poisoned before) and every edge kept."""
     from kernels.depth.frame_protocol import ProtocolRun
 
     s = _schedule(rows)
@@ -227,3 +229,117 @@ def test_many_waiters_timing_out_together_leave_one_whole_report():
                   r"for (\d+) signals; it holds (\d+)", out)
     assert m, out[-2000:]
     assert m.group(1) in ("attn", "o", "gateup", "down") and int(m.group(3)) < int(m.group(2))
+
+
+# ---- the projection tiles (kernels/depth/frame_tiles.py) ---------------------------------------
+@functools.cache
+def _build_tiles(rows: int):
+    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from workbench.compile import compile_report
+
+    return compile_report(FrameKernel(512, 2, False, 32, 4096, rows=rows), *compile_args())
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("rows", [1, 64])
+def test_projection_tiles_compile_to_wgmma_over_the_ring(rows):
+    """Per projection type, K stages x 16 wgmma.m64nFk16 (qkv, gate/up, head, o, proj 4
+    stages, down 6): 416 in all; activation stages and weight pages by bulk copy; rank 1's
+    fragment by st.shared::cluster; proxy fences around the generic output stores; the
+    protocol's acquire / release. No spills; the one call is the IEEE division's slow path
+    (SwiGLU's silu, rounded as the reference rounds)."""
+    from kernels.depth.frame_tiles import TASK_SHAPES
+
+    r = _build_tiles(rows)
+    ptx = r.ptx
+    want = sum(16 * stages for _, stages, _ in TASK_SHAPES.values())
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == want == 416
+    for f in (16, 32, 64):
+        assert f"m64n{f}k16.f32.bf16.bf16" in ptx
+    assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 3
+    assert "st.shared::cluster.v2.f32" in ptx and "mapa.shared::cluster.u32" in ptx
+    assert ptx.count("fence.proxy.async.global;") == 2
+    assert "ld.acquire.gpu.global.b32" in ptx and "red.release.gpu.global.add.s32" in ptx
+    assert r.frame_bytes == 0 and r.spill_bytes == 0
+    if r.sass is not None:
+        calls = re.findall(r"CALL\.\S+\s+`?\(?([^)\s;]+)", r.sass)
+        assert all("div_rn" in c for c in calls), calls
+        assert r.sass.count("HGMMA") == 416
+
+
+def _tiles_run(rows: int, seed: int = 0):
+    from kernels.depth.frame_protocol import ProtocolRun
+    from kernels.depth.frame_tiles import ProjectionStudy
+
+    s = _schedule(rows)
+    study = ProjectionStudy(s, seed=seed)
+    run = ProtocolRun(s, trace=True, weights=study.packed, io=study.io())
+    run.trace.fill_(-1)
+    run.launch()
+    run.synchronize()
+    return s, study, run
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [pytest.param(r, marks=pytest.mark.fast) if r == 13 else r
+                                  for r in ROWS])
+def test_projection_tiles_match_float64_within_the_derived_bound(rows):
+    """Every projection phase of the frame computes its tiles from the ring (poisoned outputs
+    before the run): each output within projection_error_ratio's bound of float64, every
+    counter at its count, every dependency edge kept, and a second launch bit-identical (the
+    split tiles add rank 0's half, then rank 1's: a fixed order)."""
+    s, study, run = _tiles_run(rows)
+    assert run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
+    bad = _edges_respected(s, run.task_stamps())
+    assert not bad, f"{len(bad)} edges broken; first: {bad[:3]}"
+    worst = study.check()
+    assert worst.pop("ok"), {k: v for k, v in worst.items() if not v <= 1.0}
+    first = study.arena.clone()
+    study.arena[study.first_output_word:].fill_(0x7FC07FC0)  # poison the outputs again
+    run.launch()
+    run.synchronize()
+    assert torch.equal(study.arena, first)
+
+
+def test_projection_study_layouts_round_trip_on_the_host():
+    """The host side of the tiles without a GPU: each packed region holds its tile as
+    [K' / 8][F][8] (what the kernel's descriptors read), the arena's chunk-major views invert,
+    and outputs written from the float64 reference pass the bound while one 2-ulp error
+    fails it."""
+    from kernels.depth import frame_tiles as T
+    from kernels.depth.frame_protocol import weight_regions
+
+    s = _schedule(13)
+    study = T.ProjectionStudy(s, seed=3, device="cpu")
+    _, _, where = weight_regions(s)
+    for key in [(F.QKV, 2, 5, -1), (F.GATEUP, 4, 95, -1), (F.DOWN, 1, 63, 1), (F.HEAD, 15, 0, -1),
+                (F.PROJ, 0, 7, 0)]:
+        type_, owner, tile, half = key
+        w = (study.weights["heads"][owner - 1] if type_ == F.HEAD else study.weights["proj"]
+             if type_ == F.PROJ else study.weights[{F.QKV: "qkv", F.GATEUP: "gate_up",
+                                                   F.DOWN: "down"}[type_]][owner])
+        tw = T.tile_weights(type_, tile, half, w)
+        f, k = tw.shape
+        assert f == T.TILE_FEATURES[type_]
+        got = study.packed[where[key]: where[key] + f * k * 2].view(torch.bfloat16)
+        assert torch.equal(got.reshape(k // 8, f, 8).permute(1, 0, 2).reshape(f, k), tw)
+    by_type = {F.QKV: "qkv", F.O: "wo", F.GATEUP: "gate_up", F.DOWN: "down"}
+    for key in [k for k in study.offsets if isinstance(k, tuple)]:
+        type_, owner = key
+        w = (study.weights["heads"][owner - 1] if type_ == F.HEAD else study.weights["proj"]
+             if type_ == F.PROJ else study.weights[by_type[type_]][owner]).double()
+        x = study.inputs[study.INPUTS[type_]].double()
+        y = x @ w.T
+        if type_ == F.GATEUP:
+            n = w.shape[0] // 2
+            y = y[:, :n] * torch.sigmoid(y[:, :n]) * y[:, n:]
+        w0, n = study.offsets[key]
+        study.arena[w0: w0 + n * study.r8 // 2] = T.chunk_major_rows(
+            y.to(torch.bfloat16), study.r8).view(torch.int32).reshape(-1)
+        assert torch.equal(study.output(key), y.to(torch.bfloat16))
+    worst = study.check()
+    assert worst.pop("ok") and max(worst.values()) <= 1.0
+    w0, _ = study.offsets[(F.QKV, 0)]
+    word = study.arena[w0: w0 + 1].view(torch.int16)
+    word += 2  # the low bf16 of row 0, features 0: two ulps off
+    assert study.check()["ok"] is False

@@ -43,8 +43,10 @@ import os
 
 import numpy as np
 
-from kernels.device.ptx import (arrive_cluster_release, bulk_copy_g2s, red_release_gpu_add,
-                                st_cluster_u32)
+from kernels.depth import frame_tiles as T
+from kernels.depth.frame_tiles import ProjectionBodies
+from kernels.device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
+                                red_release_gpu_add, st_cluster_u32)
 from kernels.device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
                                     require_hopper, sm_count)
 from kernels.device.waits import (PARTIAL_WAIT, SLOT_WAIT, TIMEOUT_NS, diagnostics_mailbox,
@@ -52,75 +54,111 @@ from kernels.device.waits import (PARTIAL_WAIT, SLOT_WAIT, TIMEOUT_NS, diagnosti
 from schedules import depth_frame as F
 
 cutlass, cute = cute_modules()
-from cutlass import Int32, Int64  # noqa: E402
+from cutlass import Float32, Int32, Int64  # noqa: E402
 
-THREADS = 128
+THREADS = 128  # the protocol alone: thread 0 walks, tidx 32 loads
 NF = len(F.FIELDS)
 COL = {name: i for i, name in enumerate(F.FIELDS)}
+NPF = len(T.PHASE_FIELDS)
+PCOL = {name: i for i, name in enumerate(T.PHASE_FIELDS)}
 TASK_ID_BITS = 16  # a task's id in the combine slot: phase << 16 | tile
+STAMPS = 4  # trace builds: start, counter waited, ready to signal, signalled
 
 
-class FrameProtocol:
+class FrameKernel(ProjectionBodies):
     """Static config: ``max_tasks`` rows of the encoded table per CTA, ``combine_slots`` (S),
-    ``trace`` (stamp %globaltimer before the waits, after them and after the signal)."""
+    ``trace`` (four %globaltimer stamps a task: STAMPS), the page ring (``ring_pages`` of
+    ``page_bytes``; 0: no weight streaming) and ``rows``: 0 builds the protocol alone (thread
+    0 walks, tidx 32 loads); 1..64 builds the projection tiles for a step of that many rows
+    (kernels/depth/frame_tiles.py).
+
+    Roles with tiles (160 threads): warps 0-3 are one consumer warpgroup that walks the tasks
+    together (thread 0 spins on the counters, issues the activation copies and signals; all 128
+    run the wgmmas, wait on the pages and the activation stages, and take part in the split
+    handoff); warp 4's lane 0 is the loader. Arrive counts: ``partial`` 128 (every rank-1
+    thread after its fragment stores; 1 without tiles), ``slot_free``, ``page_full``,
+    ``page_empty`` and ``act_full`` 1 (with transaction bytes on the full barriers)."""
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
-                 page_bytes: int = 0):
+                 page_bytes: int = 0, rows: int = 0):
         self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace
-        # ring_pages = 0: no weight streaming (the protocol alone)
         self.pages, self.page_bytes = ring_pages, page_bytes
+        self.rows = rows
+        if rows:
+            T.check_rows(rows)
+            if page_bytes != T.PAGE_BYTES or ring_pages == 0:
+                raise ValueError(f"projection tiles need the weight ring in pages of "
+                                 f"{T.PAGE_BYTES} B (got {ring_pages} x {page_bytes})")
+        self.walkers = T.CONSUMERS if rows else 1
+        self.threads = T.CONSUMERS + 32 if rows else THREADS
+        self.loader = T.CONSUMERS if rows else 32
 
     @cute.jit
     def __call__(self, table: cute.Pointer, counts: cute.Pointer, counters: cute.Pointer,
                  errors: cute.Pointer, trace: cute.Pointer, mailbox_p: cute.Pointer,
-                 weights: cute.Pointer, sources: cute.Pointer, grid: Int32, n_counters: Int32,
-                 stream):
+                 weights: cute.Pointer, sources: cute.Pointer, phases: cute.Pointer,
+                 arena: cute.Pointer, grid: Int32, n_counters: Int32, stream):
         mTable = cute.make_tensor(table, cute.make_layout(grid * self.max_tasks * NF))
         mCounts = cute.make_tensor(counts, cute.make_layout(grid))
         mCounters = cute.make_tensor(counters, cute.make_layout(n_counters))
         # [combine mismatches, timeout claim]
         mErrors = cute.make_tensor(errors, cute.make_layout(2))
-        # [grid, max_tasks, 3] stamps: start, waits done, signalled
-        mTrace = cute.make_tensor(trace, cute.make_layout(grid * self.max_tasks * 3))
+        # [grid, max_tasks, STAMPS]: start, counter waited, ready to signal, signalled
+        mTrace = cute.make_tensor(trace, cute.make_layout(grid * self.max_tasks * STAMPS))
         mailbox = cute.make_tensor(mailbox_p, cute.make_layout(8))
         # each task's weight tile: byte offset into ``weights`` (-1: none)
         mSources = cute.make_tensor(sources, cute.make_layout(grid * self.max_tasks))
         mWeights = cute.make_tensor(weights, cute.make_layout(1))
+        # per phase: PHASE_FIELDS (its input and output in the arena); the arena in 32-bit words
+        mPhases = cute.make_tensor(phases, cute.make_layout(1))
+        mArena = cute.make_tensor(arena, cute.make_layout(1))
         self.kernel(mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mWeights,
-                    mSources).launch(
-            grid=[grid, 1, 1], block=[THREADS, 1, 1], cluster=[2, 1, 1], stream=stream)
+                    mSources, mPhases, mArena).launch(
+            grid=[grid, 1, 1], block=[self.threads, 1, 1], cluster=[2, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mTable: cute.Tensor, mCounts: cute.Tensor, mCounters: cute.Tensor,
                mErrors: cute.Tensor, mTrace: cute.Tensor, mailbox: cute.Tensor,
-               mWeights: cute.Tensor, mSources: cute.Tensor):
+               mWeights: cute.Tensor, mSources: cute.Tensor, mPhases: cute.Tensor,
+               mArena: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         S = self.slots
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = cutlass.memory.SmemAllocator()
         partial = alloc.allocate_tensor(Int64, cute.make_layout(S), 8).iterator
         slot_free = alloc.allocate_tensor(Int64, cute.make_layout(S), 8).iterator
         combine = alloc.allocate_tensor(Int32, cute.make_layout(S), 4)
         R = max(self.pages, 1)
         page_full = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
         page_empty = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
-        ring = alloc.allocate(R * max(self.page_bytes, 16), 128)
+        act_full = alloc.allocate_tensor(Int64, cute.make_layout(T.ACT_BUFFERS), 8).iterator
+        ring = alloc.allocate(R * max(self.page_bytes, 16), 1024)
+        abuf = ring
+        parts = ring
+        if cutlass.const_expr(self.rows > 0):
+            abuf = alloc.allocate(T.ACT_BUFFERS * (T.act_stage_bytes(self.rows) + T.ACT_SLACK),
+                                  1024)
+            parts = alloc.allocate_tensor(Float32, cute.make_layout(S * T.MAX_ROWS * 16),
+                                          16).iterator
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
-                cute.arch.mbarrier_init(partial + s, 1)
+                cute.arch.mbarrier_init(partial + s, self.walkers)
                 cute.arch.mbarrier_init(slot_free + s, 1)
             if cutlass.const_expr(self.pages > 0):
                 for p in cutlass.range_constexpr(R):
                     cute.arch.mbarrier_init(page_full + p, 1)
                     cute.arch.mbarrier_init(page_empty + p, 1)
+            for b in cutlass.range_constexpr(T.ACT_BUFFERS):
+                cute.arch.mbarrier_init(act_full + b, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
-        if tidx == 0:
-            self._walk(cta, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, partial,
-                       slot_free, combine, page_full, page_empty)
+        if tidx < self.walkers:
+            self._walk(cta, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mPhases,
+                       mArena, partial, slot_free, combine, page_full, page_empty, ring,
+                       act_full, abuf, parts)
         if cutlass.const_expr(self.pages > 0):
-            if tidx == 32:
+            if tidx == self.loader:
                 self._load(cta, mTable, mCounts, mSources, mWeights, mErrors, mailbox, ring,
                            page_full, page_empty)
         cute.arch.cluster_arrive()
@@ -149,68 +187,163 @@ class FrameProtocol:
                 at = at + n
 
     @cute.jit
-    def _walk(self, cta: Int32, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, partial,
-              slot_free, combine, page_full, page_empty):
-        S, R = self.slots, self.pages
+    def _walk(self, cta: Int32, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mPhases,
+              mArena, partial, slot_free, combine, page_full, page_empty, ring, act_full, abuf,
+              parts):
+        tidx, _, _ = cute.arch.thread_idx()
+        R = self.pages
         claim = cute.make_tensor(mErrors.iterator + 1, cute.make_layout(1))
         at = Int32(0)  # pages consumed so far (unwrapped ring position)
+        au = Int32(0)  # activation stages consumed so far (tiles)
         split = Int32(0)  # this CTA's split tasks so far: the k of the module docstring
         for i in cutlass.range(mCounts[cta], unroll=1):
             row = (cta * self.max_tasks + i) * NF
-            stamp = (cta * self.max_tasks + i) * 3
+            stamp = (cta * self.max_tasks + i) * STAMPS
             t_start = cute.arch.globaltimer()
             wait = mTable[row + COL["wait"]]
-            if wait >= 0:
-                wait_counter(mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox,
-                             claim)
-            n = Int32(0)
-            if cutlass.const_expr(R > 0):  # the tile's weights have landed
-                n = mTable[row + COL["n_pages"]]
-                for j in cutlass.range(n, unroll=1):
-                    q, page_use = (at + j) % R, (at + j) // R
-                    wait_parity(page_full + q, page_use & 1, 4, q, mailbox, claim)
-            # (the tile's wgmmas read the pages here: a split tile's half makes its partial)
+            if tidx == 0:
+                if wait >= 0:
+                    wait_counter(mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox,
+                                 claim)
+            t_waited = cute.arch.globaltimer()
+            if tidx == 0:
+                if cutlass.const_expr(self.rows > 0):
+                    # this task's activation copies (async proxy) read what the signallers'
+                    # generic stores wrote
+                    fence_proxy_async_global()
+            ty = mTable[row + COL["type"]]
             half = mTable[row + COL["half"]]
-            slot = split % S
-            use = split // S
             task_id = (mTable[row + COL["phase"]] << TASK_ID_BITS) | mTable[row + COL["tile"]]
+            n = mTable[row + COL["n_pages"]]
             t_ready = t_start
-            if half == 1:
-                if split >= S:  # rank 0 must have consumed partial split - S from this slot
-                    wait_cluster_parity(slot_free + slot, (use - 1) & 1, SLOT_WAIT, slot, i,
-                                        split, mailbox, claim)
-                t_ready = cute.arch.globaltimer()
-                # (the partial sum goes to rank 0 here; the protocol sends the task's id)
-                st_cluster_u32(combine.iterator + slot, Int32(0), task_id)
-                arrive_cluster_release(partial + slot, Int32(0))
-                split = split + 1
-            elif half == 0:
-                wait_cluster_parity(partial + slot, use & 1, PARTIAL_WAIT, slot, i, split,
-                                    mailbox, claim)
-                t_ready = cute.arch.globaltimer()
-                if combine[slot] != task_id:  # the pair ran its split tiles out of step
-                    cute.arch.atomic_add(mErrors.iterator.llvm_ptr, Int32(1))
-                arrive_cluster_release(slot_free + slot, Int32(1))
-                split = split + 1
+            if cutlass.const_expr(self.rows > 0):
+                at, au, split, t_ready = self._tile_task(
+                    ty, half, task_id, row, i, at, au, split, mTable, mPhases, mArena, partial,
+                    slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
+                    mErrors, mailbox, claim)
+                # every thread's output stores are ordered for the next phases' bulk copies
+                fence_proxy_async_global()
+                cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
             else:
-                t_ready = cute.arch.globaltimer()
-            if cutlass.const_expr(R > 0):  # (the epilogue has run) the pages go back
-                for j in cutlass.range(n, unroll=1):
-                    cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
-                at = at + n
-            signal = mTable[row + COL["signal"]]
-            if signal >= 0:
-                red_release_gpu_add(mCounters.iterator + signal, Int32(1))
-            if cutlass.const_expr(self.trace):
-                mTrace[stamp] = t_start
-                mTrace[stamp + 1] = t_ready
-                mTrace[stamp + 2] = cute.arch.globaltimer()
+                if cutlass.const_expr(R > 0):  # the tile's weights have landed
+                    for j in cutlass.range(n, unroll=1):
+                        q, page_use = (at + j) % R, (at + j) // R
+                        wait_parity(page_full + q, page_use & 1, 4, q, mailbox, claim)
+                # (the tile's wgmmas read the pages here: a split tile's half makes its partial)
+                if half == 1:
+                    t_ready = self._send_partial(split, i, task_id, None, combine, partial,
+                                                 slot_free, parts, mailbox, claim)
+                    split = split + 1
+                elif half == 0:
+                    self._receive_partial(split, i, task_id, None, combine, partial, slot_free,
+                                          parts, mErrors, mailbox, claim)
+                    t_ready = cute.arch.globaltimer()
+                    split = split + 1
+                else:
+                    t_ready = cute.arch.globaltimer()
+                if cutlass.const_expr(R > 0):  # (the epilogue has run) the pages go back
+                    for j in cutlass.range(n, unroll=1):
+                        cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
+                    at = at + n
+            if tidx == 0:
+                signal = mTable[row + COL["signal"]]
+                if signal >= 0:
+                    red_release_gpu_add(mCounters.iterator + signal, Int32(1))
+                if cutlass.const_expr(self.trace):
+                    mTrace[stamp] = t_start
+                    mTrace[stamp + 1] = t_waited
+                    mTrace[stamp + 2] = t_ready
+                    mTrace[stamp + 3] = cute.arch.globaltimer()
+
+    @cute.jit
+    def _send_partial(self, split: Int32, i: Int32, task_id: Int32, acc, combine, partial,
+                      slot_free, parts, mailbox, claim):
+        """Rank 1 of a split tile: once rank 0 has consumed partial split - S from the slot,
+        the fragment (with tiles) and the task's id into rank 0's slot, then arrive. Returns
+        the %globaltimer when the slot was free (the task's "ready" stamp)."""
+        S = self.slots
+        slot, use = split % S, split // S
+        if split >= S:
+            wait_cluster_parity(slot_free + slot, (use - 1) & 1, SLOT_WAIT, slot, i, split,
+                                mailbox, claim)
+        t_ready = cute.arch.globaltimer()
+        if cutlass.const_expr(acc is not None):
+            self._send_fragment(parts, slot, acc)
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            st_cluster_u32(combine.iterator + slot, Int32(0), task_id)
+        arrive_cluster_release(partial + slot, Int32(0))
+        return t_ready
+
+    @cute.jit
+    def _receive_partial(self, split: Int32, i: Int32, task_id: Int32, acc, combine, partial,
+                         slot_free, parts, mErrors, mailbox, claim):
+        """Rank 0 of a split tile: wait for the pair's partial, add it (with tiles), check the
+        slot's task id and free the slot. Returns the combined sums (tiles) or None."""
+        S = self.slots
+        slot, use = split % S, split // S
+        wait_cluster_parity(partial + slot, use & 1, PARTIAL_WAIT, slot, i, split, mailbox,
+                            claim)
+        out = acc
+        if cutlass.const_expr(acc is not None):
+            out = self._add_fragment(parts, slot, acc)
+            # every thread has read the slot before rank 1 may overwrite it
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            if combine[slot] != task_id:  # the pair ran its split tiles out of step
+                cute.arch.atomic_add(mErrors.iterator.llvm_ptr, Int32(1))
+            arrive_cluster_release(slot_free + slot, Int32(1))
+        return out
+
+    @cute.jit
+    def _tile_task(self, ty: Int32, half: Int32, task_id: Int32, row: Int32, i: Int32,
+                   at: Int32, au: Int32, split: Int32, mTable, mPhases, mArena, partial,
+                   slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
+                   mErrors, mailbox, claim):
+        """One task's tile by its type (attention and embedding bodies are not built yet:
+        those tasks only wait and signal). Returns the advanced (at, au, split) and the
+        task's "ready" stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial
+        added)."""
+        ph = mTable[row + COL["phase"]]
+        tile = mTable[row + COL["tile"]]
+        a_word = mPhases[ph * NPF + PCOL["a_word"]]
+        y_word = mPhases[ph * NPF + PCOL["y_word"]]
+        t_ready = cute.arch.globaltimer()
+        for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
+            t = T.PROJECTION_TYPES[kind]
+            f, stages, is_split = T.TASK_SHAPES[t]
+            if ty == t:
+                a0 = a_word
+                if cutlass.const_expr(is_split):  # the half's K range of the input
+                    a0 = a_word + half * (stages * T.act_stage_bytes(self.rows) // 4)
+                acc = self._mainloop(f, stages, a0, at, au, mArena, ring, page_full,
+                                     page_empty, act_full, abuf, mailbox, claim)
+                if cutlass.const_expr(is_split):
+                    if half == 1:
+                        t_ready = self._send_partial(split, i, task_id, acc, combine, partial,
+                                                     slot_free, parts, mailbox, claim)
+                    else:
+                        y = self._receive_partial(split, i, task_id, acc, combine, partial,
+                                                  slot_free, parts, mErrors, mailbox, claim)
+                        t_ready = cute.arch.globaltimer()
+                        self._store_pairs(mArena, y_word, tile * f, y)
+                    split = split + 1
+                elif cutlass.const_expr(t == F.GATEUP):
+                    t_ready = cute.arch.globaltimer()
+                    self._store_swiglu(mArena, y_word, tile, acc)
+                else:
+                    t_ready = cute.arch.globaltimer()
+                    self._store_pairs(mArena, y_word, tile * f, acc)
+                at = at + stages * (f * T.K_STAGE * 2 // T.PAGE_BYTES)
+                au = au + stages
+        return at, au, split, t_ready
 
 
 PTRS = ((Int32, 16), (Int32, 16), (Int32, 16), (Int32, 4), (Int64, 16), (Int32, 4),
-        (cutlass.Uint8, 16), (Int64, 16))
+        (cutlass.Uint8, 16), (Int64, 16), (Int32, 16), (cutlass.Uint32, 16))
 # table, counts, counters, errors, trace (int64 stamps), diagnostics mailbox, weights (bytes),
-# each task's weight offset
+# each task's weight offset, the phases' arena offsets, the arena (32-bit words)
 
 
 def compile_args(grid: int = 132, counters: int = 500):
@@ -261,10 +394,12 @@ def check_launchable(schedule: F.Schedule) -> None:
                            f"schedule's grid needs {grid // 2} resident together")
 
 
-def weight_sources(schedule: F.Schedule) -> tuple[np.ndarray, int]:
+def weight_regions(schedule: F.Schedule) -> tuple[np.ndarray, int, dict]:
     """(int64 [grid, max_tasks] byte offset of each task's weight tile, -1 for none; the
-    buffer's size). One region per distinct tile of the model: a layer's tiles are shared by
-    every position, each head's by its one position; a split tile's two halves are adjacent."""
+    buffer's size; {(type, owner, tile, half): offset}). One region per distinct tile of the
+    model: a layer's tiles are shared by every position, each head's by its one position (the
+    owner is the layer, or the position for heads and proj); a split tile's halves are
+    adjacent."""
     opt = schedule.options
     out = np.full((opt.grid, opt.max_tasks_per_cta), -1, dtype=np.int64)
     where: dict = {}
@@ -280,19 +415,22 @@ def weight_sources(schedule: F.Schedule) -> tuple[np.ndarray, int]:
                 where[key] = size
                 size += t.n_pages * opt.page_bytes
             out[c, i] = where[key]
-    return out, max(size, 16)
+    return out, max(size, 16), where
 
 
 class ProtocolRun:
-    """Device buffers of one schedule's protocol launch (encoded once): ``launch()`` zeroes
-    the counters and runs the frame's walk (capturable); ``check()`` reads back what a run
-    must leave (every counter at its expected count, no combine mismatch)."""
+    """Device buffers of one schedule's frame launch (encoded once): ``launch()`` zeroes the
+    counters and runs the frame's walk (capturable); ``check()`` reads back what a run must
+    leave (every counter at its expected count, no combine mismatch)."""
 
-    def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights: bool = False,
-                 table=None):
-        """``weights``: also stream every task's weight tile through the page ring (from a
-        synthetic buffer laid out like the model's: one copy of each layer's and head's tiles,
-        which every position reads again)."""
+    def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
+                 table=None, io=None):
+        """``weights``: stream every task's weight tile through the page ring. True: from a
+        synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
+        which every position reads again); a uint8 CUDA tensor: those bytes, packed by
+        :func:`kernels.depth.frame_tiles.pack_frame_weights`. ``io``: (phase table int32
+        [phases, len(PHASE_FIELDS)], arena) builds the projection tiles for the schedule's rows
+        (kernels/depth/frame_tiles.py), with real weights."""
         import torch
 
         check_launchable(schedule)
@@ -304,23 +442,40 @@ class ProtocolRun:
         self.expect = torch.tensor(schedule.counter_expect, dtype=torch.int32, device=dev)
         self.counters = torch.zeros_like(self.expect)
         self.errors = torch.zeros(2, dtype=torch.int32, device=dev)  # mismatches, claim
-        grid, T = schedule.options.grid, schedule.options.max_tasks_per_cta
-        self.trace = torch.zeros(grid, T, 3, dtype=torch.int64, device=dev) if trace else None
         opt = schedule.options
-        pages = (opt.ring_pages, opt.page_bytes) if weights else (0, 0)
-        self.kernel = FrameProtocol(T, opt.combine_slots, trace, *pages)
-        sources, total = weight_sources(schedule)
+        grid, tasks = opt.grid, opt.max_tasks_per_cta
+        self.trace = (torch.zeros(grid, tasks, STAMPS, dtype=torch.int64, device=dev) if trace
+                      else None)
+        streamed = weights is not False
+        if io is not None and not torch.is_tensor(weights):
+            raise ValueError("projection tiles (io) need the packed weights")
+        pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
+        rows = opt.rows if io is not None else 0
+        self.kernel = FrameKernel(tasks, opt.combine_slots, trace, *pages, rows=rows)
+        sources, total, _ = weight_regions(schedule)
         self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
-                                          * opt.page_bytes) if weights else 0
+                                          * opt.page_bytes) if streamed else 0
         self.sources = torch.from_numpy(sources).to(dev)
-        self.weights = torch.empty(total if weights else 16, dtype=torch.uint8, device=dev)
+        if torch.is_tensor(weights):
+            if weights.dtype != torch.uint8 or weights.numel() != total:
+                raise ValueError(f"weights: {total} packed bytes expected, got "
+                                 f"{weights.numel()} of {weights.dtype}")
+            self.weights = weights
+        else:
+            self.weights = torch.empty(total if streamed else 16, dtype=torch.uint8, device=dev)
+        if io is not None:
+            self.phases, self.arena = io
+        else:
+            self.phases = torch.zeros(4, dtype=torch.int32, device=dev)
+            self.arena = torch.zeros(4, dtype=torch.int32, device=dev)
         tensors = (self.table, self.counts, self.counters, self.errors,
                    self.trace if trace else self.table)
         self.ptrs = (*pointer_args(PTRS[:5], tensors),
                      pointer_args(PTRS[5:6], [diagnostics_mailbox()])[0],
-                     *pointer_args(PTRS[6:], (self.weights, self.sources)))
+                     *pointer_args(PTRS[6:], (self.weights, self.sources, self.phases,
+                                              self.arena)))
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)))
-        key = ("frame_protocol", T, opt.combine_slots, trace, *pages)
+        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 
@@ -339,8 +494,10 @@ class ProtocolRun:
         return {"counters_at_expected": bool(torch.equal(self.counters, self.expect)),
                 "combine_mismatches": int(self.errors[0].item())}
 
-    def task_stamps(self) -> list[list[tuple[int, int, int]]]:
-        """Per CTA, per task: (start, waits done, signalled) %globaltimer ns (trace builds)."""
+    def task_stamps(self) -> list[list[tuple[int, int, int, int]]]:
+        """Per CTA, per task: (start, counter waited, ready to signal, signalled) %globaltimer
+        ns (trace builds). "Ready": the tile and the cluster handoff are done (rank 1: its
+        slot is free, before it sends)."""
         if self.trace is None:
             raise ValueError("built without trace=True")
         host = self.trace.cpu().numpy()

@@ -3,7 +3,7 @@ the output / residual checks (``check_projection_out``) and the epilogue store w
 residual add and SwiGLU (``epilogue_store``), used by the GEMVs and the skinny GEMMs alike."""
 from __future__ import annotations
 
-from kernels.device.rounding import round_bf16
+from kernels.device.rounding import round_bf16, swiglu_value
 from kernels.device.runtime import check_cuda_tensor, cute_modules
 
 cutlass, cute = cute_modules()
@@ -17,9 +17,7 @@ def epilogue_store(mY: cute.Tensor, resid, m, n, t, *, swiglu: bool, residual: b
     stored."""
     y = round_bf16(t[0])
     if cutlass.const_expr(swiglu):
-        u = round_bf16(t[1])
-        s = round_bf16(y / (Float32(1.0) + cute.math.exp(-y)))
-        v = (s * u).to(BFloat16)
+        v = swiglu_value(t[0], t[1]).to(BFloat16)
     elif cutlass.const_expr(residual):
         v = (resid + y).to(BFloat16)
     elif cutlass.const_expr(out_f32):

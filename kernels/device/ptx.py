@@ -158,3 +158,22 @@ def try_wait_acquire_cluster(mbar: cute.Pointer, parity: Int32, *, loc=None, ip=
         T.i32(), [_saddr(mbar, loc, ip), Int32(parity).ir_value(loc=loc, ip=ip)],
         "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [$1], $2; "
         "selp.u32 $0, 1, 0, p; }", "=r,r,r", loc, ip))
+
+
+@dsl_user_op
+def st_cluster_f32x2(ptr: cute.Pointer, rank: Int32, a: Float32, b: Float32, *, loc=None,
+                     ip=None) -> None:
+    """Store two fp32 at ``ptr``'s offset (8-byte aligned) in the shared memory of cluster CTA
+    ``rank`` (``mapa`` + ``st.shared::cluster.v2.f32``): a split tile's partial sums."""
+    _asm_effect(None, [_saddr(ptr, loc, ip), Int32(rank).ir_value(loc=loc, ip=ip),
+                       Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+                "{ .reg .b32 r; mapa.shared::cluster.u32 r, $0, $1; "
+                "st.shared::cluster.v2.f32 [r], {$2, $3}; }", "r,r,f,f", loc, ip)
+
+
+@dsl_user_op
+def fence_proxy_async_global(*, loc=None, ip=None) -> None:
+    """``fence.proxy.async.global``: order this thread's generic-proxy global accesses with
+    async-proxy ones (a bulk copy that another CTA issues after acquiring this CTA's signal
+    reads what the generic stores wrote)."""
+    _asm_effect(None, [], "fence.proxy.async.global;", "", loc, ip)

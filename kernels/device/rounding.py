@@ -25,6 +25,14 @@ def bf16x2_rn(lo: Float32, hi: Float32, *, loc=None, ip=None) -> Uint32:
     return Uint32(asm(T.i32(), [Float32(hi), Float32(lo)], "cvt.rn.bf16x2.f32 $0, $1, $2;",
                        "=r,f,f", loc, ip))
 
+def swiglu_value(gate: Float32, up: Float32) -> Float32:
+    """SwiGLU of a gate and an up projection's fp32 sums, rounded as the eager reference rounds:
+    ``bf16(bf16(silu(bf16(gate))) * bf16(up))``, kept as fp32 (before the last rounding, which
+    the caller's store does)."""
+    y = round_bf16(gate)
+    s = round_bf16(y / (Float32(1.0) + cute.math.exp(-y)))
+    return s * round_bf16(up)
+
 def add_squares(acc: Float32, word: Uint32) -> Float32:
     """acc + lo^2 + hi^2 of the two bf16 packed in ``word`` (low half first, fp32): the one
     order in which every row norm accumulates its sum of squares."""

@@ -1,0 +1,391 @@
+"""The depth frame's projection tiles: one task's wgmma over weight pages from the ring.
+
+A projection task of the frame (kernels/depth/frame_protocol.py walks them) computes
+``F`` output features of the step's rows: Y[rows, F] = X[rows, K'] · W[F, K']^T, with K' the
+whole K or, for a split tile's half, half of it. The tiles are those of the schedule
+(schedules/depth_frame.py): qkv F = 32, gate/up F = 64 (32 gate and the 32 matching up rows),
+o / down / proj / head F = 16. So the step's rows are wgmma's 64-row A operand and the weights
+its N = F operand: ``wgmma.m64nFk16``, both from shared memory. (The swap-AB form of the fast
+loop, weights as the 64-row A, would waste 48 of 64 A rows on the 16-feature tiles, and their
+wgmmas are on the frame's critical path; at <= 64 rows this form wastes only A rows beyond the
+step's.)
+
+Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte core matrices):
+
+* weights: each tile (each half of a split tile) packed once on the host as [K' / 8][F][8]
+  bf16 (:func:`pack_tile`), streamed by the loader through the ring's pages. A k16 step reads
+  two K chunks, 2·F·16 bytes, which never straddle a page (4096 is a multiple of 2·F·16), so
+  each step's descriptor starts in one page: K-adjacent chunks F·16 bytes apart (LBO), 8-row
+  groups 128 (SBO).
+* activations: chunk-major [K / 8][R8][8] bf16 in global memory (R8 = the step's rows rounded
+  up to 8; :func:`chunk_major_rows`), brought after the task's counter wait by one bulk copy a
+  K stage (``K_STAGE`` elements, ``ACT_BUFFERS`` buffers) into the same image: LBO R8·16, SBO
+  128. wgmma reads 64 rows; rows R8..63 fall on later chunks of the buffer (or the slack after
+  it), rows nobody stores, whose products only reach accumulator rows that are not stored.
+
+Per K stage: all 128 threads wait for the activation stage and the stage's weight pages, issue
+K_STAGE / 16 wgmmas, retire them, meet at a named barrier, and thread 0 frees the pages and
+refills the activation buffer with stage s + 2. Pages go back per stage, not per task, so the
+loader streams the rest of a tile (a gate/up tile is the whole ring) while its first stages
+compute.
+
+Epilogues, from the m64nF fragment (warp w holds rows 16w + g and 16w + g + 8, thread q of its
+quad columns 8j + 2q and 8j + 2q + 1 of each n8 block j):
+
+* plain: bf16 pairs, chunk-major, into the phase's output;
+* SwiGLU (gate/up): gate column c and up column 32 + c sit in the same thread, so
+  ``bf16(bf16(silu(bf16(g))) * bf16(u))`` (kernels.device.rounding.swiglu_value) is local;
+* split (o, down, proj): rank 1 stores its fp32 fragment into rank 0's combine slot
+  (``st.shared::cluster``) and arrives; rank 0 adds it to its own, rank 0's K half first: a
+  fixed order, so every run gives the same bits.
+"""
+from __future__ import annotations
+
+from schedules import depth_frame as F
+
+K_STAGE = 256  # K elements of an activation stage (and of the weight pages it pairs with)
+ACT_BUFFERS = 2
+ACT_SLACK = 1024  # bytes after each activation buffer: wgmma's rows R8..63 of its last step
+MAX_ROWS = 64  # the A operand's rows
+PAGE_BYTES = 4096
+TILE_FEATURES = {F.QKV: 32, F.GATEUP: 64, F.HEAD: 16, F.O: 16, F.DOWN: 16, F.PROJ: 16}
+PROJECTION_TYPES = tuple(TILE_FEATURES)
+
+
+def rows8(rows: int) -> int:
+    return -(-rows // 8) * 8
+
+
+def act_stage_bytes(rows: int) -> int:
+    return K_STAGE * rows8(rows) * 2
+
+
+def smem_bytes(rows: int, combine_slots: int) -> int:
+    """Shared memory the projection tiles add to the protocol's: the activation buffers with
+    their slack and the combine slots' fp32 partials (64 rows x 16 features each)."""
+    return ACT_BUFFERS * (act_stage_bytes(rows) + ACT_SLACK) + combine_slots * MAX_ROWS * 16 * 4
+
+
+def check_rows(rows: int) -> None:
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"rows {rows}: the frame's projection tiles take 1..{MAX_ROWS} rows "
+                         "(the wgmma A operand)")
+
+
+# ---- host layouts ------------------------------------------------------------------------------
+def pack_tile(w_tile):
+    """A tile's weights [F, K'] (bf16) as the bytes the ring receives: [K' / 8][F][8]."""
+    f, k = w_tile.shape
+    return w_tile.reshape(f, k // 8, 8).permute(1, 0, 2).contiguous().view(-1).view(
+        __import__("torch").uint8)
+
+
+def chunk_major_rows(x, rows_padded: int):
+    """x [R, K] (bf16) as chunk-major [K / 8][rows_padded][8] (rows R.. zero)."""
+    import torch
+
+    r, k = x.shape
+    out = torch.zeros(k // 8, rows_padded, 8, dtype=x.dtype, device=x.device)
+    out[:, :r] = x.reshape(r, k // 8, 8).transpose(0, 1)
+    return out
+
+
+def from_chunk_major(buf, rows: int, k: int):
+    """The inverse of :func:`chunk_major_rows`: [rows, k] from [k / 8][R8][8] storage."""
+    return buf.reshape(k // 8, -1, 8)[:, :rows].transpose(0, 1).reshape(rows, k)
+
+
+def tile_weights(type_: int, tile: int, half: int, w):
+    """Rows and K range of tile ``tile`` (``half`` 0 / 1 of a split tile, -1 whole) of a
+    projection of weight ``w`` [N, K] (gate/up: [2N, K], gate rows first)."""
+    import torch
+
+    f = TILE_FEATURES[type_]
+    if type_ == F.GATEUP:
+        n = w.shape[0] // 2
+        rows = torch.cat([w[32 * tile: 32 * tile + 32], w[n + 32 * tile: n + 32 * tile + 32]])
+    else:
+        rows = w[f * tile: f * (tile + 1)]
+    if half >= 0:
+        k2 = w.shape[1] // 2
+        rows = rows[:, half * k2: (half + 1) * k2]
+    return rows
+
+
+def pack_frame_weights(schedule, projections: dict):
+    """The ring's source buffer (uint8, on the projections' device) for ``schedule``: every
+    region of :func:`kernels.depth.frame_protocol.weight_regions` filled with its tile, packed
+    by :func:`pack_tile`. ``projections``: "qkv", "wo", "gate_up", "down" (one [N, K] bf16 a
+    layer; gate_up [2N, K], gate rows first), "heads" (one a drawn group, for positions 1..15)
+    and "proj" (the Talker-state projection, [1024, 2048])."""
+    import torch
+
+    from kernels.depth.frame_protocol import weight_regions
+
+    _, size, where = weight_regions(schedule)
+    dev = projections["proj"].device
+    out = torch.zeros(size, dtype=torch.uint8, device=dev)
+    by_type = {F.QKV: "qkv", F.O: "wo", F.GATEUP: "gate_up", F.DOWN: "down"}
+    for (type_, owner, tile, half), off in where.items():
+        if type_ == F.HEAD:
+            w = projections["heads"][owner - 1]
+        elif type_ == F.PROJ:
+            w = projections["proj"]
+        else:
+            w = projections[by_type[type_]][owner]
+        packed = pack_tile(tile_weights(type_, tile, half, w).contiguous())
+        out[off: off + packed.numel()] = packed
+    return out
+
+
+class ProjectionStudy:
+    """The frame's projection tiles checked in isolation (tests, experiments/frame_protocol.py):
+    random weights and inputs, one fixed input per projection kind and one output per (kind,
+    layer or position), so every position recomputes, and rewrites with the same bits, what the
+    first one wrote. Attention and embedding tasks keep their waits and signals only. The
+    arena holds the inputs and outputs chunk-major ([K / 8][R8][8] bf16)."""
+
+    INPUTS = {F.QKV: "x_h", F.GATEUP: "x_h", F.HEAD: "x_h", F.O: "x_q", F.DOWN: "x_i",
+              F.PROJ: "x_t"}
+
+    def __init__(self, schedule, seed: int = 0, device: str = "cuda"):
+        import torch
+
+        cfg, rows = schedule.config, schedule.options.rows
+        check_rows(rows)
+        self.schedule, self.rows, self.r8 = schedule, rows, rows8(rows)
+        g = torch.Generator(device=device).manual_seed(seed)
+
+        def rand(*shape, scale):
+            return (torch.randn(*shape, generator=g, device=device) * scale).to(torch.bfloat16)
+
+        h, q, i, t = cfg.hidden, cfg.q_dim, cfg.intermediate, cfg.talker_hidden
+        self.weights = {
+            "qkv": [rand(cfg.qkv_dim, h, scale=h ** -0.5) for _ in range(cfg.layers)],
+            "wo": [rand(h, q, scale=q ** -0.5) for _ in range(cfg.layers)],
+            "gate_up": [rand(2 * i, h, scale=h ** -0.5) for _ in range(cfg.layers)],
+            "down": [rand(h, i, scale=i ** -0.5) for _ in range(cfg.layers)],
+            "heads": [rand(cfg.vocab, h, scale=h ** -0.5) for _ in range(cfg.heads_drawn)],
+            "proj": rand(h, t, scale=t ** -0.5)}
+        self.inputs = {"x_h": rand(rows, h, scale=1.0), "x_q": rand(rows, q, scale=1.0),
+                       "x_i": rand(rows, i, scale=1.0), "x_t": rand(rows, t, scale=1.0)}
+        outs = {}
+        for ph in schedule.phases:
+            if ph.type in TILE_FEATURES:
+                n = ph.out_features // 2 if ph.type == F.GATEUP else ph.out_features
+                outs[self._out_key(ph)] = n
+        regions = [(k, x.shape[1]) for k, x in self.inputs.items()] + list(outs.items())
+        self.offsets, words = {}, 0
+        for key, k in regions:  # 32-bit words; every region a multiple of 16 bytes
+            if key == next(iter(outs)):
+                self.first_output_word = words
+            self.offsets[key] = (words, k)
+            words += k * self.r8 // 2
+        self.arena = torch.full((words + 4,), 0x7FC07FC0, dtype=torch.int32, device=device)
+        for key, x in self.inputs.items():  # the inputs; the outputs stay poisoned (NaN)
+            w0, k = self.offsets[key]
+            self.arena[w0: w0 + k * self.r8 // 2] = chunk_major_rows(x, self.r8).view(
+                torch.int32).reshape(-1)
+        table = [[0] * len(PHASE_FIELDS) for _ in schedule.phases]
+        for ph in schedule.phases:
+            if ph.type in TILE_FEATURES:
+                table[ph.index] = [self.offsets[self.INPUTS[ph.type]][0],
+                                   self.offsets[self._out_key(ph)][0]]
+        self.phases = torch.tensor(table, dtype=torch.int32, device=device)
+        self.packed = pack_frame_weights(schedule, self.weights)
+
+    @staticmethod
+    def _out_key(ph):
+        owner = ph.pos if ph.type in (F.HEAD, F.PROJ) else ph.layer
+        return (ph.type, owner)
+
+    def io(self):
+        return self.phases, self.arena
+
+    def output(self, key):
+        """[rows, N] bf16 of output ``key`` ((type, layer or position)) from the arena."""
+        import torch
+
+        w0, n = self.offsets[key]
+        buf = self.arena[w0: w0 + n * self.r8 // 2].view(torch.bfloat16)
+        return from_chunk_major(buf, self.rows, n)
+
+    def check(self) -> dict:
+        """Every output against float64 of the same bf16 operands, within the derived bound
+        (:func:`projection_bound`); returns {name: worst |error| / bound} and "ok"."""
+        import torch
+
+        by_type = {F.QKV: "qkv", F.O: "wo", F.GATEUP: "gate_up", F.DOWN: "down"}
+        worst, ok = {}, True
+        for key in [k for k in self.offsets if isinstance(k, tuple)]:
+            type_, owner = key
+            w = (self.weights["heads"][owner - 1] if type_ == F.HEAD else
+                 self.weights["proj"] if type_ == F.PROJ else self.weights[by_type[type_]][owner])
+            x = self.inputs[self.INPUTS[type_]].double()
+            got = self.output(key).double()
+            ratio = projection_error_ratio(x, w.double(), got, swiglu=type_ == F.GATEUP)
+            name = f"{F.TYPE_NAMES[type_]}[{owner}]"
+            worst[name] = ratio
+            ok = ok and ratio <= 1.0
+        worst["ok"] = ok
+        return worst
+
+
+def projection_error_ratio(x, w, got, swiglu: bool) -> float:
+    """max |got - ref| / bound over the outputs (inf where got is not finite). ref is
+    x · w^T in float64 (SwiGLU: silu(gate) · up). The bound is derived for bf16 operands, fp32
+    accumulation and bf16 outputs: a sum s over K products (each exact in fp32) carries at most
+    K · 2^-24 · sum |x_k w_k| of accumulation error, doubled here because the order of wgmma's
+    adds is not documented (delta = K · 2^-23 · sum |x||w|); rounding to bf16 adds at most
+    2^-8 |s|. So |y - ref| <= 2^-8 |ref| + 1.004 delta. SwiGLU: with dg, du the bounds of
+    bf16(g), bf16(u) and |silu'| <= 1.1, act = bf16(bf16(silu(bf16 g)) · bf16 u) is off by at
+    most 1.1 dg |u| + |silu g| du + 2^-7 |silu(g) u| + dg du (first order plus the product of
+    the two errors), times 1.25 for the terms of higher order."""
+    import torch
+
+    k = x.shape[1]
+    ref = x @ w.T
+    delta = k * 2.0 ** -23 * (x.abs() @ w.abs().T)
+    if swiglu:
+        n = w.shape[0] // 2
+        gt, ut = ref[:, :n], ref[:, n:]
+        dg = 2.0 ** -8 * gt.abs() + 1.004 * delta[:, :n]
+        du = 2.0 ** -8 * ut.abs() + 1.004 * delta[:, n:]
+        sg = gt * torch.sigmoid(gt)
+        ref = sg * ut
+        bound = 1.25 * (1.1 * dg * ut.abs() + sg.abs() * du + 2.0 ** -7 * (sg * ut).abs()
+                        + dg * du)
+    else:
+        bound = 2.0 ** -8 * ref.abs() + 1.004 * delta
+    err = (got - ref).abs()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((err / (bound + 1e-30)).max())
+
+
+# ---- device -------------------------------------------------------------------------------------
+from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
+from kernels.device.ptx import (bulk_copy_g2s, smem_u32, st_cluster_f32x2)  # noqa: E402
+from kernels.device.rounding import bf16x2_rn, swiglu_value  # noqa: E402
+from kernels.device.runtime import cute_modules  # noqa: E402
+from kernels.device.waits import wait_parity  # noqa: E402
+from kernels.device.wgmma import wgmma_ss_m64k16  # noqa: E402
+
+cutlass, cute = cute_modules()
+from cutlass import Float32, Int32  # noqa: E402
+
+CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroup (0 is __syncthreads)
+CONSUMERS = 128
+ACT_FULL = 2  # the mailbox's barrier name for the activation stages (BARRIER_NAMES)
+PAGE_FULL = 4
+# (tile features, K stages of the task, split) per projection type, with the 1.7B shapes
+TASK_SHAPES = {F.QKV: (32, 4, False), F.GATEUP: (64, 4, False), F.HEAD: (16, 4, False),
+               F.O: (16, 4, True), F.PROJ: (16, 4, True), F.DOWN: (16, 6, True)}
+PHASE_FIELDS = ("a_word", "y_word")  # the phase's input / output in the arena (32-bit words)
+
+
+class ProjectionBodies:
+    """The projection task's device code, mixed into the frame kernel (which provides
+    ``rows``, ``pages``, ``slots`` and the shared-memory objects passed in)."""
+
+    @cute.jit
+    def _mainloop(self, f: cutlass.Constexpr[int], stages: cutlass.Constexpr[int],
+                  a_word: Int32, at: Int32, au: Int32, mArena: cute.Tensor, ring, page_full,
+                  page_empty, act_full, abuf, mailbox: cute.Tensor, claim: cute.Tensor):
+        """The task's accumulators (f / 2 fp32 a thread, the m64nF fragment) over ``stages``
+        K stages: activations from arena word ``a_word`` on, weights from the ring's pages
+        ``at`` (unwrapped) on; activation buffer uses ``au`` on."""
+        tidx, _, _ = cute.arch.thread_idx()
+        R, r8 = self.pages, rows8(self.rows)
+        ab = act_stage_bytes(self.rows)
+        buf = ab + ACT_SLACK
+        pp = f * K_STAGE * 2 // PAGE_BYTES  # weight pages a stage
+        if tidx == 0:  # the first stages' activations (the counter wait is done)
+            for s in cutlass.range_constexpr(min(ACT_BUFFERS, stages)):
+                b = (au + s) % ACT_BUFFERS
+                cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
+                bulk_copy_g2s(abuf + b * buf, mArena.iterator + a_word + s * (ab // 4), ab,
+                              act_full + b)
+        a_base, w_base = smem_u32(abuf), smem_u32(ring)
+        acc = [Float32(0.0)] * (f // 2)
+        for st in cutlass.range_constexpr(stages):
+            n = au + st
+            b = n % ACT_BUFFERS
+            wait_parity(act_full + b, (n // ACT_BUFFERS) & 1, ACT_FULL, b, mailbox, claim)
+            p0 = at + st * pp
+            for j in cutlass.range_constexpr(pp):
+                wait_parity(page_full + (p0 + j) % R, ((p0 + j) // R) & 1, PAGE_FULL,
+                            (p0 + j) % R, mailbox, claim)
+            cute.nvgpu.warpgroup.fence()
+            for k in cutlass.range_constexpr(K_STAGE // 16):
+                off = k * f * 32  # the step's bytes into the stage's weights
+                page = (p0 + off // PAGE_BYTES) % R
+                desc_b = descriptor(w_base + page * PAGE_BYTES + off % PAGE_BYTES, f * 16, 128)
+                desc_a = descriptor(a_base + b * buf + 2 * k * r8 * 16, r8 * 16, 128)
+                acc = wgmma_ss_m64k16(acc, desc_a, desc_b)
+            cute.nvgpu.warpgroup.commit_group()
+            cute.nvgpu.warpgroup.wait_group(0)
+            # every warp has retired the wgmmas that read buffer b and the stage's pages
+            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+            if tidx == 0:
+                for j in cutlass.range_constexpr(pp):
+                    cute.arch.mbarrier_arrive(page_empty + (p0 + j) % R)
+                if cutlass.const_expr(st + ACT_BUFFERS < stages):
+                    cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
+                    bulk_copy_g2s(abuf + b * buf,
+                                  mArena.iterator + a_word + (st + ACT_BUFFERS) * (ab // 4), ab,
+                                  act_full + b)
+        return acc
+
+    @cute.jit
+    def _fragment_coords(self):
+        """(row of registers 0-1 of each n8 block, row of registers 2-3, column pair) of this
+        thread in the m64nF fragment."""
+        tidx, _, _ = cute.arch.thread_idx()
+        lane = tidx % 32
+        r0 = (tidx // 32) * 16 + lane // 4
+        return r0, r0 + 8, 2 * (lane % 4)
+
+    @cute.jit
+    def _store_pairs(self, mArena: cute.Tensor, y_word: Int32, f0, vals: list):
+        """bf16 pairs of ``vals`` (the fragment's order: per n8 block j, rows r0 and r1) at
+        output features f0 + 8j + c, chunk-major [N / 8][R8][8] from arena word ``y_word``."""
+        r0, r1, c = self._fragment_coords()
+        r8 = rows8(self.rows)
+        for j in cutlass.range_constexpr(len(vals) // 4):
+            feat = f0 + 8 * j  # a multiple of 8: the pair's chunk
+            for h, r in ((0, r0), (1, r1)):
+                if r < self.rows:
+                    mArena[y_word + ((feat // 8) * r8 + r) * 4 + c // 2] = bf16x2_rn(
+                        vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1])
+
+    @cute.jit
+    def _store_swiglu(self, mArena: cute.Tensor, y_word: Int32, tile: Int32, acc: list):
+        """gate/up tile: act features 32·tile + c from gate columns c and up columns 32 + c."""
+        vals = [Float32(0.0)] * 16
+        for j in cutlass.range_constexpr(4):
+            for e in cutlass.range_constexpr(4):
+                vals[4 * j + e] = swiglu_value(acc[4 * j + e], acc[4 * (j + 4) + e])
+        self._store_pairs(mArena, y_word, tile * 32, vals)
+
+    @cute.jit
+    def _send_fragment(self, parts, slot: Int32, acc: list):
+        """Rank 1: its fp32 fragment into rank 0's combine slot ([64 rows][16] fp32)."""
+        r0, r1, c = self._fragment_coords()
+        for j in cutlass.range_constexpr(2):
+            for h, r in ((0, r0), (1, r1)):
+                st_cluster_f32x2(parts + (slot * MAX_ROWS + r) * 16 + 8 * j + c, Int32(0),
+                                 acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1])
+
+    @cute.jit
+    def _add_fragment(self, parts, slot: Int32, acc: list):
+        """Rank 0: its own sums plus rank 1's (in that order) from the combine slot."""
+        r0, r1, c = self._fragment_coords()
+        out = [Float32(0.0)] * 8
+        sP = cute.make_tensor(parts, cute.make_layout(self.slots * MAX_ROWS * 16))
+        for j in cutlass.range_constexpr(2):
+            for h, r in ((0, r0), (1, r1)):
+                for e in cutlass.range_constexpr(2):
+                    out[4 * j + 2 * h + e] = acc[4 * j + 2 * h + e] + sP[
+                        (slot * MAX_ROWS + r) * 16 + 8 * j + c + e]
+        return out
