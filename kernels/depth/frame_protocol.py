@@ -97,7 +97,8 @@ class FrameKernel(ProjectionBodies):
     def __call__(self, table: cute.Pointer, counts: cute.Pointer, counters: cute.Pointer,
                  errors: cute.Pointer, trace: cute.Pointer, mailbox_p: cute.Pointer,
                  weights: cute.Pointer, sources: cute.Pointer, phases: cute.Pointer,
-                 arena: cute.Pointer, grid: Int32, n_counters: Int32, stream):
+                 arena: cute.Pointer, grid: Int32, n_counters: Int32, phase_words: Int32,
+                 arena_words: Int32, stream):
         mTable = cute.make_tensor(table, cute.make_layout(grid * self.max_tasks * NF))
         mCounts = cute.make_tensor(counts, cute.make_layout(grid))
         mCounters = cute.make_tensor(counters, cute.make_layout(n_counters))
@@ -110,8 +111,8 @@ class FrameKernel(ProjectionBodies):
         mSources = cute.make_tensor(sources, cute.make_layout(grid * self.max_tasks))
         mWeights = cute.make_tensor(weights, cute.make_layout(1))
         # per phase: PHASE_FIELDS (its input and output in the arena); the arena in 32-bit words
-        mPhases = cute.make_tensor(phases, cute.make_layout(1))
-        mArena = cute.make_tensor(arena, cute.make_layout(1))
+        mPhases = cute.make_tensor(phases, cute.make_layout(phase_words))
+        mArena = cute.make_tensor(arena, cute.make_layout(arena_words))
         self.kernel(mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mWeights,
                     mSources, mPhases, mArena).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1], cluster=[2, 1, 1], stream=stream)
@@ -350,7 +351,8 @@ def compile_args(grid: int = 132, counters: int = 500):
     """Arguments for cute.compile offline (placeholder addresses, never dereferenced)."""
     from cutlass.cute.runtime import make_fake_stream
 
-    return (*pointer_args(PTRS), Int32(grid), Int32(counters), make_fake_stream())
+    return (*pointer_args(PTRS), Int32(grid), Int32(counters), Int32(1 << 12), Int32(1 << 28),
+            make_fake_stream())
 
 
 # ---- host -------------------------------------------------------------------------------------
@@ -474,7 +476,8 @@ class ProtocolRun:
                      pointer_args(PTRS[5:6], [diagnostics_mailbox()])[0],
                      *pointer_args(PTRS[6:], (self.weights, self.sources, self.phases,
                                               self.arena)))
-        self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)))
+        self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
+                        Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
