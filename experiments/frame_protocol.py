@@ -79,28 +79,33 @@ def critical_chain(s, stamps) -> dict:
     """Walk back from the last task to end along whichever dependency released each task
     last (the previous task on its CTA, or its counter's last signaller) and split that
     chain's time: handoff (a signaller ready -> the waiter through its counter wait; with
-    program order binding, the wait's own acquire), tile (waited -> ready: activation and page
-    waits, wgmmas, the pair handoff), signal (ready -> signalled, where the next task on the
-    CTA waited for it), program order (the gap between a task's end and the next's start)."""
+    program order binding, the wait's own acquire), landing (waited -> stage 0's activations
+    and weight pages landed), compute (-> the last wgmma retired: the other stages' waits
+    included), epilogue (-> ready: the pair handoff and the output stores), signal (ready ->
+    signalled, where the next task on the CTA waited for it), program order (the gap between a
+    task's end and the next's start)."""
     last_ready: dict[int, tuple] = {}
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
-            if t.signal >= 0 and stamps[c][i][2] >= last_ready.get(t.signal, (-1,))[0]:
-                last_ready[t.signal] = (stamps[c][i][2], c, i)
+            if t.signal >= 0 and stamps[c][i][4] >= last_ready.get(t.signal, (-1,))[0]:
+                last_ready[t.signal] = (stamps[c][i][4], c, i)
     node = max(((c, i) for c, lst in enumerate(s.ctas) for i in range(len(lst))),
-               key=lambda n: stamps[n[0]][n[1]][3])
-    split = {"handoff_us": 0.0, "tile_us": 0.0, "signal_us": 0.0, "program_order_us": 0.0}
+               key=lambda n: stamps[n[0]][n[1]][5])
+    split = {"handoff_us": 0.0, "landing_us": 0.0, "compute_us": 0.0, "epilogue_us": 0.0,
+             "signal_us": 0.0, "program_order_us": 0.0}
     tasks, count_signal = 0, True
     while node is not None:
         c, i = node
-        start, waited, ready, end = stamps[c][i]
+        start, waited, landed, computed, ready, end = stamps[c][i]
         t = s.ctas[c][i]
         tasks += 1
-        split["tile_us"] += (ready - waited) / 1e3
+        split["landing_us"] += (landed - waited) / 1e3
+        split["compute_us"] += (computed - landed) / 1e3
+        split["epilogue_us"] += (ready - computed) / 1e3
         if count_signal:
             split["signal_us"] += (end - ready) / 1e3
         by_counter = last_ready.get(t.wait) if t.wait >= 0 else None
-        by_order = stamps[c][i - 1][3] if i else None
+        by_order = stamps[c][i - 1][5] if i else None
         if by_counter is not None and (by_order is None or by_counter[0] > by_order):
             split["handoff_us"] += (waited - by_counter[0]) / 1e3
             node, count_signal = (by_counter[1], by_counter[2]), False
@@ -116,17 +121,19 @@ def critical_chain(s, stamps) -> dict:
 
 
 def _tile_times(s, stamps) -> dict:
-    """Median (counter wait, tile) µs of the tasks of each type."""
+    """Median µs of the tasks of each type: counter wait, stage 0 landing, compute (the rest
+    of the mainloop), epilogue (handoff and stores)."""
     from schedules.depth_frame import TYPE_NAMES
 
     by: dict[str, list] = {}
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
             st = stamps[c][i]
-            by.setdefault(TYPE_NAMES[t.type], []).append(((st[1] - st[0]) / 1e3,
-                                                          (st[2] - st[1]) / 1e3))
-    return {k: {"wait_us": statistics.median(w for w, _ in v),
-                "tile_us": statistics.median(x for _, x in v)} for k, v in by.items()}
+            by.setdefault(TYPE_NAMES[t.type], []).append(
+                [(st[j + 1] - st[j]) / 1e3 for j in range(4)])
+    names = ("wait_us", "landing_us", "compute_us", "epilogue_us")
+    return {k: {n: statistics.median(x[j] for x in v) for j, n in enumerate(names)}
+            for k, v in by.items()}
 
 
 def _tiles_case(s, quick: bool) -> dict:
@@ -180,7 +187,7 @@ def _case(rows: int, quick: bool) -> dict:
     traced.synchronize()
     stamps = [st for lst in traced.task_stamps() for st in lst]
     span_us = (max(e for *_, e in stamps) - min(b for b, *_ in stamps)) / 1e3
-    waits_us = [(r - b) / 1e3 for b, _, r, _ in stamps]
+    waits_us = [(st[4] - st[0]) / 1e3 for st in stamps]
     chain = critical_path(s)
     tiles = _tiles_case(s, quick)
     return {**tiles, "rows": rows, "tasks": s.n_tasks, "phases": len(s.phases), "grid": s.options.grid,
@@ -233,12 +240,12 @@ def _main(argv) -> int:
                            f"{x['with_weights_us']:.1f}", f"{x['weight_gbps']:.0f}",
                            f"{x['weight_floor_us']:.0f}", f"{x['with_tiles_us']:.1f}",
                            "/".join(f"{x['critical_chain'][k]:.0f}" for k in
-                                    ("handoff_us", "tile_us", "signal_us",
-                                     "program_order_us"))]
+                                    ("handoff_us", "landing_us", "compute_us", "epilogue_us",
+                                     "signal_us", "program_order_us"))]
                           for x in rows],
                          ["rows", "tasks", "critical", "frame us", "us/critical task",
                           "traced span us", "median wait us", "+weights us", "GB/s",
-                          "floor us", "+tiles us", "chain handoff/tile/signal/order us"]))
+                          "floor us", "+tiles us", "chain handoff/landing/compute/epilogue/signal/order us"]))
     print(f"wrote {path} (verdict {summary['verdict']})")
     return 0
 

@@ -10,6 +10,7 @@
 #   p0-ab        scripts/p0_v2_ab.py ($WB_AB_ARGS): P0's designs side by side
 #   h3-trajectory the canonical full-size 12-step H3 trajectory on p0 (+ one reference block)
 #   frame-protocol experiments/frame_protocol.py (the depth frame's synchronisation alone)
+#   frame-tiles-ab scripts/frame_tiles_ab.py ($WB_AB_ARGS): the frame's projection-tile knobs
 #   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL)
 #   experiments  depth-loop, p0-baseline, the p0 ladder
 # WB_PYTEST_ARGS adds pytest arguments to the test steps (e.g. "-n 4 --dist loadfile": the H200
@@ -56,11 +57,13 @@ for what in "$@"; do
     p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
     frame-protocol) step frame-protocol python3 -m experiments.frame_protocol ;;
+    frame-tiles-ab) step frame-tiles-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
+                      python3 scripts/frame_tiles_ab.py ${WB_AB_ARGS:-} ;;
     experiments)
       step depth-loop python3 -m experiments.depth_loop
       step p0-baseline python3 -m experiments.p0_baseline
       step ladder-p0 python3 -m workbench.cli ladder --phase p0 ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
-            "p0-ab, h3-trajectory, p0-baseline, frame-protocol, experiments)" >&2; exit 2 ;;
+            "p0-ab, h3-trajectory, p0-baseline, frame-protocol, frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac
 done

@@ -90,7 +90,8 @@ def test_launch_is_refused_without_guaranteed_coresidency(monkeypatch):
 
 
 def _edges_respected(s: F.Schedule, stamps) -> list[str]:
-    """Every dependency edge in the stamps (start, counter waited, ready, signalled): a counter
+    """Every dependency edge in the stamps (start, counter waited, landed, computed, ready,
+    signalled): a counter
     waiter passes its wait no earlier than the last signaller was ready, a cluster waiter is
     ready no earlier than its pair task, and a CTA starts a task after its previous one
     ended."""
@@ -99,20 +100,20 @@ def _edges_respected(s: F.Schedule, stamps) -> list[str]:
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
             if t.signal >= 0:
-                ready_of_signal[t.signal] = max(ready_of_signal.get(t.signal, 0), stamps[c][i][2])
+                ready_of_signal[t.signal] = max(ready_of_signal.get(t.signal, 0), stamps[c][i][4])
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
-            start, waited, ready, end = stamps[c][i]
-            if not start <= waited <= ready <= end:
+            start, waited, landed, computed, ready, end = stamps[c][i]
+            if not start <= waited <= landed <= computed <= ready <= end:
                 bad.append(f"CTA {c} task {i}: stamps out of order {stamps[c][i]}")
-            if i and start < stamps[c][i - 1][3]:
+            if i and start < stamps[c][i - 1][5]:
                 bad.append(f"CTA {c} task {i} started before task {i - 1} ended")
             if t.wait >= 0 and waited < ready_of_signal[t.wait]:
                 bad.append(f"CTA {c} task {i} passed its wait on {s.counter_names[t.wait]} "
                            "before the counter's last signaller was ready")
             if t.local_dep is not None:
                 dc, di = t.local_dep
-                if ready < stamps[dc][di][2]:
+                if ready < stamps[dc][di][4]:
                     bad.append(f"CTA {c} task {i} passed its cluster wait before CTA {dc} "
                                f"task {di} was ready")
     return bad
@@ -120,7 +121,7 @@ def _edges_respected(s: F.Schedule, stamps) -> list[str]:
 
 def _traced_run_in_order(rows: int, weights: bool = False):
     """One traced launch at ``rows``: the run must leave every counter at its count, no
-    combine mismatch, all four stamps of every task (poisoned before) and every edge kept."""
+    combine mismatch, all six stamps of every task (poisoned before) and every edge kept."""
     from kernels.depth.frame_protocol import ProtocolRun
 
     s = _schedule(rows)

@@ -62,12 +62,14 @@ COL = {name: i for i, name in enumerate(F.FIELDS)}
 NPF = len(T.PHASE_FIELDS)
 PCOL = {name: i for i, name in enumerate(T.PHASE_FIELDS)}
 TASK_ID_BITS = 16  # a task's id in the combine slot: phase << 16 | tile
-STAMPS = 4  # trace builds: start, counter waited, ready to signal, signalled
+# trace builds, per task: start, counter waited, stage 0 landed, last wgmma retired, ready to
+# signal, signalled (without tiles the middle two equal "counter waited")
+STAMPS = 6
 
 
 class FrameKernel(ProjectionBodies):
     """Static config: ``max_tasks`` rows of the encoded table per CTA, ``combine_slots`` (S),
-    ``trace`` (four %globaltimer stamps a task: STAMPS), the page ring (``ring_pages`` of
+    ``trace`` (six %globaltimer stamps a task: STAMPS), the page ring (``ring_pages`` of
     ``page_bytes``; 0: no weight streaming) and ``rows``: 0 builds the protocol alone (thread
     0 walks, tidx 32 loads); 1..64 builds the projection tiles for a step of that many rows
     (kernels/depth/frame_tiles.py).
@@ -80,15 +82,18 @@ class FrameKernel(ProjectionBodies):
     ``page_empty`` and ``act_full`` 1 (with transaction bytes on the full barriers)."""
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
-                 page_bytes: int = 0, rows: int = 0):
+                 page_bytes: int = 0, rows: int = 0, study: T.TileStudy = T.TileStudy()):
         self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace
         self.pages, self.page_bytes = ring_pages, page_bytes
         self.rows = rows
+        self.act_buffers, self.chains = 1, study.chains
         if rows:
             T.check_rows(rows)
             if page_bytes != T.PAGE_BYTES or ring_pages == 0:
                 raise ValueError(f"projection tiles need the weight ring in pages of "
                                  f"{T.PAGE_BYTES} B (got {ring_pages} x {page_bytes})")
+            self.act_buffers = study.act_buffers or T.act_buffers(rows, combine_slots,
+                                                                  ring_pages * page_bytes)
         self.walkers = T.CONSUMERS if rows else 1
         self.threads = T.CONSUMERS + 32 if rows else THREADS
         self.loader = T.CONSUMERS if rows else 32
@@ -104,7 +109,7 @@ class FrameKernel(ProjectionBodies):
         mCounters = cute.make_tensor(counters, cute.make_layout(n_counters))
         # [combine mismatches, timeout claim]
         mErrors = cute.make_tensor(errors, cute.make_layout(2))
-        # [grid, max_tasks, STAMPS]: start, counter waited, ready to signal, signalled
+        # [grid, max_tasks, STAMPS] %globaltimer stamps (STAMPS says which)
         mTrace = cute.make_tensor(trace, cute.make_layout(grid * self.max_tasks * STAMPS))
         mailbox = cute.make_tensor(mailbox_p, cute.make_layout(8))
         # each task's weight tile: byte offset into ``weights`` (-1: none)
@@ -132,12 +137,12 @@ class FrameKernel(ProjectionBodies):
         R = max(self.pages, 1)
         page_full = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
         page_empty = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
-        act_full = alloc.allocate_tensor(Int64, cute.make_layout(T.ACT_BUFFERS), 8).iterator
+        act_full = alloc.allocate_tensor(Int64, cute.make_layout(self.act_buffers), 8).iterator
         ring = alloc.allocate(R * max(self.page_bytes, 16), 1024)
         abuf = ring
         parts = ring
         if cutlass.const_expr(self.rows > 0):
-            abuf = alloc.allocate(T.ACT_BUFFERS * (T.act_stage_bytes(self.rows) + T.ACT_SLACK),
+            abuf = alloc.allocate(self.act_buffers * (T.act_stage_bytes(self.rows) + T.ACT_SLACK),
                                   1024)
             parts = alloc.allocate_tensor(Float32, cute.make_layout(S * T.MAX_ROWS * 16),
                                           16).iterator
@@ -149,7 +154,7 @@ class FrameKernel(ProjectionBodies):
                 for p in cutlass.range_constexpr(R):
                     cute.arch.mbarrier_init(page_full + p, 1)
                     cute.arch.mbarrier_init(page_empty + p, 1)
-            for b in cutlass.range_constexpr(T.ACT_BUFFERS):
+            for b in cutlass.range_constexpr(self.act_buffers):
                 cute.arch.mbarrier_init(act_full + b, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.cluster_arrive_relaxed()
@@ -217,8 +222,9 @@ class FrameKernel(ProjectionBodies):
             task_id = (mTable[row + COL["phase"]] << TASK_ID_BITS) | mTable[row + COL["tile"]]
             n = mTable[row + COL["n_pages"]]
             t_ready = t_start
+            t_landed, t_computed = t_waited, t_waited
             if cutlass.const_expr(self.rows > 0):
-                at, au, split, t_ready = self._tile_task(
+                at, au, split, t_landed, t_computed, t_ready = self._tile_task(
                     ty, half, task_id, row, i, at, au, split, mTable, mPhases, mArena, partial,
                     slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
                     mErrors, mailbox, claim)
@@ -253,8 +259,10 @@ class FrameKernel(ProjectionBodies):
                 if cutlass.const_expr(self.trace):
                     mTrace[stamp] = t_start
                     mTrace[stamp + 1] = t_waited
-                    mTrace[stamp + 2] = t_ready
-                    mTrace[stamp + 3] = cute.arch.globaltimer()
+                    mTrace[stamp + 2] = t_landed
+                    mTrace[stamp + 3] = t_computed
+                    mTrace[stamp + 4] = t_ready
+                    mTrace[stamp + 5] = cute.arch.globaltimer()
 
     @cute.jit
     def _send_partial(self, split: Int32, i: Int32, task_id: Int32, acc, combine, partial,
@@ -303,14 +311,15 @@ class FrameKernel(ProjectionBodies):
                    slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
                    mErrors, mailbox, claim):
         """One task's tile by its type (attention and embedding bodies are not built yet:
-        those tasks only wait and signal). Returns the advanced (at, au, split) and the
-        task's "ready" stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial
+        those tasks only wait and signal). Returns the advanced (at, au, split), the stage-0
+        landed and last-wgmma stamps, and the task's "ready" stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial
         added)."""
         ph = mTable[row + COL["phase"]]
         tile = mTable[row + COL["tile"]]
         a_word = mPhases[ph * NPF + PCOL["a_word"]]
         y_word = mPhases[ph * NPF + PCOL["y_word"]]
         t_ready = cute.arch.globaltimer()
+        t_landed, t_computed = t_ready, t_ready
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
             t = T.PROJECTION_TYPES[kind]
             f, stages, is_split = T.TASK_SHAPES[t]
@@ -318,8 +327,9 @@ class FrameKernel(ProjectionBodies):
                 a0 = a_word
                 if cutlass.const_expr(is_split):  # the half's K range of the input
                     a0 = a_word + half * (stages * T.act_stage_bytes(self.rows) // 4)
-                acc = self._mainloop(f, stages, a0, at, au, mArena, ring, page_full,
-                                     page_empty, act_full, abuf, mailbox, claim)
+                acc, t_landed, t_computed = self._mainloop(f, stages, a0, at, au, mArena, ring,
+                                                           page_full, page_empty, act_full,
+                                                           abuf, mailbox, claim)
                 if cutlass.const_expr(is_split):
                     if half == 1:
                         t_ready = self._send_partial(split, i, task_id, acc, combine, partial,
@@ -338,7 +348,7 @@ class FrameKernel(ProjectionBodies):
                     self._store_pairs(mArena, y_word, tile * f, acc)
                 at = at + stages * (f * T.K_STAGE * 2 // T.PAGE_BYTES)
                 au = au + stages
-        return at, au, split, t_ready
+        return at, au, split, t_landed, t_computed, t_ready
 
 
 PTRS = ((Int32, 16), (Int32, 16), (Int32, 16), (Int32, 4), (Int64, 16), (Int32, 4),
@@ -426,13 +436,14 @@ class ProtocolRun:
     leave (every counter at its expected count, no combine mismatch)."""
 
     def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
-                 table=None, io=None):
+                 table=None, io=None, study: T.TileStudy = T.TileStudy()):
         """``weights``: stream every task's weight tile through the page ring. True: from a
         synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
         which every position reads again); a uint8 CUDA tensor: those bytes, packed by
         :func:`kernels.depth.frame_tiles.pack_frame_weights`. ``io``: (phase table int32
         [phases, len(PHASE_FIELDS)], arena) builds the projection tiles for the schedule's rows
-        (kernels/depth/frame_tiles.py), with real weights."""
+        (kernels/depth/frame_tiles.py), with real weights; ``study`` sets their knobs under
+        A/B (scripts/frame_tiles_ab.py)."""
         import torch
 
         check_launchable(schedule)
@@ -453,7 +464,8 @@ class ProtocolRun:
             raise ValueError("projection tiles (io) need the packed weights")
         pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
         rows = opt.rows if io is not None else 0
-        self.kernel = FrameKernel(tasks, opt.combine_slots, trace, *pages, rows=rows)
+        self.kernel = FrameKernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
+                                  study=study)
         sources, total, _ = weight_regions(schedule)
         self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
                                           * opt.page_bytes) if streamed else 0
@@ -478,7 +490,8 @@ class ProtocolRun:
                                               self.arena)))
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
-        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows)
+        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows,
+               self.kernel.act_buffers, self.kernel.chains)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 
@@ -497,10 +510,10 @@ class ProtocolRun:
         return {"counters_at_expected": bool(torch.equal(self.counters, self.expect)),
                 "combine_mismatches": int(self.errors[0].item())}
 
-    def task_stamps(self) -> list[list[tuple[int, int, int, int]]]:
-        """Per CTA, per task: (start, counter waited, ready to signal, signalled) %globaltimer
-        ns (trace builds). "Ready": the tile and the cluster handoff are done (rank 1: its
-        slot is free, before it sends)."""
+    def task_stamps(self) -> list[list[tuple]]:
+        """Per CTA, per task: STAMPS %globaltimer ns (start, counter waited, stage 0 landed,
+        last wgmma retired, ready to signal, signalled; trace builds). "Ready": the tile and
+        the cluster handoff are done (rank 1: its slot is free, before it sends)."""
         if self.trace is None:
             raise ValueError("built without trace=True")
         host = self.trace.cpu().numpy()

@@ -19,7 +19,7 @@ Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte c
   groups 128 (SBO).
 * activations: chunk-major [K / 8][R8][8] bf16 in global memory (R8 = the step's rows rounded
   up to 8; :func:`chunk_major_rows`), brought after the task's counter wait by one bulk copy a
-  K stage (``K_STAGE`` elements, ``ACT_BUFFERS`` buffers) into the same image: LBO R8·16, SBO
+  K stage (``K_STAGE`` elements; :func:`act_buffers` buffers) into the same image: LBO R8·16, SBO
   128. wgmma reads 64 rows; rows R8..63 fall on later chunks of the buffer (or the slack after
   it), rows nobody stores, whose products only reach accumulator rows that are not stored.
 
@@ -41,10 +41,14 @@ quad columns 8j + 2q and 8j + 2q + 1 of each n8 block j):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from schedules import depth_frame as F
 
 K_STAGE = 256  # K elements of an activation stage (and of the weight pages it pairs with)
-ACT_BUFFERS = 2
+MAX_ACT_BUFFERS = 6  # the most K stages of a task (down's half: 1536 / 256)
+SMEM_LIMIT = 227 * 1024
+SMEM_RESERVE = 2048  # the protocol's barriers and combine words, the ring's alignment
 ACT_SLACK = 1024  # bytes after each activation buffer: wgmma's rows R8..63 of its last step
 MAX_ROWS = 64  # the A operand's rows
 PAGE_BYTES = 4096
@@ -60,10 +64,26 @@ def act_stage_bytes(rows: int) -> int:
     return K_STAGE * rows8(rows) * 2
 
 
-def smem_bytes(rows: int, combine_slots: int) -> int:
-    """Shared memory the projection tiles add to the protocol's: the activation buffers with
-    their slack and the combine slots' fp32 partials (64 rows x 16 features each)."""
-    return ACT_BUFFERS * (act_stage_bytes(rows) + ACT_SLACK) + combine_slots * MAX_ROWS * 16 * 4
+def act_buffers(rows: int, combine_slots: int, ring_bytes: int) -> int:
+    """Activation stage buffers that fit beside the ring and the combine slots' fp32 partials
+    (64 rows x 16 features each), at most MAX_ACT_BUFFERS: with as many buffers as a task has
+    stages, every activation copy is issued right after the counter wait."""
+    free = SMEM_LIMIT - SMEM_RESERVE - ring_bytes - combine_slots * MAX_ROWS * 16 * 4
+    fit = free // (act_stage_bytes(rows) + ACT_SLACK)
+    if fit < 2:
+        raise ValueError(f"rows {rows}: two activation stages of {act_stage_bytes(rows)} B do "
+                         f"not fit beside a {ring_bytes} B ring")
+    return min(MAX_ACT_BUFFERS, fit)
+
+
+@dataclass(frozen=True)
+class TileStudy:
+    """Knobs of the projection tiles still under A/B (scripts/frame_tiles_ab.py), never in a
+    user-facing constructor. ``act_buffers``: activation stage buffers (None: as many as fit,
+    :func:`act_buffers`); ``chains``: independent accumulator sets the k16 steps rotate
+    through (1: one dependent wgmma chain)."""
+    act_buffers: int | None = None
+    chains: int = 1
 
 
 def check_rows(rows: int) -> None:
@@ -294,35 +314,41 @@ class ProjectionBodies:
                   page_empty, act_full, abuf, mailbox: cute.Tensor, claim: cute.Tensor):
         """The task's accumulators (f / 2 fp32 a thread, the m64nF fragment) over ``stages``
         K stages: activations from arena word ``a_word`` on, weights from the ring's pages
-        ``at`` (unwrapped) on; activation buffer uses ``au`` on."""
+        ``at`` (unwrapped) on; activation buffer uses ``au`` on. Also returns the
+        %globaltimer when stage 0 had landed and when the last wgmma retired."""
         tidx, _, _ = cute.arch.thread_idx()
-        R, r8 = self.pages, rows8(self.rows)
+        R, r8, nb, chains = self.pages, rows8(self.rows), self.act_buffers, self.chains
         ab = act_stage_bytes(self.rows)
         buf = ab + ACT_SLACK
         pp = f * K_STAGE * 2 // PAGE_BYTES  # weight pages a stage
         if tidx == 0:  # the first stages' activations (the counter wait is done)
-            for s in cutlass.range_constexpr(min(ACT_BUFFERS, stages)):
-                b = (au + s) % ACT_BUFFERS
+            for s in cutlass.range_constexpr(min(nb, stages)):
+                b = (au + s) % nb
                 cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
                 bulk_copy_g2s(abuf + b * buf, mArena.iterator + a_word + s * (ab // 4), ab,
                               act_full + b)
         a_base, w_base = smem_u32(abuf), smem_u32(ring)
-        acc = [Float32(0.0)] * (f // 2)
+        # ``chains`` accumulator sets take the k16 steps in turn (independent wgmma chains),
+        # added in a fixed order at the end
+        accs = [[Float32(0.0)] * (f // 2) for _ in range(chains)]
+        t_landed = cute.arch.globaltimer()
         for st in cutlass.range_constexpr(stages):
             n = au + st
-            b = n % ACT_BUFFERS
-            wait_parity(act_full + b, (n // ACT_BUFFERS) & 1, ACT_FULL, b, mailbox, claim)
+            b = n % nb
+            wait_parity(act_full + b, (n // nb) & 1, ACT_FULL, b, mailbox, claim)
             p0 = at + st * pp
             for j in cutlass.range_constexpr(pp):
                 wait_parity(page_full + (p0 + j) % R, ((p0 + j) // R) & 1, PAGE_FULL,
                             (p0 + j) % R, mailbox, claim)
+            if cutlass.const_expr(st == 0):
+                t_landed = cute.arch.globaltimer()
             cute.nvgpu.warpgroup.fence()
             for k in cutlass.range_constexpr(K_STAGE // 16):
                 off = k * f * 32  # the step's bytes into the stage's weights
                 page = (p0 + off // PAGE_BYTES) % R
                 desc_b = descriptor(w_base + page * PAGE_BYTES + off % PAGE_BYTES, f * 16, 128)
                 desc_a = descriptor(a_base + b * buf + 2 * k * r8 * 16, r8 * 16, 128)
-                acc = wgmma_ss_m64k16(acc, desc_a, desc_b)
+                accs[k % chains] = wgmma_ss_m64k16(accs[k % chains], desc_a, desc_b)
             cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             # every warp has retired the wgmmas that read buffer b and the stage's pages
@@ -330,12 +356,15 @@ class ProjectionBodies:
             if tidx == 0:
                 for j in cutlass.range_constexpr(pp):
                     cute.arch.mbarrier_arrive(page_empty + (p0 + j) % R)
-                if cutlass.const_expr(st + ACT_BUFFERS < stages):
+                if cutlass.const_expr(st + nb < stages):
                     cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
                     bulk_copy_g2s(abuf + b * buf,
-                                  mArena.iterator + a_word + (st + ACT_BUFFERS) * (ab // 4), ab,
+                                  mArena.iterator + a_word + (st + nb) * (ab // 4), ab,
                                   act_full + b)
-        return acc
+        acc = accs[0]
+        for c in cutlass.range_constexpr(1, chains):
+            acc = [x + y for x, y in zip(acc, accs[c])]
+        return acc, t_landed, cute.arch.globaltimer()
 
     @cute.jit
     def _fragment_coords(self):

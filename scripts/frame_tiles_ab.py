@@ -1,0 +1,95 @@
+"""A/B of the depth frame's projection-tile knobs (kernels.depth.frame_tiles.TileStudy) on the
+H200, in the projection study (random weights, attention and embedding tasks wait and signal
+only).
+
+    python3 scripts/frame_tiles_ab.py [--rows R ...] [--quick] [--out DIR]
+
+Per row count and variant: the outputs checked against float64 within the derived bound,
+a CUDA-graph median of the frame, and one traced run's critical chain split (handoff, stage-0
+landing, compute, epilogue, signal) with the per-type medians. Variants: the session-18
+baseline (2 activation buffers, one accumulator chain), as many buffers as fit (every
+activation copy issued after the counter wait), and 2 or 4 accumulator chains. Writes
+``frame-tiles-ab.json`` (provenance, all rows) under --out or $WB_RESULTS_DIR and prints a
+table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from experiments.frame_protocol import _tile_times, critical_chain
+from kernels.depth.frame_protocol import ProtocolRun
+from kernels.depth.frame_tiles import ProjectionStudy, TileStudy
+from schedules.depth_frame import FrameOptions, build
+from workbench.timing import bench
+
+VARIANTS = {"b2 c1": TileStudy(act_buffers=2, chains=1), "fit c1": TileStudy(chains=1),
+            "fit c2": TileStudy(chains=2), "fit c4": TileStudy(chains=4)}
+
+
+def _row(rows: int, label: str, study: TileStudy, quick: bool) -> dict:
+    s = build(options=FrameOptions(rows=rows))
+    data = ProjectionStudy(s, seed=rows)
+    run = ProtocolRun(s, weights=data.packed, io=data.io(), study=study)
+    run.launch()
+    run.synchronize()
+    checks = run.check()
+    worst = data.check()
+    ok = bool(worst.pop("ok"))
+    t = bench(run.launch, graph=True, calls_per_graph=5, warmup_ms=20,
+              rep_ms=100 if quick else 300).as_dict()
+    buffers = run.kernel.act_buffers
+    del run
+    traced = ProtocolRun(s, trace=True, weights=data.packed, io=data.io(), study=study)
+    traced.launch()
+    traced.synchronize()
+    stamps = traced.task_stamps()
+    return {"rows": rows, "variant": label, "act_buffers": buffers, "chains": study.chains,
+            "checks": checks, "within_bound": ok, "worst_error_ratio": max(worst.values()),
+            "frame_us": t["median_us"], "timing": t, "critical_chain": critical_chain(s, stamps),
+            "tile_times": _tile_times(s, stamps)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="*", default=[1, 16, 64])
+    p.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=os.environ.get("WB_RESULTS_DIR", "."))
+    args = p.parse_args()
+    out = []
+    for r in args.rows:
+        for label in args.variants:
+            print(f"[{time.strftime('%H:%M:%S')}] rows {r} {label}", flush=True)
+            out.append(_row(r, label, VARIANTS[label], args.quick))
+            x = out[-1]
+            print(f"  {x['frame_us']:.1f} us, ok {x['within_bound']} "
+                  f"({x['worst_error_ratio']:.3f}), chain {x['critical_chain']}", flush=True)
+    prov = {"commit": os.environ.get("WB_GIT_COMMIT", "unknown")[:7],
+            "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": "python3 scripts/frame_tiles_ab.py " + " ".join(
+                f"--rows {' '.join(map(str, args.rows))}".split())}
+    path = Path(args.out) / "frame-tiles-ab.json"
+    if path.exists():
+        raise SystemExit(f"{path} exists: refusing to overwrite it")
+    path.write_text(json.dumps({"provenance": prov, "rows": out}, indent=1))
+    keys = ("handoff_us", "landing_us", "compute_us", "epilogue_us", "signal_us")
+    print(f"{'rows':>4} {'variant':>8} {'buf':>3} {'frame us':>9} {'ok':>3}  "
+          "chain handoff/landing/compute/epilogue/signal us")
+    for x in out:
+        c = x["critical_chain"]
+        print(f"{x['rows']:>4} {x['variant']:>8} {x['act_buffers']:>3} {x['frame_us']:>9.1f} "
+              f"{'yes' if x['within_bound'] else 'NO':>3}  "
+              + "/".join(f"{c[k]:.0f}" for k in keys))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
