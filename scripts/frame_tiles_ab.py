@@ -6,9 +6,10 @@ only).
 
 Per row count and variant: the outputs checked against float64 within the derived bound,
 a CUDA-graph median of the frame, and one traced run's critical chain split (handoff, stage-0
-landing, compute, epilogue, signal) with the per-type medians. Variants: the session-18
-baseline (2 activation buffers, one accumulator chain), as many buffers as fit (every
-activation copy issued after the counter wait), and 2 or 4 accumulator chains. Writes
+landing, compute, epilogue, signal) with the per-type medians. Variants: 2 activation
+buffers (the default), as many as fit (every activation copy issued after the counter wait),
+and two ablations of the default (no wgmma; no wait for the weight pages), whose outputs are
+wrong by construction (timing only). Writes
 ``frame-tiles-ab.json`` (provenance, all rows) under --out or $WB_RESULTS_DIR and prints a
 table.
 """
@@ -28,8 +29,9 @@ from kernels.depth.frame_tiles import ProjectionStudy, TileStudy
 from schedules.depth_frame import FrameOptions, build
 from workbench.timing import bench
 
-VARIANTS = {"b2 c1": TileStudy(act_buffers=2, chains=1), "fit c1": TileStudy(chains=1),
-            "fit c2": TileStudy(chains=2), "fit c4": TileStudy(chains=4)}
+VARIANTS = {"b2": TileStudy(act_buffers=2), "fit": TileStudy(act_buffers=0),
+            "b2 no_mma": TileStudy(ablate="no_mma"),
+            "b2 no_page_wait": TileStudy(ablate="no_page_wait")}
 
 
 def _row(rows: int, label: str, study: TileStudy, quick: bool) -> dict:
@@ -49,7 +51,7 @@ def _row(rows: int, label: str, study: TileStudy, quick: bool) -> dict:
     traced.launch()
     traced.synchronize()
     stamps = traced.task_stamps()
-    return {"rows": rows, "variant": label, "act_buffers": buffers, "chains": study.chains,
+    return {"rows": rows, "variant": label, "act_buffers": buffers, "ablate": study.ablate,
             "checks": checks, "within_bound": ok, "worst_error_ratio": max(worst.values()),
             "frame_us": t["median_us"], "timing": t, "critical_chain": critical_chain(s, stamps),
             "tile_times": _tile_times(s, stamps)}
@@ -58,7 +60,7 @@ def _row(rows: int, label: str, study: TileStudy, quick: bool) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="*", default=[1, 16, 64])
-    p.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    p.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.environ.get("WB_RESULTS_DIR", "."))
     args = p.parse_args()
@@ -80,11 +82,11 @@ def main() -> int:
         raise SystemExit(f"{path} exists: refusing to overwrite it")
     path.write_text(json.dumps({"provenance": prov, "rows": out}, indent=1))
     keys = ("handoff_us", "landing_us", "compute_us", "epilogue_us", "signal_us")
-    print(f"{'rows':>4} {'variant':>8} {'buf':>3} {'frame us':>9} {'ok':>3}  "
+    print(f"{'rows':>4} {'variant':>16} {'buf':>3} {'frame us':>9} {'ok':>3}  "
           "chain handoff/landing/compute/epilogue/signal us")
     for x in out:
         c = x["critical_chain"]
-        print(f"{x['rows']:>4} {x['variant']:>8} {x['act_buffers']:>3} {x['frame_us']:>9.1f} "
+        print(f"{x['rows']:>4} {x['variant']:>16} {x['act_buffers']:>3} {x['frame_us']:>9.1f} "
               f"{'yes' if x['within_bound'] else 'NO':>3}  "
               + "/".join(f"{c[k]:.0f}" for k in keys))
     print(f"wrote {path}")

@@ -86,7 +86,7 @@ class FrameKernel(ProjectionBodies):
         self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace
         self.pages, self.page_bytes = ring_pages, page_bytes
         self.rows = rows
-        self.act_buffers, self.chains = 1, study.chains
+        self.act_buffers, self.ablate = 1, study.ablate
         if rows:
             T.check_rows(rows)
             if page_bytes != T.PAGE_BYTES or ring_pages == 0:
@@ -491,7 +491,7 @@ class ProtocolRun:
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows,
-               self.kernel.act_buffers, self.kernel.chains)
+               self.kernel.act_buffers, self.kernel.ablate)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 

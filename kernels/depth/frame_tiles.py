@@ -76,14 +76,22 @@ def act_buffers(rows: int, combine_slots: int, ring_bytes: int) -> int:
     return min(MAX_ACT_BUFFERS, fit)
 
 
+ABLATIONS = ("", "no_mma", "no_page_wait")
+
+
 @dataclass(frozen=True)
 class TileStudy:
     """Knobs of the projection tiles still under A/B (scripts/frame_tiles_ab.py), never in a
-    user-facing constructor. ``act_buffers``: activation stage buffers (None: as many as fit,
-    :func:`act_buffers`); ``chains``: independent accumulator sets the k16 steps rotate
-    through (1: one dependent wgmma chain)."""
-    act_buffers: int | None = None
-    chains: int = 1
+    user-facing constructor. ``act_buffers``: activation stage buffers (0: as many as fit,
+    :func:`act_buffers`; 2 won the first A/B, notes/depth-frame.md). ``ablate`` (timing only,
+    the outputs are wrong): "no_mma" issues no wgmma, "no_page_wait" computes on the ring's
+    pages without waiting for them to land."""
+    act_buffers: int = 2
+    ablate: str = ""
+
+    def __post_init__(self):
+        if self.ablate not in ABLATIONS:
+            raise ValueError(f"ablate {self.ablate!r}: choose from {ABLATIONS}")
 
 
 def check_rows(rows: int) -> None:
@@ -317,7 +325,7 @@ class ProjectionBodies:
         ``at`` (unwrapped) on; activation buffer uses ``au`` on. Also returns the
         %globaltimer when stage 0 had landed and when the last wgmma retired."""
         tidx, _, _ = cute.arch.thread_idx()
-        R, r8, nb, chains = self.pages, rows8(self.rows), self.act_buffers, self.chains
+        R, r8, nb = self.pages, rows8(self.rows), self.act_buffers
         ab = act_stage_bytes(self.rows)
         buf = ab + ACT_SLACK
         pp = f * K_STAGE * 2 // PAGE_BYTES  # weight pages a stage
@@ -328,18 +336,17 @@ class ProjectionBodies:
                 bulk_copy_g2s(abuf + b * buf, mArena.iterator + a_word + s * (ab // 4), ab,
                               act_full + b)
         a_base, w_base = smem_u32(abuf), smem_u32(ring)
-        # ``chains`` accumulator sets take the k16 steps in turn (independent wgmma chains),
-        # added in a fixed order at the end
-        accs = [[Float32(0.0)] * (f // 2) for _ in range(chains)]
+        acc = [Float32(0.0)] * (f // 2)
         t_landed = cute.arch.globaltimer()
         for st in cutlass.range_constexpr(stages):
             n = au + st
             b = n % nb
             wait_parity(act_full + b, (n // nb) & 1, ACT_FULL, b, mailbox, claim)
             p0 = at + st * pp
-            for j in cutlass.range_constexpr(pp):
-                wait_parity(page_full + (p0 + j) % R, ((p0 + j) // R) & 1, PAGE_FULL,
-                            (p0 + j) % R, mailbox, claim)
+            if cutlass.const_expr(self.ablate != "no_page_wait"):
+                for j in cutlass.range_constexpr(pp):
+                    wait_parity(page_full + (p0 + j) % R, ((p0 + j) // R) & 1, PAGE_FULL,
+                                (p0 + j) % R, mailbox, claim)
             if cutlass.const_expr(st == 0):
                 t_landed = cute.arch.globaltimer()
             cute.nvgpu.warpgroup.fence()
@@ -348,7 +355,8 @@ class ProjectionBodies:
                 page = (p0 + off // PAGE_BYTES) % R
                 desc_b = descriptor(w_base + page * PAGE_BYTES + off % PAGE_BYTES, f * 16, 128)
                 desc_a = descriptor(a_base + b * buf + 2 * k * r8 * 16, r8 * 16, 128)
-                accs[k % chains] = wgmma_ss_m64k16(accs[k % chains], desc_a, desc_b)
+                if cutlass.const_expr(self.ablate != "no_mma"):
+                    acc = wgmma_ss_m64k16(acc, desc_a, desc_b)
             cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             # every warp has retired the wgmmas that read buffer b and the stage's pages
@@ -361,9 +369,6 @@ class ProjectionBodies:
                     bulk_copy_g2s(abuf + b * buf,
                                   mArena.iterator + a_word + (st + nb) * (ab // 4), ab,
                                   act_full + b)
-        acc = accs[0]
-        for c in cutlass.range_constexpr(1, chains):
-            acc = [x + y for x, y in zip(acc, accs[c])]
         return acc, t_landed, cute.arch.globaltimer()
 
     @cute.jit
