@@ -30,8 +30,8 @@ from schedules.depth_frame import FrameOptions, build
 from workbench.timing import bench
 
 VARIANTS = {"b2": TileStudy(act_buffers=2), "fit": TileStudy(act_buffers=0),
-            "b2 no_mma": TileStudy(ablate="no_mma"),
-            "b2 no_page_wait": TileStudy(ablate="no_page_wait")}
+            "b2_no_mma": TileStudy(ablate="no_mma"),
+            "b2_no_page_wait": TileStudy(ablate="no_page_wait")}
 
 
 def _row(rows: int, label: str, study: TileStudy, quick: bool) -> dict:

@@ -77,9 +77,10 @@ class FrameKernel(ProjectionBodies):
     Roles with tiles (160 threads): warps 0-3 are one consumer warpgroup that walks the tasks
     together (thread 0 spins on the counters, issues the activation copies and signals; all 128
     run the wgmmas, wait on the pages and the activation stages, and take part in the split
-    handoff); warp 4's lane 0 is the loader. Arrive counts: ``partial`` 128 (every rank-1
-    thread after its fragment stores; 1 without tiles), ``slot_free``, ``page_full``,
-    ``page_empty`` and ``act_full`` 1 (with transaction bytes on the full barriers)."""
+    handoff); warp 4's lane 0 is the loader. Thread 0 does every mbarrier wait and arrive of
+    the walk, and named barrier 1 (128 threads) passes them on. Arrive counts: ``partial``,
+    ``slot_free``, ``page_full``, ``page_empty`` and ``act_full`` 1 (with transaction bytes on
+    the full barriers)."""
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
                  page_bytes: int = 0, rows: int = 0, study: T.TileStudy = T.TileStudy()):
@@ -148,7 +149,7 @@ class FrameKernel(ProjectionBodies):
                                           16).iterator
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
-                cute.arch.mbarrier_init(partial + s, self.walkers)
+                cute.arch.mbarrier_init(partial + s, 1)
                 cute.arch.mbarrier_init(slot_free + s, 1)
             if cutlass.const_expr(self.pages > 0):
                 for p in cutlass.range_constexpr(R):
@@ -272,16 +273,20 @@ class FrameKernel(ProjectionBodies):
         the %globaltimer when the slot was free (the task's "ready" stamp)."""
         S = self.slots
         slot, use = split % S, split // S
+        tidx, _, _ = cute.arch.thread_idx()
         if split >= S:
-            wait_cluster_parity(slot_free + slot, (use - 1) & 1, SLOT_WAIT, slot, i, split,
-                                mailbox, claim)
+            if tidx == 0:
+                wait_cluster_parity(slot_free + slot, (use - 1) & 1, SLOT_WAIT, slot, i, split,
+                                    mailbox, claim)
         t_ready = cute.arch.globaltimer()
         if cutlass.const_expr(acc is not None):
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
             self._send_fragment(parts, slot, acc)
-        tidx, _, _ = cute.arch.thread_idx()
+            # every thread's fragment stores precede thread 0's release
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
         if tidx == 0:
             st_cluster_u32(combine.iterator + slot, Int32(0), task_id)
-        arrive_cluster_release(partial + slot, Int32(0))
+            arrive_cluster_release(partial + slot, Int32(0))
         return t_ready
 
     @cute.jit
@@ -291,14 +296,17 @@ class FrameKernel(ProjectionBodies):
         slot's task id and free the slot. Returns the combined sums (tiles) or None."""
         S = self.slots
         slot, use = split % S, split // S
-        wait_cluster_parity(partial + slot, use & 1, PARTIAL_WAIT, slot, i, split, mailbox,
-                            claim)
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            wait_cluster_parity(partial + slot, use & 1, PARTIAL_WAIT, slot, i, split,
+                                mailbox, claim)
         out = acc
         if cutlass.const_expr(acc is not None):
+            # thread 0's acquire is every thread's: the barrier orders their reads after it
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
             out = self._add_fragment(parts, slot, acc)
             # every thread has read the slot before rank 1 may overwrite it
             cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
-        tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:
             if combine[slot] != task_id:  # the pair ran its split tiles out of step
                 cute.arch.atomic_add(mErrors.iterator.llvm_ptr, Int32(1))

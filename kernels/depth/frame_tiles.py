@@ -23,9 +23,9 @@ Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte c
   128. wgmma reads 64 rows; rows R8..63 fall on later chunks of the buffer (or the slack after
   it), rows nobody stores, whose products only reach accumulator rows that are not stored.
 
-Per K stage: all 128 threads wait for the activation stage and the stage's weight pages, issue
-K_STAGE / 16 wgmmas, retire them, meet at a named barrier, and thread 0 frees the pages and
-refills the activation buffer with stage s + 2. Pages go back per stage, not per task, so the
+Per K stage: thread 0 waits for the activation stage and the stage's weight pages and the
+warpgroup meets at a named barrier; all issue K_STAGE / 16 wgmmas, retire them, meet again,
+and thread 0 frees the pages and refills the activation buffer with stage s + 2. Pages go back per stage, not per task, so the
 loader streams the rest of a tile (a gate/up tile is the whole ring) while its first stages
 compute.
 
@@ -36,8 +36,10 @@ quad columns 8j + 2q and 8j + 2q + 1 of each n8 block j):
 * SwiGLU (gate/up): gate column c and up column 32 + c sit in the same thread, so
   ``bf16(bf16(silu(bf16(g))) * bf16(u))`` (kernels.device.rounding.swiglu_value) is local;
 * split (o, down, proj): rank 1 stores its fp32 fragment into rank 0's combine slot
-  (``st.shared::cluster``) and arrives; rank 0 adds it to its own, rank 0's K half first: a
-  fixed order, so every run gives the same bits.
+  (``st.shared::cluster``), meets its warpgroup at the named barrier, and thread 0 arrives
+  (release, cluster scope); rank 0's thread 0 waits (acquire), the barrier passes that on, and
+  every thread adds the pair's fragment to its own, rank 0's K half first: a fixed order, so
+  every run gives the same bits.
 """
 from __future__ import annotations
 
@@ -341,12 +343,16 @@ class ProjectionBodies:
         for st in cutlass.range_constexpr(stages):
             n = au + st
             b = n % nb
-            wait_parity(act_full + b, (n // nb) & 1, ACT_FULL, b, mailbox, claim)
             p0 = at + st * pp
-            if cutlass.const_expr(self.ablate != "no_page_wait"):
-                for j in cutlass.range_constexpr(pp):
-                    wait_parity(page_full + (p0 + j) % R, ((p0 + j) // R) & 1, PAGE_FULL,
-                                (p0 + j) % R, mailbox, claim)
+            # one thread waits for the stage (128 threads polling up to 9 mbarriers a stage
+            # cost ~1 µs of it, notes/depth-frame.md); the barrier passes the landing on
+            if tidx == 0:
+                wait_parity(act_full + b, (n // nb) & 1, ACT_FULL, b, mailbox, claim)
+                if cutlass.const_expr(self.ablate != "no_page_wait"):
+                    for j in cutlass.range_constexpr(pp):
+                        wait_parity(page_full + (p0 + j) % R, ((p0 + j) // R) & 1, PAGE_FULL,
+                                    (p0 + j) % R, mailbox, claim)
+            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if cutlass.const_expr(st == 0):
                 t_landed = cute.arch.globaltimer()
             cute.nvgpu.warpgroup.fence()
