@@ -8,8 +8,9 @@ Per row count and variant: the outputs checked against float64 within the derive
 a CUDA-graph median of the frame, and one traced run's critical chain split (handoff, stage-0
 landing, compute, epilogue, signal) with the per-type medians. Variants: 2 activation
 buffers (the default), as many as fit (every activation copy issued after the counter wait),
-and two ablations of the default (no wgmma; no wait for the weight pages), whose outputs are
-wrong by construction (timing only). Writes
+two ablations of the default (no wgmma; no wait for the weight pages: timing only, though
+its outputs can come out right where a tile lands on the same pages at every position), and
+the weight ring in 16 KB or 32 KB pages (fewer, larger copies) instead of 4 KB. Writes
 ``frame-tiles-ab.json`` (provenance, all rows) under --out or $WB_RESULTS_DIR and prints a
 table.
 """
@@ -29,13 +30,18 @@ from kernels.depth.frame_tiles import ProjectionStudy, TileStudy
 from schedules.depth_frame import FrameOptions, build
 from workbench.timing import bench
 
-VARIANTS = {"b2": TileStudy(act_buffers=2), "fit": TileStudy(act_buffers=0),
-            "b2_no_mma": TileStudy(ablate="no_mma"),
-            "b2_no_page_wait": TileStudy(ablate="no_page_wait")}
+# (tile knobs, the schedule's ring: pages x bytes)
+VARIANTS = {"b2": (TileStudy(act_buffers=2), (32, 4096)),
+            "fit": (TileStudy(act_buffers=0), (32, 4096)),
+            "b2_no_mma": (TileStudy(ablate="no_mma"), (32, 4096)),
+            "b2_no_page_wait": (TileStudy(ablate="no_page_wait"), (32, 4096)),
+            "b2_p16k": (TileStudy(act_buffers=2), (8, 16384)),
+            "b2_p32k": (TileStudy(act_buffers=2), (4, 32768))}
 
 
-def _row(rows: int, label: str, study: TileStudy, quick: bool) -> dict:
-    s = build(options=FrameOptions(rows=rows))
+def _row(rows: int, label: str, variant, quick: bool) -> dict:
+    study, (pages, page_bytes) = variant
+    s = build(options=FrameOptions(rows=rows, ring_pages=pages, page_bytes=page_bytes))
     data = ProjectionStudy(s, seed=rows)
     run = ProtocolRun(s, weights=data.packed, io=data.io(), study=study)
     run.launch()
@@ -52,6 +58,7 @@ def _row(rows: int, label: str, study: TileStudy, quick: bool) -> dict:
     traced.synchronize()
     stamps = traced.task_stamps()
     return {"rows": rows, "variant": label, "act_buffers": buffers, "ablate": study.ablate,
+            "ring": [pages, page_bytes],
             "checks": checks, "within_bound": ok, "worst_error_ratio": max(worst.values()),
             "frame_us": t["median_us"], "timing": t, "critical_chain": critical_chain(s, stamps),
             "tile_times": _tile_times(s, stamps)}

@@ -90,9 +90,9 @@ class FrameKernel(ProjectionBodies):
         self.act_buffers, self.ablate = 1, study.ablate
         if rows:
             T.check_rows(rows)
-            if page_bytes != T.PAGE_BYTES or ring_pages == 0:
+            if page_bytes not in T.PAGE_SIZES or ring_pages == 0:
                 raise ValueError(f"projection tiles need the weight ring in pages of "
-                                 f"{T.PAGE_BYTES} B (got {ring_pages} x {page_bytes})")
+                                 f"{T.PAGE_SIZES} B (got {ring_pages} x {page_bytes})")
             self.act_buffers = study.act_buffers or T.act_buffers(rows, combine_slots,
                                                                   ring_pages * page_bytes)
         self.walkers = T.CONSUMERS if rows else 1
@@ -354,7 +354,7 @@ class FrameKernel(ProjectionBodies):
                 else:
                     t_ready = cute.arch.globaltimer()
                     self._store_pairs(mArena, y_word, tile * f, acc)
-                at = at + stages * (f * T.K_STAGE * 2 // T.PAGE_BYTES)
+                at = at + stages * f * T.K_STAGE * 2 // self.page_bytes
                 au = au + stages
         return at, au, split, t_landed, t_computed, t_ready
 

@@ -14,8 +14,8 @@ Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte c
 
 * weights: each tile (each half of a split tile) packed once on the host as [K' / 8][F][8]
   bf16 (:func:`pack_tile`), streamed by the loader through the ring's pages. A k16 step reads
-  two K chunks, 2·F·16 bytes, which never straddle a page (4096 is a multiple of 2·F·16), so
-  each step's descriptor starts in one page: K-adjacent chunks F·16 bytes apart (LBO), 8-row
+  two K chunks, 2·F·16 bytes, which never straddle a page (PAGE_SIZES are multiples of
+  2·F·16), so each step's descriptor starts in one page: K-adjacent chunks F·16 bytes apart (LBO), 8-row
   groups 128 (SBO).
 * activations: chunk-major [K / 8][R8][8] bf16 in global memory (R8 = the step's rows rounded
   up to 8; :func:`chunk_major_rows`), brought after the task's counter wait by one bulk copy a
@@ -53,7 +53,7 @@ SMEM_LIMIT = 227 * 1024
 SMEM_RESERVE = 2048  # the protocol's barriers and combine words, the ring's alignment
 ACT_SLACK = 1024  # bytes after each activation buffer: wgmma's rows R8..63 of its last step
 MAX_ROWS = 64  # the A operand's rows
-PAGE_BYTES = 4096
+PAGE_SIZES = (4096, 8192, 16384, 32768)  # a page holds whole k16 steps of every tile
 TILE_FEATURES = {F.QKV: 32, F.GATEUP: 64, F.HEAD: 16, F.O: 16, F.DOWN: 16, F.PROJ: 16}
 PROJECTION_TYPES = tuple(TILE_FEATURES)
 
@@ -330,7 +330,8 @@ class ProjectionBodies:
         R, r8, nb = self.pages, rows8(self.rows), self.act_buffers
         ab = act_stage_bytes(self.rows)
         buf = ab + ACT_SLACK
-        pp = f * K_STAGE * 2 // PAGE_BYTES  # weight pages a stage
+        P = self.page_bytes
+        sb = f * K_STAGE * 2  # a stage's weight bytes: part of a page, or whole pages
         if tidx == 0:  # the first stages' activations (the counter wait is done)
             for s in cutlass.range_constexpr(min(nb, stages)):
                 b = (au + s) % nb
@@ -343,23 +344,25 @@ class ProjectionBodies:
         for st in cutlass.range_constexpr(stages):
             n = au + st
             b = n % nb
-            p0 = at + st * pp
+            # pages [w0, w1) land for this stage; pages [r0, r1) are done after it
+            w0, w1 = -(-st * sb // P), -(-(st + 1) * sb // P)
+            r0, r1 = st * sb // P, (st + 1) * sb // P
             # one thread waits for the stage (128 threads polling up to 9 mbarriers a stage
             # cost ~1 µs of it, notes/depth-frame.md); the barrier passes the landing on
             if tidx == 0:
                 wait_parity(act_full + b, (n // nb) & 1, ACT_FULL, b, mailbox, claim)
                 if cutlass.const_expr(self.ablate != "no_page_wait"):
-                    for j in cutlass.range_constexpr(pp):
-                        wait_parity(page_full + (p0 + j) % R, ((p0 + j) // R) & 1, PAGE_FULL,
-                                    (p0 + j) % R, mailbox, claim)
+                    for j in cutlass.range_constexpr(w0, w1):
+                        wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1, PAGE_FULL,
+                                    (at + j) % R, mailbox, claim)
             cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if cutlass.const_expr(st == 0):
                 t_landed = cute.arch.globaltimer()
             cute.nvgpu.warpgroup.fence()
             for k in cutlass.range_constexpr(K_STAGE // 16):
-                off = k * f * 32  # the step's bytes into the stage's weights
-                page = (p0 + off // PAGE_BYTES) % R
-                desc_b = descriptor(w_base + page * PAGE_BYTES + off % PAGE_BYTES, f * 16, 128)
+                off = st * sb + k * f * 32  # the step's bytes into the tile
+                page = (at + off // P) % R
+                desc_b = descriptor(w_base + page * P + off % P, f * 16, 128)
                 desc_a = descriptor(a_base + b * buf + 2 * k * r8 * 16, r8 * 16, 128)
                 if cutlass.const_expr(self.ablate != "no_mma"):
                     acc = wgmma_ss_m64k16(acc, desc_a, desc_b)
@@ -368,8 +371,8 @@ class ProjectionBodies:
             # every warp has retired the wgmmas that read buffer b and the stage's pages
             cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if tidx == 0:
-                for j in cutlass.range_constexpr(pp):
-                    cute.arch.mbarrier_arrive(page_empty + (p0 + j) % R)
+                for j in cutlass.range_constexpr(r0, r1):
+                    cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
                 if cutlass.const_expr(st + nb < stages):
                     cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
                     bulk_copy_g2s(abuf + b * buf,
