@@ -166,8 +166,9 @@ def _tiles_case(s, quick: bool) -> dict:
 def _case(rows: int, quick: bool) -> dict:
     from kernels.depth.frame_protocol import ProtocolRun
     from schedules.depth_frame import FrameOptions, build
+    from schedules.plan import FRAME_RING
 
-    s = build(options=FrameOptions(rows=rows))
+    s = build(options=FrameOptions(rows=rows, **FRAME_RING))
     run = ProtocolRun(s)
     run.launch()
     run.synchronize()

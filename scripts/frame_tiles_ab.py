@@ -10,7 +10,8 @@ landing, compute, epilogue, signal) with the per-type medians. Variants: 2 activ
 buffers (the default), as many as fit (every activation copy issued after the counter wait),
 two ablations of the default (no wgmma; no wait for the weight pages: timing only, though
 its outputs can come out right where a tile lands on the same pages at every position), and
-the weight ring in 16 KB or 32 KB pages (fewer, larger copies) instead of 4 KB. Writes
+the weight ring in 16 KB pages (fewer, larger copies) instead of 4 KB (32 KB pages do not
+divide down's 48 KB half tiles; the kernel refuses them). Writes
 ``frame-tiles-ab.json`` (provenance, all rows) under --out or $WB_RESULTS_DIR and prints a
 table.
 """
@@ -35,8 +36,7 @@ VARIANTS = {"b2": (TileStudy(act_buffers=2), (32, 4096)),
             "fit": (TileStudy(act_buffers=0), (32, 4096)),
             "b2_no_mma": (TileStudy(ablate="no_mma"), (32, 4096)),
             "b2_no_page_wait": (TileStudy(ablate="no_page_wait"), (32, 4096)),
-            "b2_p16k": (TileStudy(act_buffers=2), (8, 16384)),
-            "b2_p32k": (TileStudy(act_buffers=2), (4, 32768))}
+            "b2_p16k": (TileStudy(act_buffers=2), (8, 16384))}
 
 
 def _row(rows: int, label: str, variant, quick: bool) -> dict:

@@ -238,7 +238,10 @@ def _build_tiles(rows: int):
     from kernels.depth.frame_protocol import FrameKernel, compile_args
     from workbench.compile import compile_report
 
-    return compile_report(FrameKernel(512, 2, False, 32, 4096, rows=rows), *compile_args())
+    from schedules.plan import FRAME_RING
+
+    return compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=rows),
+                          *compile_args())
 
 
 @pytest.mark.compile
@@ -271,8 +274,9 @@ def test_projection_tiles_compile_to_wgmma_over_the_ring(rows):
 def _tiles_run(rows: int, seed: int = 0):
     from kernels.depth.frame_protocol import ProtocolRun
     from kernels.depth.frame_tiles import ProjectionStudy
+    from schedules.plan import FRAME_RING
 
-    s = _schedule(rows)
+    s = _schedule(rows, **FRAME_RING)
     study = ProjectionStudy(s, seed=seed)
     run = ProtocolRun(s, trace=True, weights=study.packed, io=study.io())
     run.trace.fill_(-1)
@@ -300,6 +304,18 @@ def test_projection_tiles_match_float64_within_the_derived_bound(rows):
     run.launch()
     run.synchronize()
     assert torch.equal(study.arena, first)
+
+
+def test_frame_kernel_refuses_pages_that_split_a_tile():
+    """32 KB pages would leave down's 48 KB half tiles a page and a half: refused at build,
+    before anything runs (the one measured attempt deadlocked on the loader, which reported
+    it)."""
+    from kernels.depth.frame_protocol import FrameKernel
+
+    with pytest.raises(ValueError, match="down"):
+        FrameKernel(512, 2, False, 4, 32768, rows=1)
+    with pytest.raises(ValueError, match="pages of"):
+        FrameKernel(512, 2, False, 32, 3072, rows=1)
 
 
 def test_projection_study_layouts_round_trip_on_the_host():

@@ -90,9 +90,14 @@ class FrameKernel(ProjectionBodies):
         self.act_buffers, self.ablate = 1, study.ablate
         if rows:
             T.check_rows(rows)
-            if page_bytes not in T.PAGE_SIZES or ring_pages == 0:
-                raise ValueError(f"projection tiles need the weight ring in pages of "
-                                 f"{T.PAGE_SIZES} B (got {ring_pages} x {page_bytes})")
+            if page_bytes % T.STEP_BYTES_MAX or ring_pages == 0:
+                raise ValueError(f"projection tiles need the weight ring in pages of a multiple "
+                                 f"of {T.STEP_BYTES_MAX} B (got {ring_pages} x {page_bytes})")
+            odd = [F.TYPE_NAMES[t] for t, (f, stages, _) in T.TASK_SHAPES.items()
+                   if f * stages * T.K_STAGE * 2 % page_bytes]
+            if odd:
+                raise ValueError(f"pages of {page_bytes} B do not divide the {', '.join(odd)} "
+                                 "tiles: a tile must be whole pages")
             self.act_buffers = study.act_buffers or T.act_buffers(rows, combine_slots,
                                                                   ring_pages * page_bytes)
         self.walkers = T.CONSUMERS if rows else 1

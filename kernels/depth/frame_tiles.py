@@ -14,8 +14,8 @@ Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte c
 
 * weights: each tile (each half of a split tile) packed once on the host as [K' / 8][F][8]
   bf16 (:func:`pack_tile`), streamed by the loader through the ring's pages. A k16 step reads
-  two K chunks, 2·F·16 bytes, which never straddle a page (PAGE_SIZES are multiples of
-  2·F·16), so each step's descriptor starts in one page: K-adjacent chunks F·16 bytes apart (LBO), 8-row
+  two K chunks, 2·F·16 bytes, which never straddle a page (pages are multiples of
+  STEP_BYTES_MAX), so each step's descriptor starts in one page: K-adjacent chunks F·16 bytes apart (LBO), 8-row
   groups 128 (SBO).
 * activations: chunk-major [K / 8][R8][8] bf16 in global memory (R8 = the step's rows rounded
   up to 8; :func:`chunk_major_rows`), brought after the task's counter wait by one bulk copy a
@@ -53,7 +53,7 @@ SMEM_LIMIT = 227 * 1024
 SMEM_RESERVE = 2048  # the protocol's barriers and combine words, the ring's alignment
 ACT_SLACK = 1024  # bytes after each activation buffer: wgmma's rows R8..63 of its last step
 MAX_ROWS = 64  # the A operand's rows
-PAGE_SIZES = (4096, 8192, 16384, 32768)  # a page holds whole k16 steps of every tile
+STEP_BYTES_MAX = 2048  # a gate/up k16 step (64 x 16 bf16): pages hold whole steps of any tile
 TILE_FEATURES = {F.QKV: 32, F.GATEUP: 64, F.HEAD: 16, F.O: 16, F.DOWN: 16, F.PROJ: 16}
 PROJECTION_TYPES = tuple(TILE_FEATURES)
 
