@@ -1,4 +1,4 @@
-"""Frame protocol: what synchronisation alone costs the depth frame on the H200.
+"""Frame protocol: the depth frame kernel in parts on the H200, synchronisation alone first.
 
 The depth frame kernel (issue #26) walks schedules/depth_frame.py's per-CTA task lists: 432
 phases for the 1.7B CodePredictor, each task waiting on a global counter (ld.acquire spin) or
@@ -14,7 +14,10 @@ synthetic buffer laid out like the model's) with its GB/s and the copy-ceiling f
 dependencies through program order, counters and cluster waits), the time per phase on that
 path, and from one traced run the span between the first task's start and the last task's
 end, with the median wait of a task. Checks in the same run: every counter at its expected
-count, no combine mismatch.
+count, no combine mismatch. Then the frame with its projection tiles
+(kernels/depth/frame_tiles.py) on random weights, the ring as schedules.plan.FRAME_RING: the
+outputs against float64 within the derived bound, the time, and a traced run's critical chain
+split into handoff, stage-0 landing, compute, epilogue and signal, with per-type medians.
 """
 from __future__ import annotations
 
@@ -50,6 +53,13 @@ NOTES = {
                         "(~0.2-0.5 µs each). So 1.3-1.9 ms a frame at 1 row and 1.5-2.8 ms "
                         "at 64, the weights hidden behind the chain; every output within "
                         "the bound.",
+    "outcome_tiles": "session 18 (H200): correct at once (every output within the bound, "
+                     "reruns bit-identical) but 4.0-4.6 ms with the seed's 4 KB pages "
+                     "(d9340ca, 9621aa2): wrong by 2-3x. Ablations (ba84dab, d7ed49d) "
+                     "located it: the weight pages land late once the wgmmas hold them, "
+                     "since the one-thread loader's per-copy cost caps it at ~11 GB/s an "
+                     "SM. 16 KB pages (657793b): 2674-2917 µs, with the weights alone at "
+                     "1228-1244 µs (was 1690). notes/depth-frame.md.",
 }
 
 

@@ -69,11 +69,16 @@ def _main(argv) -> int:
                      "sim_options": dataclasses.asdict(so), "phases": len(s.phases),
                      "tasks": s.n_tasks, **r.as_dict()})
         progress(f"{name}: {r.makespan_us:.0f} µs")
+    kernel = _kernel_calibration()
     err = (predicted[SEED] - SEED_MEASURED_US) / SEED_MEASURED_US
     gates = {f"held_out_{n}_rows_within_10pct": _gate(predicted[v], HELD_OUT_US[n])
              for n, v in HELD_OUT_VARIANT.items()}
     gates["fitted_64_rows_within_10pct"] = _gate(predicted[SEED], SEED_MEASURED_US)
     gates["all_variants_validate"] = R.gate(True, f"{len(names)} schedules, no rule broken")
+    if kernel is not None:
+        for r, x in kernel["held_out"].items():
+            gates[f"frame_kernel_held_out_{r}_rows_within_10pct"] = _gate(x["predicted_us"],
+                                                                          x["measured_us"])
     summary = R.make_summary(
         "frame-schedule",
         parameters={"config": dataclasses.asdict(seed.config), "costs": dataclasses.asdict(costs),
@@ -83,7 +88,10 @@ def _main(argv) -> int:
                     "kind": "model prediction on the CPU (no GPU involved)"},
         measurements=rows,
         headline={"phases": len(seed.phases), "predicted_us": predicted,
-                  "seed_error": round(err, 4)},
+                  "seed_error": round(err, 4),
+                  "frame_kernel_held_out_error": None if kernel is None else {
+                      r: x["error"] for r, x in kernel["held_out"].items()},
+                  "frame_kernel_calibration": kernel},
         gates=gates, notes=dict(NOTES, outcome="; ".join(f"{k}: {v:.0f} µs"
                                                         for k, v in predicted.items())))
     path = R.write(summary, args.results_dir)
@@ -93,6 +101,49 @@ def _main(argv) -> int:
     print(f"wrote {path}" + (f" (quick: {len(names)} of {len(VARIANTS)} variants)"
                              if args.quick else ""))
     return 0 if summary["verdict"] == "pass" else 1
+
+
+KERNEL_FIT_ROWS = 64  # the frame kernel's traced run the costs come from; the rest held out
+
+
+def _kernel_calibration() -> dict | None:
+    """The simulator calibrated from the frame kernel's own stamps (the published
+    frame-protocol summary's traced runs of the projection tiles, measured on the H200): costs
+    from the 64-row run (schedules.frame_sim.costs_from_stamps), the other row counts
+    predicted and compared with their measured frames. None when no summary has the stamps."""
+    import json
+    from pathlib import Path
+
+    from schedules.plan import FRAME_RING
+
+    path = Path(__file__).resolve().parents[1] / "results" / "frame-protocol.json"
+    try:
+        summary = json.loads(path.read_text())
+        rows = {m["rows"]: m for m in summary["measurements"] if "tile_times" in m}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if KERNEL_FIT_ROWS not in rows:
+        return None
+    costs = F.costs_from_stamps(rows[KERNEL_FIT_ROWS])
+    so = F.SimOptions(producer_warp=True, cluster_wait_at_end=True)
+    out = {"source": f"results/frame-protocol.json ({summary['provenance'].get('commit')}, "
+                     f"{summary['provenance'].get('device')})", "fit_rows": KERNEL_FIT_ROWS,
+           "costs": dataclasses.asdict(costs), "sim_options": dataclasses.asdict(so),
+           "held_out": {}}
+    for r, m in sorted(rows.items()):
+        s = D.validate(D.build(options=D.FrameOptions(rows=r, **FRAME_RING)))
+        pred = F.simulate(s, costs, so)
+        entry = {"predicted_us": round(pred.makespan_us, 1),
+                 "measured_us": round(m["with_tiles_us"], 1),
+                 "error": round(pred.makespan_us / m["with_tiles_us"] - 1, 4),
+                 "critical_path_us": pred.critical_path}
+        if r == KERNEL_FIT_ROWS:
+            out["fitted"] = entry
+        else:
+            out["held_out"][str(r)] = entry
+        progress(f"frame kernel, {r} rows: {entry['predicted_us']:.0f} µs predicted, "
+                 f"{entry['measured_us']:.0f} measured ({entry['error']:+.1%})")
+    return out
 
 
 def _gate(predicted_us: float, measured_us: float) -> dict:

@@ -12,7 +12,9 @@ projection starts each K chunk as soon as the producer tiles of that chunk are d
 Costs are per-task constants, calibrated (:func:`calibrate`) from the split of the seed's traced
 frame at 64 rows: 470-480 µs of handoffs and 1620-1700 µs of phase-slowest tasks over 432
 phases (2218 µs in all). The seed's 1- and 16-row frames (2127, 2192 µs) are not used to fit, so
-they test the prediction. Later calibration replaces them with the kernel's own timestamps.
+they test the prediction. :func:`costs_from_stamps` calibrates from the frame kernel's own
+timestamps instead (experiments/frame_protocol.py's traced runs), to be simulated with
+``SimOptions(cluster_wait_at_end=True)``, the kernel's split-tile handoff.
 """
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from schedules.depth_frame import (ATTN, EMBED, LOCAL_NONE, TYPE_NAMES, Schedule
 
 @dataclass(frozen=True)
 class Costs:
-    handoff_us: float = 1.1  # counter signal -> spinning waiter sees it -> task begins
+    # counter signal -> spinning waiter sees it -> task begins (1.15 µs: the frame kernel's
+    # protocol alone, 20e5028, measured 1.03 µs per critical task and the sim fits 1.27)
+    handoff_us: float = 1.1
     dsmem_us: float = 0.3  # rank 1's partial visible to rank 0
     bytes_per_us_per_sm: float = 4.24e12 / 132 / 1e6  # the copy ceiling shared by 132 SMs
     tma_latency_us: float = 0.6
@@ -41,6 +45,10 @@ class SimOptions:
     producer_warp: bool = False  # copies issued as soon as ring pages free, not at task starts
     per_chunk_waits: bool = False
     chunks: int = 4
+    # the frame kernel's split tiles (kernels/depth/frame_tiles.py): both halves run their
+    # mainloops at once and only the handoff waits (rank 0 for the partial, rank 1 for its
+    # slot), so a cluster wait bounds the task's end, not its start (the seed's model: start)
+    cluster_wait_at_end: bool = False
 
 
 @dataclass
@@ -84,8 +92,12 @@ def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = No
                 ready = max(ev[min(n - 1, (j + 1) * n // opt.chunks - 1)][0] + costs.handoff_us
                             - j * per for j in range(opt.chunks))
             cands.append((ready, "handoff", counter_last[t.wait]))
+        local_end = None
         if t.local_wait != LOCAL_NONE and t.local_dep is not None:
-            cands.append((ends[t.local_dep] + costs.dsmem_us, "dsmem", t.local_dep))
+            if opt.cluster_wait_at_end:
+                local_end = ends[t.local_dep] + costs.dsmem_us
+            else:
+                cands.append((ends[t.local_dep] + costs.dsmem_us, "dsmem", t.local_dep))
         start_wo_weights, cat, pred = max(cands, key=lambda x: x[0])
         if t.n_pages:
             if opt.producer_warp:
@@ -104,6 +116,9 @@ def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = No
         starts[node] = start
         ends[node] = start + body
         binding[node] = (cat, pred, start)
+        if local_end is not None and local_end > ends[node]:  # the pair's handoff binds
+            starts[node], ends[node] = local_end - body, local_end
+            binding[node] = ("dsmem", t.local_dep, local_end - body)
         if t.signal >= 0:
             if ends[node] >= counter_done[t.signal]:
                 counter_done[t.signal] = ends[node]
@@ -161,3 +176,18 @@ def calibrate(s: Schedule, *, handoff_total_us: float = 475.0, task_total_us: fl
             lo = mid
     return dataclasses.replace(base, handoff_us=handoff,
                                fixed_us={k: round(v * lo, 4) for k, v in base.fixed_us.items()})
+
+
+def costs_from_stamps(measurement: dict, base: Costs = SEED_COSTS) -> Costs:
+    """Costs from one row count of the frame kernel's traced run (a measurement of
+    experiments/frame_protocol.py: ``tile_times``, the per-type medians of stage-0 landing,
+    compute and epilogue; ``critical_chain``, whose signal time per task is added to every
+    body). The counter handoff keeps ``base``'s figure: the chain's handoff total also holds
+    the acquire of waits that did not bind. DSMEM hops are inside the epilogue medians."""
+    import dataclasses
+
+    chain = measurement["critical_chain"]
+    signal = chain["signal_us"] / chain["tasks"]
+    fixed = {k: v["landing_us"] + v["compute_us"] + v["epilogue_us"] + signal
+             for k, v in measurement["tile_times"].items()}
+    return dataclasses.replace(base, fixed_us=fixed, dsmem_us=0.0)

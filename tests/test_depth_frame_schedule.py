@@ -140,3 +140,23 @@ def test_simulator_predicts_held_out_frames_within_10pct():
     s = D.build()
     fast = F.simulate(s, costs, F.SimOptions(producer_warp=True))
     assert fast.makespan_us < F.simulate(s, costs).makespan_us
+
+
+def test_costs_from_stamps_and_the_split_handoff_at_the_end():
+    """The frame kernel's calibration: per-type bodies from a traced run's medians plus its
+    signal time per task; with cluster_wait_at_end a split tile's halves overlap, so rank 0
+    waits for the partial only at its end, and the frame gets shorter than with the seed's
+    wait at the start."""
+    from schedules import frame_sim as S
+
+    types = ("proj", "qkv", "attn", "o", "gateup", "down", "head", "embed")
+    m = {"critical_chain": {"signal_us": 43.2, "tasks": 432},
+         "tile_times": {k: {"landing_us": 1.0, "compute_us": 2.0, "epilogue_us": 0.5}
+                        for k in types}}
+    c = S.costs_from_stamps(m)
+    assert c.fixed_us == {k: 3.6 for k in types} and c.dsmem_us == 0.0
+    s = D.validate(D.build(options=D.FrameOptions(rows=16)))
+    start = S.simulate(s, c, S.SimOptions(producer_warp=True))
+    end = S.simulate(s, c, S.SimOptions(producer_warp=True, cluster_wait_at_end=True))
+    assert end.makespan_us < start.makespan_us
+    assert end.makespan_us > 432 * c.handoff_us  # every phase still hands off once
