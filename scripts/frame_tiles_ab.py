@@ -11,7 +11,9 @@ buffers (the default), as many as fit (every activation copy issued after the co
 two ablations of the default (no wgmma; no wait for the weight pages: timing only, though
 its outputs can come out right where a tile lands on the same pages at every position), and
 the weight ring in 16 KB pages (fewer, larger copies) instead of 4 KB (32 KB pages do not
-divide down's 48 KB half tiles; the kernel refuses them). Writes
+divide down's 48 KB half tiles; the kernel refuses them), and on 16 KB pages: every thread
+waiting for a stage (one barrier a stage fewer), two accumulator chains, K stages of 512
+(rows <= 32: their buffers do not fit at 64). Writes
 ``frame-tiles-ab.json`` (provenance, all rows) under --out or $WB_RESULTS_DIR and prints a
 table.
 """
@@ -36,7 +38,10 @@ VARIANTS = {"b2": (TileStudy(act_buffers=2), (32, 4096)),
             "fit": (TileStudy(act_buffers=0), (32, 4096)),
             "b2_no_mma": (TileStudy(ablate="no_mma"), (32, 4096)),
             "b2_no_page_wait": (TileStudy(ablate="no_page_wait"), (32, 4096)),
-            "b2_p16k": (TileStudy(act_buffers=2), (8, 16384))}
+            "b2_p16k": (TileStudy(act_buffers=2), (8, 16384)),
+            "p16k_all_wait": (TileStudy(stage_waits="all"), (8, 16384)),
+            "p16k_chains2": (TileStudy(chains=2), (8, 16384)),
+            "p16k_k512": (TileStudy(k_stage=512), (8, 16384))}
 
 
 def _row(rows: int, label: str, variant, quick: bool) -> dict:
@@ -75,7 +80,12 @@ def main() -> int:
     for r in args.rows:
         for label in args.variants:
             print(f"[{time.strftime('%H:%M:%S')}] rows {r} {label}", flush=True)
-            out.append(_row(r, label, VARIANTS[label], args.quick))
+            try:
+                out.append(_row(r, label, VARIANTS[label], args.quick))
+            except ValueError as e:  # e.g. K stages of 512 at 64 rows do not fit
+                print(f"  refused: {e}", flush=True)
+                out.append({"rows": r, "variant": label, "refused": str(e)})
+                continue
             x = out[-1]
             print(f"  {x['frame_us']:.1f} us, ok {x['within_bound']} "
                   f"({x['worst_error_ratio']:.3f}), chain {x['critical_chain']}", flush=True)
@@ -92,6 +102,9 @@ def main() -> int:
     print(f"{'rows':>4} {'variant':>16} {'buf':>3} {'frame us':>9} {'ok':>3}  "
           "chain handoff/landing/compute/epilogue/signal us")
     for x in out:
+        if "refused" in x:
+            print(f"{x['rows']:>4} {x['variant']:>16} refused: {x['refused']}")
+            continue
         c = x["critical_chain"]
         print(f"{x['rows']:>4} {x['variant']:>16} {x['act_buffers']:>3} {x['frame_us']:>9.1f} "
               f"{'yes' if x['within_bound'] else 'NO':>3}  "

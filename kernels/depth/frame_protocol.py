@@ -88,18 +88,24 @@ class FrameKernel(ProjectionBodies):
         self.pages, self.page_bytes = ring_pages, page_bytes
         self.rows = rows
         self.act_buffers, self.ablate = 1, study.ablate
+        self.k_stage, self.stage_waits, self.chains = (study.k_stage, study.stage_waits,
+                                                       study.chains)
         if rows:
             T.check_rows(rows)
             if page_bytes % T.STEP_BYTES_MAX or ring_pages == 0:
                 raise ValueError(f"projection tiles need the weight ring in pages of a multiple "
                                  f"of {T.STEP_BYTES_MAX} B (got {ring_pages} x {page_bytes})")
-            odd = [F.TYPE_NAMES[t] for t, (f, stages, _) in T.TASK_SHAPES.items()
-                   if f * stages * T.K_STAGE * 2 % page_bytes]
+            odd = [F.TYPE_NAMES[t] for t, (f, k, _) in T.TASK_SHAPES.items()
+                   if f * k * 2 % page_bytes or k % self.k_stage]
             if odd:
                 raise ValueError(f"pages of {page_bytes} B do not divide the {', '.join(odd)} "
                                  "tiles: a tile must be whole pages")
-            self.act_buffers = study.act_buffers or T.act_buffers(rows, combine_slots,
-                                                                  ring_pages * page_bytes)
+            self.act_buffers = study.act_buffers or T.act_buffers(
+                rows, combine_slots, ring_pages * page_bytes, self.k_stage)
+            if T.act_buffers(rows, combine_slots, ring_pages * page_bytes,
+                             self.k_stage) < self.act_buffers:
+                raise ValueError(f"{self.act_buffers} activation buffers of "
+                                 f"{T.act_stage_bytes(rows, self.k_stage)} B do not fit")
         self.walkers = T.CONSUMERS if rows else 1
         self.threads = T.CONSUMERS + 32 if rows else THREADS
         self.loader = T.CONSUMERS if rows else 32
@@ -148,8 +154,8 @@ class FrameKernel(ProjectionBodies):
         abuf = ring
         parts = ring
         if cutlass.const_expr(self.rows > 0):
-            abuf = alloc.allocate(self.act_buffers * (T.act_stage_bytes(self.rows) + T.ACT_SLACK),
-                                  1024)
+            abuf = alloc.allocate(self.act_buffers * (T.act_stage_bytes(self.rows, self.k_stage)
+                                                      + T.ACT_SLACK), 1024)
             parts = alloc.allocate_tensor(Float32, cute.make_layout(S * T.MAX_ROWS * 16),
                                           16).iterator
         if tidx == 0:
@@ -335,11 +341,12 @@ class FrameKernel(ProjectionBodies):
         t_landed, t_computed = t_ready, t_ready
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
             t = T.PROJECTION_TYPES[kind]
-            f, stages, is_split = T.TASK_SHAPES[t]
+            f, k, is_split = T.TASK_SHAPES[t]
+            stages = k // self.k_stage
             if ty == t:
                 a0 = a_word
                 if cutlass.const_expr(is_split):  # the half's K range of the input
-                    a0 = a_word + half * (stages * T.act_stage_bytes(self.rows) // 4)
+                    a0 = a_word + half * (k * T.rows8(self.rows) // 2)  # 32-bit words
                 acc, t_landed, t_computed = self._mainloop(f, stages, a0, at, au, mArena, ring,
                                                            page_full, page_empty, act_full,
                                                            abuf, mailbox, claim)
@@ -359,7 +366,7 @@ class FrameKernel(ProjectionBodies):
                 else:
                     t_ready = cute.arch.globaltimer()
                     self._store_pairs(mArena, y_word, tile * f, acc)
-                at = at + stages * f * T.K_STAGE * 2 // self.page_bytes
+                at = at + f * k * 2 // self.page_bytes
                 au = au + stages
         return at, au, split, t_landed, t_computed, t_ready
 
@@ -504,7 +511,8 @@ class ProtocolRun:
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows,
-               self.kernel.act_buffers, self.kernel.ablate)
+               self.kernel.act_buffers, self.kernel.ablate, self.kernel.k_stage,
+               self.kernel.stage_waits, self.kernel.chains)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 

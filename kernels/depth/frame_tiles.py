@@ -62,19 +62,20 @@ def rows8(rows: int) -> int:
     return -(-rows // 8) * 8
 
 
-def act_stage_bytes(rows: int) -> int:
-    return K_STAGE * rows8(rows) * 2
+def act_stage_bytes(rows: int, k_stage: int = K_STAGE) -> int:
+    return k_stage * rows8(rows) * 2
 
 
-def act_buffers(rows: int, combine_slots: int, ring_bytes: int) -> int:
+def act_buffers(rows: int, combine_slots: int, ring_bytes: int, k_stage: int = K_STAGE) -> int:
     """Activation stage buffers that fit beside the ring and the combine slots' fp32 partials
     (64 rows x 16 features each), at most MAX_ACT_BUFFERS: with as many buffers as a task has
     stages, every activation copy is issued right after the counter wait."""
     free = SMEM_LIMIT - SMEM_RESERVE - ring_bytes - combine_slots * MAX_ROWS * 16 * 4
-    fit = free // (act_stage_bytes(rows) + ACT_SLACK)
+    fit = free // (act_stage_bytes(rows, k_stage) + ACT_SLACK)
     if fit < 2:
-        raise ValueError(f"rows {rows}: two activation stages of {act_stage_bytes(rows)} B do "
-                         f"not fit beside a {ring_bytes} B ring")
+        raise ValueError(f"rows {rows}: two activation stages of "
+                         f"{act_stage_bytes(rows, k_stage)} B do not fit beside a {ring_bytes} B "
+                         "ring")
     return min(MAX_ACT_BUFFERS, fit)
 
 
@@ -85,15 +86,25 @@ ABLATIONS = ("", "no_mma", "no_page_wait")
 class TileStudy:
     """Knobs of the projection tiles still under A/B (scripts/frame_tiles_ab.py), never in a
     user-facing constructor. ``act_buffers``: activation stage buffers (0: as many as fit,
-    :func:`act_buffers`; 2 won the first A/B, notes/depth-frame.md). ``ablate`` (timing only,
-    the outputs are wrong): "no_mma" issues no wgmma, "no_page_wait" computes on the ring's
-    pages without waiting for them to land."""
+    :func:`act_buffers`; 2 won the first A/B, notes/depth-frame.md). ``k_stage``: K elements a
+    stage (256 or 512). ``stage_waits``: "one" (thread 0 waits for a stage's activations and
+    pages, a named barrier passes it on) or "all" (every thread waits: one barrier a stage
+    fewer). ``chains``: accumulator sets the k16 steps take in turn, added in a fixed order at
+    the end (independent wgmma chains). ``ablate`` (timing only, the outputs are wrong):
+    "no_mma" issues no wgmma, "no_page_wait" computes on the ring's pages without waiting for
+    them to land."""
     act_buffers: int = 2
     ablate: str = ""
+    k_stage: int = K_STAGE
+    stage_waits: str = "one"
+    chains: int = 1
 
     def __post_init__(self):
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate {self.ablate!r}: choose from {ABLATIONS}")
+        if self.k_stage not in (256, 512) or self.stage_waits not in ("one", "all") \
+                or self.chains not in (1, 2):
+            raise ValueError(f"{self}: k_stage 256 / 512, stage_waits one / all, chains 1 / 2")
 
 
 def check_rows(rows: int) -> None:
@@ -308,9 +319,10 @@ CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroup (0 is __syncthre
 CONSUMERS = 128
 ACT_FULL = 2  # the mailbox's barrier name for the activation stages (BARRIER_NAMES)
 PAGE_FULL = 4
-# (tile features, K stages of the task, split) per projection type, with the 1.7B shapes
-TASK_SHAPES = {F.QKV: (32, 4, False), F.GATEUP: (64, 4, False), F.HEAD: (16, 4, False),
-               F.O: (16, 4, True), F.PROJ: (16, 4, True), F.DOWN: (16, 6, True)}
+# (tile features, the task's K range, split) per projection type, with the 1.7B shapes
+TASK_SHAPES = {F.QKV: (32, 1024, False), F.GATEUP: (64, 1024, False),
+               F.HEAD: (16, 1024, False), F.O: (16, 1024, True), F.PROJ: (16, 1024, True),
+               F.DOWN: (16, 1536, True)}
 PHASE_FIELDS = ("a_word", "y_word")  # the phase's input / output in the arena (32-bit words)
 
 
@@ -327,11 +339,11 @@ class ProjectionBodies:
         ``at`` (unwrapped) on; activation buffer uses ``au`` on. Also returns the
         %globaltimer when stage 0 had landed and when the last wgmma retired."""
         tidx, _, _ = cute.arch.thread_idx()
-        R, r8, nb = self.pages, rows8(self.rows), self.act_buffers
-        ab = act_stage_bytes(self.rows)
+        R, r8, nb, ks = self.pages, rows8(self.rows), self.act_buffers, self.k_stage
+        ab = act_stage_bytes(self.rows, ks)
         buf = ab + ACT_SLACK
         P = self.page_bytes
-        sb = f * K_STAGE * 2  # a stage's weight bytes: part of a page, or whole pages
+        sb = f * ks * 2  # a stage's weight bytes: part of a page, or whole pages
         if tidx == 0:  # the first stages' activations (the counter wait is done)
             for s in cutlass.range_constexpr(min(nb, stages)):
                 b = (au + s) % nb
@@ -339,7 +351,7 @@ class ProjectionBodies:
                 bulk_copy_g2s(abuf + b * buf, mArena.iterator + a_word + s * (ab // 4), ab,
                               act_full + b)
         a_base, w_base = smem_u32(abuf), smem_u32(ring)
-        acc = [Float32(0.0)] * (f // 2)
+        accs = [[Float32(0.0)] * (f // 2) for _ in range(self.chains)]
         t_landed = cute.arch.globaltimer()
         for st in cutlass.range_constexpr(stages):
             n = au + st
@@ -349,23 +361,25 @@ class ProjectionBodies:
             r0, r1 = st * sb // P, (st + 1) * sb // P
             # one thread waits for the stage (128 threads polling up to 9 mbarriers a stage
             # cost ~1 µs of it, notes/depth-frame.md); the barrier passes the landing on
-            if tidx == 0:
+            if tidx == 0 or cutlass.const_expr(self.stage_waits == "all"):
                 wait_parity(act_full + b, (n // nb) & 1, ACT_FULL, b, mailbox, claim)
                 if cutlass.const_expr(self.ablate != "no_page_wait"):
                     for j in cutlass.range_constexpr(w0, w1):
                         wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1, PAGE_FULL,
                                     (at + j) % R, mailbox, claim)
-            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+            if cutlass.const_expr(self.stage_waits == "one"):
+                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if cutlass.const_expr(st == 0):
                 t_landed = cute.arch.globaltimer()
             cute.nvgpu.warpgroup.fence()
-            for k in cutlass.range_constexpr(K_STAGE // 16):
+            for k in cutlass.range_constexpr(ks // 16):
                 off = st * sb + k * f * 32  # the step's bytes into the tile
                 page = (at + off // P) % R
                 desc_b = descriptor(w_base + page * P + off % P, f * 16, 128)
                 desc_a = descriptor(a_base + b * buf + 2 * k * r8 * 16, r8 * 16, 128)
                 if cutlass.const_expr(self.ablate != "no_mma"):
-                    acc = wgmma_ss_m64k16(acc, desc_a, desc_b)
+                    c = k % self.chains
+                    accs[c] = wgmma_ss_m64k16(accs[c], desc_a, desc_b)
             cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             # every warp has retired the wgmmas that read buffer b and the stage's pages
@@ -378,6 +392,9 @@ class ProjectionBodies:
                     bulk_copy_g2s(abuf + b * buf,
                                   mArena.iterator + a_word + (st + nb) * (ab // 4), ab,
                                   act_full + b)
+        acc = accs[0]
+        for c in cutlass.range_constexpr(1, self.chains):
+            acc = [x + y for x, y in zip(acc, accs[c])]
         return acc, t_landed, cute.arch.globaltimer()
 
     @cute.jit
