@@ -91,9 +91,11 @@ def critical_chain(s, stamps) -> dict:
     chain's time: handoff (a signaller ready -> the waiter through its counter wait; with
     program order binding, the wait's own acquire), landing (waited -> stage 0's activations
     and weight pages landed), compute (-> the last wgmma retired: the other stages' waits
-    included), epilogue (-> ready: the pair handoff and the output stores), signal (ready ->
-    signalled, where the next task on the CTA waited for it), program order (the gap between a
-    task's end and the next's start)."""
+    included), epilogue (-> ready: the pair handoff), signal (ready -> signalled: the output
+    stores, their proxy fence, the barrier and the red.release, where the next task on the CTA
+    waited for it; on a counter edge the signaller's stores fall in the waiter's handoff),
+    program order (the gap between a task's end and the next's start). ``signal_tasks``: the
+    tasks whose signal span was counted."""
     last_ready: dict[int, tuple] = {}
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
@@ -103,7 +105,7 @@ def critical_chain(s, stamps) -> dict:
                key=lambda n: stamps[n[0]][n[1]][5])
     split = {"handoff_us": 0.0, "landing_us": 0.0, "compute_us": 0.0, "epilogue_us": 0.0,
              "signal_us": 0.0, "program_order_us": 0.0}
-    tasks, count_signal = 0, True
+    tasks, signal_tasks, count_signal = 0, 0, True
     while node is not None:
         c, i = node
         start, waited, landed, computed, ready, end = stamps[c][i]
@@ -114,6 +116,7 @@ def critical_chain(s, stamps) -> dict:
         split["epilogue_us"] += (ready - computed) / 1e3
         if count_signal:
             split["signal_us"] += (end - ready) / 1e3
+            signal_tasks += 1
         by_counter = last_ready.get(t.wait) if t.wait >= 0 else None
         by_order = stamps[c][i - 1][5] if i else None
         if by_counter is not None and (by_order is None or by_counter[0] > by_order):
@@ -126,13 +129,13 @@ def critical_chain(s, stamps) -> dict:
         else:
             split["handoff_us"] += (waited - start) / 1e3
             node = None
-    split["tasks"] = tasks
+    split["tasks"], split["signal_tasks"] = tasks, signal_tasks
     return split
 
 
 def _tile_times(s, stamps) -> dict:
     """Median µs of the tasks of each type: counter wait, stage 0 landing, compute (the rest
-    of the mainloop), epilogue (handoff and stores)."""
+    of the mainloop), epilogue (the split handoff; the output stores come after "ready")."""
     from schedules.depth_frame import TYPE_NAMES
 
     by: dict[str, list] = {}

@@ -120,14 +120,15 @@ def _kernel_calibration() -> dict | None:
     try:
         summary = json.loads(path.read_text())
         rows = {m["rows"]: m for m in summary["measurements"] if "tile_times" in m}
+        prov = summary["provenance"]
+        source = f"results/frame-protocol.json ({prov['commit']}, {prov['device']})"
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if KERNEL_FIT_ROWS not in rows:
         return None
     costs = F.costs_from_stamps(rows[KERNEL_FIT_ROWS])
     so = F.SimOptions(producer_warp=True, cluster_wait_at_end=True)
-    out = {"source": f"results/frame-protocol.json ({summary['provenance'].get('commit')}, "
-                     f"{summary['provenance'].get('device')})", "fit_rows": KERNEL_FIT_ROWS,
+    out = {"source": source, "fit_rows": KERNEL_FIT_ROWS,
            "costs": dataclasses.asdict(costs), "sim_options": dataclasses.asdict(so),
            "held_out": {}}
     for r, m in sorted(rows.items()):

@@ -181,13 +181,15 @@ def calibrate(s: Schedule, *, handoff_total_us: float = 475.0, task_total_us: fl
 def costs_from_stamps(measurement: dict, base: Costs = SEED_COSTS) -> Costs:
     """Costs from one row count of the frame kernel's traced run (a measurement of
     experiments/frame_protocol.py: ``tile_times``, the per-type medians of stage-0 landing,
-    compute and epilogue; ``critical_chain``, whose signal time per task is added to every
-    body). The counter handoff keeps ``base``'s figure: the chain's handoff total also holds
-    the acquire of waits that did not bind. DSMEM hops are inside the epilogue medians."""
+    compute and epilogue; ``critical_chain``, whose signal time, the output stores included,
+    is added to every body: per task that counted it (``signal_tasks``) where the chain says,
+    else spread over all its tasks, as the 657793b summary's chain has it). The counter
+    handoff keeps ``base``'s figure: the chain's handoff total also holds the acquire of waits
+    that did not bind. DSMEM hops are inside the epilogue medians."""
     import dataclasses
 
     chain = measurement["critical_chain"]
-    signal = chain["signal_us"] / chain["tasks"]
+    signal = chain["signal_us"] / chain.get("signal_tasks", chain["tasks"])
     fixed = {k: v["landing_us"] + v["compute_us"] + v["epilogue_us"] + signal
              for k, v in measurement["tile_times"].items()}
     return dataclasses.replace(base, fixed_us=fixed, dsmem_us=0.0)

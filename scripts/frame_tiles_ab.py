@@ -9,7 +9,9 @@ a CUDA-graph median of the frame, and one traced run's critical chain split (han
 landing, compute, epilogue, signal) with the per-type medians. Variants: 2 activation
 buffers (the default), as many as fit (every activation copy issued after the counter wait),
 two ablations of the default (no wgmma; no wait for the weight pages: timing only, though
-its outputs can come out right where a tile lands on the same pages at every position), and
+its outputs can come out right where a tile lands on the same pages at every position; it
+also lets the loader re-arm a page's barrier while that page's copy may still be in flight,
+so its times are an estimate), and
 the weight ring in 16 KB pages (fewer, larger copies) instead of 4 KB (32 KB pages do not
 divide down's 48 KB half tiles; the kernel refuses them), and on 16 KB pages: every thread
 waiting for a stage (one barrier a stage fewer), two accumulator chains, K stages of 512
@@ -22,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from experiments.frame_protocol import _tile_times, critical_chain
-from kernels.depth.frame_protocol import ProtocolRun
+from kernels.depth.frame_protocol import FrameKernel, ProtocolRun
 from kernels.depth.frame_tiles import ProjectionStudy, TileStudy
 from schedules.depth_frame import FrameOptions, build
 from workbench.timing import bench
@@ -42,6 +45,16 @@ VARIANTS = {"b2": (TileStudy(act_buffers=2), (32, 4096)),
             "p16k_all_wait": (TileStudy(stage_waits="all"), (8, 16384)),
             "p16k_chains2": (TileStudy(chains=2), (8, 16384)),
             "p16k_k512": (TileStudy(k_stage=512), (8, 16384))}
+
+
+def _fits(rows: int, variant) -> str | None:
+    """Why the kernel refuses this variant at ``rows`` (None: it builds)."""
+    study, (pages, page_bytes) = variant
+    try:
+        FrameKernel(512, 2, False, pages, page_bytes, rows=rows, study=study)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _row(rows: int, label: str, variant, quick: bool) -> dict:
@@ -80,20 +93,19 @@ def main() -> int:
     for r in args.rows:
         for label in args.variants:
             print(f"[{time.strftime('%H:%M:%S')}] rows {r} {label}", flush=True)
-            try:
-                out.append(_row(r, label, VARIANTS[label], args.quick))
-            except ValueError as e:  # e.g. K stages of 512 at 64 rows do not fit
-                print(f"  refused: {e}", flush=True)
-                out.append({"rows": r, "variant": label, "refused": str(e)})
+            why = _fits(r, VARIANTS[label])  # e.g. K stages of 512 at 64 rows do not fit
+            if why is not None:
+                print(f"  refused: {why}", flush=True)
+                out.append({"rows": r, "variant": label, "refused": why})
                 continue
+            out.append(_row(r, label, VARIANTS[label], args.quick))
             x = out[-1]
             print(f"  {x['frame_us']:.1f} us, ok {x['within_bound']} "
                   f"({x['worst_error_ratio']:.3f}), chain {x['critical_chain']}", flush=True)
     prov = {"commit": os.environ.get("WB_GIT_COMMIT", "unknown")[:7],
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": "python3 scripts/frame_tiles_ab.py " + " ".join(
-                f"--rows {' '.join(map(str, args.rows))}".split())}
+            "command": " ".join(["python3", "scripts/frame_tiles_ab.py", *sys.argv[1:]])}
     path = Path(args.out) / "frame-tiles-ab.json"
     if path.exists():
         raise SystemExit(f"{path} exists: refusing to overwrite it")

@@ -113,7 +113,11 @@ def _edges_respected(s: F.Schedule, stamps) -> list[str]:
                            "before the counter's last signaller was ready")
             if t.local_dep is not None:
                 dc, di = t.local_dep
-                if ready < stamps[dc][di][4]:
+                # a partial wait follows the pair's ready stamp (taken before it sends); a slot
+                # wait follows rank 0's "computed" stamp (it frees the slot after that, and
+                # stamps ready only after freeing it)
+                dep = stamps[dc][di][4 if t.local_wait == F.LOCAL_PARTIAL else 3]
+                if ready < dep:
                     bad.append(f"CTA {c} task {i} passed its cluster wait before CTA {dc} "
                                f"task {di} was ready")
     return bad
@@ -316,6 +320,17 @@ def test_frame_kernel_refuses_pages_that_split_a_tile():
         FrameKernel(512, 2, False, 4, 32768, rows=1)
     with pytest.raises(ValueError, match="pages of"):
         FrameKernel(512, 2, False, 32, 3072, rows=1)
+
+
+def test_projection_tiles_refuse_a_schedule_they_are_not_built_for():
+    """Unsplit o / down / proj (or another config) would leave rank 0 waiting for a partial
+    that never comes: refused before the launch, naming the task."""
+    from kernels.depth.frame_protocol import check_tile_shapes
+    from schedules.plan import FRAME_RING
+
+    check_tile_shapes(_schedule(13, **FRAME_RING))
+    with pytest.raises(ValueError, match="not the tile the kernel is built for"):
+        check_tile_shapes(_schedule(13, split_o_down=False, **FRAME_RING))
 
 
 def test_projection_study_layouts_round_trip_on_the_host():

@@ -98,8 +98,9 @@ class FrameKernel(ProjectionBodies):
             odd = [F.TYPE_NAMES[t] for t, (f, k, _) in T.TASK_SHAPES.items()
                    if f * k * 2 % page_bytes or k % self.k_stage]
             if odd:
-                raise ValueError(f"pages of {page_bytes} B do not divide the {', '.join(odd)} "
-                                 "tiles: a tile must be whole pages")
+                raise ValueError(f"pages of {page_bytes} B or K stages of {self.k_stage} do not "
+                                 f"divide the {', '.join(odd)} tiles: a tile must be whole "
+                                 "pages and whole stages")
             self.act_buffers = study.act_buffers or T.act_buffers(
                 rows, combine_slots, ring_pages * page_bytes, self.k_stage)
             if T.act_buffers(rows, combine_slots, ring_pages * page_bytes,
@@ -426,6 +427,28 @@ def check_launchable(schedule: F.Schedule) -> None:
                            f"schedule's grid needs {grid // 2} resident together")
 
 
+def check_tile_shapes(schedule: F.Schedule) -> None:
+    """The projection tiles are compiled for the 1.7B shapes and the schedule's split o /
+    down / proj (kernels.depth.frame_tiles.TASK_SHAPES): refuse, before anything runs, a
+    schedule whose projection tasks differ (another config, ``split_o_down=False``), since
+    the kernel would wait for a partial that never comes and count pages the loader does not."""
+    from models.codepredictor_config import QWEN3_TTS_1P7B
+
+    if schedule.config != QWEN3_TTS_1P7B:
+        raise ValueError("the frame's projection tiles take the 1.7B CodePredictor shapes only")
+    P = schedule.options.page_bytes
+    for c, lst in enumerate(schedule.ctas):
+        for i, t in enumerate(lst):
+            if t.type not in T.TASK_SHAPES:
+                continue
+            f, k, split = T.TASK_SHAPES[t.type]
+            if (t.half >= 0) != split or t.n_pages * P != f * k * 2:
+                raise ValueError(
+                    f"CTA {c} task {i} ({F.TYPE_NAMES[t.type]}, half {t.half}, {t.n_pages} "
+                    f"pages of {P} B) is not the tile the kernel is built for ({f} features x "
+                    f"K {k}, {'split' if split else 'whole'})")
+
+
 def weight_regions(schedule: F.Schedule) -> tuple[np.ndarray, int, dict]:
     """(int64 [grid, max_tasks] byte offset of each task's weight tile, -1 for none; the
     buffer's size; {(type, owner, tile, half): offset}). One region per distinct tile of the
@@ -482,6 +505,8 @@ class ProtocolRun:
         streamed = weights is not False
         if io is not None and not torch.is_tensor(weights):
             raise ValueError("projection tiles (io) need the packed weights")
+        if io is not None:
+            check_tile_shapes(schedule)
         pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
         rows = opt.rows if io is not None else 0
         self.kernel = FrameKernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
