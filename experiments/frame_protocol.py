@@ -153,7 +153,7 @@ def _tiles_case(s, quick: bool) -> dict:
     """The frame with the projection tiles (kernels/depth/frame_tiles.py) on random weights:
     the checks, the time, and one traced run's critical chain and per-type tile times."""
     from kernels.depth.frame_protocol import ProtocolRun
-    from kernels.depth.frame_tiles import ProjectionStudy
+    from kernels.depth.frame_studies import ProjectionStudy
 
     study = ProjectionStudy(s, seed=0)
     run = ProtocolRun(s, weights=study.packed, io=study.io())

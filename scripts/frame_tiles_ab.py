@@ -32,7 +32,8 @@ import torch
 
 from experiments.frame_protocol import _tile_times, critical_chain
 from kernels.depth.frame_protocol import FrameKernel, ProtocolRun
-from kernels.depth.frame_tiles import ProjectionStudy, TileStudy
+from kernels.depth.frame_studies import ProjectionStudy
+from kernels.depth.frame_tiles import TileStudy
 from schedules.depth_frame import FrameOptions, build
 from workbench.timing import bench
 

@@ -277,7 +277,7 @@ def test_projection_tiles_compile_to_wgmma_over_the_ring(rows):
 
 def _tiles_run(rows: int, seed: int = 0):
     from kernels.depth.frame_protocol import ProtocolRun
-    from kernels.depth.frame_tiles import ProjectionStudy
+    from kernels.depth.frame_studies import ProjectionStudy
     from schedules.plan import FRAME_RING
 
     s = _schedule(rows, **FRAME_RING)
@@ -340,9 +340,10 @@ def test_projection_study_layouts_round_trip_on_the_host():
     fails it."""
     from kernels.depth import frame_tiles as T
     from kernels.depth.frame_protocol import weight_regions
+    from kernels.depth.frame_studies import ProjectionStudy
 
     s = _schedule(13)
-    study = T.ProjectionStudy(s, seed=3, device="cpu")
+    study = ProjectionStudy(s, seed=3, device="cpu")
     _, _, where = weight_regions(s)
     for key in [(F.QKV, 2, 5, -1), (F.GATEUP, 4, 95, -1), (F.DOWN, 1, 63, 1), (F.HEAD, 15, 0, -1),
                 (F.PROJ, 0, 7, 0)]:
@@ -375,3 +376,78 @@ def test_projection_study_layouts_round_trip_on_the_host():
     word = study.arena[w0: w0 + 1].view(torch.int16)
     word += 2  # the low bf16 of row 0, features 0: two ulps off
     assert study.check()["ok"] is False
+
+
+# ---- the fused residual stream (ResidualStudy) -----------------------------------------------
+@pytest.mark.compile
+def test_fused_build_normalizes_stages_and_adds_residuals():
+    """``fused``: each projection stage can be RMS-normalised in place (26 stages, each behind
+    a shared-memory proxy fence), the row factors come from relaxed gpu-scope loads of the ssq
+    partials, the residual epilogue quad-reduces its squares; still 416 wgmmas, no spills."""
+    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from schedules.plan import FRAME_RING
+    from workbench.compile import compile_report
+
+    r = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=13, fused=True),
+                       *compile_args())
+    ptx = r.ptx
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 416
+    assert ptx.count("fence.proxy.async.shared::cta;") == 26
+    assert "ld.relaxed.gpu.global.f32" in ptx and "shfl.sync.bfly" in ptx
+    assert r.frame_bytes == 0 and r.spill_bytes == 0
+
+
+def test_residual_study_emulation_follows_the_reference_roundings():
+    """The fused study's reference on the host: its RMSNorm is models.codepredictor.rms_norm
+    up to the order of the sum of squares (within a bf16 ulp), the ssq partials add up to
+    the row's sum of squares, and every phase's table row points inside the arena."""
+    from kernels.depth.frame_studies import (ResidualStudy, frame_rms_norm, ssq_partials,
+                                             swiglu_reference)
+    from models.codepredictor import rms_norm
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(5, 1024, generator=g).to(torch.bfloat16)
+    w = (1 + 0.05 * torch.randn(1024, generator=g)).to(torch.bfloat16)
+    ours, ref = frame_rms_norm(x, w, 1e-6).float(), rms_norm(x, w, 1e-6).float()
+    assert ((ours - ref).abs() <= 2 ** -7 * ref.abs() + 1e-30).all()
+    parts = ssq_partials(x, 8)
+    assert torch.allclose(parts.sum(0)[:5], x.float().pow(2).sum(1), rtol=1e-5)
+    assert (parts[:, 5:] == 0).all()
+    gate, up = torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
+    want = torch.nn.functional.silu(gate.to(torch.bfloat16)) * up.to(torch.bfloat16)
+    assert torch.allclose(swiglu_reference(gate, up).float(), want.float(), rtol=2 ** -7,
+                          atol=1e-6)
+    s = _schedule(13)
+    study = ResidualStudy(s, seed=1, device="cpu")
+    words = study.arena.numel()
+    for row in study.phases.tolist():
+        assert all(v < words for v in row)
+    out = study.emulate()
+    assert set(k[0] for k in out) == {"qkv", "act", "h", "logits"}
+    assert all(torch.isfinite(v.float()).all() for v in out.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 13, 64])
+def test_fused_residual_stream_matches_its_emulation(rows):
+    """The frame with its fused steps (norm prologues, residual and bias epilogues, ssq
+    partials) position by position: every output within 1 % of its largest value of the fp32
+    emulation, every counter at its count, a second launch bit-identical."""
+    from kernels.depth.frame_protocol import ProtocolRun
+    from kernels.depth.frame_studies import ResidualStudy
+    from schedules.plan import FRAME_RING
+
+    s = _schedule(rows, **FRAME_RING)
+    study = ResidualStudy(s, seed=rows)
+    start = study.arena.clone()
+    run = ProtocolRun(s, weights=study.packed, io=study.io(), fused=True)
+    run.launch()
+    run.synchronize()
+    assert run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
+    worst = study.check()
+    assert worst.pop("ok"), {k: v for k, v in worst.items() if not v <= 0.01}
+    first = study.arena.clone()
+    study.arena.copy_(start)
+    run.launch()
+    run.synchronize()
+    assert torch.equal(study.arena, first)

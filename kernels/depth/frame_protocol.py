@@ -83,10 +83,14 @@ class FrameKernel(ProjectionBodies):
     the full barriers)."""
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
-                 page_bytes: int = 0, rows: int = 0, study: T.TileStudy = T.TileStudy()):
+                 page_bytes: int = 0, rows: int = 0, study: T.TileStudy = T.TileStudy(),
+                 fused: bool = False, eps: float = 1e-6):
         self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace
         self.pages, self.page_bytes = ring_pages, page_bytes
         self.rows = rows
+        # fused: the phase table's norm / residual / ssq fields are live (the real frame's
+        # data flow); without it only a_word and y_word are read (the projection study)
+        self.fused, self.eps = fused and rows > 0, eps
         self.act_buffers, self.ablate = 1, study.ablate
         self.k_stage, self.stage_waits, self.chains = (study.k_stage, study.stage_waits,
                                                        study.chains)
@@ -159,6 +163,9 @@ class FrameKernel(ProjectionBodies):
                                                       + T.ACT_SLACK), 1024)
             parts = alloc.allocate_tensor(Float32, cute.make_layout(S * T.MAX_ROWS * 16),
                                           16).iterator
+        rbuf = parts
+        if cutlass.const_expr(self.fused):  # the RMSNorm factors of the task's rows
+            rbuf = alloc.allocate_tensor(Float32, cute.make_layout(T.MAX_ROWS), 16).iterator
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 cute.arch.mbarrier_init(partial + s, 1)
@@ -175,7 +182,7 @@ class FrameKernel(ProjectionBodies):
         if tidx < self.walkers:
             self._walk(cta, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mPhases,
                        mArena, partial, slot_free, combine, page_full, page_empty, ring,
-                       act_full, abuf, parts)
+                       act_full, abuf, parts, rbuf)
         if cutlass.const_expr(self.pages > 0):
             if tidx == self.loader:
                 self._load(cta, mTable, mCounts, mSources, mWeights, mErrors, mailbox, ring,
@@ -208,7 +215,7 @@ class FrameKernel(ProjectionBodies):
     @cute.jit
     def _walk(self, cta: Int32, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mPhases,
               mArena, partial, slot_free, combine, page_full, page_empty, ring, act_full, abuf,
-              parts):
+              parts, rbuf):
         tidx, _, _ = cute.arch.thread_idx()
         R = self.pages
         claim = cute.make_tensor(mErrors.iterator + 1, cute.make_layout(1))
@@ -240,7 +247,7 @@ class FrameKernel(ProjectionBodies):
                 at, au, split, t_landed, t_computed, t_ready = self._tile_task(
                     ty, half, task_id, row, i, at, au, split, mTable, mPhases, mArena, partial,
                     slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
-                    mErrors, mailbox, claim)
+                    rbuf, mErrors, mailbox, claim)
                 # every thread's output stores are ordered for the next phases' bulk copies
                 fence_proxy_async_global()
                 cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
@@ -329,7 +336,7 @@ class FrameKernel(ProjectionBodies):
     def _tile_task(self, ty: Int32, half: Int32, task_id: Int32, row: Int32, i: Int32,
                    at: Int32, au: Int32, split: Int32, mTable, mPhases, mArena, partial,
                    slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
-                   mErrors, mailbox, claim):
+                   rbuf, mErrors, mailbox, claim):
         """One task's tile by its type (attention and embedding bodies are not built yet:
         those tasks only wait and signal). Returns the advanced (at, au, split), the stage-0
         landed and last-wgmma stamps, and the task's "ready" stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial
@@ -338,6 +345,14 @@ class FrameKernel(ProjectionBodies):
         tile = mTable[row + COL["tile"]]
         a_word = mPhases[ph * NPF + PCOL["a_word"]]
         y_word = mPhases[ph * NPF + PCOL["y_word"]]
+        gamma_word, ssq_in_word = Int32(-1), Int32(-1)
+        resid_word, resid_kind, ssq_out_word = Int32(-1), Int32(0), Int32(-1)
+        if cutlass.const_expr(self.fused):
+            gamma_word = mPhases[ph * NPF + PCOL["gamma_word"]]
+            ssq_in_word = mPhases[ph * NPF + PCOL["ssq_in_word"]]
+            resid_word = mPhases[ph * NPF + PCOL["resid_word"]]
+            resid_kind = mPhases[ph * NPF + PCOL["resid_kind"]]
+            ssq_out_word = mPhases[ph * NPF + PCOL["ssq_out_word"]]
         t_ready = cute.arch.globaltimer()
         t_landed, t_computed = t_ready, t_ready
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
@@ -348,9 +363,9 @@ class FrameKernel(ProjectionBodies):
                 a0 = a_word
                 if cutlass.const_expr(is_split):  # the half's K range of the input
                     a0 = a_word + half * (k * T.rows8(self.rows) // 2)  # 32-bit words
-                acc, t_landed, t_computed = self._mainloop(f, stages, a0, at, au, mArena, ring,
-                                                           page_full, page_empty, act_full,
-                                                           abuf, mailbox, claim)
+                acc, t_landed, t_computed = self._mainloop(
+                    f, stages, a0, at, au, mArena, ring, page_full, page_empty, act_full, abuf,
+                    mailbox, claim, gamma_word, ssq_in_word, rbuf)
                 if cutlass.const_expr(is_split):
                     if half == 1:
                         t_ready = self._send_partial(split, i, task_id, acc, combine, partial,
@@ -359,7 +374,14 @@ class FrameKernel(ProjectionBodies):
                         y = self._receive_partial(split, i, task_id, acc, combine, partial,
                                                   slot_free, parts, mErrors, mailbox, claim)
                         t_ready = cute.arch.globaltimer()
-                        self._store_pairs(mArena, y_word, tile * f, y)
+                        if cutlass.const_expr(self.fused):
+                            if resid_kind != T.RESID_NONE:
+                                self._store_residual(mArena, y_word, resid_word, resid_kind,
+                                                     ssq_out_word, tile, y)
+                            else:
+                                self._store_pairs(mArena, y_word, tile * f, y)
+                        else:
+                            self._store_pairs(mArena, y_word, tile * f, y)
                     split = split + 1
                 elif cutlass.const_expr(t == F.GATEUP):
                     t_ready = cute.arch.globaltimer()
@@ -479,7 +501,7 @@ class ProtocolRun:
     leave (every counter at its expected count, no combine mismatch)."""
 
     def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
-                 table=None, io=None, study: T.TileStudy = T.TileStudy()):
+                 table=None, io=None, study: T.TileStudy = T.TileStudy(), fused: bool = False):
         """``weights``: stream every task's weight tile through the page ring. True: from a
         synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
         which every position reads again); a uint8 CUDA tensor: those bytes, packed by
@@ -510,7 +532,7 @@ class ProtocolRun:
         pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
         rows = opt.rows if io is not None else 0
         self.kernel = FrameKernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
-                                  study=study)
+                                  study=study, fused=fused, eps=schedule.config.rms_eps)
         sources, total, _ = weight_regions(schedule)
         self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
                                           * opt.page_bytes) if streamed else 0
@@ -535,7 +557,7 @@ class ProtocolRun:
                                               self.arena)))
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
-        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows,
+        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused,
                self.kernel.act_buffers, self.kernel.ablate, self.kernel.k_stage,
                self.kernel.stage_waits, self.kernel.chains)
         self.compiled = cached_compile(key, lambda: cute.compile(

@@ -179,141 +179,19 @@ def pack_frame_weights(schedule, projections: dict):
     return out
 
 
-class ProjectionStudy:
-    """The frame's projection tiles checked in isolation (tests, experiments/frame_protocol.py):
-    random weights and inputs, one fixed input per projection kind and one output per (kind,
-    layer or position), so every position recomputes, and rewrites with the same bits, what the
-    first one wrote. Attention and embedding tasks keep their waits and signals only. The
-    arena holds the inputs and outputs chunk-major ([K / 8][R8][8] bf16)."""
-
-    INPUTS = {F.QKV: "x_h", F.GATEUP: "x_h", F.HEAD: "x_h", F.O: "x_q", F.DOWN: "x_i",
-              F.PROJ: "x_t"}
-
-    def __init__(self, schedule, seed: int = 0, device: str = "cuda"):
-        import torch
-
-        cfg, rows = schedule.config, schedule.options.rows
-        check_rows(rows)
-        self.schedule, self.rows, self.r8 = schedule, rows, rows8(rows)
-        g = torch.Generator(device=device).manual_seed(seed)
-
-        def rand(*shape, scale):
-            return (torch.randn(*shape, generator=g, device=device) * scale).to(torch.bfloat16)
-
-        h, q, i, t = cfg.hidden, cfg.q_dim, cfg.intermediate, cfg.talker_hidden
-        self.weights = {
-            "qkv": [rand(cfg.qkv_dim, h, scale=h ** -0.5) for _ in range(cfg.layers)],
-            "wo": [rand(h, q, scale=q ** -0.5) for _ in range(cfg.layers)],
-            "gate_up": [rand(2 * i, h, scale=h ** -0.5) for _ in range(cfg.layers)],
-            "down": [rand(h, i, scale=i ** -0.5) for _ in range(cfg.layers)],
-            "heads": [rand(cfg.vocab, h, scale=h ** -0.5) for _ in range(cfg.heads_drawn)],
-            "proj": rand(h, t, scale=t ** -0.5)}
-        self.inputs = {"x_h": rand(rows, h, scale=1.0), "x_q": rand(rows, q, scale=1.0),
-                       "x_i": rand(rows, i, scale=1.0), "x_t": rand(rows, t, scale=1.0)}
-        outs = {}
-        for ph in schedule.phases:
-            if ph.type in TILE_FEATURES:
-                n = ph.out_features // 2 if ph.type == F.GATEUP else ph.out_features
-                outs[self._out_key(ph)] = n
-        regions = [(k, x.shape[1]) for k, x in self.inputs.items()] + list(outs.items())
-        self.offsets, words = {}, 0
-        for key, k in regions:  # 32-bit words; every region a multiple of 16 bytes
-            if key == next(iter(outs)):
-                self.first_output_word = words
-            self.offsets[key] = (words, k)
-            words += k * self.r8 // 2
-        self.arena = torch.full((words + 4,), 0x7FC07FC0, dtype=torch.int32, device=device)
-        for key, x in self.inputs.items():  # the inputs; the outputs stay poisoned (NaN)
-            w0, k = self.offsets[key]
-            self.arena[w0: w0 + k * self.r8 // 2] = chunk_major_rows(x, self.r8).view(
-                torch.int32).reshape(-1)
-        table = [[0] * len(PHASE_FIELDS) for _ in schedule.phases]
-        for ph in schedule.phases:
-            if ph.type in TILE_FEATURES:
-                table[ph.index] = [self.offsets[self.INPUTS[ph.type]][0],
-                                   self.offsets[self._out_key(ph)][0]]
-        self.phases = torch.tensor(table, dtype=torch.int32, device=device)
-        self.packed = pack_frame_weights(schedule, self.weights)
-
-    @staticmethod
-    def _out_key(ph):
-        owner = ph.pos if ph.type in (F.HEAD, F.PROJ) else ph.layer
-        return (ph.type, owner)
-
-    def io(self):
-        return self.phases, self.arena
-
-    def output(self, key):
-        """[rows, N] bf16 of output ``key`` ((type, layer or position)) from the arena."""
-        import torch
-
-        w0, n = self.offsets[key]
-        buf = self.arena[w0: w0 + n * self.r8 // 2].view(torch.bfloat16)
-        return from_chunk_major(buf, self.rows, n)
-
-    def check(self) -> dict:
-        """Every output against float64 of the same bf16 operands, within the derived bound
-        (:func:`projection_bound`); returns {name: worst |error| / bound} and "ok"."""
-        import torch
-
-        by_type = {F.QKV: "qkv", F.O: "wo", F.GATEUP: "gate_up", F.DOWN: "down"}
-        worst, ok = {}, True
-        for key in [k for k in self.offsets if isinstance(k, tuple)]:
-            type_, owner = key
-            w = (self.weights["heads"][owner - 1] if type_ == F.HEAD else
-                 self.weights["proj"] if type_ == F.PROJ else self.weights[by_type[type_]][owner])
-            x = self.inputs[self.INPUTS[type_]].double()
-            got = self.output(key).double()
-            ratio = projection_error_ratio(x, w.double(), got, swiglu=type_ == F.GATEUP)
-            name = f"{F.TYPE_NAMES[type_]}[{owner}]"
-            worst[name] = ratio
-            ok = ok and ratio <= 1.0
-        worst["ok"] = ok
-        return worst
-
-
-def projection_error_ratio(x, w, got, swiglu: bool) -> float:
-    """max |got - ref| / bound over the outputs (inf where got is not finite). ref is
-    x · w^T in float64 (SwiGLU: silu(gate) · up). The bound is derived for bf16 operands, fp32
-    accumulation and bf16 outputs: a sum s over K products (each exact in fp32) carries at most
-    K · 2^-24 · sum |x_k w_k| of accumulation error, doubled here because the order of wgmma's
-    adds is not documented (delta = K · 2^-23 · sum |x||w|); rounding to bf16 adds at most
-    2^-8 |s|. So |y - ref| <= 2^-8 |ref| + 1.004 delta. SwiGLU: with dg, du the bounds of
-    bf16(g), bf16(u) and |silu'| <= 1.1, act = bf16(bf16(silu(bf16 g)) · bf16 u) is off by at
-    most 1.1 dg |u| + |silu g| du + 2^-7 |silu(g) u| + dg du (first order plus the product of
-    the two errors), times 1.25 for the terms of higher order."""
-    import torch
-
-    k = x.shape[1]
-    ref = x @ w.T
-    delta = k * 2.0 ** -23 * (x.abs() @ w.abs().T)
-    if swiglu:
-        n = w.shape[0] // 2
-        gt, ut = ref[:, :n], ref[:, n:]
-        dg = 2.0 ** -8 * gt.abs() + 1.004 * delta[:, :n]
-        du = 2.0 ** -8 * ut.abs() + 1.004 * delta[:, n:]
-        sg = gt * torch.sigmoid(gt)
-        ref = sg * ut
-        bound = 1.25 * (1.1 * dg * ut.abs() + sg.abs() * du + 2.0 ** -7 * (sg * ut).abs()
-                        + dg * du)
-    else:
-        bound = 2.0 ** -8 * ref.abs() + 1.004 * delta
-    err = (got - ref).abs()
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return float((err / (bound + 1e-30)).max())
-
-
 # ---- device -------------------------------------------------------------------------------------
 from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
-from kernels.device.ptx import (bulk_copy_g2s, smem_u32, st_cluster_f32x2)  # noqa: E402
-from kernels.device.rounding import bf16x2_rn, swiglu_value  # noqa: E402
+from kernels.device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
+                                fence_proxy_async_shared_cta, ld_relaxed_gpu_f32, smem_u32,
+                                st_cluster_f32x2)
+from kernels.device.rounding import (bf16x2_rn, rms_factor, rmsnorm_pair,  # noqa: E402
+                                     round_bf16, swiglu_value)
 from kernels.device.runtime import cute_modules  # noqa: E402
 from kernels.device.waits import wait_parity  # noqa: E402
 from kernels.device.wgmma import wgmma_ss_m64k16  # noqa: E402
 
 cutlass, cute = cute_modules()
-from cutlass import Float32, Int32  # noqa: E402
+from cutlass import Float32, Int32, Uint32  # noqa: E402
 
 CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroup (0 is __syncthreads)
 CONSUMERS = 128
@@ -323,7 +201,15 @@ PAGE_FULL = 4
 TASK_SHAPES = {F.QKV: (32, 1024, False), F.GATEUP: (64, 1024, False),
                F.HEAD: (16, 1024, False), F.O: (16, 1024, True), F.PROJ: (16, 1024, True),
                F.DOWN: (16, 1536, True)}
-PHASE_FIELDS = ("a_word", "y_word")  # the phase's input / output in the arena (32-bit words)
+# a phase's arena offsets (32-bit words; -1 none) and its fused steps (``fused`` builds only):
+# a_word, y_word: input and output; gamma_word: RMSNorm the input with these weights, its row
+# factors from the ssq partials at ssq_in_word; resid_word, resid_kind: add a residual (1:
+# chunk-major like y, 2: a bias a feature) after the projection's rounding; ssq_out_word: write
+# the output's per-tile row sums of squares (64 tiles of 16 features)
+PHASE_FIELDS = ("a_word", "y_word", "gamma_word", "ssq_in_word", "resid_word", "resid_kind",
+                "ssq_out_word")
+RESID_NONE, RESID_ROWS, RESID_BIAS = 0, 1, 2
+SSQ_TILES = 64  # ssq partials a row: the hidden size in tiles of 16 features
 
 
 class ProjectionBodies:
@@ -333,11 +219,14 @@ class ProjectionBodies:
     @cute.jit
     def _mainloop(self, f: cutlass.Constexpr[int], stages: cutlass.Constexpr[int],
                   a_word: Int32, at: Int32, au: Int32, mArena: cute.Tensor, ring, page_full,
-                  page_empty, act_full, abuf, mailbox: cute.Tensor, claim: cute.Tensor):
+                  page_empty, act_full, abuf, mailbox: cute.Tensor, claim: cute.Tensor,
+                  gamma_word: Int32 = None, ssq_in_word: Int32 = None, rbuf=None):
         """The task's accumulators (f / 2 fp32 a thread, the m64nF fragment) over ``stages``
         K stages: activations from arena word ``a_word`` on, weights from the ring's pages
         ``at`` (unwrapped) on; activation buffer uses ``au`` on. Also returns the
-        %globaltimer when stage 0 had landed and when the last wgmma retired."""
+        %globaltimer when stage 0 had landed and when the last wgmma retired. ``fused``
+        builds with ``gamma_word >= 0``: the input is RMS-normalised first
+        (:meth:`_row_factors`, :meth:`_normalize_stage`)."""
         tidx, _, _ = cute.arch.thread_idx()
         R, r8, nb, ks = self.pages, rows8(self.rows), self.act_buffers, self.k_stage
         ab = act_stage_bytes(self.rows, ks)
@@ -352,6 +241,9 @@ class ProjectionBodies:
                               act_full + b)
         a_base, w_base = smem_u32(abuf), smem_u32(ring)
         accs = [[Float32(0.0)] * (f // 2) for _ in range(self.chains)]
+        if cutlass.const_expr(self.fused):
+            if gamma_word >= 0:  # the rows' norm factors, while stage 0's copy lands
+                self._row_factors(mArena, ssq_in_word, rbuf)
         t_landed = cute.arch.globaltimer()
         for st in cutlass.range_constexpr(stages):
             n = au + st
@@ -371,6 +263,10 @@ class ProjectionBodies:
                 cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if cutlass.const_expr(st == 0):
                 t_landed = cute.arch.globaltimer()
+            if cutlass.const_expr(self.fused):
+                if gamma_word >= 0:
+                    self._normalize_stage(abuf + b * buf, mArena, gamma_word + st * ks // 2,
+                                          rbuf)
             cute.nvgpu.warpgroup.fence()
             for k in cutlass.range_constexpr(ks // 16):
                 off = st * sb + k * f * 32  # the step's bytes into the tile
@@ -396,6 +292,83 @@ class ProjectionBodies:
         for c in cutlass.range_constexpr(1, self.chains):
             acc = [x + y for x, y in zip(acc, accs[c])]
         return acc, t_landed, cute.arch.globaltimer()
+
+    @cute.jit
+    def _row_factors(self, mArena: cute.Tensor, ssq_in_word: Int32, rbuf):
+        """RMSNorm's r = rsqrt(mean(x^2) + eps) of every row into shared memory: one thread a
+        row sums the row's SSQ_TILES partials in tile order (a fixed order, so every run gives
+        the same bits). Their writers' stores were acquired by thread 0's counter wait; the
+        relaxed gpu-scope loads read them at L2, never from a stale L1 line."""
+        tidx, _, _ = cute.arch.thread_idx()
+        r8 = rows8(self.rows)
+        sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+        if tidx < r8:
+            total = Float32(0.0)
+            ssq = cute.recast_ptr(mArena.iterator + ssq_in_word, dtype=Float32)
+            for j in cutlass.range(SSQ_TILES, unroll=8):
+                total = total + ld_relaxed_gpu_f32(ssq + j * r8 + tidx)
+            sR[tidx] = rms_factor(total, SSQ_TILES * 16, self.eps)
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+
+    @cute.jit
+    def _normalize_stage(self, stage, mArena: cute.Tensor, gamma_word: Int32, rbuf):
+        """Rewrite a landed activation stage in place as ``bf16(gamma · bf16(x · r))``
+        (kernels.device.rounding.rmsnorm_pair: the reference's order), then make the writes
+        visible to the wgmmas (async proxy) and meet. Word w of the stage's [K_STAGE / 8][R8][4]
+        image is row (w / 4) % R8, features 8·(w / (4·R8)) + 2·(w % 4) and the next one;
+        ``gamma_word`` is the stage's first gamma pair."""
+        tidx, _, _ = cute.arch.thread_idx()
+        r8, ks = rows8(self.rows), self.k_stage
+        words = ks * r8 // 2
+        sX = cute.make_tensor(cute.recast_ptr(stage, dtype=Uint32), cute.make_layout(words))
+        sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
+        for n in cutlass.range(-(-words // CONSUMERS), unroll=4):
+            w = n * CONSUMERS + tidx
+            if cutlass.const_expr(words % CONSUMERS == 0) or w < words:
+                row = (w // 4) % r8
+                pair = (w // (4 * r8)) * 4 + w % 4  # the word's gamma pair in the stage
+                sX[w] = rmsnorm_pair(sX[w], Uint32(mArena[gamma_word + pair]), sR[row])
+        fence_proxy_async_shared_cta()
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+
+    @cute.jit
+    def _store_residual(self, mArena: cute.Tensor, y_word: Int32, resid_word: Int32,
+                        resid_kind: Int32, ssq_out_word: Int32, tile: Int32, vals: list):
+        """A split tile's combined sums (16 features) as the residual stream's new values:
+        ``bf16(resid + bf16(y))``, the projection's rounding first, as ``x + proj(a)`` rounds
+        (resid_kind 1: the old value at the same place, updated in place; 2: a bias a
+        feature); then the tile's row sums of squares of the stored values (quad-reduced in a
+        fixed order) at ssq_out_word (when >= 0), for the next RMSNorm."""
+        r0, r1, c = self._fragment_coords()
+        lane = cute.arch.lane_idx()
+        r8 = rows8(self.rows)
+        out = [Float32(0.0)] * 8
+        for j in cutlass.range_constexpr(2):
+            feat = tile * 16 + 8 * j
+            for h, r in ((0, r0), (1, r1)):
+                at_word = resid_word + ((feat // 8) * r8 + r) * 4 + c // 2  # RESID_ROWS
+                if resid_kind == RESID_BIAS:
+                    at_word = resid_word + (feat + c) // 2
+                res = mArena[at_word]
+                for e, part in ((0, bf16_lo), (1, bf16_hi)):
+                    out[4 * j + 2 * h + e] = round_bf16(part(res) + round_bf16(
+                        vals[4 * j + 2 * h + e]))
+        self._store_pairs(mArena, y_word, tile * 16, out)
+        if ssq_out_word >= 0:
+            sS = cute.make_tensor(cute.recast_ptr(mArena.iterator + ssq_out_word,
+                                                  dtype=Float32),
+                                  cute.make_layout(SSQ_TILES * r8))
+            for h, r in ((0, r0), (1, r1)):
+                sq = Float32(0.0)
+                for j in cutlass.range_constexpr(2):
+                    for e in cutlass.range_constexpr(2):
+                        v = out[4 * j + 2 * h + e]
+                        sq = sq + v * v
+                sq = sq + cute.arch.shuffle_sync_bfly(sq, offset=1)
+                sq = sq + cute.arch.shuffle_sync_bfly(sq, offset=2)
+                if lane % 4 == 0:
+                    sS[tile * r8 + r] = sq
 
     @cute.jit
     def _fragment_coords(self):

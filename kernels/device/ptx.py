@@ -177,3 +177,18 @@ def fence_proxy_async_global(*, loc=None, ip=None) -> None:
     async-proxy ones (a bulk copy that another CTA issues after acquiring this CTA's signal
     reads what the generic stores wrote)."""
     _asm_effect(None, [], "fence.proxy.async.global;", "", loc, ip)
+
+
+@dsl_user_op
+def ld_relaxed_gpu_f32(ptr: cute.Pointer, *, loc=None, ip=None) -> Float32:
+    """``ld.relaxed.gpu.global.f32``: a value another CTA wrote in this launch (coherent at
+    L2, never a stale L1 line), read after an acquire ordered it."""
+    return Float32(_asm_effect(T.f32(), [_gaddr(ptr, loc, ip)],
+                               "ld.relaxed.gpu.global.f32 $0, [$1];", "=f,l", loc, ip))
+
+
+@dsl_user_op
+def fence_proxy_async_shared_cta(*, loc=None, ip=None) -> None:
+    """``fence.proxy.async.shared::cta``: this thread's generic shared-memory writes become
+    visible to the async proxy (the wgmma that reads the rewritten stage)."""
+    _asm_effect(None, [], "fence.proxy.async.shared::cta;", "", loc, ip)
