@@ -59,8 +59,8 @@ FRAME_INPUT_PROJ = {64: "skinny"}  # v12c
 # kernel rows -> the first chain's rows (the rest on a second stream)
 FIRST_PART_ROWS = {128: 64}  # v10l
 # the depth frame kernel's weight ring (schedules.depth_frame.FrameOptions; its defaults are the
-# seed's 32 x 4 KB): 8 pages of 16 KB, 2656 against 4184 µs a frame at 1 row (4b8c4c6,
-# notes/depth-frame.md session 18); 32 KB pages do not divide down's 48 KB half tiles
+# seed's 32 x 4 KB): 8 pages of 16 KB won the 4b8c4c6 / 657793b A/B at 1, 16 and 64 rows
+# (notes/depth-frame.md, session 18); 32 KB pages do not divide down's 48 KB half tiles
 FRAME_RING = {"ring_pages": 8, "page_bytes": 16384}
 # where the draws' Gumbel terms are drawn (kernels/depth/draw.py NOISE; the same codes)
 DRAW_NOISE_GEMV = "compact"  # v10q: the GEMV frame's draw CTA is released too soon to hide them
