@@ -339,7 +339,7 @@ def test_projection_study_layouts_round_trip_on_the_host():
     and outputs written from the float64 reference pass the bound while one 2-ulp error
     fails it."""
     from kernels.depth import frame_tiles as T
-    from kernels.depth.frame_protocol import weight_regions
+    from kernels.depth.frame_tiles import weight_regions
     from kernels.depth.frame_studies import ProjectionStudy
 
     s = _schedule(13)

@@ -44,7 +44,7 @@ import os
 import numpy as np
 
 from kernels.depth import frame_tiles as T
-from kernels.depth.frame_tiles import ProjectionBodies
+from kernels.depth.frame_tiles import ProjectionBodies, weight_regions
 from kernels.device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
                                 red_release_gpu_add, st_cluster_u32)
 from kernels.device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
@@ -469,30 +469,6 @@ def check_tile_shapes(schedule: F.Schedule) -> None:
                     f"CTA {c} task {i} ({F.TYPE_NAMES[t.type]}, half {t.half}, {t.n_pages} "
                     f"pages of {P} B) is not the tile the kernel is built for ({f} features x "
                     f"K {k}, {'split' if split else 'whole'})")
-
-
-def weight_regions(schedule: F.Schedule) -> tuple[np.ndarray, int, dict]:
-    """(int64 [grid, max_tasks] byte offset of each task's weight tile, -1 for none; the
-    buffer's size; {(type, owner, tile, half): offset}). One region per distinct tile of the
-    model: a layer's tiles are shared by every position, each head's by its one position (the
-    owner is the layer, or the position for heads and proj); a split tile's halves are
-    adjacent."""
-    opt = schedule.options
-    out = np.full((opt.grid, opt.max_tasks_per_cta), -1, dtype=np.int64)
-    where: dict = {}
-    size = 0
-    for c, lst in enumerate(schedule.ctas):
-        for i, t in enumerate(lst):
-            if t.n_pages == 0:
-                continue
-            ph = schedule.phases[t.phase]
-            owner = ph.pos if t.type in (F.HEAD, F.PROJ) else ph.layer
-            key = (t.type, owner, t.tile, t.half)
-            if key not in where:
-                where[key] = size
-                size += t.n_pages * opt.page_bytes
-            out[c, i] = where[key]
-    return out, max(size, 16), where
 
 
 class ProtocolRun:

@@ -153,15 +153,39 @@ def tile_weights(type_: int, tile: int, half: int, w):
     return rows
 
 
+def weight_regions(schedule: F.Schedule) -> tuple:
+    """(int64 [grid, max_tasks] byte offset of each task's weight tile, -1 for none; the
+    buffer's size; {(type, owner, tile, half): offset}). One region per distinct tile of the
+    model: a layer's tiles are shared by every position, each head's by its one position (the
+    owner is the layer, or the position for heads and proj); a split tile's halves are
+    adjacent."""
+    import numpy as np
+
+    opt = schedule.options
+    out = np.full((opt.grid, opt.max_tasks_per_cta), -1, dtype=np.int64)
+    where: dict = {}
+    size = 0
+    for c, lst in enumerate(schedule.ctas):
+        for i, t in enumerate(lst):
+            if t.n_pages == 0:
+                continue
+            ph = schedule.phases[t.phase]
+            owner = ph.pos if t.type in (F.HEAD, F.PROJ) else ph.layer
+            key = (t.type, owner, t.tile, t.half)
+            if key not in where:
+                where[key] = size
+                size += t.n_pages * opt.page_bytes
+            out[c, i] = where[key]
+    return out, max(size, 16), where
+
+
 def pack_frame_weights(schedule, projections: dict):
     """The ring's source buffer (uint8, on the projections' device) for ``schedule``: every
-    region of :func:`kernels.depth.frame_protocol.weight_regions` filled with its tile, packed
+    region of :func:`weight_regions` filled with its tile, packed
     by :func:`pack_tile`. ``projections``: "qkv", "wo", "gate_up", "down" (one [N, K] bf16 a
     layer; gate_up [2N, K], gate rows first), "heads" (one a drawn group, for positions 1..15)
     and "proj" (the Talker-state projection, [1024, 2048])."""
     import torch
-
-    from kernels.depth.frame_protocol import weight_regions
 
     _, size, where = weight_regions(schedule)
     dev = projections["proj"].device
