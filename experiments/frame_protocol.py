@@ -77,8 +77,9 @@ def critical_path(s) -> int:
     for c, i in order:
         t = s.ctas[c][i]
         preds = [(c, i - 1)] if i else []
-        if t.wait >= 0:
-            preds += signallers.get(t.wait, [])
+        for w in (t.wait, t.wait2):
+            if w >= 0:
+                preds += signallers.get(w, [])
         if t.local_dep is not None:
             preds.append(t.local_dep)
         depth[(c, i)] = 1 + max((depth[p] for p in preds if p in depth), default=0)
@@ -117,7 +118,7 @@ def critical_chain(s, stamps) -> dict:
         if count_signal:
             split["signal_us"] += (end - ready) / 1e3
             signal_tasks += 1
-        by_counter = last_ready.get(t.wait) if t.wait >= 0 else None
+        by_counter = max((last_ready[w] for w in (t.wait, t.wait2) if w >= 0), default=None)
         by_order = stamps[c][i - 1][5] if i else None
         if by_counter is not None and (by_order is None or by_counter[0] > by_order):
             split["handoff_us"] += (waited - by_counter[0]) / 1e3

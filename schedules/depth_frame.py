@@ -94,6 +94,10 @@ class Task:
     cta: int = -1
     wait: int = -1  # global counter id or -1
     wait_expect: int = 0
+    # a second counter (attention at position 1: position 0's attention of the layer, whose
+    # K and V it attends over; nothing else orders position 0 before position 1)
+    wait2: int = -1
+    wait2_expect: int = 0
     local_wait: int = LOCAL_NONE
     local_dep: tuple[int, int] | None = None  # (cta, index) the local wait refers to
     slot: int = -1
@@ -238,6 +242,10 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
                 task.wait = prod.counters[0]
             task.wait_expect = counter_expect[task.wait]
             task.chunk_of = list(range(prod.n_tiles))
+            if ph.type == ATTN and ph.pos == 1:
+                kv_src = next(q for q in phases if q.type == ATTN and q.pos == 0 and
+                              q.layer == ph.layer)
+                task.wait2 = kv_src.counters[0]
     # fix signals of split phases: expected count is tiles, signalled by rank 0 only
     for ph in phases:
         if ph.split:
@@ -246,6 +254,8 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
         for task in lst:
             if task.wait >= 0:
                 task.wait_expect = counter_expect[task.wait]
+            if task.wait2 >= 0:
+                task.wait2_expect = counter_expect[task.wait2]
     _plan_combine(ctas, opt)
     _plan_ring(ctas, opt)
     return Schedule(cfg, opt, phases, ctas, counter_expect, counter_names)
@@ -309,9 +319,19 @@ def violations(s: Schedule) -> list[str]:
             out.append(f"counter {s.counter_names[cid]} gets {got} signals but expects {want}")
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
-            if t.wait >= 0 and t.wait_expect != s.counter_expect[t.wait]:
-                out.append(f"CTA {c} task {i} waits for {t.wait_expect} on "
-                           f"{s.counter_names[t.wait]}, which gets {s.counter_expect[t.wait]}")
+            for w, e in ((t.wait, t.wait_expect), (t.wait2, t.wait2_expect)):
+                if w >= 0 and e != s.counter_expect[w]:
+                    out.append(f"CTA {c} task {i} waits for {e} on {s.counter_names[w]}, which "
+                               f"gets {s.counter_expect[w]}")
+    # 1b. attention at position 1 waits for position 0's attention of its layer (the K and V
+    # it attends over); later positions are ordered after earlier ones by the draw chain
+    attn0 = {ph.layer: ph.counters[0] for ph in s.phases if ph.type == ATTN and ph.pos == 0}
+    for c, lst in enumerate(s.ctas):
+        for i, t in enumerate(lst):
+            ph = s.phases[t.phase]
+            if t.type == ATTN and ph.pos == 1 and t.wait2 != attn0.get(ph.layer):
+                out.append(f"CTA {c} task {i}: {ph.name} does not wait for position 0's "
+                           "attention of its layer, whose K and V it reads")
     # 2. weight copies never land on pages a running or waiting task still reads
     for c, lst in enumerate(s.ctas):
         last_user = {}
@@ -374,6 +394,8 @@ def dependency_edges(s: Schedule):
                 yield (c, i), ("ctr", t.signal)
             if t.wait >= 0:
                 yield ("ctr", t.wait), (c, i)
+            if t.wait2 >= 0:
+                yield ("ctr", t.wait2), (c, i)
             if t.local_dep is not None:
                 yield t.local_dep, (c, i)
 
@@ -414,7 +436,8 @@ def _find_cycle(s: Schedule) -> str | None:
 
 # --- encoding -------------------------------------------------------------------------------
 FIELDS = ("type", "phase", "tile", "half", "wait", "wait_expect", "local_wait", "local_dep_cta",
-          "local_dep_index", "slot", "signal", "page_first", "n_pages", "issue_before")
+          "local_dep_index", "slot", "signal", "page_first", "n_pages", "issue_before", "wait2",
+          "wait2_expect")
 
 
 def encode(s: Schedule) -> tuple[np.ndarray, np.ndarray]:
@@ -430,7 +453,7 @@ def encode(s: Schedule) -> tuple[np.ndarray, np.ndarray]:
             dep = t.local_dep or (-1, -1)
             table[c, i] = (t.type, t.phase, t.tile, t.half, t.wait, t.wait_expect, t.local_wait,
                            dep[0], dep[1], t.slot, t.signal, t.page_first, t.n_pages,
-                           t.issue_before)
+                           t.issue_before, t.wait2, t.wait2_expect)
     return table, counts
 
 

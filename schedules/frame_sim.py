@@ -92,6 +92,9 @@ def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = No
                 ready = max(ev[min(n - 1, (j + 1) * n // opt.chunks - 1)][0] + costs.handoff_us
                             - j * per for j in range(opt.chunks))
             cands.append((ready, "handoff", counter_last[t.wait]))
+        if t.wait2 >= 0:
+            cands.append((counter_done[t.wait2] + costs.handoff_us, "handoff",
+                          counter_last[t.wait2]))
         local_end = None
         if t.local_wait != LOCAL_NONE and t.local_dep is not None:
             if opt.cluster_wait_at_end:

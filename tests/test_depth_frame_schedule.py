@@ -160,3 +160,19 @@ def test_costs_from_stamps_and_the_split_handoff_at_the_end():
     end = S.simulate(s, c, S.SimOptions(producer_warp=True, cluster_wait_at_end=True))
     assert end.makespan_us < start.makespan_us
     assert end.makespan_us > 432 * c.handoff_us  # every phase still hands off once
+
+
+def test_attention_at_position_1_waits_for_position_0s_kv():
+    """Position 1 starts beside position 0 (its embedding has no head to wait for), so each of
+    its attention tasks also waits for position 0's attention of the same layer, which
+    appends the K and V it reads; without that second wait validate() refuses the schedule."""
+    s = D.validate(D.build(options=D.FrameOptions(rows=16)))
+    attn0 = {ph.layer: ph.counters[0] for ph in s.phases if ph.type == D.ATTN and ph.pos == 0}
+    pos1 = [t for lst in s.ctas for t in lst
+            if t.type == D.ATTN and s.phases[t.phase].pos == 1]
+    assert pos1 and all(t.wait2 == attn0[s.phases[t.phase].layer] for t in pos1)
+    assert all(t.wait2 == -1 for lst in s.ctas for t in lst
+               if not (t.type == D.ATTN and s.phases[t.phase].pos == 1))
+    pos1[0].wait2 = -1
+    with pytest.raises(D.ScheduleError, match="position 0's attention"):
+        D.validate(s)

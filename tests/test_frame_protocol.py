@@ -43,9 +43,10 @@ def test_protocol_compiles_with_the_handoffs_we_meant(trace):
     assert re.search(r"mapa\.shared::cluster\.u32", ptx)
     assert ptx.count("mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64") >= 2
     assert "barrier.cluster.arrive.relaxed;" in ptx and "barrier.cluster.arrive;" in ptx
-    # every wait is bounded (counter, partial, slot); the first to time out claims the report
-    assert ptx.count("trap;") == 6
-    assert ptx.count("atom.global.add.u32") == 4, "3 timeout claims + the mismatch count"
+    # every wait is bounded (two counters, partial, slot); the first to time out claims the
+    # report
+    assert ptx.count("trap;") == 8
+    assert ptx.count("atom.global.add.u32") == 5, "4 timeout claims + the mismatch count"
     assert r.frame_bytes == 0
     if r.sass is not None:
         assert r.spill_bytes == 0 and "CALL." not in r.sass
@@ -54,11 +55,11 @@ def test_protocol_compiles_with_the_handoffs_we_meant(trace):
 @pytest.mark.compile
 def test_weight_streaming_build_adds_the_loader_and_the_page_waits():
     """One 1-D bulk copy a page, issued behind its page_empty wait; tasks wait on page_full:
-    two more bounded waits, claiming the report (10 traps), nothing else changes."""
+    two more bounded waits, claiming the report (12 traps), nothing else changes."""
     r, plain = _build(False, 32), _build(False)
     assert r.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") == 1
     assert plain.ptx.count("cp.async.bulk") == 0
-    assert r.ptx.count("trap;") == 10 and r.ptx.count("mbarrier.arrive.expect_tx") == 1
+    assert r.ptx.count("trap;") == 12 and r.ptx.count("mbarrier.arrive.expect_tx") == 1
     assert r.frame_bytes == 0
     if r.sass is not None:
         assert r.spill_bytes == 0 and "CALL." not in r.sass
@@ -108,9 +109,10 @@ def _edges_respected(s: F.Schedule, stamps) -> list[str]:
                 bad.append(f"CTA {c} task {i}: stamps out of order {stamps[c][i]}")
             if i and start < stamps[c][i - 1][5]:
                 bad.append(f"CTA {c} task {i} started before task {i - 1} ended")
-            if t.wait >= 0 and waited < ready_of_signal[t.wait]:
-                bad.append(f"CTA {c} task {i} passed its wait on {s.counter_names[t.wait]} "
-                           "before the counter's last signaller was ready")
+            for w in (t.wait, t.wait2):
+                if w >= 0 and waited < ready_of_signal[w]:
+                    bad.append(f"CTA {c} task {i} passed its wait on {s.counter_names[w]} "
+                               "before the counter's last signaller was ready")
             if t.local_dep is not None:
                 dc, di = t.local_dep
                 # a partial wait follows the pair's ready stamp (taken before it sends); a slot

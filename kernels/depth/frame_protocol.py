@@ -9,8 +9,8 @@ measures the floor that synchronisation alone puts under a frame.
 
 Per task, in thread 0 of each CTA (the other threads only take part in the cluster barriers):
 
-1. ``wait >= 0``: spin with ``ld.acquire.gpu`` until global counter ``wait`` reaches
-   ``wait_expect`` (:func:`kernels.device.waits.wait_counter`: after 2 s it reports the
+1. ``wait >= 0`` (and ``wait2 >= 0``): spin with ``ld.acquire.gpu`` until global counter
+   ``wait`` reaches ``wait_expect`` (then ``wait2`` ``wait2_expect``) (:func:`kernels.device.waits.wait_counter`: after 2 s it reports the
    counter's name, the CTA and the task, then traps; the first wait of the launch to time out
    writes the report).
 2. Split tiles (``half`` 0 / 1, the two CTAs of a cluster; their k-th split task uses combine
@@ -227,10 +227,14 @@ class FrameKernel(ProjectionBodies):
             stamp = (cta * self.max_tasks + i) * STAMPS
             t_start = cute.arch.globaltimer()
             wait = mTable[row + COL["wait"]]
+            wait2 = mTable[row + COL["wait2"]]
             if tidx == 0:
                 if wait >= 0:
                     wait_counter(mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox,
                                  claim)
+                if wait2 >= 0:  # attention at position 1: position 0's K and V too
+                    wait_counter(mCounters, wait2, mTable[row + COL["wait2_expect"]], i,
+                                 mailbox, claim)
             t_waited = cute.arch.globaltimer()
             if tidx == 0:
                 if cutlass.const_expr(self.rows > 0):
