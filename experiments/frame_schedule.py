@@ -121,7 +121,7 @@ def _kernel_calibration() -> dict | None:
         summary = json.loads(path.read_text())
         rows = {m["rows"]: m for m in summary["measurements"] if "tile_times" in m}
         prov = summary["provenance"]
-        source = f"results/frame-protocol.json ({prov['commit']}, {prov['device']})"
+        source = f"results/frame-protocol.json ({prov['commit'][:7]}, {prov['gpu']})"
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if KERNEL_FIT_ROWS not in rows:

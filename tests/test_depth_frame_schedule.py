@@ -176,3 +176,20 @@ def test_attention_at_position_1_waits_for_position_0s_kv():
     pos1[0].wait2 = -1
     with pytest.raises(D.ScheduleError, match="position 0's attention"):
         D.validate(s)
+
+
+def test_frame_schedule_calibrates_on_the_published_frame_stamps():
+    """experiments/frame_schedule.py reads the published frame-protocol summary's stamps (when
+    it has them) and predicts the held-out row counts; a summary it cannot read is skipped,
+    not a crash."""
+    import json
+    from pathlib import Path
+
+    from experiments.frame_schedule import _kernel_calibration
+
+    path = Path(__file__).resolve().parents[1] / "results" / "frame-protocol.json"
+    has = any("tile_times" in m for m in json.loads(path.read_text())["measurements"])
+    k = _kernel_calibration()
+    assert (k is not None) == has
+    if k is not None:
+        assert k["held_out"] and all(abs(x["error"]) < 0.5 for x in k["held_out"].values())
