@@ -24,7 +24,9 @@ counter            writer (one red.release each)  reader (ld.acquire spin)      
 qkv, kv head h     qkv tasks of kv head h         attn tasks of q heads 2h, 2h+1      16
                    (``per_head_waits``; else one  (else: every attn task)             (else 128)
                    counter for the phase)
-attn               every attn task                o tasks (both ranks)                tasks
+attn               every attn task                o tasks (both ranks); at position   tasks
+                                                  0 also position 1's attn tasks
+                                                  (``wait2``: the K and V they read)
 o, down, proj      rank 0 of each split tile      next phase                          tiles
 gateup, head       every task                     next phase                          tasks
 embed p            every embed task               qkv of layer 0 at p                 tasks
