@@ -425,7 +425,7 @@ def test_residual_study_emulation_follows_the_reference_roundings():
     for row in study.phases.tolist():
         assert all(v < words for v in row)
     out = study.emulate()
-    assert set(k[0] for k in out) == {"qkv", "act", "h", "logits"}
+    assert {k[0] for k in out} == {"qkv", "act", "h", "logits"}
     assert all(torch.isfinite(v.float()).all() for v in out.values())
 
 

@@ -103,9 +103,7 @@ class ProjectionStudy:
 
     def check(self) -> dict:
         """Every output against float64 of the same bf16 operands, within the derived bound
-        (:func:`projection_bound`); returns {name: worst |error| / bound} and "ok"."""
-        import torch
-
+        (:func:`projection_error_ratio`); returns {name: worst |error| / bound} and "ok"."""
         by_type = {F.QKV: "qkv", F.O: "wo", F.GATEUP: "gate_up", F.DOWN: "down"}
         worst, ok = {}, True
         for key in [k for k in self.offsets if isinstance(k, tuple)]:
