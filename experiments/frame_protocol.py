@@ -17,7 +17,9 @@ end, with the median wait of a task. Checks in the same run: every counter at it
 count, no combine mismatch. Then the frame with its projection tiles
 (kernels/depth/frame_tiles.py) on random weights, the ring as schedules.plan.FRAME_RING: the
 outputs against float64 within the derived bound, the time, and a traced run's critical chain
-split into handoff, stage-0 landing, compute, epilogue and signal, with per-type medians.
+split into handoff, stage-0 landing, compute, epilogue and signal, with per-type medians; the
+largest row count's traced frame is drawn beside the summary (``frame-protocol.png``: every
+CTA's tasks over time, by type; the plots extra).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import statistics
 
 
 from experiments._common import need_gpu, parser, progress, run_main
+from workbench import WorkbenchError
 from workbench import results as R
 from workbench.timing import COPY_CEILING_BPS, bench
 
@@ -155,6 +158,7 @@ def _tiles_case(s, quick: bool) -> dict:
     the checks, the time, and one traced run's critical chain and per-type tile times."""
     from kernels.depth.frame_protocol import ProtocolRun
     from kernels.depth.frame_studies import ProjectionStudy
+    from schedules.depth_frame import TYPE_NAMES
 
     study = ProjectionStudy(s, seed=0)
     run = ProtocolRun(s, weights=study.packed, io=study.io())
@@ -169,10 +173,13 @@ def _tiles_case(s, quick: bool) -> dict:
     traced.launch()
     traced.synchronize()
     stamps = traced.task_stamps()
+    t0 = min(st[0] for lst in stamps for st in lst)
+    timeline = [[(TYPE_NAMES[t.type], (st[0] - t0) / 1e3, (st[5] - t0) / 1e3)
+                 for t, st in zip(lst, sts)] for lst, sts in zip(s.ctas, stamps)]
     out = {"checks_with_tiles": checks, "tiles_within_bound": bool(worst.pop("ok")),
            "tiles_worst_error_ratio": max(worst.values()), "timing_with_tiles": t,
            "with_tiles_us": t["median_us"], "critical_chain": critical_chain(s, stamps),
-           "tile_times": _tile_times(s, stamps)}
+           "tile_times": _tile_times(s, stamps), "_timeline": timeline}
     del traced, study
     return out
 
@@ -231,6 +238,9 @@ def _main(argv) -> int:
                  f"({x['weight_gbps']:.0f} GB/s, floor {x['weight_floor_us']:.0f} us); with "
                  f"projection tiles {x['with_tiles_us']:.1f} us (worst error / bound "
                  f"{x['tiles_worst_error_ratio']:.3f}); chain {x['critical_chain']}")
+    timeline = rows[-1].pop("_timeline")  # drawn below, not kept in the summary
+    for x in rows[:-1]:
+        x.pop("_timeline")
     gates = {"protocol_correct": R.gate(
         all(x[k] == {"counters_at_expected": True, "combine_mismatches": 0}
             for x in rows for k in ("checks", "checks_with_weights", "checks_with_tiles")),
@@ -249,6 +259,16 @@ def _main(argv) -> int:
                                            for x in rows}},
         notes=NOTES)
     path = R.write(summary, args.results_dir)
+    try:  # one traced frame with the projection tiles, the largest row count (plots extra)
+        from workbench.plots import frame_timeline_png
+
+        png = frame_timeline_png(timeline, f"depth frame with projection tiles, "
+                                 f"{rows[-1]['rows']} rows (one traced run; attention and "
+                                 "embedding tasks wait and signal only)",
+                                 path.with_suffix(".png"))
+        progress(f"wrote {png}")
+    except WorkbenchError as e:
+        progress(f"no timeline plot: {e}")
     print(R.format_table([[x["rows"], x["tasks"], x["critical_path_tasks"],
                            f"{x['protocol_us']:.1f}", f"{x['us_per_critical_task']:.2f}",
                            f"{x['traced_span_us']:.1f}", f"{x['median_task_wait_us']:.2f}",

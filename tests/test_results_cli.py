@@ -314,6 +314,18 @@ def test_p0_ratio_plot_from_the_committed_summary(tmp_path):
         p0_ratio_png(_summary("amax"), tmp_path / "x.png")
 
 
+def test_frame_timeline_plot_draws_every_cta(tmp_path):
+    """The depth frame's timeline (experiments/frame_protocol.py): per CTA, its tasks as
+    (type, start µs, end µs); a zero-length task still draws."""
+    pytest.importorskip("matplotlib")
+    from workbench.plots import frame_timeline_png
+
+    timeline = [[("qkv", 0.0, 2.5), ("attn", 3.0, 3.0), ("o", 4.0, 6.0)],
+                [("gateup", 1.0, 4.0)], []]
+    out = frame_timeline_png(timeline, "synthetic", tmp_path / "t.png")
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
 def test_plot_without_matplotlib_is_one_line(published, monkeypatch, capsys):
     R.write(_summary("amax"), published)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises

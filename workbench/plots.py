@@ -4,6 +4,8 @@
 headline's top-level key; a scalar is a group of its own), one bar per case.
 ``p0_ratio_png``: p0-baseline's speed relative to cuBLAS bf16 per projection and M, with the
 targets (results/p0-baseline.png; the experiment can call it after writing its summary).
+``frame_timeline_png``: one traced depth frame, the tasks of every CTA over time coloured by
+type (experiments/frame_protocol.py draws it beside its summary).
 """
 from __future__ import annotations
 
@@ -125,6 +127,29 @@ def p0_ratio_png(summary: dict, out: Path) -> Path:
 
 
 # summaries with a plot of their own (``wb results plot NAME``; ``--headline`` for the generic one)
+def frame_timeline_png(timeline: list, title: str, out: Path) -> Path:
+    """``timeline``: per CTA, its tasks as (type name, start µs, end µs) from the frame's
+    first start; one row of bars a CTA (x: time), a colour per task type."""
+    plt = _pyplot()
+    types = sorted({name for tasks in timeline for name, _, _ in tasks})
+    colours = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(types)}
+    fig, ax = plt.subplots(figsize=(14, 7))
+    for cta, tasks in enumerate(timeline):
+        for n in types:
+            spans = [(t0, max(t1 - t0, 0.01)) for name, t0, t1 in tasks if name == n]
+            if spans:
+                ax.broken_barh(spans, (cta - 0.4, 0.8), color=colours[n], linewidth=0)
+    for n in types:
+        ax.plot([], [], color=colours[n], linewidth=6, label=n)
+    ax.legend(loc="upper right", ncol=len(types), fontsize=8)
+    ax.set_xlabel("µs from the frame's first task")
+    ax.set_ylabel("CTA")
+    ax.set_ylim(-1, len(timeline))
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
 OWN_PLOTS = {"p0-baseline": p0_ratio_png}
 
 
