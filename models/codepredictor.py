@@ -187,8 +187,13 @@ def load_checkpoint(path, cfg: CodePredictorConfig = QWEN3_TTS_1P7B, device="cpu
 # --- the reference loop ---------------------------------------------------------------------
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.to(torch.float32)
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * y.to(x.dtype)
+    return rms_apply(x, w, torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rms_apply(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """RMSNorm's roundings given the factor r (fp32, broadcast over the last dim):
+    ``w * bf16(fp32(x) * r)`` in x's dtype (the depth frame's emulation brings its own r)."""
+    return w * (x.to(torch.float32) * r).to(x.dtype)
 
 
 def rope_tables(cfg: CodePredictorConfig, positions: torch.Tensor, dtype, device):

@@ -336,24 +336,23 @@ def ssq_partials(h, r8: int):
 
 
 def frame_rms_norm(x, gamma, eps: float):
-    """The frame's RMSNorm of bf16 rows: r from the ssq partials summed in tile order, then
-    ``bf16(gamma · bf16(x · r))`` (the reference's roundings, kernels.device.rounding)."""
+    """The frame's RMSNorm of bf16 rows: r from the ssq partials summed in tile order, then the
+    reference's roundings (models.codepredictor.rms_apply)."""
     import torch
+
+    from models.codepredictor import rms_apply
 
     rows, n = x.shape
     parts = ssq_partials(x, rows)  # [tiles, rows]
     total = torch.zeros(rows, dtype=torch.float32, device=x.device)
     for j in range(parts.shape[0]):
         total = total + parts[j]
-    r = torch.rsqrt(total * (1.0 / n) + eps)
-    y = (x.float() * r[:, None]).to(torch.bfloat16)
-    return (gamma.float() * y.float()).to(torch.bfloat16)
+    return rms_apply(x, gamma, torch.rsqrt(total * (1.0 / n) + eps)[:, None])
 
 
 def swiglu_reference(gate, up):
-    """kernels.device.rounding.swiglu_value on fp32 sums, then the store's rounding."""
+    """SwiGLU of fp32 sums as the reference rounds it (models.codepredictor: silu of the bf16
+    gate, times the bf16 up, in bf16)."""
     import torch
 
-    y = gate.to(torch.bfloat16).float()
-    s = (y / (1.0 + torch.exp(-y))).to(torch.bfloat16).float()
-    return (s * up.to(torch.bfloat16).float()).to(torch.bfloat16)
+    return torch.nn.functional.silu(gate.to(torch.bfloat16)) * up.to(torch.bfloat16)
