@@ -6,16 +6,14 @@ only).
 
 Per row count and variant: the outputs checked against float64 within the derived bound,
 a CUDA-graph median of the frame, and one traced run's critical chain split (handoff, stage-0
-landing, compute, epilogue, signal) with the per-type medians. Variants: 2 activation
-buffers (the default), as many as fit (every activation copy issued after the counter wait),
-two ablations of the default (no wgmma; no wait for the weight pages: timing only, though
-its outputs can come out right where a tile lands on the same pages at every position; it
-also lets the loader re-arm a page's barrier while that page's copy may still be in flight,
-so its times are an estimate), and
-the weight ring in 16 KB pages (fewer, larger copies) instead of 4 KB (32 KB pages do not
-divide down's 48 KB half tiles; the kernel refuses them), and on 16 KB pages: every thread
-waiting for a stage (one barrier a stage fewer), two accumulator chains, K stages of 512
-(rows <= 32: their buffers do not fit at 64). Writes
+landing, compute, epilogue, signal) with the per-type medians. Variants, all on the plan's
+ring of 16 KB pages (schedules.plan.FRAME_RING): the default, two ablations of it (no wgmma;
+no wait for the weight pages: timing only, though its outputs can come out right where a tile
+lands on the same pages at every position; it also lets the loader re-arm a page's barrier
+while that page's copy may still be in flight, so its times are an estimate), and K stages of
+512 (rows <= 32: their buffers do not fit at 64). The variants that lost their A/B (4 KB pages,
+as many activation buffers as fit, every thread waiting for a stage, two accumulator chains)
+left the code; their record is in notes/depth-frame.md and results/logs/. Writes
 ``frame-tiles-ab.json`` (provenance, all rows) under --out or $WB_RESULTS_DIR and prints a
 table.
 """
@@ -35,17 +33,15 @@ from kernels.depth.frame_protocol import FrameKernel, ProtocolRun
 from kernels.depth.frame_studies import ProjectionStudy
 from kernels.depth.frame_tiles import TileStudy
 from schedules.depth_frame import FrameOptions, build
+from schedules.plan import FRAME_RING
 from workbench.timing import bench
 
 # (tile knobs, the schedule's ring: pages x bytes)
-VARIANTS = {"b2": (TileStudy(act_buffers=2), (32, 4096)),
-            "fit": (TileStudy(act_buffers=0), (32, 4096)),
-            "b2_no_mma": (TileStudy(ablate="no_mma"), (32, 4096)),
-            "b2_no_page_wait": (TileStudy(ablate="no_page_wait"), (32, 4096)),
-            "b2_p16k": (TileStudy(act_buffers=2), (8, 16384)),
-            "p16k_all_wait": (TileStudy(stage_waits="all"), (8, 16384)),
-            "p16k_chains2": (TileStudy(chains=2), (8, 16384)),
-            "p16k_k512": (TileStudy(k_stage=512), (8, 16384))}
+RING = (FRAME_RING["ring_pages"], FRAME_RING["page_bytes"])
+VARIANTS = {"b2_p16k": (TileStudy(), RING),
+            "p16k_no_mma": (TileStudy(ablate="no_mma"), RING),
+            "p16k_no_page_wait": (TileStudy(ablate="no_page_wait"), RING),
+            "p16k_k512": (TileStudy(k_stage=512), RING)}
 
 
 def _fits(rows: int, variant) -> str | None:

@@ -92,8 +92,7 @@ class FrameKernel(ProjectionBodies):
         # data flow); without it only a_word and y_word are read (the projection study)
         self.fused, self.eps = fused and rows > 0, eps
         self.act_buffers, self.ablate = 1, study.ablate
-        self.k_stage, self.stage_waits, self.chains = (study.k_stage, study.stage_waits,
-                                                       study.chains)
+        self.k_stage = study.k_stage
         if rows:
             T.check_rows(rows)
             if page_bytes % T.STEP_BYTES_MAX or ring_pages == 0:
@@ -538,8 +537,7 @@ class ProtocolRun:
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused,
-               self.kernel.act_buffers, self.kernel.ablate, self.kernel.k_stage,
-               self.kernel.stage_waits, self.kernel.chains)
+               self.kernel.act_buffers, self.kernel.ablate, self.kernel.k_stage)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 

@@ -87,24 +87,18 @@ class TileStudy:
     """Knobs of the projection tiles still under A/B (scripts/frame_tiles_ab.py), never in a
     user-facing constructor. ``act_buffers``: activation stage buffers (0: as many as fit,
     :func:`act_buffers`; 2 won the first A/B, notes/depth-frame.md). ``k_stage``: K elements a
-    stage (256 or 512). ``stage_waits``: "one" (thread 0 waits for a stage's activations and
-    pages, a named barrier passes it on) or "all" (every thread waits: one barrier a stage
-    fewer). ``chains``: accumulator sets the k16 steps take in turn, added in a fixed order at
-    the end (independent wgmma chains). ``ablate`` (timing only, the outputs are wrong):
+    stage (256 or 512). ``ablate`` (timing only, the outputs are wrong):
     "no_mma" issues no wgmma, "no_page_wait" computes on the ring's pages without waiting for
     them to land."""
     act_buffers: int = 2
     ablate: str = ""
     k_stage: int = K_STAGE
-    stage_waits: str = "one"
-    chains: int = 1
 
     def __post_init__(self):
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate {self.ablate!r}: choose from {ABLATIONS}")
-        if self.k_stage not in (256, 512) or self.stage_waits not in ("one", "all") \
-                or self.chains not in (1, 2):
-            raise ValueError(f"{self}: k_stage 256 / 512, stage_waits one / all, chains 1 / 2")
+        if self.k_stage not in (256, 512):
+            raise ValueError(f"{self}: k_stage 256 or 512")
 
 
 def check_rows(rows: int) -> None:
@@ -264,7 +258,7 @@ class ProjectionBodies:
                 bulk_copy_g2s(abuf + b * buf, mArena.iterator + a_word + s * (ab // 4), ab,
                               act_full + b)
         a_base, w_base = smem_u32(abuf), smem_u32(ring)
-        accs = [[Float32(0.0)] * (f // 2) for _ in range(self.chains)]
+        acc = [Float32(0.0)] * (f // 2)
         if cutlass.const_expr(self.fused):
             if gamma_word >= 0:  # the rows' norm factors, while stage 0's copy lands
                 self._row_factors(mArena, ssq_in_word, rbuf)
@@ -275,16 +269,15 @@ class ProjectionBodies:
             # pages [w0, w1) land for this stage; pages [r0, r1) are done after it
             w0, w1 = -(-st * sb // P), -(-(st + 1) * sb // P)
             r0, r1 = st * sb // P, (st + 1) * sb // P
-            # one thread waits for the stage (128 threads polling up to 9 mbarriers a stage
-            # cost ~1 µs of it, notes/depth-frame.md); the barrier passes the landing on
-            if tidx == 0 or cutlass.const_expr(self.stage_waits == "all"):
+            # one thread waits for the stage and the barrier passes the landing on: every
+            # thread polling the mbarriers was 8-13 % slower a frame (notes/depth-frame.md)
+            if tidx == 0:
                 wait_parity(act_full + b, (n // nb) & 1, ACT_FULL, b, mailbox, claim)
                 if cutlass.const_expr(self.ablate != "no_page_wait"):
                     for j in cutlass.range_constexpr(w0, w1):
                         wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1, PAGE_FULL,
                                     (at + j) % R, mailbox, claim)
-            if cutlass.const_expr(self.stage_waits == "one"):
-                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if cutlass.const_expr(st == 0):
                 t_landed = cute.arch.globaltimer()
             if cutlass.const_expr(self.fused):
@@ -298,8 +291,7 @@ class ProjectionBodies:
                 desc_b = descriptor(w_base + page * P + off % P, f * 16, 128)
                 desc_a = descriptor(a_base + b * buf + 2 * k * r8 * 16, r8 * 16, 128)
                 if cutlass.const_expr(self.ablate != "no_mma"):
-                    c = k % self.chains
-                    accs[c] = wgmma_ss_m64k16(accs[c], desc_a, desc_b)
+                    acc = wgmma_ss_m64k16(acc, desc_a, desc_b)
             cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             # every warp has retired the wgmmas that read buffer b and the stage's pages
@@ -312,9 +304,6 @@ class ProjectionBodies:
                     bulk_copy_g2s(abuf + b * buf,
                                   mArena.iterator + a_word + (st + nb) * (ab // 4), ab,
                                   act_full + b)
-        acc = accs[0]
-        for c in cutlass.range_constexpr(1, self.chains):
-            acc = [x + y for x, y in zip(acc, accs[c])]
         return acc, t_landed, cute.arch.globaltimer()
 
     @cute.jit
@@ -391,7 +380,7 @@ class ProjectionBodies:
                         sq = sq + v * v
                 sq = sq + cute.arch.shuffle_sync_bfly(sq, offset=1)
                 sq = sq + cute.arch.shuffle_sync_bfly(sq, offset=2)
-                if lane % 4 == 0:
+                if lane % 4 == 0 and r < self.rows:  # rows R8..63 would overrun the tile
                     sS[tile * r8 + r] = sq
 
     @cute.jit
