@@ -30,6 +30,7 @@ runs eagerly.
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import torch
 
@@ -37,6 +38,8 @@ from models.codepredictor import (CodePredictorWeights, LoopOutput, rms_norm, ro
                                   rotate_half)
 from models.sampler import Sampler, argmax_candidates, refuse_undrawable
 from schedules.plan import PROJECTIONS, FramePlan, FrameVariant, frame_plan
+
+log = logging.getLogger(__name__)
 
 
 def projection_shapes(cfg) -> list:
@@ -184,6 +187,26 @@ class ChainBuffers:
         self.mlp = torch.zeros(rows, cfg.intermediate, device=device, dtype=dtype)
 
 
+def _depth_frame_or_reason(fw, rows, sampler, teacher_forced, variant):
+    """(the frame kernel for these weights and rows, None) or (None, why it cannot run)."""
+    if sampler is not None:
+        return None, ("a sampler: the frame kernel draws greedily or takes given codes (its "
+                      "fused stochastic draw is not built)")
+    if variant not in (None, FrameVariant()):
+        return None, "variant: A/B knobs of the fast loop, not of the frame kernel"
+    from workbench import WorkbenchError
+
+    try:
+        from kernels.depth.frame import DepthFrame, FrameUnsupported
+        from kernels.depth.frame_protocol import FrameRefused
+    except ImportError as e:  # no CuTe DSL here
+        return None, f"the frame kernel cannot be imported ({e})"
+    try:
+        return DepthFrame(fw, rows, teacher_forced=teacher_forced), None
+    except (FrameUnsupported, FrameRefused, WorkbenchError) as e:
+        return None, str(e)
+
+
 class FastLoop:
     """One frame for a fixed row count: call with (h [R, talker_hidden], g0 [R]) and, when built
     with ``teacher_forced=True``, ``codes`` [R, 15].
@@ -201,7 +224,21 @@ class FastLoop:
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  teacher_forced: bool = False, graph: bool | None = None,
-                 variant: FrameVariant | None = None):
+                 variant: FrameVariant | None = None, depth_kernel: bool = False):
+        """``depth_kernel``: run the frame as one persistent launch (kernels.depth.frame,
+        issue #26) where it can run safely; where it cannot (not sm_90, fewer SMs than its
+        grid, MPS, co-residency not guaranteed, not the 1.7B bf16 shapes, more than 64 rows,
+        a sampler: its fused stochastic draw is not built), the refusal is logged, kept in
+        ``depth_kernel_refused`` and this fast loop runs instead."""
+        self.depth_frame, self.depth_kernel_refused = None, None
+        if depth_kernel:
+            self.depth_frame, self.depth_kernel_refused = _depth_frame_or_reason(
+                fw, rows, sampler, teacher_forced, variant)
+            if self.depth_frame is not None:
+                self._build_depth_frame(fw, rows, teacher_forced, graph)
+                return
+            log.warning("depth_kernel refused, running the fast loop: %s",
+                        self.depth_kernel_refused)
         cuda = fw.final_norm.device.type == "cuda"
         if variant is not None and not isinstance(variant, FrameVariant):
             raise ValueError(f"variant {variant!r}: a schedules.plan.FrameVariant or None")
@@ -216,6 +253,26 @@ class FastLoop:
         self.graph = None
         if cuda if graph is None else graph:
             self._capture()
+
+    def _build_depth_frame(self, fw, rows, teacher_forced, graph):
+        """The frame kernel's static inputs and, on request (default), its CUDA graph."""
+        cfg = fw.config
+        dev = fw.final_norm.device
+        self.fw, self.rows, self.sampler, self.cfg = fw, rows, None, cfg
+        self.teacher_forced, self.plan, self.run_rows = teacher_forced, None, rows
+        self.h = torch.zeros(rows, cfg.talker_hidden, device=dev, dtype=fw.final_norm.dtype)
+        self.g0 = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.codes_in = torch.zeros(rows, cfg.heads_drawn, dtype=torch.int64, device=dev)
+        self.graph = None
+        self._frame_out = self._run_depth_frame()
+        if graph is None or graph:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._frame_out = self._run_depth_frame()
+
+    def _run_depth_frame(self) -> LoopOutput:
+        codes = self.codes_in if self.teacher_forced else None
+        return self.depth_frame(self.h, self.g0, codes)
 
     @classmethod
     def _part(cls, fw, rows, sampler, teacher_forced, plan: FramePlan) -> FastLoop:
@@ -558,6 +615,11 @@ class FastLoop:
         self.g0[:R].copy_(g0)
         if codes is not None:
             self.codes_in[:R].copy_(codes)
+        if self.depth_frame is not None:
+            if self.graph is not None:
+                self.graph.replay()
+                return self._frame_out
+            return self._run_depth_frame()
         if self.graph is not None:
             self.graph.replay()
         else:

@@ -44,6 +44,8 @@ import os
 import numpy as np
 
 from kernels.depth import frame_tiles as T
+from kernels.depth.frame_attention import AttentionBodies
+from kernels.depth.frame_embed import DRAWS, EmbeddingBodies
 from kernels.depth.frame_tiles import ProjectionBodies, weight_regions
 from kernels.device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
                                 red_release_gpu_add, st_cluster_u32)
@@ -67,7 +69,7 @@ TASK_ID_BITS = 16  # a task's id in the combine slot: phase << 16 | tile
 STAMPS = 6
 
 
-class FrameKernel(ProjectionBodies):
+class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     """Static config: ``max_tasks`` rows of the encoded table per CTA, ``combine_slots`` (S),
     ``trace`` (six %globaltimer stamps a task: STAMPS), the page ring (``ring_pages`` of
     ``page_bytes``; 0: no weight streaming) and ``rows``: 0 builds the protocol alone (thread
@@ -84,7 +86,14 @@ class FrameKernel(ProjectionBodies):
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
                  page_bytes: int = 0, rows: int = 0, study: T.TileStudy = T.TileStudy(),
-                 fused: bool = False, eps: float = 1e-6):
+                 fused: bool = False, eps: float = 1e-6, draw: str = "greedy", config=None):
+        from models.codepredictor_config import QWEN3_TTS_1P7B
+
+        if draw not in DRAWS:
+            raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
+        cfg = config or QWEN3_TTS_1P7B
+        self.vocab, self.hidden, self.talker_hidden = cfg.vocab, cfg.hidden, cfg.talker_hidden
+        self.draw = draw
         self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace
         self.pages, self.page_bytes = ring_pages, page_bytes
         self.rows = rows
@@ -340,8 +349,8 @@ class FrameKernel(ProjectionBodies):
                    at: Int32, au: Int32, split: Int32, mTable, mPhases, mArena, partial,
                    slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
                    rbuf, mErrors, mailbox, claim):
-        """One task's tile by its type (attention and embedding bodies are not built yet:
-        those tasks only wait and signal). Returns the advanced (at, au, split), the stage-0
+        """One task's tile by its type (attention and embedding in ``fused`` builds whose phase
+        table gives them inputs; otherwise those tasks only wait and signal). Returns the advanced (at, au, split), the stage-0
         landed and last-wgmma stamps, and the task's "ready" stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial
         added)."""
         ph = mTable[row + COL["phase"]]
@@ -358,6 +367,30 @@ class FrameKernel(ProjectionBodies):
             ssq_out_word = mPhases[ph * NPF + PCOL["ssq_out_word"]]
         t_ready = cute.arch.globaltimer()
         t_landed, t_computed = t_ready, t_ready
+        if cutlass.const_expr(self.fused):  # attention and embedding (when the table has them)
+            if ty == F.ATTN:
+                if a_word >= 0:
+                    # thread 0's counter wait is every thread's
+                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                      number_of_threads=T.CONSUMERS)
+                    self._attention_task(tile, mArena, a_word, y_word, gamma_word,
+                                         mPhases[ph * NPF + PCOL["kv_word"]],
+                                         mPhases[ph * NPF + PCOL["rope_word"]],
+                                         mPhases[ph * NPF + PCOL["slot"]])
+                t_ready = cute.arch.globaltimer()
+                t_landed, t_computed = t_ready, t_ready
+            if ty == F.EMBED:
+                code_word = mPhases[ph * NPF + PCOL["code_word"]]
+                if code_word >= 0:
+                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                      number_of_threads=T.CONSUMERS)
+                    self._embedding_task(tile, mArena, a_word, y_word, ssq_out_word, code_word,
+                                         mPhases[ph * NPF + PCOL["group"]],
+                                         mPhases[ph * NPF + PCOL["table_word"]],
+                                         mPhases[ph * NPF + PCOL["talker_word"]],
+                                         mPhases[ph * NPF + PCOL["sum_word"]])
+                t_ready = cute.arch.globaltimer()
+                t_landed, t_computed = t_ready, t_ready
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
             t = T.PROJECTION_TYPES[kind]
             f, k, is_split = T.TASK_SHAPES[t]
@@ -480,7 +513,8 @@ class ProtocolRun:
     leave (every counter at its expected count, no combine mismatch)."""
 
     def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
-                 table=None, io=None, study: T.TileStudy = T.TileStudy(), fused: bool = False):
+                 table=None, io=None, study: T.TileStudy = T.TileStudy(), fused: bool = False,
+                 draw: str = "greedy"):
         """``weights``: stream every task's weight tile through the page ring. True: from a
         synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
         which every position reads again); a uint8 CUDA tensor: those bytes, packed by
@@ -511,7 +545,8 @@ class ProtocolRun:
         pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
         rows = opt.rows if io is not None else 0
         self.kernel = FrameKernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
-                                  study=study, fused=fused, eps=schedule.config.rms_eps)
+                                  study=study, fused=fused, eps=schedule.config.rms_eps,
+                                  draw=draw, config=schedule.config)
         sources, total, _ = weight_regions(schedule)
         self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
                                           * opt.page_bytes) if streamed else 0
@@ -536,7 +571,7 @@ class ProtocolRun:
                                               self.arena)))
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
-        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused,
+        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
                self.kernel.act_buffers, self.kernel.ablate, self.kernel.k_stage)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))

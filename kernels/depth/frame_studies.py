@@ -23,10 +23,16 @@ def unfused_row(a_word: int, y_word: int) -> list:
 
 
 def table_row(a_word, y_word, gamma_word=-1, ssq_in_word=-1, resid_word=-1,
-              resid_kind=RESID_NONE, ssq_out_word=-1) -> list:
+              resid_kind=RESID_NONE, ssq_out_word=-1, **more) -> list:
+    """One phase's PHASE_FIELDS (kernels.depth.frame_tiles says what each means); ``more``
+    sets the attention and embedding fields by name (the rest are -1)."""
     row = dict(a_word=a_word, y_word=y_word, gamma_word=gamma_word, ssq_in_word=ssq_in_word,
                resid_word=resid_word, resid_kind=resid_kind, ssq_out_word=ssq_out_word)
-    return [row[k] for k in PHASE_FIELDS]
+    unknown = set(more) - set(PHASE_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown phase fields {sorted(unknown)}")
+    row.update(more)
+    return [row.get(k, -1) for k in PHASE_FIELDS]
 
 
 class ProjectionStudy:

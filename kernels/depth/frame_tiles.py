@@ -198,6 +198,7 @@ def pack_frame_weights(schedule, projections: dict):
 
 
 # ---- device -------------------------------------------------------------------------------------
+from kernels.depth.frame_embed import quad_ssq  # noqa: E402
 from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
 from kernels.device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
                                 fence_proxy_async_shared_cta, ld_relaxed_gpu_f32, smem_u32,
@@ -223,9 +224,18 @@ TASK_SHAPES = {F.QKV: (32, 1024, False), F.GATEUP: (64, 1024, False),
 # a_word, y_word: input and output; gamma_word: RMSNorm the input with these weights, its row
 # factors from the ssq partials at ssq_in_word; resid_word, resid_kind: add a residual (1:
 # chunk-major like y, 2: a bias a feature) after the projection's rounding; ssq_out_word: write
-# the output's per-tile row sums of squares (64 tiles of 16 features)
+# the output's per-tile row sums of squares (64 tiles of 16 features). Attention
+# (kernels/depth/frame_attention.py): a_word its qkv, y_word its output, gamma_word q_norm then
+# k_norm, kv_word the layer's K cache (V after it), rope_word the position's cos then sin,
+# slot the position. Embedding (kernels/depth/frame_embed.py): a_word the logits drawn from
+# (-1: position 1, code g0), y_word / ssq_out_word the position's h and partials, code_word
+# the codes [R8][16] int32, group the code column it takes or draws, table_word the
+# pre-projected rows it gathers (-1: none, the last draw), talker_word the Talker-space rows,
+# sum_word the Talker sum's fp32 accumulator [R8][talker_hidden] (its last step rounds into
+# the bf16 sum at sum_word + R8 · talker_hidden)
 PHASE_FIELDS = ("a_word", "y_word", "gamma_word", "ssq_in_word", "resid_word", "resid_kind",
-                "ssq_out_word")
+                "ssq_out_word", "kv_word", "rope_word", "slot", "code_word", "group",
+                "table_word", "talker_word", "sum_word")
 RESID_NONE, RESID_ROWS, RESID_BIAS = 0, 1, 2
 SSQ_TILES = 64  # ssq partials a row: the hidden size in tiles of 16 features
 
@@ -373,11 +383,7 @@ class ProjectionBodies:
                                                   dtype=Float32),
                                   cute.make_layout(SSQ_TILES * r8))
             for h, r in ((0, r0), (1, r1)):
-                sq = Float32(0.0)
-                for j in cutlass.range_constexpr(2):
-                    for e in cutlass.range_constexpr(2):
-                        v = out[4 * j + 2 * h + e]
-                        sq = sq + v * v
+                sq = quad_ssq(out[2 * h], out[2 * h + 1], out[4 + 2 * h], out[5 + 2 * h])
                 sq = sq + cute.arch.shuffle_sync_bfly(sq, offset=1)
                 sq = sq + cute.arch.shuffle_sync_bfly(sq, offset=2)
                 if lane % 4 == 0 and r < self.rows:  # rows R8..63 would overrun the tile

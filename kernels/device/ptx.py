@@ -36,6 +36,17 @@ def fadd_rn(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
                         loc, ip))
 
 @dsl_user_op
+def fma_rn(a: Float32, b: Float32, c: Float32, *, loc=None, ip=None) -> Float32:
+    """``fma.rn.f32``: a · b + c with one rounding."""
+    return Float32(asm(T.f32(), [Float32(a), Float32(b), Float32(c)], "fma.rn.f32 $0, $1, $2, $3;",
+                       "=f,f,f,f", loc, ip))
+
+@dsl_user_op
+def rcp_approx(a: Float32, *, loc=None, ip=None) -> Float32:
+    """``rcp.approx.f32``: 1 / a within an ulp, subnormal results kept (no flush)."""
+    return Float32(asm(T.f32(), [Float32(a)], "rcp.approx.f32 $0, $1;", "=f,f", loc, ip))
+
+@dsl_user_op
 def rcp_approx_ftz(a: Float32, *, loc=None, ip=None) -> Float32:
     """MUFU.RCP; its bits are modelled by numerics.rcp_approx."""
     return Float32(asm(T.f32(), [Float32(a)], "rcp.approx.ftz.f32 $0, $1;", "=f,f", loc, ip))
@@ -192,3 +203,21 @@ def fence_proxy_async_shared_cta(*, loc=None, ip=None) -> None:
     """``fence.proxy.async.shared::cta``: this thread's generic shared-memory writes become
     visible to the async proxy (the wgmma that reads the rewritten stage)."""
     _asm_effect(None, [], "fence.proxy.async.shared::cta;", "", loc, ip)
+
+
+@dsl_user_op
+def ld_relaxed_gpu_v4(ptr: cute.Pointer, *, loc=None, ip=None) -> list:
+    """``ld.relaxed.gpu.global.v4.b32``: 16 bytes (16-byte aligned) another CTA wrote in this
+    launch, as four 32-bit words (coherent at L2, never a stale L1 line), read after an
+    acquire ordered them."""
+    res = _asm_effect(llvm.StructType.get_literal([T.i32()] * 4), [_gaddr(ptr, loc, ip)],
+                      "ld.relaxed.gpu.global.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+                      loc, ip)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def ld_relaxed_gpu_u32(ptr: cute.Pointer, *, loc=None, ip=None) -> Uint32:
+    """``ld.relaxed.gpu.global.b32``: :func:`ld_relaxed_gpu_f32`'s 32-bit word."""
+    return Uint32(_asm_effect(T.i32(), [_gaddr(ptr, loc, ip)],
+                              "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", loc, ip))

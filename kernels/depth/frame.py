@@ -1,0 +1,284 @@
+"""The whole CodePredictor frame as one persistent launch (issue #26): host side.
+
+:class:`DepthFrame` lays one frame's data out in the frame kernel's arena
+(kernels/depth/frame_protocol.py walks the schedule; the bodies are in frame_tiles.py,
+frame_attention.py and frame_embed.py), packs the weights for the page ring, and turns the
+arena back into the loop's :class:`models.codepredictor.LoopOutput`. Every launch rewrites
+every output, so a replay needs only the inputs copied in (:meth:`DepthFrame.__call__`, CUDA-
+graph capturable).
+
+The arena (32-bit words; every region 16-byte aligned; chunk-major is [N / 8][R8][8] bf16):
+
+| region | layout |
+|---|---|
+| x_t | the Talker state h, chunk-major [2048] |
+| codes | [R8][16] int32: g0 (given), g1..g15 (given or drawn) |
+| h_p, ssq_p (p = 0..15) | the residual stream, chunk-major [1024]; its [64][R8] fp32 tile partials |
+| qkv_{l,p}, attn_{l,p}, act_{l,p} | chunk-major [4096] (by kv head), [2048], [3072] |
+| kv_l | K [8][16][R8][128] bf16, then V |
+| logits_p (p = 1..15) | chunk-major [2048] |
+| sum | the Talker sum [R8][2048] bf16, row-major |
+| constants | norms (in / post per layer, q_norm then k_norm per layer, final), proj bias, cos then sin per position |
+| tables | talker_embed_proj, embed_proj[0..14] ([2048][1024] bf16 each); talker_embed, embeds[0..14] ([2048][2048] bf16 each) |
+
+Every (layer, position) has its own qkv / attn / act: positions 0 and 1 run side by side, and
+no region is reused, so there is no write-after-read hazard to order.
+"""
+from __future__ import annotations
+
+from kernels.depth.frame_attention import kv_cache_words, qkv_rows_by_kv_head
+from kernels.depth.frame_studies import table_row
+from kernels.depth.frame_tiles import (MAX_ROWS, RESID_BIAS, RESID_ROWS, SSQ_TILES,
+                                       from_chunk_major, pack_frame_weights, rows8)
+from schedules import depth_frame as F
+
+POISON = 0x7FC07FC0  # a bf16 NaN pair (and an fp32 NaN)
+
+
+class FrameUnsupported(ValueError):
+    """The frame kernel does not take these weights or this step (the message says why)."""
+
+
+def check_frame_inputs(fw, rows: int) -> None:
+    """What the frame kernel is built for: the 1.7B CodePredictor's shapes in bf16 on a CUDA
+    device, 1..64 rows. Raises FrameUnsupported."""
+    import torch
+
+    from models.codepredictor_config import QWEN3_TTS_1P7B
+
+    if fw.config != QWEN3_TTS_1P7B:
+        raise FrameUnsupported("the frame kernel takes the 1.7B CodePredictor's shapes only")
+    if fw.final_norm.dtype != torch.bfloat16:
+        raise FrameUnsupported(f"the frame kernel takes bf16 weights, not {fw.final_norm.dtype}")
+    if fw.final_norm.device.type != "cuda":
+        raise FrameUnsupported("the frame kernel needs the weights on a CUDA device")
+    if not 1 <= rows <= MAX_ROWS:
+        raise FrameUnsupported(f"rows {rows}: the frame kernel takes 1..{MAX_ROWS} rows a step")
+
+
+class Regions:
+    """Word offsets (``at``) and sizes of named arena regions, allocated in order, each
+    16-byte aligned; the outputs come first (``outputs_end``: the first constant's word)."""
+
+    def __init__(self):
+        self.at, self.size, self.words, self.outputs_end = {}, {}, 0, 0
+
+    def add(self, key, words: int) -> int:
+        self.at[key], self.size[key] = self.words, words
+        self.words += -(-words // 4) * 4
+        return self.at[key]
+
+
+def frame_layout(cfg, rows: int) -> "Regions":
+    """The arena's regions for a step of ``rows`` rows (the module docstring's table)."""
+    r8 = rows8(rows)
+    a = Regions()
+    a.add("x_t", cfg.talker_hidden * r8 // 2)
+    a.add("codes", r8 * cfg.groups)
+    for p in range(cfg.positions):
+        a.add(("h", p), cfg.hidden * r8 // 2)
+        a.add(("ssq", p), SSQ_TILES * r8)
+    for l in range(cfg.layers):
+        for p in range(cfg.positions):
+            a.add(("qkv", l, p), cfg.qkv_dim * r8 // 2)
+            a.add(("attn", l, p), cfg.q_dim * r8 // 2)
+            a.add(("act", l, p), cfg.intermediate * r8 // 2)
+        a.add(("kv", l), 2 * kv_cache_words(r8))
+    for p in range(1, cfg.positions):
+        a.add(("logits", p), cfg.vocab * r8 // 2)
+    a.add("sum", r8 * cfg.talker_hidden // 2)
+    a.outputs_end = a.words
+    for l in range(cfg.layers):
+        a.add(("in", l), cfg.hidden // 2)
+        a.add(("post", l), cfg.hidden // 2)
+        a.add(("qk_norm", l), cfg.head_dim)
+    a.add("final", cfg.hidden // 2)
+    a.add("bias", cfg.hidden // 2)
+    for p in range(cfg.positions):
+        a.add(("rope", p), cfg.head_dim)
+    a.add("embed_proj", cfg.groups * cfg.vocab * cfg.hidden // 2)  # talker's, then groups'
+    a.add("talker", cfg.groups * cfg.vocab * cfg.talker_hidden // 2)
+    return a
+
+
+def phase_row(ph, o: dict, cfg) -> list:
+    """Phase ``ph``'s PHASE_FIELDS (kernels.depth.frame_tiles) over the regions ``o``."""
+    p, l = ph.pos, ph.layer
+    if ph.type == F.PROJ:
+        return table_row(o["x_t"], o[("h", 0)], resid_word=o["bias"], resid_kind=RESID_BIAS,
+                         ssq_out_word=o[("ssq", 0)])
+    if ph.type == F.QKV:
+        return table_row(o[("h", p)], o[("qkv", l, p)], gamma_word=o[("in", l)],
+                         ssq_in_word=o[("ssq", p)])
+    if ph.type == F.ATTN:
+        return table_row(o[("qkv", l, p)], o[("attn", l, p)], gamma_word=o[("qk_norm", l)],
+                         kv_word=o[("kv", l)], rope_word=o[("rope", p)], slot=p)
+    if ph.type == F.O:
+        return table_row(o[("attn", l, p)], o[("h", p)], resid_word=o[("h", p)],
+                         resid_kind=RESID_ROWS, ssq_out_word=o[("ssq", p)])
+    if ph.type == F.GATEUP:
+        return table_row(o[("h", p)], o[("act", l, p)], gamma_word=o[("post", l)],
+                         ssq_in_word=o[("ssq", p)])
+    if ph.type == F.DOWN:
+        return table_row(o[("act", l, p)], o[("h", p)], resid_word=o[("h", p)],
+                         resid_kind=RESID_ROWS, ssq_out_word=o[("ssq", p)])
+    if ph.type == F.HEAD:
+        return table_row(o[("h", p)], o[("logits", p)], gamma_word=o["final"],
+                         ssq_in_word=o[("ssq", p)])
+    # EMBED at position p: its code is column p - 1 (g0 at p = 1); p <= 15 gathers table
+    # p - 1 (talker_embed_proj, then embed_proj[p - 2]); p = 16 makes the Talker sum
+    last = p == cfg.positions
+    table = -1 if last else o["embed_proj"] + (p - 1) * cfg.vocab * cfg.hidden // 2
+    return table_row(o[("logits", p - 1)] if p >= 2 else -1, -1 if last else o[("h", p)],
+                     ssq_out_word=-1 if last else o[("ssq", p)], code_word=o["codes"],
+                     group=p - 1, table_word=table, talker_word=o["talker"],
+                     sum_word=o["sum"] if last else -1)
+
+
+
+
+class DepthFrame:
+    """One frame for ``rows`` rows (1..64) as one persistent launch: call with (h [R, 2048],
+    g0 [R]) and, when built with ``teacher_forced=True``, ``codes`` [R, 15]; returns the
+    loop's LoopOutput (views of the arena: copy them before the next call). Greedy draws
+    otherwise (models.sampler.argmax_candidates; a row without a candidate gets the code
+    ``vocab``, which the caller must check, as in the fast loop). ``trace``: six
+    %globaltimer stamps a task (``self.run.task_stamps()``).
+
+    Refuses (before anything launches) with FrameUnsupported for other shapes, dtypes or row
+    counts, and with kernels.depth.frame_protocol.FrameRefused where the grid cannot be
+    resident (not sm_90, too few SMs, MPS, the occupancy API)."""
+
+    def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
+                 schedule=None):
+        import torch
+
+        from kernels.depth.frame_protocol import ProtocolRun
+        from schedules.plan import FRAME_RING
+
+        check_frame_inputs(fw, rows)
+        cfg = fw.config
+        self.fw, self.cfg, self.rows, self.r8 = fw, cfg, rows, rows8(rows)
+        self.teacher_forced = teacher_forced
+        self.schedule = schedule or F.build(cfg, F.FrameOptions(rows=rows, **FRAME_RING))
+        if self.schedule.options.rows != rows:
+            raise ValueError(f"the schedule is for {self.schedule.options.rows} rows, not {rows}")
+        self.regions = frame_layout(cfg, rows)
+        dev = fw.final_norm.device
+        self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)
+        self._put_constants()
+        self.phases = torch.tensor([phase_row(ph, self.regions.at, cfg)
+                                    for ph in self.schedule.phases],
+                                   dtype=torch.int32, device=dev)
+        order = torch.tensor(qkv_rows_by_kv_head(cfg), device=dev)
+        packed = pack_frame_weights(self.schedule, {
+            "qkv": [w.index_select(0, order) for w in fw.qkv], "wo": fw.wo,
+            "gate_up": fw.gate_up, "down": fw.down, "heads": fw.heads, "proj": fw.proj_w})
+        self.run = ProtocolRun(self.schedule, trace=trace, weights=packed,
+                               io=(self.phases, self.arena), fused=True,
+                               draw="given" if teacher_forced else "greedy")
+
+    def _put(self, key, t, offset: int = 0):
+        import torch
+
+        flat = t.contiguous().view(torch.int32).reshape(-1)
+        w0 = self.regions.at[key] + offset
+        self.arena[w0: w0 + flat.numel()] = flat
+
+    def _put_constants(self):
+        import torch
+
+        fw, c = self.fw, self.cfg
+        for l in range(c.layers):
+            self._put(("in", l), fw.in_norm[l])
+            self._put(("post", l), fw.post_norm[l])
+            self._put(("qk_norm", l), torch.cat([fw.q_norm[l], fw.k_norm[l]]))
+        self._put("final", fw.final_norm)
+        self._put("bias", fw.proj_b)
+        for p in range(c.positions):
+            self._put(("rope", p), torch.cat([fw.cos[p], fw.sin[p]]))
+        self._put("embed_proj", torch.cat([fw.talker_embed_proj[None], fw.embed_proj]))
+        self._put("talker", torch.cat([fw.talker_embed[None], fw.embeds]))
+
+    # ---- views ----------------------------------------------------------------------------
+    def _bf16(self, key, n: int):
+        import torch
+
+        w0 = self.regions.at[key]
+        return self.arena[w0: w0 + n * self.r8 // 2].view(torch.bfloat16)
+
+    def codes_view(self):
+        """[R8][16] int32: g0, then g1..g15."""
+        w0 = self.regions.at["codes"]
+        return self.arena[w0: w0 + self.r8 * self.cfg.groups].view(self.r8, self.cfg.groups)
+
+    def poison(self):
+        """Every output region NaN and the codes but g0 -1: a run must rewrite them all."""
+        self.arena[:self.regions.outputs_end].fill_(POISON)
+        self.codes_view()[:, 1:].fill_(-1)
+
+    # ---- a frame --------------------------------------------------------------------------
+    def __call__(self, h, g0, codes=None):
+        """One frame (LoopOutput of arena views). Raises ValueError for inputs of the wrong
+        shape, dtype or device, or codes given to a greedy frame (or missing)."""
+        import torch
+
+        from models.codepredictor import LoopOutput
+
+        R, c = self.rows, self.cfg
+        dev = self.arena.device
+        if tuple(h.shape) != (R, c.talker_hidden) or h.device != dev or not h.is_floating_point():
+            raise ValueError(f"h must be a floating [{R}, {c.talker_hidden}] tensor on {dev}, "
+                             f"got {tuple(h.shape)} {h.dtype} on {h.device}")
+        if tuple(g0.shape) != (R,) or g0.device != dev or g0.is_floating_point():
+            raise ValueError(f"g0 must be an integer [{R}] tensor on {dev}")
+        if (codes is not None) != self.teacher_forced:
+            raise ValueError("pass codes exactly when the frame was built with "
+                             "teacher_forced=True")
+        if codes is not None and (tuple(codes.shape) != (R, c.heads_drawn) or
+                                  codes.device != dev or codes.is_floating_point()):
+            raise ValueError(f"codes must be an integer [{R}, {c.heads_drawn}] tensor on {dev}")
+        x = self._bf16("x_t", c.talker_hidden).view(c.talker_hidden // 8, self.r8, 8)
+        x[:, :R].copy_(h.to(torch.bfloat16).view(R, c.talker_hidden // 8, 8).transpose(0, 1))
+        cv = self.codes_view()
+        cv[:R, 0].copy_(g0)
+        if codes is not None:
+            cv[:R, 1:].copy_(codes)
+        self.run.launch()
+        return LoopOutput(self.codes_out(), self.talker_sum(), self.kv(), self.logits())
+
+    def launch(self):
+        self.run.launch()
+
+    def codes_out(self):
+        return self.codes_view()[:self.rows, 1:].long()
+
+    def talker_sum(self):
+        c = self.cfg
+        return self._bf16("sum", c.talker_hidden).view(self.r8, c.talker_hidden)[:self.rows]
+
+    def kv(self) -> list:
+        """Per layer (K, V) [R, kv_heads, 16, head_dim], as the loop returns them."""
+        import torch
+
+        c, r8 = self.cfg, self.r8
+        out = []
+        for l in range(c.layers):
+            w0 = self.regions.at[("kv", l)]
+            both = self.arena[w0: w0 + 2 * kv_cache_words(r8)].view(torch.bfloat16)
+            both = both.view(2, c.kv_heads, c.positions, r8, c.head_dim)[:, :, :, :self.rows]
+            out.append((both[0].permute(2, 0, 1, 3), both[1].permute(2, 0, 1, 3)))
+        return out
+
+    def logits(self):
+        """[R, 15, vocab] fp32 (the head's bf16 values)."""
+        import torch
+
+        c = self.cfg
+        return torch.stack([from_chunk_major(self._bf16(("logits", p), c.vocab), self.rows,
+                                             c.vocab).float() for p in range(1, c.positions)],
+                           dim=1)
+
+    def output(self, key, n: int):
+        """[R, n] bf16 of a chunk-major region (e.g. ("qkv", l, p), 4096), for diagnosis."""
+        return from_chunk_major(self._bf16(key, n), self.rows, n)

@@ -1,0 +1,158 @@
+"""The depth frame's embedding task: the code of a position, the next input rows and, last, the
+Talker sum, for 8 rows of the step (tile g: rows 8g..8g + 7).
+
+Embedding task at position p (1..16), in the reference's order (models.codepredictor.depth_loop):
+
+* its code: at p = 1 the given g0 (codes column 0); at p >= 2 code column ``group`` = p - 1,
+  drawn from head p - 2's logits (its counter wait) or given (``draw = "given"``, teacher
+  forcing). The greedy draw is models.sampler.argmax_candidates: each row's first largest
+  non-NaN logit, ``vocab`` where there is none. (This task is the hook of the fused stochastic
+  draw: ``draw`` is a compile-time mode.)
+* p <= 15: the position's input rows, gathered from the pre-projected table
+  (models.fast_loop.FastWeights.embed_proj / talker_embed_proj, built by the reference's own
+  ``e @ proj_w.T + proj_b``, so the gather is exact) into h_p, chunk-major, with their ssq
+  partials in the projection epilogue's order (:func:`tile_ssq`), for the next RMSNorm;
+* p = 16: the Talker sum of the 16 codes' Talker-space rows [g0: talker_embed, g_s:
+  embeds[s - 1]], added in fp32 in slot order and rounded once (the fast loop's contract, whose
+  first 15 slots torch sums in fp32).
+
+128 threads: thread 16·r + j takes row 8g + r and a 16th of the row's features. A code of
+``vocab`` (no candidate) is written as such, and its rows are gathered from row vocab - 1 so
+that nothing reads out of bounds; the host checks the codes.
+"""
+from __future__ import annotations
+
+LANES_PER_ROW = 16
+ROWS_PER_TASK = 8
+DRAWS = ("greedy", "given")
+
+
+# ---- device -------------------------------------------------------------------------------------
+from kernels.device.ptx import (bf16_hi, bf16_lo, ld_relaxed_gpu_u32,  # noqa: E402
+                                ld_relaxed_gpu_v4)
+from kernels.device.rounding import bf16x2_rn  # noqa: E402
+from kernels.device.runtime import cute_modules  # noqa: E402
+
+cutlass, cute = cute_modules()
+from cutlass import Float32, Int32, Uint32  # noqa: E402
+
+
+def quad_ssq(v0: Float32, v1: Float32, v2: Float32, v3: Float32) -> Float32:
+    """One quad thread's part of a 16-feature tile's sum of squares: its features 2q, 2q + 1,
+    8 + 2q, 9 + 2q in that order (the m64nF fragment's order)."""
+    sq = Float32(0.0)
+    for v in (v0, v1, v2, v3):
+        sq = sq + v * v
+    return sq
+
+
+def tile_ssq(x: list) -> Float32:
+    """A 16-feature tile's sum of squares in the projection epilogue's order: the four quad
+    parts (:func:`quad_ssq`), then (t0 + t1) + (t2 + t3) as its xor shuffles add them."""
+    t = [quad_ssq(x[2 * q], x[2 * q + 1], x[8 + 2 * q], x[9 + 2 * q]) for q in range(4)]
+    return (t[0] + t[1]) + (t[2] + t[3])
+
+
+class EmbeddingBodies:
+    """The embedding task's device code, mixed into the frame kernel (``rows``, ``draw``,
+    ``vocab``, ``hidden``, ``talker_hidden``)."""
+
+    @cute.jit
+    def _embedding_task(self, tile: Int32, mArena: cute.Tensor, logits_word: Int32,
+                        h_word: Int32, ssq_word: Int32, code_word: Int32, group: Int32,
+                        table_word: Int32, talker_word: Int32, sum_word: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        r8 = -(-self.rows // 8) * 8
+        j = tidx % LANES_PER_ROW
+        row = tile * ROWS_PER_TASK + tidx // LANES_PER_ROW
+        live = row < self.rows
+        at_code = code_word + row * 16 + group
+        code = Int32(mArena[at_code])
+        if cutlass.const_expr(self.draw == "greedy"):
+            if logits_word >= 0:
+                code = self._argmax(mArena, logits_word, r8, row, j)
+                if live and j == 0:
+                    mArena[at_code] = Uint32(code)
+        safe = cutlass.select_((code >= 0) & (code < self.vocab), code, Int32(self.vocab - 1))
+        if table_word >= 0:
+            self._gather(mArena, table_word, safe, h_word, ssq_word, r8, row, j, live)
+        else:
+            self._talker_sum(mArena, code_word, group, code, talker_word, sum_word, row, j,
+                             live)
+
+    @cute.jit
+    def _argmax(self, mArena: cute.Tensor, logits_word: Int32, r8: Int32, row: Int32,
+                j: Int32) -> Int32:
+        """The first largest non-NaN of the row's bf16 logits (chunk-major), vocab if none:
+        lane j scans chunks j, j + 16, ... (indices increasing, so a strict > keeps the first;
+        NaN never compares greater), then the lanes keep the larger value, on a tie the
+        smaller index."""
+        best = Float32(-float("inf"))
+        idx = Int32(self.vocab)
+        for i in cutlass.range_constexpr(self.vocab // 8 // LANES_PER_ROW):
+            c = i * LANES_PER_ROW + j
+            w = ld_relaxed_gpu_v4(mArena.iterator + logits_word + (c * r8 + row) * 4)
+            for e in cutlass.range_constexpr(8):
+                x = bf16_lo(w[e // 2]) if e % 2 == 0 else bf16_hi(w[e // 2])
+                take = x > best
+                best = cutlass.select_(take, x, best)
+                idx = cutlass.select_(take, c * 8 + e, idx)
+        for k in cutlass.range_constexpr(4):
+            b2 = cute.arch.shuffle_sync_bfly(best, offset=1 << k)
+            i2 = cute.arch.shuffle_sync_bfly(idx, offset=1 << k)
+            take = (b2 > best) | ((b2 == best) & (i2 < idx))
+            best = cutlass.select_(take, b2, best)
+            idx = cutlass.select_(take, i2, idx)
+        return idx
+
+    @cute.jit
+    def _gather(self, mArena: cute.Tensor, table_word: Int32, code: Int32, h_word: Int32,
+                ssq_word: Int32, r8: Int32, row: Int32, j: Int32, live):
+        """Row ``code`` of the pre-projected table ([vocab][hidden] bf16, row-major) as this
+        row of h (chunk-major), with its 16-feature tiles' ssq partials: lane j takes
+        features 64j..64j + 63 (chunks 8j..8j + 7, tiles 4j..4j + 3)."""
+        src = table_word + code * (self.hidden // 2) + 32 * j
+        sS = cute.make_tensor(cute.recast_ptr(mArena.iterator + ssq_word, dtype=Float32),
+                              cute.make_layout(64 * r8))
+        for t in cutlass.range_constexpr(4):
+            x = []
+            for half in cutlass.range_constexpr(2):
+                w = ld_relaxed_gpu_v4(mArena.iterator + src + 8 * t + 4 * half)
+                c = 8 * j + 2 * t + half
+                if live:
+                    for i in cutlass.range_constexpr(4):
+                        mArena[h_word + (c * r8 + row) * 4 + i] = w[i]
+                for i in cutlass.range_constexpr(4):
+                    x += [bf16_lo(w[i]), bf16_hi(w[i])]
+            if live:
+                sS[(4 * j + t) * r8 + row] = tile_ssq(x)
+
+    @cute.jit
+    def _talker_sum(self, mArena: cute.Tensor, code_word: Int32, group: Int32, code: Int32,
+                    talker_word: Int32, sum_word: Int32, row: Int32, j: Int32, live):
+        """The row's Talker sum: its 16 codes (column ``group``'s is ``code``, this task's own
+        draw; the others other CTAs wrote) and their Talker-space rows (table s: [vocab][talker
+        hidden] bf16 at talker_word + s · vocab · talker_hidden / 2) added in fp32 in slot
+        order, rounded once to bf16 at sum_word ([R8][talker_hidden], row-major). Lane j
+        takes elements 128j..128j + 127, 16 at a time."""
+        tw = self.talker_hidden // 2  # words a table row
+        codes = []
+        for s in cutlass.range_constexpr(16):
+            c = cutlass.select_(s == group, code, Int32(ld_relaxed_gpu_u32(
+                mArena.iterator + code_word + row * 16 + s)))
+            codes.append(cutlass.select_((c >= 0) & (c < self.vocab), c, Int32(self.vocab - 1)))
+        for part in cutlass.range(8, unroll=1):  # (unrolled, its loads would not fit)
+            w0 = 64 * j + 8 * part  # this part's first word of a row
+            acc = [Float32(0.0)] * 16
+            for s in cutlass.range_constexpr(16):
+                src = talker_word + (s * self.vocab + codes[s]) * tw + w0
+                for q in cutlass.range_constexpr(2):
+                    w = ld_relaxed_gpu_v4(mArena.iterator + src + 4 * q)
+                    for i in cutlass.range_constexpr(4):
+                        e = 8 * q + 2 * i
+                        acc[e] = acc[e] + bf16_lo(w[i])
+                        acc[e + 1] = acc[e + 1] + bf16_hi(w[i])
+            if live:
+                for i in cutlass.range_constexpr(8):
+                    mArena[sum_word + row * tw + w0 + i] = bf16x2_rn(acc[2 * i],
+                                                                     acc[2 * i + 1])
