@@ -137,6 +137,16 @@ def critical_chain(s, stamps) -> dict:
     return split
 
 
+def stamps_timeline(s, stamps) -> list:
+    """Per CTA, its tasks as (type name, start µs, end µs) from the frame's first start
+    (workbench.plots.frame_timeline_png draws it)."""
+    from schedules.depth_frame import TYPE_NAMES
+
+    t0 = min(st[0] for lst in stamps for st in lst)
+    return [[(TYPE_NAMES[t.type], (st[0] - t0) / 1e3, (st[5] - t0) / 1e3)
+             for t, st in zip(lst, sts)] for lst, sts in zip(s.ctas, stamps)]
+
+
 def _tile_times(s, stamps) -> dict:
     """Median µs of the tasks of each type: counter wait, stage 0 landing, compute (the rest
     of the mainloop), epilogue (the split handoff; the output stores come after "ready")."""
@@ -158,7 +168,6 @@ def _tiles_case(s, quick: bool) -> dict:
     the checks, the time, and one traced run's critical chain and per-type tile times."""
     from kernels.depth.frame_protocol import ProtocolRun
     from kernels.depth.frame_studies import ProjectionStudy
-    from schedules.depth_frame import TYPE_NAMES
 
     study = ProjectionStudy(s, seed=0)
     run = ProtocolRun(s, weights=study.packed, io=study.io())
@@ -173,9 +182,7 @@ def _tiles_case(s, quick: bool) -> dict:
     traced.launch()
     traced.synchronize()
     stamps = traced.task_stamps()
-    t0 = min(st[0] for lst in stamps for st in lst)
-    timeline = [[(TYPE_NAMES[t.type], (st[0] - t0) / 1e3, (st[5] - t0) / 1e3)
-                 for t, st in zip(lst, sts)] for lst, sts in zip(s.ctas, stamps)]
+    timeline = stamps_timeline(s, stamps)
     out = {"checks_with_tiles": checks, "tiles_within_bound": bool(worst.pop("ok")),
            "tiles_worst_error_ratio": max(worst.values()), "timing_with_tiles": t,
            "with_tiles_us": t["median_us"], "critical_chain": critical_chain(s, stamps),

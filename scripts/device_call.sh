@@ -11,6 +11,7 @@
 #   h3-trajectory the canonical full-size 12-step H3 trajectory on p0 (+ one reference block)
 #   frame-protocol experiments/frame_protocol.py (the depth frame's synchronisation alone)
 #   frame-tiles-ab scripts/frame_tiles_ab.py ($WB_AB_ARGS): the frame's projection-tile knobs
+#   depth-frame  experiments/depth_frame.py (the whole frame kernel beside the fast loop)
 #   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL)
 #   experiments  depth-loop, p0-baseline, the p0 ladder
 # WB_PYTEST_ARGS adds pytest arguments to the test steps (e.g. "-n 4 --dist loadfile": the H200
@@ -57,6 +58,7 @@ for what in "$@"; do
     p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
     frame-protocol) step frame-protocol python3 -m experiments.frame_protocol ;;
+    depth-frame) step depth-frame python3 -m experiments.depth_frame ${WB_EXP_ARGS:-} ;;
     frame-tiles-ab) step frame-tiles-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
                       python3 scripts/frame_tiles_ab.py ${WB_AB_ARGS:-} ;;
     experiments)
@@ -64,6 +66,7 @@ for what in "$@"; do
       step p0-baseline python3 -m experiments.p0_baseline
       step ladder-p0 python3 -m workbench.cli ladder --phase p0 ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
-            "p0-ab, h3-trajectory, p0-baseline, frame-protocol, frame-tiles-ab, experiments)" >&2; exit 2 ;;
+            "p0-ab, h3-trajectory, p0-baseline, frame-protocol, depth-frame, frame-tiles-ab," \
+            "experiments)" >&2; exit 2 ;;
   esac
 done

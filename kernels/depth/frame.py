@@ -19,7 +19,7 @@ The arena (32-bit words; every region 16-byte aligned; chunk-major is [N / 8][R8
 | logits_p (p = 1..15) | chunk-major [2048] |
 | sum | the Talker sum [R8][2048] bf16, row-major |
 | constants | norms (in / post per layer, q_norm then k_norm per layer, final), proj bias, cos then sin per position |
-| tables | talker_embed_proj, embed_proj[0..14] ([2048][1024] bf16 each); talker_embed, embeds[0..14] ([2048][2048] bf16 each) |
+| tables | talker_embed_proj [3072][1024], embed_proj[0..14] ([2048][1024] bf16 each); talker_embed [3072][2048], embeds[0..14] ([2048][2048] bf16 each) |
 
 Every (layer, position) has its own qkv / attn / act: positions 0 and 1 run side by side, and
 no region is reused, so there is no write-after-read hazard to order.
@@ -69,7 +69,10 @@ class Regions:
         return self.at[key]
 
 
-def frame_layout(cfg, rows: int) -> "Regions":
+TALKER_VOCAB = 3072  # g0's codebook (models.codepredictor.CodePredictorWeights.talker_embed)
+
+
+def frame_layout(cfg, rows: int, talker_vocab: int = TALKER_VOCAB) -> "Regions":
     """The arena's regions for a step of ``rows`` rows (the module docstring's table)."""
     r8 = rows8(rows)
     a = Regions()
@@ -96,12 +99,14 @@ def frame_layout(cfg, rows: int) -> "Regions":
     a.add("bias", cfg.hidden // 2)
     for p in range(cfg.positions):
         a.add(("rope", p), cfg.head_dim)
-    a.add("embed_proj", cfg.groups * cfg.vocab * cfg.hidden // 2)  # talker's, then groups'
-    a.add("talker", cfg.groups * cfg.vocab * cfg.talker_hidden // 2)
+    table_rows = talker_vocab + cfg.heads_drawn * cfg.vocab  # g0's codebook, then the groups'
+    a.add("embed_proj", table_rows * cfg.hidden // 2)
+    a.add("talker", table_rows * cfg.talker_hidden // 2)
+    a.talker_vocab = talker_vocab
     return a
 
 
-def phase_row(ph, o: dict, cfg) -> list:
+def phase_row(ph, o: dict, cfg, talker_vocab: int = TALKER_VOCAB) -> list:
     """Phase ``ph``'s PHASE_FIELDS (kernels.depth.frame_tiles) over the regions ``o``."""
     p, l = ph.pos, ph.layer
     if ph.type == F.PROJ:
@@ -128,7 +133,8 @@ def phase_row(ph, o: dict, cfg) -> list:
     # EMBED at position p: its code is column p - 1 (g0 at p = 1); p <= 15 gathers table
     # p - 1 (talker_embed_proj, then embed_proj[p - 2]); p = 16 makes the Talker sum
     last = p == cfg.positions
-    table = -1 if last else o["embed_proj"] + (p - 1) * cfg.vocab * cfg.hidden // 2
+    before = 0 if p == 1 else talker_vocab + (p - 2) * cfg.vocab  # the table's first row
+    table = -1 if last else o["embed_proj"] + before * cfg.hidden // 2
     return table_row(o[("logits", p - 1)] if p >= 2 else -1, -1 if last else o[("h", p)],
                      ssq_out_word=-1 if last else o[("ssq", p)], code_word=o["codes"],
                      group=p - 1, table_word=table, talker_word=o["talker"],
@@ -163,11 +169,12 @@ class DepthFrame:
         self.schedule = schedule or F.build(cfg, F.FrameOptions(rows=rows, **FRAME_RING))
         if self.schedule.options.rows != rows:
             raise ValueError(f"the schedule is for {self.schedule.options.rows} rows, not {rows}")
-        self.regions = frame_layout(cfg, rows)
+        talker_vocab = fw.talker_embed.shape[0]
+        self.regions = frame_layout(cfg, rows, talker_vocab)
         dev = fw.final_norm.device
         self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)
         self._put_constants()
-        self.phases = torch.tensor([phase_row(ph, self.regions.at, cfg)
+        self.phases = torch.tensor([phase_row(ph, self.regions.at, cfg, talker_vocab)
                                     for ph in self.schedule.phases],
                                    dtype=torch.int32, device=dev)
         order = torch.tensor(qkv_rows_by_kv_head(cfg), device=dev)
@@ -176,7 +183,8 @@ class DepthFrame:
             "gate_up": fw.gate_up, "down": fw.down, "heads": fw.heads, "proj": fw.proj_w})
         self.run = ProtocolRun(self.schedule, trace=trace, weights=packed,
                                io=(self.phases, self.arena), fused=True,
-                               draw="given" if teacher_forced else "greedy")
+                               draw="given" if teacher_forced else "greedy",
+                               talker_vocab=talker_vocab)
 
     def _put(self, key, t, offset: int = 0):
         import torch
@@ -197,8 +205,8 @@ class DepthFrame:
         self._put("bias", fw.proj_b)
         for p in range(c.positions):
             self._put(("rope", p), torch.cat([fw.cos[p], fw.sin[p]]))
-        self._put("embed_proj", torch.cat([fw.talker_embed_proj[None], fw.embed_proj]))
-        self._put("talker", torch.cat([fw.talker_embed[None], fw.embeds]))
+        self._put("embed_proj", torch.cat([fw.talker_embed_proj, *fw.embed_proj]))
+        self._put("talker", torch.cat([fw.talker_embed, *fw.embeds]))
 
     # ---- views ----------------------------------------------------------------------------
     def _bf16(self, key, n: int):

@@ -55,7 +55,7 @@ def tile_ssq(x: list) -> Float32:
 
 class EmbeddingBodies:
     """The embedding task's device code, mixed into the frame kernel (``rows``, ``draw``,
-    ``vocab``, ``hidden``, ``talker_hidden``)."""
+    ``vocab``, ``talker_vocab`` (g0's codebook), ``hidden``, ``talker_hidden``)."""
 
     @cute.jit
     def _embedding_task(self, tile: Int32, mArena: cute.Tensor, logits_word: Int32,
@@ -73,7 +73,9 @@ class EmbeddingBodies:
                 code = self._argmax(mArena, logits_word, r8, row, j)
                 if live and j == 0:
                     mArena[at_code] = Uint32(code)
-        safe = cutlass.select_((code >= 0) & (code < self.vocab), code, Int32(self.vocab - 1))
+        # g0 is a Talker code (talker_vocab entries), the others the groups' (vocab)
+        limit = cutlass.select_(group == 0, Int32(self.talker_vocab), Int32(self.vocab))
+        safe = cutlass.select_((code >= 0) & (code < limit), code, limit - 1)
         if table_word >= 0:
             self._gather(mArena, table_word, safe, h_word, ssq_word, r8, row, j, live)
         else:
@@ -131,21 +133,25 @@ class EmbeddingBodies:
     def _talker_sum(self, mArena: cute.Tensor, code_word: Int32, group: Int32, code: Int32,
                     talker_word: Int32, sum_word: Int32, row: Int32, j: Int32, live):
         """The row's Talker sum: its 16 codes (column ``group``'s is ``code``, this task's own
-        draw; the others other CTAs wrote) and their Talker-space rows (table s: [vocab][talker
-        hidden] bf16 at talker_word + s · vocab · talker_hidden / 2) added in fp32 in slot
+        draw; the others other CTAs wrote) and their Talker-space rows (table 0, talker_embed,
+        [talker_vocab][talker_hidden] bf16 from talker_word; then embeds[s - 1], [vocab][talker
+        hidden] each) added in fp32 in slot
         order, rounded once to bf16 at sum_word ([R8][talker_hidden], row-major). Lane j
         takes elements 128j..128j + 127, 16 at a time."""
         tw = self.talker_hidden // 2  # words a table row
+        rows_before = []  # table s's first row: talker_embed (talker_vocab rows), then embeds
         codes = []
         for s in cutlass.range_constexpr(16):
+            n = self.talker_vocab if s == 0 else self.vocab
+            rows_before.append(0 if s == 0 else self.talker_vocab + (s - 1) * self.vocab)
             c = cutlass.select_(s == group, code, Int32(ld_relaxed_gpu_u32(
                 mArena.iterator + code_word + row * 16 + s)))
-            codes.append(cutlass.select_((c >= 0) & (c < self.vocab), c, Int32(self.vocab - 1)))
+            codes.append(cutlass.select_((c >= 0) & (c < n), c, Int32(n - 1)))
         for part in cutlass.range(8, unroll=1):  # (unrolled, its loads would not fit)
             w0 = 64 * j + 8 * part  # this part's first word of a row
             acc = [Float32(0.0)] * 16
             for s in cutlass.range_constexpr(16):
-                src = talker_word + (s * self.vocab + codes[s]) * tw + w0
+                src = talker_word + (rows_before[s] + codes[s]) * tw + w0
                 for q in cutlass.range_constexpr(2):
                     w = ld_relaxed_gpu_v4(mArena.iterator + src + 4 * q)
                     for i in cutlass.range_constexpr(4):

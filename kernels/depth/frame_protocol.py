@@ -86,14 +86,15 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
                  page_bytes: int = 0, rows: int = 0, study: T.TileStudy = T.TileStudy(),
-                 fused: bool = False, eps: float = 1e-6, draw: str = "greedy", config=None):
+                 fused: bool = False, eps: float = 1e-6, draw: str = "greedy", config=None,
+                 talker_vocab: int = 3072):
         from models.codepredictor_config import QWEN3_TTS_1P7B
 
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
         cfg = config or QWEN3_TTS_1P7B
         self.vocab, self.hidden, self.talker_hidden = cfg.vocab, cfg.hidden, cfg.talker_hidden
-        self.draw = draw
+        self.draw, self.talker_vocab = draw, talker_vocab
         self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace
         self.pages, self.page_bytes = ring_pages, page_bytes
         self.rows = rows
@@ -514,7 +515,7 @@ class ProtocolRun:
 
     def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
                  table=None, io=None, study: T.TileStudy = T.TileStudy(), fused: bool = False,
-                 draw: str = "greedy"):
+                 draw: str = "greedy", talker_vocab: int = 3072):
         """``weights``: stream every task's weight tile through the page ring. True: from a
         synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
         which every position reads again); a uint8 CUDA tensor: those bytes, packed by
@@ -546,7 +547,8 @@ class ProtocolRun:
         rows = opt.rows if io is not None else 0
         self.kernel = FrameKernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
                                   study=study, fused=fused, eps=schedule.config.rms_eps,
-                                  draw=draw, config=schedule.config)
+                                  draw=draw, config=schedule.config,
+                                  talker_vocab=talker_vocab)
         sources, total, _ = weight_regions(schedule)
         self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
                                           * opt.page_bytes) if streamed else 0
@@ -572,6 +574,7 @@ class ProtocolRun:
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
+               talker_vocab,
                self.kernel.act_buffers, self.kernel.ablate, self.kernel.k_stage)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))

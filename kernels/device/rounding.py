@@ -42,12 +42,13 @@ def div_newton(a: Float32, b: Float32) -> Float32:
     Newton correction with the residual a - b · q0 (two FMAs). Within an ulp of a / b for
     normal operands, not correctly rounded in every case: its users round to bf16 afterwards,
     and tests/test_device_rounding.py compares them with the IEEE division exhaustively. Where
-    the residual is NaN (a or q0 infinite) q0 stands: +inf / 1 stays +inf."""
+    the residual is NaN (a or q0 infinite), or q0 is zero, q0 stands: +inf / 1 stays +inf and
+    -0 / 1 stays -0 (the correction would add +0)."""
     r = rcp_approx(b)
     q0 = a * r
     e = fma_rn(-b, q0, a)
     q = fma_rn(e, r, q0)
-    return cutlass.select_(e == e, q, q0)
+    return cutlass.select_((e == e) & (q0 != Float32(0.0)), q, q0)
 
 def add_squares(acc: Float32, word: Uint32) -> Float32:
     """acc + lo^2 + hi^2 of the two bf16 packed in ``word`` (low half first, fp32): the one
