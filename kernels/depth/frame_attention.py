@@ -99,17 +99,16 @@ class AttentionBodies:
         q = _floats(ld_relaxed_gpu_v4(mArena.iterator + at + sub * 16 * r8 * 4))
         k = _floats(ld_relaxed_gpu_v4(mArena.iterator + at + 32 * r8 * 4))
         v_words = ld_relaxed_gpu_v4(mArena.iterator + at + 48 * r8 * 4)
-        # the cache's earlier slots (K now, V below), loaded only where they exist; slot s of
-        # this row and lane at K + s·R8·64 + mine
+        # the cache's earlier slots (K now, V below); slot s of this row and lane at
+        # K + s·R8·64 + mine
         K = kv_word + kvh * SLOTS * r8 * 64
         V = K + KV_HEADS * SLOTS * r8 * 64
         mine = row * 64 + 4 * j
-        kc = cute.make_rmem_tensor((SLOTS * 4,), Uint32)
-        for s in cutlass.range_constexpr(SLOTS - 1):
-            if s < slot:
-                w = ld_relaxed_gpu_v4(mArena.iterator + K + s * r8 * 64 + mine)
-                for i in cutlass.range_constexpr(4):
-                    kc[4 * s + i] = w[i]
+        # every slot's load in flight at once: unconditional, whatever a slot holds (those at
+        # and past the position are masked below; a load waited on before the next one
+        # issued cost ~7 µs a task, notes/depth-frame.md)
+        kc = [ld_relaxed_gpu_v4(mArena.iterator + K + s * r8 * 64 + mine)
+              for s in range(SLOTS - 1)]
         gq = _floats([Uint32(mArena[norm_word + 4 * j + i]) for i in range(4)])
         gk = _floats([Uint32(mArena[norm_word + 64 + 4 * j + i]) for i in range(4)])
         cos = _floats([Uint32(mArena[rope_word + 4 * j + i]) for i in range(4)])
@@ -128,7 +127,7 @@ class AttentionBodies:
             for e in cutlass.range_constexpr(8):
                 dot_new = dot_new + qr[e] * kr[e]
             if cutlass.const_expr(s < SLOTS - 1):
-                old = _floats([kc[4 * s + i] for i in range(4)])
+                old = _floats(kc[s])
                 for e in cutlass.range_constexpr(8):
                     dot_old = dot_old + qr[e] * old[e]
             dot = _row_sum(cutlass.select_(s == slot, dot_new, dot_old))
@@ -142,19 +141,15 @@ class AttentionBodies:
         den = ex[0]
         for s in cutlass.range_constexpr(1, SLOTS):
             den = den + ex[s]
-        vc = cute.make_rmem_tensor((SLOTS * 4,), Uint32)
-        for s in cutlass.range_constexpr(SLOTS - 1):
-            if s < slot:
-                w = ld_relaxed_gpu_v4(mArena.iterator + V + s * r8 * 64 + mine)
-                for i in cutlass.range_constexpr(4):
-                    vc[4 * s + i] = w[i]
+        vc = [ld_relaxed_gpu_v4(mArena.iterator + V + s * r8 * 64 + mine)
+              for s in range(SLOTS - 1)]
         v_new = _floats(v_words)
         acc = [Float32(0.0)] * 8
         for s in cutlass.range_constexpr(SLOTS):
             p = round_bf16(div_newton(ex[s], den))
             vals = v_new
             if cutlass.const_expr(s < SLOTS - 1):
-                old = _floats([vc[4 * s + i] for i in range(4)])
+                old = _floats(vc[s])
                 vals = [cutlass.select_(s == slot, v_new[e], old[e]) for e in range(8)]
             for e in cutlass.range_constexpr(8):
                 acc[e] = acc[e] + cutlass.select_(s <= slot, p * vals[e], Float32(0.0))

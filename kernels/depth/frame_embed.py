@@ -91,9 +91,12 @@ class EmbeddingBodies:
         smaller index."""
         best = Float32(-float("inf"))
         idx = Int32(self.vocab)
-        for i in cutlass.range_constexpr(self.vocab // 8 // LANES_PER_ROW):
+        n = self.vocab // 8 // LANES_PER_ROW
+        loads = [ld_relaxed_gpu_v4(mArena.iterator + logits_word +
+                                   ((i * LANES_PER_ROW + j) * r8 + row) * 4) for i in range(n)]
+        for i in cutlass.range_constexpr(n):
             c = i * LANES_PER_ROW + j
-            w = ld_relaxed_gpu_v4(mArena.iterator + logits_word + (c * r8 + row) * 4)
+            w = loads[i]
             for e in cutlass.range_constexpr(8):
                 x = bf16_lo(w[e // 2]) if e % 2 == 0 else bf16_hi(w[e // 2])
                 take = x > best
@@ -116,10 +119,11 @@ class EmbeddingBodies:
         src = table_word + code * (self.hidden // 2) + 32 * j
         sS = cute.make_tensor(cute.recast_ptr(mArena.iterator + ssq_word, dtype=Float32),
                               cute.make_layout(64 * r8))
+        rows_in = [ld_relaxed_gpu_v4(mArena.iterator + src + 4 * k) for k in range(8)]
         for t in cutlass.range_constexpr(4):
             x = []
             for half in cutlass.range_constexpr(2):
-                w = ld_relaxed_gpu_v4(mArena.iterator + src + 8 * t + 4 * half)
+                w = rows_in[2 * t + half]
                 c = 8 * j + 2 * t + half
                 if live:
                     for i in cutlass.range_constexpr(4):

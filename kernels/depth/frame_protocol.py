@@ -174,7 +174,9 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                           16).iterator
         rbuf = parts
         if cutlass.const_expr(self.fused):  # the RMSNorm factors of the task's rows
-            rbuf = alloc.allocate_tensor(Float32, cute.make_layout(T.MAX_ROWS), 16).iterator
+            # the row factors, then the task's gamma (NORM_K bf16) as words
+            rbuf = alloc.allocate_tensor(Float32, cute.make_layout(T.MAX_ROWS + T.NORM_K // 2),
+                                         16).iterator
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 cute.arch.mbarrier_init(partial + s, 1)

@@ -201,8 +201,8 @@ def pack_frame_weights(schedule, projections: dict):
 from kernels.depth.frame_embed import quad_ssq  # noqa: E402
 from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
 from kernels.device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
-                                fence_proxy_async_shared_cta, ld_relaxed_gpu_f32, smem_u32,
-                                st_cluster_f32x2)
+                                fence_proxy_async_shared_cta, ld_relaxed_gpu_f32, ld_shared_v4,
+                                smem_u32, st_cluster_f32x2, st_shared_v4)
 from kernels.device.rounding import (bf16x2_rn, rms_factor, rmsnorm_pair,  # noqa: E402
                                      round_bf16, swiglu_value)
 from kernels.device.runtime import cute_modules  # noqa: E402
@@ -238,6 +238,7 @@ PHASE_FIELDS = ("a_word", "y_word", "gamma_word", "ssq_in_word", "resid_word", "
                 "table_word", "talker_word", "sum_word")
 RESID_NONE, RESID_ROWS, RESID_BIAS = 0, 1, 2
 SSQ_TILES = 64  # ssq partials a row: the hidden size in tiles of 16 features
+NORM_K = 1024  # the K of every normalised input (qkv, gate/up, head: the hidden size)
 
 
 class ProjectionBodies:
@@ -269,9 +270,11 @@ class ProjectionBodies:
                               act_full + b)
         a_base, w_base = smem_u32(abuf), smem_u32(ring)
         acc = [Float32(0.0)] * (f // 2)
-        if cutlass.const_expr(self.fused):
+        gbuf = rbuf
+        if cutlass.const_expr(self.fused):  # the gamma words after the row factors
+            gbuf = cute.recast_ptr(rbuf + MAX_ROWS, dtype=Uint32)
             if gamma_word >= 0:  # the rows' norm factors, while stage 0's copy lands
-                self._row_factors(mArena, ssq_in_word, rbuf)
+                self._row_factors(mArena, ssq_in_word, gamma_word, rbuf, gbuf)
         t_landed = cute.arch.globaltimer()
         for st in cutlass.range_constexpr(stages):
             n = au + st
@@ -292,8 +295,7 @@ class ProjectionBodies:
                 t_landed = cute.arch.globaltimer()
             if cutlass.const_expr(self.fused):
                 if gamma_word >= 0:
-                    self._normalize_stage(abuf + b * buf, mArena, gamma_word + st * ks // 2,
-                                          rbuf)
+                    self._normalize_stage(abuf + b * buf, st, rbuf, gbuf)
             cute.nvgpu.warpgroup.fence()
             for k in cutlass.range_constexpr(ks // 16):
                 off = st * sb + k * f * 32  # the step's bytes into the tile
@@ -317,41 +319,49 @@ class ProjectionBodies:
         return acc, t_landed, cute.arch.globaltimer()
 
     @cute.jit
-    def _row_factors(self, mArena: cute.Tensor, ssq_in_word: Int32, rbuf):
+    def _row_factors(self, mArena: cute.Tensor, ssq_in_word: Int32, gamma_word: Int32, rbuf,
+                     gbuf):
         """RMSNorm's r = rsqrt(mean(x^2) + eps) of every row into shared memory: one thread a
-        row sums the row's SSQ_TILES partials in tile order (a fixed order, so every run gives
-        the same bits). Their writers' stores were acquired by thread 0's counter wait; the
-        relaxed gpu-scope loads read them at L2, never from a stale L1 line."""
+        row loads the row's SSQ_TILES partials (all in flight at once) and sums them in tile
+        order (a fixed order, so every run gives the same bits). Their writers' stores were
+        acquired by thread 0's counter wait; the relaxed gpu-scope loads read them at L2,
+        never from a stale L1 line. Also the task's gamma (K bf16, host data) into ``gbuf``,
+        so the stage rewrite reads it from shared memory."""
         tidx, _, _ = cute.arch.thread_idx()
         r8 = rows8(self.rows)
         sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
+        sG = cute.make_tensor(gbuf, cute.make_layout(NORM_K // 2))
+        for i in cutlass.range_constexpr(NORM_K // 2 // CONSUMERS):
+            sG[i * CONSUMERS + tidx] = Uint32(mArena[gamma_word + i * CONSUMERS + tidx])
         cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
         if tidx < r8:
-            total = Float32(0.0)
             ssq = cute.recast_ptr(mArena.iterator + ssq_in_word, dtype=Float32)
-            for j in cutlass.range(SSQ_TILES, unroll=8):
-                total = total + ld_relaxed_gpu_f32(ssq + j * r8 + tidx)
+            parts = [ld_relaxed_gpu_f32(ssq + j * r8 + tidx) for j in range(SSQ_TILES)]
+            total = Float32(0.0)
+            for j in cutlass.range_constexpr(SSQ_TILES):
+                total = total + parts[j]
             sR[tidx] = rms_factor(total, SSQ_TILES * 16, self.eps)
         cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
 
     @cute.jit
-    def _normalize_stage(self, stage, mArena: cute.Tensor, gamma_word: Int32, rbuf):
-        """Rewrite a landed activation stage in place as ``bf16(gamma · bf16(x · r))``
-        (kernels.device.rounding.rmsnorm_pair: the reference's order), then make the writes
-        visible to the wgmmas (async proxy) and meet. Word w of the stage's [K_STAGE / 8][R8][4]
-        image is row (w / 4) % R8, features 8·(w / (4·R8)) + 2·(w % 4) and the next one;
-        ``gamma_word`` is the stage's first gamma pair."""
+    def _normalize_stage(self, stage, st: cutlass.Constexpr[int], rbuf, gbuf):
+        """Rewrite landed activation stage ``st`` in place as ``bf16(gamma · bf16(x · r))``
+        (kernels.device.rounding.rmsnorm_pair: the reference's order), 16 bytes at a time,
+        then make the writes visible to the wgmmas (async proxy) and meet. Unit u of the
+        stage's [K_STAGE / 8][R8][8] image is row u % R8 of chunk u / R8 (8 features, gamma
+        words 4·(chunk + st·K_STAGE / 8) on in ``gbuf``)."""
         tidx, _, _ = cute.arch.thread_idx()
         r8, ks = rows8(self.rows), self.k_stage
-        words = ks * r8 // 2
-        sX = cute.make_tensor(cute.recast_ptr(stage, dtype=Uint32), cute.make_layout(words))
+        units = ks * r8 // 8
         sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
-        for n in cutlass.range(-(-words // CONSUMERS), unroll=4):
-            w = n * CONSUMERS + tidx
-            if cutlass.const_expr(words % CONSUMERS == 0) or w < words:
-                row = (w // 4) % r8
-                pair = (w // (4 * r8)) * 4 + w % 4  # the word's gamma pair in the stage
-                sX[w] = rmsnorm_pair(sX[w], Uint32(mArena[gamma_word + pair]), sR[row])
+        base, g_base = smem_u32(stage), smem_u32(gbuf) + st * ks * 2
+        for n in cutlass.range_constexpr(-(-units // CONSUMERS)):
+            u = n * CONSUMERS + tidx
+            if cutlass.const_expr(units % CONSUMERS == 0) or u < units:
+                x = ld_shared_v4(base + 16 * u)
+                g = ld_shared_v4(g_base + 16 * (u // r8))
+                r = sR[u % r8]
+                st_shared_v4(base + 16 * u, [rmsnorm_pair(x[i], g[i], r) for i in range(4)])
         fence_proxy_async_shared_cta()
         cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
 

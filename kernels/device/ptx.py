@@ -221,3 +221,20 @@ def ld_relaxed_gpu_u32(ptr: cute.Pointer, *, loc=None, ip=None) -> Uint32:
     """``ld.relaxed.gpu.global.b32``: :func:`ld_relaxed_gpu_f32`'s 32-bit word."""
     return Uint32(_asm_effect(T.i32(), [_gaddr(ptr, loc, ip)],
                               "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", loc, ip))
+
+
+@dsl_user_op
+def ld_shared_v4(addr: Int32, *, loc=None, ip=None) -> list:
+    """``ld.shared.v4.b32`` at 32-bit shared address ``addr`` (16-byte aligned): four words."""
+    res = _asm_effect(llvm.StructType.get_literal([T.i32()] * 4),
+                      [Int32(addr).ir_value(loc=loc, ip=ip)],
+                      "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", loc, ip)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def st_shared_v4(addr: Int32, words: list, *, loc=None, ip=None) -> None:
+    """``st.shared.v4.b32`` of four words at 32-bit shared address ``addr`` (16-byte aligned)."""
+    _asm_effect(None, [Int32(addr).ir_value(loc=loc, ip=ip)] +
+                [Uint32(w).ir_value(loc=loc, ip=ip) for w in words],
+                "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", loc, ip)
