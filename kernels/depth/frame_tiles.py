@@ -241,6 +241,14 @@ SSQ_TILES = 64  # ssq partials a row: the hidden size in tiles of 16 features
 NORM_K = 1024  # the K of every normalised input (qkv, gate/up, head: the hidden size)
 
 
+def _sum_in_order(xs: list) -> Float32:
+    """((0 + x0) + x1) + ...: a plain helper, its loop unrolled as it traces."""
+    total = Float32(0.0)
+    for x in xs:
+        total = total + x
+    return total
+
+
 class ProjectionBodies:
     """The projection task's device code, mixed into the frame kernel (which provides
     ``rows``, ``pages``, ``slots`` and the shared-memory objects passed in)."""
@@ -337,9 +345,7 @@ class ProjectionBodies:
         if tidx < r8:
             ssq = cute.recast_ptr(mArena.iterator + ssq_in_word, dtype=Float32)
             parts = [ld_relaxed_gpu_f32(ssq + j * r8 + tidx) for j in range(SSQ_TILES)]
-            total = Float32(0.0)
-            for j in cutlass.range_constexpr(SSQ_TILES):
-                total = total + parts[j]
+            total = _sum_in_order(parts)
             sR[tidx] = rms_factor(total, SSQ_TILES * 16, self.eps)
         cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
 
