@@ -62,6 +62,18 @@ FIRST_PART_ROWS = {128: 64}  # v10l
 # seed's 32 x 4 KB): 8 pages of 16 KB won the 4b8c4c6 / 657793b A/B at 1, 16 and 64 rows
 # (notes/depth-frame.md, session 18); 32 KB pages do not divide down's 48 KB half tiles
 FRAME_RING = {"ring_pages": 8, "page_bytes": 16384}
+# the frame kernel's activation stage (K elements) by the step's rows: (up to rows, K). 512
+# beat 256 at 1-32 rows in the projection study (notes/depth-frame.md, session 19); at 64 rows
+# two stages of 512 do not fit beside the ring
+FRAME_K_STAGE = ((32, 512), (64, 256))
+
+
+def frame_k_stage(rows: int) -> int:
+    """The frame kernel's activation stage for a step of ``rows`` rows (FRAME_K_STAGE)."""
+    for up_to, k in FRAME_K_STAGE:
+        if rows <= up_to:
+            return k
+    raise ValueError(f"rows {rows}: the frame kernel takes at most {FRAME_K_STAGE[-1][0]}")
 # where the draws' Gumbel terms are drawn (kernels/depth/draw.py NOISE; the same codes)
 DRAW_NOISE_GEMV = "compact"  # v10q: the GEMV frame's draw CTA is released too soon to hide them
 DRAW_NOISE_TENSOR_CORE = "early"  # v10q

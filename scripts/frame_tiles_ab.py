@@ -7,7 +7,8 @@ only).
 Per row count and variant: the outputs checked against float64 within the derived bound,
 a CUDA-graph median of the frame, and one traced run's critical chain split (handoff, stage-0
 landing, compute, epilogue, signal) with the per-type medians. Variants, all on the plan's
-ring of 16 KB pages (schedules.plan.FRAME_RING): the default, two ablations of it (no wgmma;
+ring of 16 KB pages (schedules.plan.FRAME_RING): the plan's (K stages by
+schedules.plan.frame_k_stage), K stages of 256 ("b2_p16k"), two ablations of the plan's (no wgmma;
 no wait for the weight pages: timing only, though its outputs can come out right where a tile
 lands on the same pages at every position; it also lets the loader re-arm a page's barrier
 while that page's copy may still be in flight, so its times are an estimate), and K stages of
@@ -38,7 +39,8 @@ from workbench.timing import bench
 
 # (tile knobs, the schedule's ring: pages x bytes)
 RING = (FRAME_RING["ring_pages"], FRAME_RING["page_bytes"])
-VARIANTS = {"b2_p16k": (TileStudy(), RING),
+VARIANTS = {"plan": (TileStudy(), RING),  # schedules.plan.frame_k_stage
+            "b2_p16k": (TileStudy(k_stage=256), RING),
             "p16k_no_mma": (TileStudy(ablate="no_mma"), RING),
             "p16k_no_page_wait": (TileStudy(ablate="no_page_wait"), RING),
             "p16k_k512": (TileStudy(k_stage=512), RING)}

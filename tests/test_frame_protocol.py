@@ -383,7 +383,7 @@ def test_projection_study_layouts_round_trip_on_the_host():
 # ---- the fused residual stream (ResidualStudy) -----------------------------------------------
 @pytest.mark.compile
 def test_fused_build_normalizes_stages_and_adds_residuals():
-    """``fused``: each projection stage can be RMS-normalised in place (26 stages, each behind
+    """``fused``: each projection stage can be RMS-normalised in place (13 stages, each behind
     a shared-memory proxy fence), the row factors come from relaxed gpu-scope loads of the ssq
     partials, the residual epilogue quad-reduces its squares; still 416 wgmmas, no spills."""
     from kernels.depth.frame_protocol import FrameKernel, compile_args
@@ -394,7 +394,9 @@ def test_fused_build_normalizes_stages_and_adds_residuals():
                        *compile_args())
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 416
-    assert ptx.count("fence.proxy.async.shared::cta;") == 26
+    # 13 normalised K stages of 512 at 13 rows (schedules.plan.frame_k_stage), each behind a
+    # shared-memory proxy fence
+    assert ptx.count("fence.proxy.async.shared::cta;") == 13
     assert "ld.relaxed.gpu.global.f32" in ptx and "shfl.sync.bfly" in ptx
     assert r.frame_bytes == 0 and r.spill_bytes == 0
 

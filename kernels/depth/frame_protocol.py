@@ -103,6 +103,11 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         self.fused, self.eps = fused and rows > 0, eps
         self.act_buffers, self.ablate = 1, study.ablate
         self.k_stage = study.k_stage
+        if rows and not self.k_stage:
+            from schedules.plan import frame_k_stage
+
+            self.k_stage = frame_k_stage(rows)
+        self.k_stage = self.k_stage or T.K_STAGE
         if rows:
             T.check_rows(rows)
             if page_bytes % T.STEP_BYTES_MAX or ring_pages == 0:

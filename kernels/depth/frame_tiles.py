@@ -87,18 +87,18 @@ class TileStudy:
     """Knobs of the projection tiles still under A/B (scripts/frame_tiles_ab.py), never in a
     user-facing constructor. ``act_buffers``: activation stage buffers (0: as many as fit,
     :func:`act_buffers`; 2 won the first A/B, notes/depth-frame.md). ``k_stage``: K elements a
-    stage (256 or 512). ``ablate`` (timing only, the outputs are wrong):
+    stage (0: the plan's, schedules.plan.frame_k_stage; else 256 or 512). ``ablate`` (timing only, the outputs are wrong):
     "no_mma" issues no wgmma, "no_page_wait" computes on the ring's pages without waiting for
     them to land."""
     act_buffers: int = 2
     ablate: str = ""
-    k_stage: int = K_STAGE
+    k_stage: int = 0
 
     def __post_init__(self):
         if self.ablate not in ABLATIONS:
             raise ValueError(f"ablate {self.ablate!r}: choose from {ABLATIONS}")
-        if self.k_stage not in (256, 512):
-            raise ValueError(f"{self}: k_stage 256 or 512")
+        if self.k_stage not in (0, 256, 512):
+            raise ValueError(f"{self}: k_stage 0 (the plan's), 256 or 512")
 
 
 def check_rows(rows: int) -> None:
@@ -358,16 +358,17 @@ class ProjectionBodies:
         words 4·(chunk + st·K_STAGE / 8) on in ``gbuf``)."""
         tidx, _, _ = cute.arch.thread_idx()
         r8, ks = rows8(self.rows), self.k_stage
-        units = ks * r8 // 8
+        units = ks * r8 // 8  # 32 or 64 · R8: a multiple of 256
         sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
         base, g_base = smem_u32(stage), smem_u32(gbuf) + st * ks * 2
-        for n in cutlass.range_constexpr(-(-units // CONSUMERS)):
+        # a loop, not unrolled: 26 stages of unrolled units tripled the kernel's code
+        # (notes/depth-frame.md)
+        for n in cutlass.range(units // CONSUMERS, unroll=2):
             u = n * CONSUMERS + tidx
-            if cutlass.const_expr(units % CONSUMERS == 0) or u < units:
-                x = ld_shared_v4(base + 16 * u)
-                g = ld_shared_v4(g_base + 16 * (u // r8))
-                r = sR[u % r8]
-                st_shared_v4(base + 16 * u, [rmsnorm_pair(x[i], g[i], r) for i in range(4)])
+            x = ld_shared_v4(base + 16 * u)
+            g = ld_shared_v4(g_base + 16 * (u // r8))
+            r = sR[u % r8]
+            st_shared_v4(base + 16 * u, [rmsnorm_pair(x[i], g[i], r) for i in range(4)])
         fence_proxy_async_shared_cta()
         cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
 
