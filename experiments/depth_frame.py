@@ -40,6 +40,12 @@ NOTES = {
                   "cache, shuffles) and the embeddings 15 (~2 µs), so ~2.9-3.2 ms a frame at "
                   "every row count, slower than the fast loop (1.25 ms at 1 row, 2.0 ms at "
                   "64): the dispatch rule would keep the loop at every row count.",
+    "outcome": "ad1357c (H200): correct, but 5054-8779 µs at 1-64 rows (the prediction wrong "
+               "by 2-3x: each normalised tile normalises its whole input, and the kernel's "
+               "unrolled code). 69d87e0, the stage normalisation a loop and K stages of 512 at "
+               "<= 32 rows: 3993 / 4015 / 4511 / 4635 / 5791 µs against the loop's 1167-1897 "
+               "µs. The 1.5 ms target is missed; the dispatch rule keeps the loop "
+               "everywhere (notes/depth-frame.md says what limits the frame).",
 }
 
 

@@ -224,13 +224,23 @@ class FastLoop:
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  teacher_forced: bool = False, graph: bool | None = None,
-                 variant: FrameVariant | None = None, depth_kernel: bool = False):
-        """``depth_kernel``: run the frame as one persistent launch (kernels.depth.frame,
+                 variant: FrameVariant | None = None, depth_kernel: bool | str = False):
+        """``depth_kernel``: True runs the frame as one persistent launch (kernels.depth.frame,
         issue #26) where it can run safely; where it cannot (not sm_90, fewer SMs than its
         grid, MPS, co-residency not guaranteed, not the 1.7B bf16 shapes, more than 64 rows,
         a sampler: its fused stochastic draw is not built), the refusal is logged, kept in
-        ``depth_kernel_refused`` and this fast loop runs instead."""
+        ``depth_kernel_refused`` and this fast loop runs instead. "auto": the plan's dispatch
+        rule (schedules.plan.frame_kernel_dispatch) decides first."""
         self.depth_frame, self.depth_kernel_refused = None, None
+        if depth_kernel not in (True, False, "auto"):
+            raise ValueError(f"depth_kernel {depth_kernel!r}: True, False or 'auto'")
+        if depth_kernel == "auto":
+            from schedules.plan import frame_kernel_dispatch
+
+            depth_kernel = frame_kernel_dispatch(rows)
+            if not depth_kernel:
+                self.depth_kernel_refused = ("the plan's dispatch rule keeps the fast loop at "
+                                             f"{rows} rows (schedules.plan.FRAME_KERNEL_FROM_ROWS)")
         if depth_kernel:
             self.depth_frame, self.depth_kernel_refused = _depth_frame_or_reason(
                 fw, rows, sampler, teacher_forced, variant)

@@ -18,6 +18,7 @@ timestamps instead (experiments/frame_protocol.py's traced runs), to be simulate
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from schedules.depth_frame import (ATTN, EMBED, LOCAL_NONE, TYPE_NAMES, Schedule,
@@ -179,6 +180,17 @@ def calibrate(s: Schedule, *, handoff_total_us: float = 475.0, task_total_us: fl
             lo = mid
     return dataclasses.replace(base, handoff_us=handoff,
                                fixed_us={k: round(v * lo, 4) for k, v in base.fixed_us.items()})
+
+
+def costs_between(lo: tuple, hi: tuple, rows: int) -> Costs:
+    """Costs at ``rows`` from two calibrated row counts ``lo`` = (rows, Costs) and ``hi``: the
+    per-type body costs linear in rows between them (the tile bodies' work grows with the
+    step's rows: the activation copies, the stage normalisation, the epilogue stores), the rest
+    ``lo``'s."""
+    (r0, c0), (r1, c1) = lo, hi
+    t = (rows - r0) / (r1 - r0)
+    fixed = {k: c0.fixed_us[k] + t * (c1.fixed_us[k] - c0.fixed_us[k]) for k in c0.fixed_us}
+    return dataclasses.replace(c0, fixed_us=fixed)
 
 
 def costs_from_stamps(measurement: dict, base: Costs = SEED_COSTS) -> Costs:

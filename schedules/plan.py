@@ -68,6 +68,19 @@ FRAME_RING = {"ring_pages": 8, "page_bytes": 16384}
 FRAME_K_STAGE = ((32, 512), (64, 256))
 
 
+# the dispatch rule between the depth frame kernel and the fast loop
+# (FastLoop(depth_kernel="auto")): the frame from this many rows on, the loop below; None: the
+# loop at every row count, since the frame lost to it at 1, 8, 16, 32 and 64 rows
+# (results/depth-frame.json at 69d87e0, notes/depth-frame.md)
+FRAME_KERNEL_FROM_ROWS = None
+
+
+def frame_kernel_dispatch(rows: int) -> bool:
+    """Whether the dispatch rule (FRAME_KERNEL_FROM_ROWS) runs a step of ``rows`` rows on the
+    depth frame kernel."""
+    return FRAME_KERNEL_FROM_ROWS is not None and rows >= FRAME_KERNEL_FROM_ROWS
+
+
 def frame_k_stage(rows: int) -> int:
     """The frame kernel's activation stage for a step of ``rows`` rows (FRAME_K_STAGE)."""
     for up_to, k in FRAME_K_STAGE:

@@ -44,7 +44,8 @@ def test_qkv_rows_by_kv_head_is_a_permutation_grouping_each_kv_head():
 def test_frame_layout_regions_are_disjoint_and_every_phase_points_inside(rows):
     """Regions never overlap, outputs come before constants, and each phase's table row names
     regions of the right kind (its input and output where the schedule's data flow says)."""
-    from kernels.depth.frame import frame_layout, phase_row
+    from kernels.depth.frame import frame_layout
+    from kernels.depth.frame_table import phase_row
     from kernels.depth.frame_tiles import PHASE_FIELDS
     from schedules import depth_frame as F
 
@@ -95,6 +96,10 @@ def test_depth_kernel_refusal_runs_the_fast_loop_and_says_why(caplog):
     assert torch.equal(loop(h, g0).codes, FastLoop(fw, 2)(h, g0).codes)
     frame, why = _depth_frame_or_reason(fw, 2, Sampler(2, seeds=[1, 2]), False, None)
     assert frame is None and "stochastic" in why
+    auto = FastLoop(fw, 2, depth_kernel="auto")  # the plan: the loop at every row count
+    assert auto.depth_frame is None and "dispatch rule" in auto.depth_kernel_refused
+    with pytest.raises(ValueError, match="depth_kernel"):
+        FastLoop(fw, 2, depth_kernel="yes")
 
 
 # ---- compile (CI) ----------------------------------------------------------------------------

@@ -193,3 +193,15 @@ def test_frame_schedule_calibrates_on_the_published_frame_stamps():
     assert (k is not None) == has
     if k is not None:
         assert k["held_out"] and all(abs(x["error"]) < 0.5 for x in k["held_out"].values())
+
+
+def test_whole_frame_calibration_predicts_the_held_out_row_counts():
+    """The simulator fitted to the whole frame kernel's stamps at 1 and 64 rows (the published
+    depth-frame summary) predicts the 8, 16 and 32-row frames within 10 %."""
+    from experiments.frame_schedule import WHOLE_FIT_ROWS, _whole_frame_calibration
+
+    k = _whole_frame_calibration()
+    assert k is not None, "results/depth-frame.json has the traced runs"
+    assert sorted(map(int, k["fitted"])) == list(WHOLE_FIT_ROWS)
+    assert sorted(map(int, k["held_out"])) == [8, 16, 32]
+    assert all(abs(x["error"]) <= 0.10 for x in k["held_out"].values()), k["held_out"]

@@ -27,9 +27,9 @@ no region is reused, so there is no write-after-read hazard to order.
 from __future__ import annotations
 
 from kernels.depth.frame_attention import kv_cache_words, qkv_rows_by_kv_head
-from kernels.depth.frame_studies import table_row
-from kernels.depth.frame_tiles import (MAX_ROWS, RESID_BIAS, RESID_ROWS, SSQ_TILES,
-                                       from_chunk_major, pack_frame_weights, rows8)
+from kernels.depth.frame_table import TALKER_VOCAB, phase_row
+from kernels.depth.frame_tiles import (MAX_ROWS, SSQ_TILES, from_chunk_major,
+                                       pack_frame_weights, rows8)
 from schedules import depth_frame as F
 
 POISON = 0x7FC07FC0  # a bf16 NaN pair (and an fp32 NaN)
@@ -69,9 +69,6 @@ class Regions:
         return self.at[key]
 
 
-TALKER_VOCAB = 3072  # g0's codebook (models.codepredictor.CodePredictorWeights.talker_embed)
-
-
 def frame_layout(cfg, rows: int, talker_vocab: int = TALKER_VOCAB) -> "Regions":
     """The arena's regions for a step of ``rows`` rows (the module docstring's table)."""
     r8 = rows8(rows)
@@ -104,43 +101,6 @@ def frame_layout(cfg, rows: int, talker_vocab: int = TALKER_VOCAB) -> "Regions":
     a.add("talker", table_rows * cfg.talker_hidden // 2)
     a.talker_vocab = talker_vocab
     return a
-
-
-def phase_row(ph, o: dict, cfg, talker_vocab: int = TALKER_VOCAB) -> list:
-    """Phase ``ph``'s PHASE_FIELDS (kernels.depth.frame_tiles) over the regions ``o``."""
-    p, l = ph.pos, ph.layer
-    if ph.type == F.PROJ:
-        return table_row(o["x_t"], o[("h", 0)], resid_word=o["bias"], resid_kind=RESID_BIAS,
-                         ssq_out_word=o[("ssq", 0)])
-    if ph.type == F.QKV:
-        return table_row(o[("h", p)], o[("qkv", l, p)], gamma_word=o[("in", l)],
-                         ssq_in_word=o[("ssq", p)])
-    if ph.type == F.ATTN:
-        return table_row(o[("qkv", l, p)], o[("attn", l, p)], gamma_word=o[("qk_norm", l)],
-                         kv_word=o[("kv", l)], rope_word=o[("rope", p)], slot=p)
-    if ph.type == F.O:
-        return table_row(o[("attn", l, p)], o[("h", p)], resid_word=o[("h", p)],
-                         resid_kind=RESID_ROWS, ssq_out_word=o[("ssq", p)])
-    if ph.type == F.GATEUP:
-        return table_row(o[("h", p)], o[("act", l, p)], gamma_word=o[("post", l)],
-                         ssq_in_word=o[("ssq", p)])
-    if ph.type == F.DOWN:
-        return table_row(o[("act", l, p)], o[("h", p)], resid_word=o[("h", p)],
-                         resid_kind=RESID_ROWS, ssq_out_word=o[("ssq", p)])
-    if ph.type == F.HEAD:
-        return table_row(o[("h", p)], o[("logits", p)], gamma_word=o["final"],
-                         ssq_in_word=o[("ssq", p)])
-    # EMBED at position p: its code is column p - 1 (g0 at p = 1); p <= 15 gathers table
-    # p - 1 (talker_embed_proj, then embed_proj[p - 2]); p = 16 makes the Talker sum
-    last = p == cfg.positions
-    before = 0 if p == 1 else talker_vocab + (p - 2) * cfg.vocab  # the table's first row
-    table = -1 if last else o["embed_proj"] + before * cfg.hidden // 2
-    return table_row(o[("logits", p - 1)] if p >= 2 else -1, -1 if last else o[("h", p)],
-                     ssq_out_word=-1 if last else o[("ssq", p)], code_word=o["codes"],
-                     group=p - 1, table_word=table, talker_word=o["talker"],
-                     sum_word=o["sum"] if last else -1)
-
-
 
 
 class DepthFrame:

@@ -11,28 +11,11 @@ the phase tables and arenas they run on, and their references.
 """
 from __future__ import annotations
 
-from kernels.depth.frame_tiles import (PHASE_FIELDS, RESID_BIAS, RESID_NONE, RESID_ROWS,
-                                       SSQ_TILES, TILE_FEATURES, check_rows, chunk_major_rows,
-                                       from_chunk_major, pack_frame_weights, rows8)
+from kernels.depth.frame_table import phase_row, table_row, unfused_row
+from kernels.depth.frame_tiles import (RESID_ROWS, SSQ_TILES, TILE_FEATURES, check_rows,
+                                       chunk_major_rows, from_chunk_major, pack_frame_weights,
+                                       rows8)
 from schedules import depth_frame as F
-
-
-def unfused_row(a_word: int, y_word: int) -> list:
-    """A phase-table row with only an input and an output (no norm, residual or ssq)."""
-    return table_row(a_word, y_word)
-
-
-def table_row(a_word, y_word, gamma_word=-1, ssq_in_word=-1, resid_word=-1,
-              resid_kind=RESID_NONE, ssq_out_word=-1, **more) -> list:
-    """One phase's PHASE_FIELDS (kernels.depth.frame_tiles says what each means); ``more``
-    sets the attention and embedding fields by name (the rest are -1)."""
-    row = dict(a_word=a_word, y_word=y_word, gamma_word=gamma_word, ssq_in_word=ssq_in_word,
-               resid_word=resid_word, resid_kind=resid_kind, ssq_out_word=ssq_out_word)
-    unknown = set(more) - set(PHASE_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown phase fields {sorted(unknown)}")
-    row.update(more)
-    return [row.get(k, -1) for k in PHASE_FIELDS]
 
 
 class ProjectionStudy:
@@ -241,26 +224,15 @@ class ResidualStudy:
         self.arena[w0: w0 + flat.numel()] = flat
 
     def _row(self, ph) -> list:
-        o, p, l = self.offsets, ph.pos, ph.layer
-        if ph.type == F.PROJ:
-            return table_row(o["x_t"], o[("h", 0)], resid_word=o["bias"], resid_kind=RESID_BIAS,
-                             ssq_out_word=o[("ssq", 0)])
-        if ph.type == F.QKV:
-            return table_row(o[("h", p)], o[("qkv", l, p)], gamma_word=o[("in", l)],
-                             ssq_in_word=o[("ssq", p)])
+        """The real frame's row (kernels.depth.frame_table.phase_row) but o's input, a fixed
+        x_q (attention is not run), and no attention or embedding bodies."""
+        o, p = self.offsets, ph.pos
         if ph.type == F.O:
             return table_row(o["x_q"], o[("h", p)], resid_word=o[("h", p)],
                              resid_kind=RESID_ROWS, ssq_out_word=o[("ssq", p)])
-        if ph.type == F.GATEUP:
-            return table_row(o[("h", p)], o[("act", l, p)], gamma_word=o[("post", l)],
-                             ssq_in_word=o[("ssq", p)])
-        if ph.type == F.DOWN:
-            return table_row(o[("act", l, p)], o[("h", p)], resid_word=o[("h", p)],
-                             resid_kind=RESID_ROWS, ssq_out_word=o[("ssq", p)])
-        if ph.type == F.HEAD:
-            return table_row(o[("h", p)], o[("logits", p)], gamma_word=o["final"],
-                             ssq_in_word=o[("ssq", p)])
-        return unfused_row(-1, -1)
+        if ph.type in (F.ATTN, F.EMBED):
+            return unfused_row(-1, -1)
+        return phase_row(ph, o, self.cfg)
 
     def io(self):
         return self.phases, self.arena

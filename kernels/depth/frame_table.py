@@ -1,0 +1,64 @@
+"""The depth frame's phase table: one row of PHASE_FIELDS a phase (kernels.depth.frame_tiles
+says what each field means), the arena offsets the frame kernel reads its inputs and outputs
+from."""
+from __future__ import annotations
+
+from kernels.depth.frame_tiles import PHASE_FIELDS, RESID_BIAS, RESID_NONE, RESID_ROWS
+from schedules import depth_frame as F
+
+TALKER_VOCAB = 3072  # g0's codebook (models.codepredictor.CodePredictorWeights.talker_embed)
+
+
+def unfused_row(a_word: int, y_word: int) -> list:
+    """A phase-table row with only an input and an output (no norm, residual or ssq)."""
+    return table_row(a_word, y_word)
+
+
+def table_row(a_word, y_word, gamma_word=-1, ssq_in_word=-1, resid_word=-1,
+              resid_kind=RESID_NONE, ssq_out_word=-1, **more) -> list:
+    """One phase's PHASE_FIELDS (kernels.depth.frame_tiles says what each means); ``more``
+    sets the attention and embedding fields by name (the rest are -1)."""
+    row = dict(a_word=a_word, y_word=y_word, gamma_word=gamma_word, ssq_in_word=ssq_in_word,
+               resid_word=resid_word, resid_kind=resid_kind, ssq_out_word=ssq_out_word)
+    unknown = set(more) - set(PHASE_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown phase fields {sorted(unknown)}")
+    row.update(more)
+    return [row.get(k, -1) for k in PHASE_FIELDS]
+
+
+def phase_row(ph, o: dict, cfg, talker_vocab: int = TALKER_VOCAB) -> list:
+    """Phase ``ph``'s PHASE_FIELDS (kernels.depth.frame_tiles) over the regions ``o``."""
+    p, l = ph.pos, ph.layer
+    if ph.type == F.PROJ:
+        return table_row(o["x_t"], o[("h", 0)], resid_word=o["bias"], resid_kind=RESID_BIAS,
+                         ssq_out_word=o[("ssq", 0)])
+    if ph.type == F.QKV:
+        return table_row(o[("h", p)], o[("qkv", l, p)], gamma_word=o[("in", l)],
+                         ssq_in_word=o[("ssq", p)])
+    if ph.type == F.ATTN:
+        return table_row(o[("qkv", l, p)], o[("attn", l, p)], gamma_word=o[("qk_norm", l)],
+                         kv_word=o[("kv", l)], rope_word=o[("rope", p)], slot=p)
+    if ph.type == F.O:
+        return table_row(o[("attn", l, p)], o[("h", p)], resid_word=o[("h", p)],
+                         resid_kind=RESID_ROWS, ssq_out_word=o[("ssq", p)])
+    if ph.type == F.GATEUP:
+        return table_row(o[("h", p)], o[("act", l, p)], gamma_word=o[("post", l)],
+                         ssq_in_word=o[("ssq", p)])
+    if ph.type == F.DOWN:
+        return table_row(o[("act", l, p)], o[("h", p)], resid_word=o[("h", p)],
+                         resid_kind=RESID_ROWS, ssq_out_word=o[("ssq", p)])
+    if ph.type == F.HEAD:
+        return table_row(o[("h", p)], o[("logits", p)], gamma_word=o["final"],
+                         ssq_in_word=o[("ssq", p)])
+    # EMBED at position p: its code is column p - 1 (g0 at p = 1); p <= 15 gathers table
+    # p - 1 (talker_embed_proj, then embed_proj[p - 2]); p = 16 makes the Talker sum
+    last = p == cfg.positions
+    before = 0 if p == 1 else talker_vocab + (p - 2) * cfg.vocab  # the table's first row
+    table = -1 if last else o["embed_proj"] + before * cfg.hidden // 2
+    return table_row(o[("logits", p - 1)] if p >= 2 else -1, -1 if last else o[("h", p)],
+                     ssq_out_word=-1 if last else o[("ssq", p)], code_word=o["codes"],
+                     group=p - 1, table_word=table, talker_word=o["talker"],
+                     sum_word=o["sum"] if last else -1)
+
+
