@@ -62,6 +62,9 @@ FIRST_PART_ROWS = {128: 64}  # v10l
 # seed's 32 x 4 KB): 8 pages of 16 KB won the 4b8c4c6 / 657793b A/B at 1, 16 and 64 rows
 # (notes/depth-frame.md, session 18); 32 KB pages do not divide down's 48 KB half tiles
 FRAME_RING = {"ring_pages": 8, "page_bytes": 16384}
+# the frame kernel's activation stage buffers: 2 beat as many as fit (up to 6) in the 9621aa2 /
+# d7ed49d A/B (notes/depth-frame.md, session 18)
+FRAME_ACT_BUFFERS = 2
 # the frame kernel's activation stage (K elements) by the step's rows: (up to rows, K). 512
 # beat 256 at 1-32 rows in the projection study (notes/depth-frame.md, session 19); at 64 rows
 # two stages of 512 do not fit beside the ring

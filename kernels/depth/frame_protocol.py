@@ -119,8 +119,9 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 raise ValueError(f"pages of {page_bytes} B or K stages of {self.k_stage} do not "
                                  f"divide the {', '.join(odd)} tiles: a tile must be whole "
                                  "pages and whole stages")
-            self.act_buffers = study.act_buffers or T.act_buffers(
-                rows, combine_slots, ring_pages * page_bytes, self.k_stage)
+            from schedules.plan import FRAME_ACT_BUFFERS
+
+            self.act_buffers = FRAME_ACT_BUFFERS
             if T.act_buffers(rows, combine_slots, ring_pages * page_bytes,
                              self.k_stage) < self.act_buffers:
                 raise ValueError(f"{self.act_buffers} activation buffers of "

@@ -67,10 +67,11 @@ def act_stage_bytes(rows: int, k_stage: int = K_STAGE) -> int:
 
 
 def act_buffers(rows: int, combine_slots: int, ring_bytes: int, k_stage: int = K_STAGE) -> int:
-    """Activation stage buffers that fit beside the ring and the combine slots' fp32 partials
-    (64 rows x 16 features each), at most MAX_ACT_BUFFERS: with as many buffers as a task has
-    stages, every activation copy is issued right after the counter wait."""
-    free = SMEM_LIMIT - SMEM_RESERVE - ring_bytes - combine_slots * MAX_ROWS * 16 * 4
+    """Activation stage buffers that fit beside the ring, the combine slots' fp32 partials
+    (64 rows x 16 features each) and the norm buffers, at most MAX_ACT_BUFFERS (the kernel
+    checks that the plan's FRAME_ACT_BUFFERS fit)."""
+    free = (SMEM_LIMIT - SMEM_RESERVE - ring_bytes - combine_slots * MAX_ROWS * 16 * 4
+            - (MAX_ROWS + NORM_K // 2) * 4)  # the fused builds' row factors and gamma
     fit = free // (act_stage_bytes(rows, k_stage) + ACT_SLACK)
     if fit < 2:
         raise ValueError(f"rows {rows}: two activation stages of "
@@ -85,12 +86,11 @@ ABLATIONS = ("", "no_mma", "no_page_wait")
 @dataclass(frozen=True)
 class TileStudy:
     """Knobs of the projection tiles still under A/B (scripts/frame_tiles_ab.py), never in a
-    user-facing constructor. ``act_buffers``: activation stage buffers (0: as many as fit,
-    :func:`act_buffers`; 2 won the first A/B, notes/depth-frame.md). ``k_stage``: K elements a
-    stage (0: the plan's, schedules.plan.frame_k_stage; else 256 or 512). ``ablate`` (timing only, the outputs are wrong):
-    "no_mma" issues no wgmma, "no_page_wait" computes on the ring's pages without waiting for
-    them to land."""
-    act_buffers: int = 2
+    user-facing constructor. ``k_stage``: K elements a stage (0: the plan's,
+    schedules.plan.frame_k_stage; else 256 or 512). ``ablate`` (timing only, the outputs are
+    wrong): "no_mma" issues no wgmma, "no_page_wait" computes on the ring's pages without
+    waiting for them to land. (The activation buffers are the plan's FRAME_ACT_BUFFERS: as many
+    as fit lost its A/B, notes/depth-frame.md.)"""
     ablate: str = ""
     k_stage: int = 0
 
