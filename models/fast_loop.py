@@ -230,7 +230,8 @@ class FastLoop:
         grid, MPS, co-residency not guaranteed, not the 1.7B bf16 shapes, more than 64 rows,
         a sampler: its fused stochastic draw is not built), the refusal is logged, kept in
         ``depth_kernel_refused`` and this fast loop runs instead. "auto": the plan's dispatch
-        rule (schedules.plan.frame_kernel_dispatch) decides first."""
+        rule (schedules.plan.frame_kernel_dispatch) decides first. A schedule the frame's own
+        checks reject (ScheduleError, ValueError) is a bug, raised, not a fallback."""
         self.depth_frame, self.depth_kernel_refused = None, None
         if depth_kernel not in (True, False, "auto"):
             raise ValueError(f"depth_kernel {depth_kernel!r}: True, False or 'auto'")

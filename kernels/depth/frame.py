@@ -21,8 +21,9 @@ The arena (32-bit words; every region 16-byte aligned; chunk-major is [N / 8][R8
 | constants | norms (in / post per layer, q_norm then k_norm per layer, final), proj bias, cos then sin per position |
 | tables | talker_embed_proj [3072][1024], embed_proj[0..14] ([2048][1024] bf16 each); talker_embed [3072][2048], embeds[0..14] ([2048][2048] bf16 each) |
 
-Every (layer, position) has its own qkv / attn / act: positions 0 and 1 run side by side, and
-no region is reused, so there is no write-after-read hazard to order.
+Every (layer, position) has its own qkv / attn / act: positions 0 and 1 run side by side, so
+those are never reused. h_p and ssq_p are updated in place by o and down, after every reader of
+the old values (qkv, gate/up) has signalled: the counters order it.
 """
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ def check_frame_inputs(fw, rows: int) -> None:
         raise FrameUnsupported("the frame kernel needs the weights on a CUDA device")
     if not 1 <= rows <= MAX_ROWS:
         raise FrameUnsupported(f"rows {rows}: the frame kernel takes 1..{MAX_ROWS} rows a step")
+    dev = fw.final_norm.device
+    if dev.index is not None and dev.index != torch.cuda.current_device():
+        raise FrameUnsupported(f"the weights are on {dev} but the current device is "
+                               f"cuda:{torch.cuda.current_device()}: the frame's buffers and "
+                               "its occupancy check must be on the weights' GPU")
 
 
 class Regions:
@@ -106,7 +112,7 @@ def frame_layout(cfg, rows: int, talker_vocab: int = TALKER_VOCAB) -> "Regions":
 class DepthFrame:
     """One frame for ``rows`` rows (1..64) as one persistent launch: call with (h [R, 2048],
     g0 [R]) and, when built with ``teacher_forced=True``, ``codes`` [R, 15]; returns the
-    loop's LoopOutput (views of the arena: copy them before the next call). Greedy draws
+    loop's LoopOutput (partly views of the arena: copy them before the next call). Greedy draws
     otherwise (models.sampler.argmax_candidates; a row without a candidate gets the code
     ``vocab``, which the caller must check, as in the fast loop). ``trace``: six
     %globaltimer stamps a task (``self.run.task_stamps()``).
@@ -187,8 +193,11 @@ class DepthFrame:
 
     # ---- a frame --------------------------------------------------------------------------
     def __call__(self, h, g0, codes=None):
-        """One frame (LoopOutput of arena views). Raises ValueError for inputs of the wrong
-        shape, dtype or device, or codes given to a greedy frame (or missing)."""
+        """One frame: a LoopOutput whose talker_sum and kv are views of the arena, codes and
+        logits copies made from it. Raises ValueError for inputs of the wrong shape, dtype or
+        device, codes outside their codebooks (g0: 3072 entries, g1..g15: 2048; checked
+        outside CUDA-graph capture only: a captured replay clamps them on the device), or
+        codes given to a greedy frame (or missing)."""
         import torch
 
         from models.codepredictor import LoopOutput
@@ -206,8 +215,13 @@ class DepthFrame:
         if codes is not None and (tuple(codes.shape) != (R, c.heads_drawn) or
                                   codes.device != dev or codes.is_floating_point()):
             raise ValueError(f"codes must be an integer [{R}, {c.heads_drawn}] tensor on {dev}")
+        if not torch.cuda.is_current_stream_capturing():  # (a host sync; not while capturing)
+            for name, t, n in (("g0", g0, self.regions.talker_vocab), ("codes", codes, c.vocab)):
+                if t is not None and t.numel() and not bool(((t >= 0) & (t < n)).all()):
+                    raise ValueError(f"{name} holds codes outside [0, {n}) (got "
+                                     f"{int(t.min())}..{int(t.max())})")
         x = self._bf16("x_t", c.talker_hidden).view(c.talker_hidden // 8, self.r8, 8)
-        x[:, :R].copy_(h.to(torch.bfloat16).view(R, c.talker_hidden // 8, 8).transpose(0, 1))
+        x[:, :R].copy_(h.to(torch.bfloat16).reshape(R, c.talker_hidden // 8, 8).transpose(0, 1))
         cv = self.codes_view()
         cv[:R, 0].copy_(g0)
         if codes is not None:

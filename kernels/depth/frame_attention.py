@@ -15,8 +15,9 @@ with the same sum, since each pairwise add is commutative). In the reference's o
    with three bf16 roundings ``bf16(bf16(x·cos) + bf16(rot(x)·sin))``, rot's partner
    dimension d ^ 64 from lane j ^ 8;
 2. the even q head of a kv head writes k and v at the position's cache slot; both use their
-   own registers for that slot and the cache for earlier ones, so neither reads its sibling's
-   store;
+   own registers for that slot and the cache for earlier ones (every slot's load is issued,
+   that one too, but a slot at or past the position is discarded, so no value of the
+   sibling's store is used);
 3. fp32 scores ``q·k · 128^-0.5`` over slots 0..pos, fp32 softmax, p rounded to bf16, then
    ``bf16(sum_s p_s · v_s)`` with fp32 adds in slot order.
 

@@ -9,16 +9,21 @@ Embedding task at position p (1..16), in the reference's order (models.codepredi
   non-NaN logit, ``vocab`` where there is none. (This task is the hook of the fused stochastic
   draw: ``draw`` is a compile-time mode.)
 * p <= 15: the position's input rows, gathered from the pre-projected table
-  (models.fast_loop.FastWeights.embed_proj / talker_embed_proj, built by the reference's own
-  ``e @ proj_w.T + proj_b``, so the gather is exact) into h_p, chunk-major, with their ssq
+  (models.fast_loop.FastWeights.embed_proj / talker_embed_proj, the fast loop's own tables, so
+  the gather gives its rows exactly; the reference projects inside its own GEMM) into h_p,
+  chunk-major, with their ssq
   partials in the projection epilogue's order (:func:`tile_ssq`), for the next RMSNorm;
 * p = 16: the Talker sum of the 16 codes' Talker-space rows [g0: talker_embed, g_s:
-  embeds[s - 1]], added in fp32 in slot order and rounded once (the fast loop's contract, whose
-  first 15 slots torch sums in fp32).
+  embeds[s - 1]], added in fp32 in slot order and rounded once. The fast loop sums its first
+  15 slots with torch.sum in fp32 (an order torch does not document) and adds the last: the
+  two gave the same bits on every element of the H200 runs (tests/test_depth_frame.py), which
+  an fp32 sum of 16 bf16 rows does unless an addition rounds differently; it is measured, not
+  guaranteed.
 
 128 threads: thread 16·r + j takes row 8g + r and a 16th of the row's features. A code of
 ``vocab`` (no candidate) is written as such, and its rows are gathered from row vocab - 1 so
-that nothing reads out of bounds; the host checks the codes.
+that nothing reads out of bounds (DepthFrame checks given codes outside graph capture; the
+caller checks drawn ones for ``vocab``).
 """
 from __future__ import annotations
 

@@ -19,13 +19,14 @@ Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte c
   groups 128 (SBO).
 * activations: chunk-major [K / 8][R8][8] bf16 in global memory (R8 = the step's rows rounded
   up to 8; :func:`chunk_major_rows`), brought after the task's counter wait by one bulk copy a
-  K stage (``K_STAGE`` elements; :func:`act_buffers` buffers) into the same image: LBO R8·16, SBO
+  K stage (k_stage elements: schedules.plan.frame_k_stage; the plan's FRAME_ACT_BUFFERS
+  buffers) into the same image: LBO R8·16, SBO
   128. wgmma reads 64 rows; rows R8..63 fall on later chunks of the buffer (or the slack after
   it), rows nobody stores, whose products only reach accumulator rows that are not stored.
 
 Per K stage: thread 0 waits for the activation stage and the stage's weight pages and the
-warpgroup meets at a named barrier; all issue K_STAGE / 16 wgmmas, retire them, meet again,
-and thread 0 frees the pages and refills the activation buffer with stage s + 2. Pages go back per stage, not per task, so the
+warpgroup meets at a named barrier; all issue k_stage / 16 wgmmas, retire them, meet again,
+and thread 0 frees the pages and refills the activation buffer with stage s + buffers. Pages go back per stage, not per task, so the
 loader streams the rest of a tile (a gate/up tile is the whole ring) while its first stages
 compute.
 
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 
 from schedules import depth_frame as F
 
-K_STAGE = 256  # K elements of an activation stage (and of the weight pages it pairs with)
+K_STAGE = 256  # K elements of an activation stage where the plan does not say (its minimum)
 MAX_ACT_BUFFERS = 6  # the most K stages of a task (down's half: 1536 / 256)
 SMEM_LIMIT = 227 * 1024
 SMEM_RESERVE = 2048  # the protocol's barriers and combine words, the ring's alignment
@@ -231,8 +232,7 @@ TASK_SHAPES = {F.QKV: (32, 1024, False), F.GATEUP: (64, 1024, False),
 # (-1: position 1, code g0), y_word / ssq_out_word the position's h and partials, code_word
 # the codes [R8][16] int32, group the code column it takes or draws, table_word the
 # pre-projected rows it gathers (-1: none, the last draw), talker_word the Talker-space rows,
-# sum_word the Talker sum's fp32 accumulator [R8][talker_hidden] (its last step rounds into
-# the bf16 sum at sum_word + R8 · talker_hidden)
+# sum_word the Talker sum, bf16 [R8][talker_hidden] (the last step only)
 PHASE_FIELDS = ("a_word", "y_word", "gamma_word", "ssq_in_word", "resid_word", "resid_kind",
                 "ssq_out_word", "kv_word", "rope_word", "slot", "code_word", "group",
                 "table_word", "talker_word", "sum_word")
@@ -354,8 +354,8 @@ class ProjectionBodies:
         """Rewrite landed activation stage ``st`` in place as ``bf16(gamma · bf16(x · r))``
         (kernels.device.rounding.rmsnorm_pair: the reference's order), 16 bytes at a time,
         then make the writes visible to the wgmmas (async proxy) and meet. Unit u of the
-        stage's [K_STAGE / 8][R8][8] image is row u % R8 of chunk u / R8 (8 features, gamma
-        words 4·(chunk + st·K_STAGE / 8) on in ``gbuf``)."""
+        stage's [k_stage / 8][R8][8] image is row u % R8 of chunk u / R8 (8 features, gamma
+        words 4·(chunk + st·k_stage / 8) on in ``gbuf``)."""
         tidx, _, _ = cute.arch.thread_idx()
         r8, ks = rows8(self.rows), self.k_stage
         units = ks * r8 // 8  # 32 or 64 · R8: a multiple of 256

@@ -40,8 +40,9 @@ def swiglu_value(gate: Float32, up: Float32) -> Float32:
 def div_newton(a: Float32, b: Float32) -> Float32:
     """a / b without IEEE division's slow-path call: q0 = a · rcp.approx(b), then one
     Newton correction with the residual a - b · q0 (two FMAs). Within an ulp of a / b for
-    normal operands, not correctly rounded in every case: its users round to bf16 afterwards,
-    and tests/test_device_rounding.py compares them with the IEEE division exhaustively. Where
+    normal operands, not correctly rounded in every case: its users round to bf16 afterwards.
+    For SwiGLU's silu tests/test_device_rounding.py compares it with the IEEE division over
+    every bf16 input; the softmax's bf16(e / den) (two inputs) is not compared exhaustively. Where
     the residual is NaN (a or q0 infinite), or q0 is zero, q0 stands: +inf / 1 stays +inf and
     -0 / 1 stays -0 (the correction would add +0)."""
     r = rcp_approx(b)
