@@ -11,8 +11,8 @@ Embedding task at position p (1..16), in the reference's order (models.codepredi
 * p <= 15: the position's input rows, gathered from the pre-projected table
   (models.fast_loop.FastWeights.embed_proj / talker_embed_proj, the fast loop's own tables, so
   the gather gives its rows exactly; the reference projects inside its own GEMM) into h_p,
-  chunk-major, with their ssq
-  partials in the projection epilogue's order (:func:`tile_ssq`), for the next RMSNorm;
+  chunk-major, with their ssq partials in the projection epilogue's order
+  (kernels.device.rounding.tile_ssq), for the next RMSNorm;
 * p = 16: the Talker sum of the 16 codes' Talker-space rows [g0: talker_embed, g_s:
   embeds[s - 1]], added in fp32 in slot order and rounded once. The fast loop sums its first
   15 slots with torch.sum in fp32 (an order torch does not document) and adds the last: the
@@ -35,27 +35,11 @@ DRAWS = ("greedy", "given")
 # ---- device -------------------------------------------------------------------------------------
 from kernels.device.ptx import (bf16_hi, bf16_lo, ld_relaxed_gpu_u32,  # noqa: E402
                                 ld_relaxed_gpu_v4)
-from kernels.device.rounding import bf16x2_rn  # noqa: E402
+from kernels.device.rounding import bf16x2_rn, tile_ssq  # noqa: E402
 from kernels.device.runtime import cute_modules  # noqa: E402
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint32  # noqa: E402
-
-
-def quad_ssq(v0: Float32, v1: Float32, v2: Float32, v3: Float32) -> Float32:
-    """One quad thread's part of a 16-feature tile's sum of squares: its features 2q, 2q + 1,
-    8 + 2q, 9 + 2q in that order (the m64nF fragment's order)."""
-    sq = Float32(0.0)
-    for v in (v0, v1, v2, v3):
-        sq = sq + v * v
-    return sq
-
-
-def tile_ssq(x: list) -> Float32:
-    """A 16-feature tile's sum of squares in the projection epilogue's order: the four quad
-    parts (:func:`quad_ssq`), then (t0 + t1) + (t2 + t3) as its xor shuffles add them."""
-    t = [quad_ssq(x[2 * q], x[2 * q + 1], x[8 + 2 * q], x[9 + 2 * q]) for q in range(4)]
-    return (t[0] + t[1]) + (t[2] + t[3])
 
 
 class EmbeddingBodies:

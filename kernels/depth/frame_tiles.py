@@ -199,13 +199,12 @@ def pack_frame_weights(schedule, projections: dict):
 
 
 # ---- device -------------------------------------------------------------------------------------
-from kernels.depth.frame_embed import quad_ssq  # noqa: E402
 from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
 from kernels.device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
                                 fence_proxy_async_shared_cta, ld_relaxed_gpu_f32, ld_shared_v4,
                                 smem_u32, st_cluster_f32x2, st_shared_v4)
-from kernels.device.rounding import (bf16x2_rn, rms_factor, rmsnorm_pair,  # noqa: E402
-                                     round_bf16, swiglu_value)
+from kernels.device.rounding import (bf16x2_rn, quad_ssq, rms_factor,  # noqa: E402
+                                     rmsnorm_pair, round_bf16, swiglu_value)
 from kernels.device.runtime import cute_modules  # noqa: E402
 from kernels.device.waits import wait_parity  # noqa: E402
 from kernels.device.wgmma import wgmma_ss_m64k16  # noqa: E402

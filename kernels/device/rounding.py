@@ -82,3 +82,19 @@ def gate_residual_pair(y_word: Uint32, gate_word: Uint32, residual_word: Uint32)
     lo = fadd_rn(bf16_lo(residual_word), fmul_rn(bf16_lo(gate_word), bf16_lo(y_word)))
     hi = fadd_rn(bf16_hi(residual_word), fmul_rn(bf16_hi(gate_word), bf16_hi(y_word)))
     return bf16x2_rn(lo, hi)
+
+
+def quad_ssq(v0: Float32, v1: Float32, v2: Float32, v3: Float32) -> Float32:
+    """One quad thread's part of a 16-feature tile's sum of squares: its features 2q, 2q + 1,
+    8 + 2q, 9 + 2q in that order (the m64nF fragment's order)."""
+    sq = Float32(0.0)
+    for v in (v0, v1, v2, v3):
+        sq = sq + v * v
+    return sq
+
+
+def tile_ssq(x: list) -> Float32:
+    """A 16-feature tile's sum of squares in the projection epilogue's order: the four quad
+    parts (:func:`quad_ssq`), then (t0 + t1) + (t2 + t3) as its xor shuffles add them."""
+    t = [quad_ssq(x[2 * q], x[2 * q + 1], x[8 + 2 * q], x[9 + 2 * q]) for q in range(4)]
+    return (t[0] + t[1]) + (t[2] + t[3])
