@@ -3,7 +3,7 @@
 Hopper has no FP4 conversion and no block-scaled MMA, but every E2M1 x E4M3 product is exact in
 f16 (at most 6 significant bits, 2^-10 .. 2688). So the two consumer warpgroups (256 threads)
 expand each packed stage into f16 A [tile_m, 64] and B [tile_n, 64] tiles in the 128-byte-swizzled
-K-major layout wgmma reads (kernels.device.nvfp4.expand_stage_rows), then run f16 x f16 -> fp32
+K-major layout wgmma reads (device.nvfp4.expand_stage_rows), then run f16 x f16 -> fp32
 wgmma (m64 x tile_n x k16) on them; the fp32 sums are the only rounding.
 
 Role contract (kernels/nvfp4/gemm_shell.py): warpgroups 1-2 at 232 registers; waits on the
@@ -18,10 +18,10 @@ for issue slots and shared-memory bandwidth rather than wait on each other.
 """
 from __future__ import annotations
 
-from kernels.device.nvfp4 import expand_stage_rows, word_view
-from kernels.device.runtime import cute_modules
-from kernels.device.tiles import k_range, make_scheduler
-from kernels.device.waits import ring_position, wait_parity
+from device.nvfp4 import expand_stage_rows, word_view
+from device.runtime import cute_modules
+from device.tiles import k_range, make_scheduler
+from device.waits import ring_position, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Float32, Int32, Uint16  # noqa: E402

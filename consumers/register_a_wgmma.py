@@ -6,7 +6,7 @@ CTA's 128 weight rows (wgmma M) against the stage's ``tokens`` activation rows (
 256, accumulators tokens/2 fp32 a thread). Per k-block and thread: one ``ld.shared.v4`` (its 16
 code bytes: 4 k16 steps x 4 registers, kernels/nvfp4/prepack.py) and one ``ld.shared.v2`` (8
 scale bytes, shared by the 4 threads of a quad), then per k16 step
-:func:`kernels.device.nvfp4.dequant_a_fragment` (exact f16, one packed convert and one packed
+:func:`device.nvfp4.dequant_a_fragment` (exact f16, one packed convert and one packed
 multiply per two elements) and one ``wgmma.m64nNk16.f32.f16.f16`` with A in registers. The
 weights never touch f16 shared memory, and the activation is expanded once per CTA tile (by
 :mod:`producers.activation_stage`), not once per warpgroup.
@@ -25,12 +25,12 @@ so :meth:`output_pairs` swaps one value per pair with ``shfl.bfly 4``.
 """
 from __future__ import annotations
 
-from kernels.device.nvfp4 import dequant_a_fragment, word_view
-from kernels.device.ptx import smem_u32
-from kernels.device.runtime import cute_modules
-from kernels.device.tiles import k_range, make_scheduler
-from kernels.device.waits import ring_position, wait_parity
-from kernels.device.wgmma import keep_alive, sw128_kmajor_descriptor, wgmma_rs_m64k16
+from device.nvfp4 import dequant_a_fragment, word_view
+from device.ptx import smem_u32
+from device.runtime import cute_modules
+from device.tiles import k_range, make_scheduler
+from device.waits import ring_position, wait_parity
+from device.wgmma import keep_alive, sw128_kmajor_descriptor, wgmma_rs_m64k16
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402
@@ -76,7 +76,7 @@ class RegisterAWgmmaConsumer:
 
     def tiled_mma(self):
         """The RS f16 wgmma as a TiledMma (the shell's kernel signature; the mainloop issues
-        the instruction itself, kernels.device.wgmma)."""
+        the instruction itself, device.wgmma)."""
         k_major = warpgroup.OperandMajorMode.K
         return sm90_utils.make_trivial_tiled_mma(Float16, Float16, k_major, k_major, Float32,
                                                  (1, 1, 1), tiler_mn=(64, self.tile_m),
@@ -207,7 +207,7 @@ class RegisterAWgmmaConsumer:
     def _retire(self, a: cute.Tensor, act_empty, buffers: cutlass.Constexpr[int], cnt: Int32,
                 lane: Int32, never: Int32, mailbox: cute.Tensor):
         """After the wait that retired use ``cnt``'s wgmmas: release its activation tile and
-        read its A registers once more (kernels.device.wgmma.keep_alive)."""
+        read its A registers once more (device.wgmma.keep_alive)."""
         if lane == 0:
             cute.arch.mbarrier_arrive(act_empty + cnt % buffers)
         keep_alive([a[i] for i in range(4 * STEPS)], never, mailbox.iterator)

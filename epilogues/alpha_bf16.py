@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.device.rounding import bf16x2_rn
+from device.rounding import bf16x2_rn
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ H3 follows its attention-output and FC2 projections with a gated residual add (m
 rule fuses it into the GEMM's store in exactly the reference's order (numerics.epilogue
 .gate_residual): the projection's own bf16 rounding first (the value an unfused P0 would write),
 then an fp32 multiply by the column's gate, an fp32 add of the residual and one bf16 rounding,
-each rounded separately (kernels.device.rounding.gate_residual_pair: ``mul.rn`` / ``add.rn``,
+each rounded separately (device.rounding.gate_residual_pair: ``mul.rn`` / ``add.rn``,
 never contracted into an FMA). So the fused output is bit-identical to P0's output followed by the reference's two torch
 ops, for any accumulation order, split-K included (tests/test_gemm_nvfp4.py).
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.device.rounding import bf16x2_rn, gate_residual_pair
+from device.rounding import bf16x2_rn, gate_residual_pair
 
 
 @dataclass(frozen=True)

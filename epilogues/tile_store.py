@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from epilogues.alpha_bf16 import AlphaBf16
-from kernels.device.runtime import cute_modules
-from kernels.device.waits import count_split_arrival
+from device.runtime import cute_modules
+from device.waits import count_split_arrival
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32  # noqa: E402

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from models.codepredictor_config import QWEN3_TTS_1P7B, CodePredictorConfig
+from configs.codepredictor import QWEN3_TTS_1P7B, CodePredictorConfig, LoopOutput
+from numerics.rmsnorm import rms_apply
 from models.sampler import (Sampler, argmax_candidates, check_per_row, check_scores,
                             cpu_or_cuda, refuse_undrawable)
 
@@ -190,12 +191,6 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return rms_apply(x, w, torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def rms_apply(x: torch.Tensor, w: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """RMSNorm's roundings given the factor r (fp32, broadcast over the last dim):
-    ``w * bf16(fp32(x) * r)`` in x's dtype (the depth frame's emulation brings its own r)."""
-    return w * (x.to(torch.float32) * r).to(x.dtype)
-
-
 def rope_tables(cfg: CodePredictorConfig, positions: torch.Tensor, dtype, device):
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32,
                                                  device=device) / cfg.head_dim))
@@ -207,14 +202,6 @@ def rope_tables(cfg: CodePredictorConfig, positions: torch.Tensor, dtype, device
 def rotate_half(x):
     a, b = x.chunk(2, dim=-1)
     return torch.cat([-b, a], dim=-1)
-
-
-@dataclass
-class LoopOutput:
-    codes: torch.Tensor  # [R, 15] int64: g1..g15
-    talker_sum: torch.Tensor  # [R, talker_hidden] in the loop's dtype
-    kv: list  # per layer (K, V): [R, kv_heads, 16, head_dim]
-    logits: torch.Tensor  # [R, 15, vocab] fp32
 
 
 def _layer(x, lw: LayerWeights, cfg, cos, sin, kv_cache, li):

@@ -34,8 +34,8 @@ import logging
 
 import torch
 
-from models.codepredictor import (CodePredictorWeights, LoopOutput, rms_norm, rope_tables,
-                                  rotate_half)
+from configs.codepredictor import LoopOutput
+from models.codepredictor import CodePredictorWeights, rms_norm, rope_tables, rotate_half
 from models.sampler import Sampler, argmax_candidates, refuse_undrawable
 from schedules.plan import PROJECTIONS, FramePlan, FrameVariant, frame_plan
 

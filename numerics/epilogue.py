@@ -5,7 +5,7 @@
 with ``y`` the projection's bf16 output, ``gate`` a per-output-channel bf16 vector and
 ``residual`` the bf16 residual stream: one fp32 multiply (rounded), one fp32 add (rounded), one
 bf16 rounding, never an FMA. models.h3 calls this function for both of a block's gated residual
-adds, and the P4 epilogue (epilogues/gate_residual.py, kernels/device/rounding.gate_residual_pair)
+adds, and the P4 epilogue (epilogues/gate_residual.py, device/rounding.gate_residual_pair)
 computes the same three roundings per element, so the two are bit-identical by construction and
 by test.
 """

@@ -33,7 +33,7 @@ def _roundup(a: int, b: int) -> int:
 
 # --- swizzle --------------------------------------------------------------------------------
 # The cuBLAS 128x4 block-scale swizzle, the one definition every layer derives from (torch code
-# calls the functions below; device code uses kernels.device.nvfp4.scale_swizzle_offset, built
+# calls the functions below; device code uses device.nvfp4.scale_swizzle_offset, built
 # from these constants). A tile covers 128 rows x 4 block columns in 512 contiguous bytes, tiles
 # row-tile-major; inside one, byte ((r % 32)·4 + (r % 128) // 32)·4 + c % 4: 32 lines of 16 bytes,
 # line r % 32 holding rows r, r + 32, r + 64, r + 96 (4 bytes each).

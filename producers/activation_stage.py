@@ -3,9 +3,9 @@ CTA tile and k-block, into wgmma's B layout, by a dedicated warpgroup.
 
 This is the producer contract P1 and P2 fill: "an f16 tile [tokens, 64] in the 128-byte-swizzled
 K-major B layout behind ``act_full`` / ``act_empty`` barriers". P0 fills it from the packed ring
-(the producer's TMA'd Comfy codes and scales, kernels.device.nvfp4.expand_stage_rows: the
+(the producer's TMA'd Comfy codes and scales, device.nvfp4.expand_stage_rows: the
 E4M3-byte trick, one packed convert and one packed multiply per two elements); P1 will fill it
-by quantizing bf16 rows in the GEMM (kernels.device.nvfp4.quantize_block16) before the same
+by quantizing bf16 rows in the GEMM (device.nvfp4.quantize_block16) before the same
 expansion.
 
 Role contract (kernels/nvfp4/gemm_shell.py): one warpgroup at 80 registers. Owns ``buffers``
@@ -17,10 +17,10 @@ either CTA's producer writes its half of the activation into both).
 """
 from __future__ import annotations
 
-from kernels.device.nvfp4 import expand_stage_rows, word_view
-from kernels.device.runtime import cute_modules
-from kernels.device.tiles import k_range, make_scheduler
-from kernels.device.waits import ring_position, wait_parity
+from device.nvfp4 import expand_stage_rows, word_view
+from device.runtime import cute_modules
+from device.tiles import k_range, make_scheduler
+from device.waits import ring_position, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint16  # noqa: E402

@@ -17,10 +17,10 @@ this CTA's stage only once both activation stages have read it).
 """
 from __future__ import annotations
 
-from kernels.device.ptx import bulk_copy_g2s
-from kernels.device.runtime import cute_modules
-from kernels.device.tiles import k_range, make_scheduler
-from kernels.device.waits import ring_position, wait_parity
+from device.ptx import bulk_copy_g2s
+from device.runtime import cute_modules
+from device.tiles import k_range, make_scheduler
+from device.waits import ring_position, wait_parity
 from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, multicast_group,
                                      operand_bytes, operand_smem, operand_tma, operand_views,
                                      partition_tma)

@@ -16,9 +16,9 @@ below do this per operand; :mod:`producers.register_order` uses them for its act
 """
 from __future__ import annotations
 
-from kernels.device.runtime import cute_modules
-from kernels.device.tiles import k_range, make_scheduler
-from kernels.device.waits import ring_position, wait_parity
+from device.runtime import cute_modules
+from device.tiles import k_range, make_scheduler
+from device.waits import ring_position, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint8  # noqa: E402

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.codepredictor_config import QWEN3_TTS_1P7B, CodePredictorConfig
+from configs.codepredictor import QWEN3_TTS_1P7B, CodePredictorConfig
 
 PROJ, QKV, ATTN, O, GATEUP, DOWN, HEAD, EMBED = range(8)
 TYPE_NAMES = ("proj", "qkv", "attn", "o", "gateup", "down", "head", "embed")

@@ -22,7 +22,7 @@ from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
 from kernels.depth.gemv_small_m import gemv_small_m as gemv
 from kernels.depth.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor import random_weights
-from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
+from configs.codepredictor import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
 from schedules.plan import FrameVariant

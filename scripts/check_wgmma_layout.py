@@ -5,8 +5,8 @@ import torch
 
 from kernels.depth.gemm_skinny import _ptr_specs
 from kernels.depth.gemm_skinny_wgmma import GemmSkinnyWgmma, chunk_major, pack_weights_wgmma
-from kernels.device.runtime import cute_modules, current_stream, pointer_args
-from kernels.device.waits import diagnostics_mailbox
+from device.runtime import cute_modules, current_stream, pointer_args
+from device.waits import diagnostics_mailbox
 from workbench.results import provenance_line
 
 cutlass, cute = cute_modules()

@@ -53,7 +53,7 @@ for what in "$@"; do
                    -p no:cacheprovider --durations=25 ${WB_PYTEST_ARGS:-} ;;
     selected) step tests-selected python3 -m pytest -q -m "gpu or compile" -p no:cacheprovider \
                 --durations=15 ${WB_PYTEST_ARGS:-} ${WB_TEST_FILES:?name the test files} ;;
-    ladder-quick) step ladder-p0-quick python3 -m workbench.cli ladder --phase p0 --quick ;;
+    ladder-quick) step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     h3-trajectory) step h3-trajectory python3 -m experiments.h3_trajectory --reference-block ;;
     p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
@@ -64,7 +64,7 @@ for what in "$@"; do
     experiments)
       step depth-loop python3 -m experiments.depth_loop
       step p0-baseline python3 -m experiments.p0_baseline
-      step ladder-p0 python3 -m workbench.cli ladder --phase p0 ;;
+      step ladder-p0 python3 -m cli.main ladder --phase p0 ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
             "p0-ab, h3-trajectory, p0-baseline, frame-protocol, depth-frame, frame-tiles-ab," \
             "experiments)" >&2; exit 2 ;;

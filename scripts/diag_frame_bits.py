@@ -15,7 +15,7 @@ def fp(*ts):
     for t in ts: h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 from models.codepredictor import random_weights
-from models.codepredictor_config import QWEN3_TTS_1P7B as C
+from configs.codepredictor import QWEN3_TTS_1P7B as C
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
 w = random_weights(C, seed=0, dtype=torch.bfloat16).to(device="cuda")

@@ -8,7 +8,7 @@ log = open(os.path.join(OUT, "diag-forced.log"), "a")
 def say(*a):
     s = " ".join(str(x) for x in a); print(s, flush=True); log.write(s + "\n"); log.flush()
 from models.codepredictor import random_weights
-from models.codepredictor_config import QWEN3_TTS_1P7B as C
+from configs.codepredictor import QWEN3_TTS_1P7B as C
 from models.fast_loop import FastLoop, FastWeights
 w = random_weights(C, seed=0, dtype=torch.bfloat16).to(device="cuda")
 fw = FastWeights(w)

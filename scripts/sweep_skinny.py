@@ -13,7 +13,7 @@ import itertools
 import torch
 
 from kernels.depth.gemm_skinny import MAX_SPLITS, gemm_skinny, pack_weights
-from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
+from configs.codepredictor import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
 from scripts.bench_depth_kernels import _copies, _graph_time_us
 from workbench import results as R

@@ -18,7 +18,7 @@ from kernels.depth.gemm_skinny import TRACE_POINTS, GemmSkinny, gemm_skinny, pac
 from kernels.depth.gemm_skinny_wgmma import (WGMMA_WARPS, GemmSkinnyWgmma, gemm_skinny_wgmma,
                                              pack_weights_wgmma)
 from kernels.depth.rows_rmsnorm import rows_rmsnorm
-from models.codepredictor_config import QWEN3_TTS_1P7B as CFG
+from configs.codepredictor import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import projection_shapes
 from workbench.results import provenance_line, results_dir, write_record
 from workbench.timing import bench

@@ -87,7 +87,7 @@ def row_terms(t: torch.Tensor, threads: int) -> torch.Tensor:
 
 # ---- RMSNorm and the SwiGLU epilogue as the kernels round ----------------------------------
 def rms_factor(sum_sq: torch.Tensor, n: int, eps: float) -> torch.Tensor:
-    """kernels.device.rounding.rms_factor: rsqrt(sum_sq · RN(1/n) + RN(eps)) (the product is
+    """device.rounding.rms_factor: rsqrt(sum_sq · RN(1/n) + RN(eps)) (the product is
     exact for n a power of two, so the fused multiply-add rounds as the add)."""
     return torch.rsqrt(sum_sq * f32(1.0 / n, sum_sq) + f32(eps, sum_sq))
 

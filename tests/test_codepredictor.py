@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from models.codepredictor import (checkpoint_names, depth_loop, load_checkpoint, random_weights)
-from models.codepredictor_config import CodePredictorConfig
+from configs.codepredictor import CodePredictorConfig
 from models.sampler import Sampler, SamplerSettings, draw, filtered_scores
 from numerics.formats import BF16, round_to_format
 from numerics.gemm_oracle import gamma

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from models.codepredictor import CP_PREFIX, TALKER_EMBED_KEY, depth_loop, load_checkpoint
-from models.codepredictor_config import CodePredictorConfig
+from configs.codepredictor import CodePredictorConfig
 from models.sampler import filtered_scores
 
 

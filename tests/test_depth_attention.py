@@ -9,7 +9,7 @@ import torch
 from tests.depth_helpers import (WARP, attention_step_model, attention_step_reference,
                                  butterfly_sum, norm_weight, poison, randn_bf16)
 
-Q_HEADS, KV_HEADS, D = 16, 8, 128  # the 1.7B CodePredictor's (models.codepredictor_config)
+Q_HEADS, KV_HEADS, D = 16, 8, 128  # the 1.7B CodePredictor's (configs.codepredictor)
 
 
 # ---- compile tests (CPU) --------------------------------------------------------------------
@@ -80,7 +80,7 @@ def test_attention_reduce_scatter_is_the_butterfly_tree():
 # ---- GPU tests -------------------------------------------------------------------------------
 def _step_inputs(M, pos, g):
     from models.codepredictor import rope_tables
-    from models.codepredictor_config import QWEN3_TTS_1P7B as cfg
+    from configs.codepredictor import QWEN3_TTS_1P7B as cfg
 
     qkv = randn_bf16(M, (Q_HEADS + 2 * KV_HEADS) * D, g=g, scale=2.0)
     qn, kn = norm_weight(D, g, spread=0.2), norm_weight(D, g, spread=0.2)

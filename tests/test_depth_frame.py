@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-from models.codepredictor_config import QWEN3_TTS_1P7B
+from configs.codepredictor import QWEN3_TTS_1P7B
 
 CFG = QWEN3_TTS_1P7B
 
@@ -83,7 +83,7 @@ def test_depth_kernel_refusal_runs_the_fast_loop_and_says_why(caplog):
     """depth_kernel=True where the frame kernel cannot run (CPU weights here; a sampler) logs
     the reason, keeps it, and the fast loop gives its usual frame."""
     from models.codepredictor import random_weights
-    from models.codepredictor_config import CodePredictorConfig
+    from configs.codepredictor import CodePredictorConfig
     from models.fast_loop import FastLoop, FastWeights, _depth_frame_or_reason
     from models.sampler import Sampler
 

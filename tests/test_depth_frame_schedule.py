@@ -7,7 +7,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from models.codepredictor_config import CodePredictorConfig
+from configs.codepredictor import CodePredictorConfig
 from schedules import depth_frame as D
 from schedules import frame_sim as F
 

@@ -1,12 +1,12 @@
-"""The device rounding rules (kernels/device/rounding.py) against their definitions, exhaustively
+"""The device rounding rules (device/rounding.py) against their definitions, exhaustively
 where the input space allows it (on the H200)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.device.rounding import div_newton, round_bf16
-from kernels.device.runtime import cute_modules
+from device.rounding import div_newton, round_bf16
+from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import Float32  # noqa: E402,I001
@@ -44,7 +44,7 @@ def test_silu_check_kernel_compiles_both_divisions():
 
 @pytest.mark.gpu
 def test_div_newton_gives_the_ieee_silu_for_every_bf16_gate():
-    """SwiGLU's silu (kernels.device.rounding.swiglu_value) divides y / (1 + exp(-y)) for a bf16
+    """SwiGLU's silu (device.rounding.swiglu_value) divides y / (1 + exp(-y)) for a bf16
     y and rounds to bf16: over all 65536 bf16 bit patterns (NaN, inf and subnormals included),
     div_newton's result is the IEEE division's, bit for bit, so the call-free division changes
     no SwiGLU output."""

@@ -18,7 +18,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from models.codepredictor import checkpoint_shapes, load_checkpoint, random_weights
-from models.codepredictor_config import CodePredictorConfig
+from configs.codepredictor import CodePredictorConfig
 from models.sampler import Sampler, SamplerSettings, draw, filtered_scores
 from numerics import nvfp4, scalar_spec
 from numerics.formats import E2M1_VALUES, FLT_MAX, FORMATS, e4m3_decode, round_to_format
@@ -266,7 +266,7 @@ class _AsCuda(torch.Tensor):
 
 @contextlib.contextmanager
 def _cpu_as_gpu(*modules):
-    from kernels.device import runtime
+    from device import runtime
 
     def check(name, t, **kw):
         return runtime.check_cuda_tensor(

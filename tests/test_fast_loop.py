@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.codepredictor import depth_loop, random_weights, rms_norm
-from models.codepredictor_config import QWEN3_TTS_1P7B, CodePredictorConfig
+from configs.codepredictor import QWEN3_TTS_1P7B, CodePredictorConfig
 from models.fast_loop import FastLoop, FastWeights, frame_fingerprint
 from models.sampler import Sampler, SamplerSettings
 from schedules.plan import (BUCKETS, PROJECTIONS, FrameVariant, ProjectionPlan, bucket_for,

@@ -1,4 +1,4 @@
-"""The TVM-FFI host path (kernels/device/ffi.py, issue #24).
+"""The TVM-FFI host path (device/ffi.py, issue #24).
 
 Offline: each FFI build compiles to the pointer build's PTX, its native entry refuses bad
 arguments before anything launches, and the dispatch and the fallback do what ffi.py says.
@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from kernels.device import ffi
+from device import ffi
 
 needs_tvm_ffi = pytest.mark.skipif(
     not ffi.active(), reason=f"TVM-FFI path not active: {ffi.path()}")

@@ -417,7 +417,7 @@ def test_residual_study_emulation_follows_the_reference_roundings():
     parts = ssq_partials(x, 8)
     assert torch.allclose(parts.sum(0)[:5], x.float().pow(2).sum(1), rtol=1e-5)
     assert (parts[:, 5:] == 0).all()
-    # the device rule (kernels.device.rounding.swiglu_value: y / (1 + exp(-y)) of the bf16
+    # the device rule (device.rounding.swiglu_value: y / (1 + exp(-y)) of the bf16
     # gate, rounded, times the bf16 up) against the reference's, within a bf16 ulp
     gate, up = torch.randn(3, 7, generator=g), torch.randn(3, 7, generator=g)
     y = gate.to(torch.bfloat16).float()

@@ -12,7 +12,7 @@ from numerics import gemm_oracle as G
 from numerics.formats import e2m1_decode, e4m3_decode
 from numerics.nvfp4 import unpack_codes
 
-# ---- the dequant word path (kernels.device.nvfp4.dequant_e2m1_word), modelled on uint32 ------
+# ---- the dequant word path (device.nvfp4.dequant_e2m1_word), modelled on uint32 ------
 M32 = 0xFFFFFFFF
 
 
@@ -669,7 +669,7 @@ def test_swap_ab_row_slices_and_refuses_a_missing_prepack():
 _STALL = """
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant, SwapAbStudy
 from kernels.nvfp4.gemm import gemm_nvfp4
-from kernels.device.waits import synchronize
+from device.waits import synchronize
 from validators.gemm_operands import make_operand
 a = make_operand("normal", 128, 256, 1, "cuda")
 b = make_operand("normal", 256, 256, 2, "cuda")

@@ -269,7 +269,7 @@ def test_skinny_gemm_takes_every_projection_of_the_loop():
     slices)."""
     pytest.importorskip("cutlass")
     from kernels.depth.gemm_skinny import MAX_SPLITS, GemmSkinny, tile_warps, warps_per_group
-    from models.codepredictor_config import QWEN3_TTS_1P7B
+    from configs.codepredictor import QWEN3_TTS_1P7B
     from models.fast_loop import projection_shapes
 
     for M in (16, 32, 64, 128):

@@ -113,7 +113,7 @@ def test_every_swizzle_form_is_the_independent_layout(R, C):
     """The host offset, the device helper (its shifts and masks evaluated on torch integers)
     and scale_shape all agree with the reshape-built layout, byte for byte."""
     pytest.importorskip("cutlass")
-    from kernels.device.nvfp4 import scale_swizzle_offset
+    from device.nvfp4 import scale_swizzle_offset
 
     ids = torch.arange(1, R * C + 1, dtype=torch.int64).view(R, C)  # unique, never 0 (padding)
     b = _to_blocked_by_reshape(ids)

@@ -109,7 +109,7 @@ def test_shipped_rcp_table_equals_the_hardware():
 
 
 def _e2m1_fast_model(v: torch.Tensor) -> torch.Tensor:
-    """The fast path's arithmetic (kernels/device/{ptx,rounding,nvfp4}.py::_E2M1_FAST), modelled exactly."""
+    """The fast path's arithmetic (device/{ptx,rounding,nvfp4}.py::_E2M1_FAST), modelled exactly."""
     from numerics.formats import FP32, round_to_format
 
     b = v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF

@@ -12,7 +12,7 @@ import pytest
 from workbench import WorkbenchError
 from workbench import logs as L
 from workbench import results as R
-from workbench.cli import main
+from cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 H200 = {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.codepredictor import depth_loop, random_weights
-from models.codepredictor_config import CodePredictorConfig
+from configs.codepredictor import CodePredictorConfig
 from models.sampler import Sampler, SamplerSettings, draw, filtered_scores
 
 TINY = CodePredictorConfig(hidden=64, intermediate=128, layers=2, q_heads=4, kv_heads=2,

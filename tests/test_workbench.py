@@ -8,7 +8,7 @@ import pytest
 
 from workbench import WorkbenchError
 from workbench import results as R
-from workbench.cli import main
+from cli.main import main
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -19,8 +19,8 @@ projection, then lets the output projection start streaming its weights).
 """
 from __future__ import annotations
 
-from kernels.device.rounding import rms_factor, rmsnorm_value, round_bf16
-from kernels.device.runtime import (activation_layout, cached_compile, check_cuda_tensor,
+from device.rounding import rms_factor, rmsnorm_value, round_bf16
+from device.runtime import (activation_layout, cached_compile, check_cuda_tensor,
                                     cute_modules, current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
@@ -201,7 +201,7 @@ def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, o
                     chunk_major: bool = False, trace=None):
     """One position of attention for every row: qkv [M, (q+2kv)·D] bf16 -> out [M, q·D] bf16,
     appending k/v at ``pos`` to the caches [M, kv, 16, D]. ``chunk_major``: out's storage
-    laid out [q·D / 8][M][8] (kernels.device.runtime.activation_layout), as the wgmma
+    laid out [q·D / 8][M][8] (device.runtime.activation_layout), as the wgmma
     projection reads it.
     ``trace``: int64 [M, kv_heads, len(ATTN_TRACE_POINTS)], each CTA's %globaltimer stamps."""
     import torch

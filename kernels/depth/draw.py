@@ -23,9 +23,9 @@ dependency wait (notes/fast-loop.md v10q).
 """
 from __future__ import annotations
 
-from kernels.device.ptx import bf16_hi, bf16_lo
-from kernels.device.rounding import bf16x2_rn
-from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
+from device.ptx import bf16_hi, bf16_lo
+from device.rounding import bf16x2_rn
+from device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
                                     current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()

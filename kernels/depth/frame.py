@@ -45,7 +45,7 @@ def check_frame_inputs(fw, rows: int) -> None:
     device, 1..64 rows. Raises FrameUnsupported."""
     import torch
 
-    from models.codepredictor_config import QWEN3_TTS_1P7B
+    from configs.codepredictor import QWEN3_TTS_1P7B
 
     if fw.config != QWEN3_TTS_1P7B:
         raise FrameUnsupported("the frame kernel takes the 1.7B CodePredictor's shapes only")
@@ -200,7 +200,7 @@ class DepthFrame:
         codes given to a greedy frame (or missing)."""
         import torch
 
-        from models.codepredictor import LoopOutput
+        from configs.codepredictor import LoopOutput
 
         R, c = self.rows, self.cfg
         dev = self.arena.device

@@ -11,7 +11,7 @@ match). Everything is chunk-major [N / 8][R8][8] bf16, like the projections' inp
 with the same sum, since each pairwise add is commutative). In the reference's order
 (models.codepredictor._layer):
 
-1. q and k RMS-normalised over the head's 128 dimensions (kernels.device.rounding), then RoPE
+1. q and k RMS-normalised over the head's 128 dimensions (device.rounding), then RoPE
    with three bf16 roundings ``bf16(bf16(x·cos) + bf16(rot(x)·sin))``, rot's partner
    dimension d ^ 64 from lane j ^ 8;
 2. the even q head of a kv head writes k and v at the position's cache slot; both use their
@@ -55,10 +55,10 @@ def kv_cache_words(rows8: int) -> int:
 
 
 # ---- device -------------------------------------------------------------------------------------
-from kernels.device.ptx import bf16_hi, bf16_lo, ld_relaxed_gpu_v4  # noqa: E402
-from kernels.device.rounding import (bf16x2_rn, div_newton, rms_factor,  # noqa: E402
+from device.ptx import bf16_hi, bf16_lo, ld_relaxed_gpu_v4  # noqa: E402
+from device.rounding import (bf16x2_rn, div_newton, rms_factor,  # noqa: E402
                                      rmsnorm_value, round_bf16)
-from kernels.device.runtime import cute_modules  # noqa: E402
+from device.runtime import cute_modules  # noqa: E402
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint32  # noqa: E402

@@ -12,7 +12,7 @@ Embedding task at position p (1..16), in the reference's order (models.codepredi
   (models.fast_loop.FastWeights.embed_proj / talker_embed_proj, the fast loop's own tables, so
   the gather gives its rows exactly; the reference projects inside its own GEMM) into h_p,
   chunk-major, with their ssq partials in the projection epilogue's order
-  (kernels.device.rounding.tile_ssq), for the next RMSNorm;
+  (device.rounding.tile_ssq), for the next RMSNorm;
 * p = 16: the Talker sum of the 16 codes' Talker-space rows [g0: talker_embed, g_s:
   embeds[s - 1]], added in fp32 in slot order and rounded once. The fast loop sums its first
   15 slots with torch.sum in fp32 (an order torch does not document) and adds the last: the
@@ -33,10 +33,10 @@ DRAWS = ("greedy", "given")
 
 
 # ---- device -------------------------------------------------------------------------------------
-from kernels.device.ptx import (bf16_hi, bf16_lo, ld_relaxed_gpu_u32,  # noqa: E402
+from device.ptx import (bf16_hi, bf16_lo, ld_relaxed_gpu_u32,  # noqa: E402
                                 ld_relaxed_gpu_v4)
-from kernels.device.rounding import bf16x2_rn, tile_ssq  # noqa: E402
-from kernels.device.runtime import cute_modules  # noqa: E402
+from device.rounding import bf16x2_rn, tile_ssq  # noqa: E402
+from device.runtime import cute_modules  # noqa: E402
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint32  # noqa: E402

@@ -10,7 +10,7 @@ measures the floor that synchronisation alone puts under a frame.
 Per task, in thread 0 of each CTA (the other threads only take part in the cluster barriers):
 
 1. ``wait >= 0`` (and ``wait2 >= 0``): spin with ``ld.acquire.gpu`` until global counter
-   ``wait`` reaches ``wait_expect`` (then ``wait2`` ``wait2_expect``) (:func:`kernels.device.waits.wait_counter`: after 2 s it reports the
+   ``wait`` reaches ``wait_expect`` (then ``wait2`` ``wait2_expect``) (:func:`device.waits.wait_counter`: after 2 s it reports the
    counter's name, the CTA and the task, then traps; the first wait of the launch to time out
    writes the report).
 2. Split tiles (``half`` 0 / 1, the two CTAs of a cluster; their k-th split task uses combine
@@ -47,11 +47,11 @@ from kernels.depth import frame_tiles as T
 from kernels.depth.frame_attention import AttentionBodies
 from kernels.depth.frame_embed import DRAWS, EmbeddingBodies
 from kernels.depth.frame_tiles import ProjectionBodies, weight_regions
-from kernels.device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
+from device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
                                 red_release_gpu_add, st_cluster_u32)
-from kernels.device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
+from device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
                                     require_hopper, sm_count)
-from kernels.device.waits import (PARTIAL_WAIT, SLOT_WAIT, TIMEOUT_NS, diagnostics_mailbox,
+from device.waits import (PARTIAL_WAIT, SLOT_WAIT, TIMEOUT_NS, diagnostics_mailbox,
                                   synchronize, wait_cluster_parity, wait_counter, wait_parity)
 from schedules import depth_frame as F
 
@@ -88,7 +88,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                  page_bytes: int = 0, rows: int = 0, study: T.TileStudy = T.TileStudy(),
                  fused: bool = False, eps: float = 1e-6, draw: str = "greedy", config=None,
                  talker_vocab: int = 3072):
-        from models.codepredictor_config import QWEN3_TTS_1P7B
+        from configs.codepredictor import QWEN3_TTS_1P7B
 
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
@@ -499,7 +499,7 @@ def check_tile_shapes(schedule: F.Schedule) -> None:
     down / proj (kernels.depth.frame_tiles.TASK_SHAPES): refuse, before anything runs, a
     schedule whose projection tasks differ (another config, ``split_o_down=False``), since
     the kernel would wait for a partial that never comes and count pages the loader does not."""
-    from models.codepredictor_config import QWEN3_TTS_1P7B
+    from configs.codepredictor import QWEN3_TTS_1P7B
 
     if schedule.config != QWEN3_TTS_1P7B:
         raise ValueError("the frame's projection tiles take the 1.7B CodePredictor shapes only")

@@ -315,10 +315,10 @@ def ssq_partials(h, r8: int):
 
 def frame_rms_norm(x, gamma, eps: float):
     """The frame's RMSNorm of bf16 rows: r from the ssq partials summed in tile order, then the
-    reference's roundings (models.codepredictor.rms_apply)."""
+    reference's roundings (numerics.rmsnorm.rms_apply)."""
     import torch
 
-    from models.codepredictor import rms_apply
+    from numerics.rmsnorm import rms_apply
 
     rows, n = x.shape
     parts = ssq_partials(x, rows)  # [tiles, rows]

@@ -35,7 +35,7 @@ quad columns 8j + 2q and 8j + 2q + 1 of each n8 block j):
 
 * plain: bf16 pairs, chunk-major, into the phase's output;
 * SwiGLU (gate/up): gate column c and up column 32 + c sit in the same thread, so
-  ``bf16(bf16(silu(bf16(g))) * bf16(u))`` (kernels.device.rounding.swiglu_value) is local;
+  ``bf16(bf16(silu(bf16(g))) * bf16(u))`` (device.rounding.swiglu_value) is local;
 * split (o, down, proj): rank 1 stores its fp32 fragment into rank 0's combine slot
   (``st.shared::cluster``), meets its warpgroup at the named barrier, and thread 0 arrives
   (release, cluster scope); rank 0's thread 0 waits (acquire), the barrier passes that on, and
@@ -200,14 +200,14 @@ def pack_frame_weights(schedule, projections: dict):
 
 # ---- device -------------------------------------------------------------------------------------
 from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
-from kernels.device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
+from device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
                                 fence_proxy_async_shared_cta, ld_relaxed_gpu_f32, ld_shared_v4,
                                 smem_u32, st_cluster_f32x2, st_shared_v4)
-from kernels.device.rounding import (bf16x2_rn, quad_ssq, rms_factor,  # noqa: E402
+from device.rounding import (bf16x2_rn, quad_ssq, rms_factor,  # noqa: E402
                                      rmsnorm_pair, round_bf16, swiglu_value)
-from kernels.device.runtime import cute_modules  # noqa: E402
-from kernels.device.waits import wait_parity  # noqa: E402
-from kernels.device.wgmma import wgmma_ss_m64k16  # noqa: E402
+from device.runtime import cute_modules  # noqa: E402
+from device.waits import wait_parity  # noqa: E402
+from device.wgmma import wgmma_ss_m64k16  # noqa: E402
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint32  # noqa: E402
@@ -351,7 +351,7 @@ class ProjectionBodies:
     @cute.jit
     def _normalize_stage(self, stage, st: cutlass.Constexpr[int], rbuf, gbuf):
         """Rewrite landed activation stage ``st`` in place as ``bf16(gamma · bf16(x · r))``
-        (kernels.device.rounding.rmsnorm_pair: the reference's order), 16 bytes at a time,
+        (device.rounding.rmsnorm_pair: the reference's order), 16 bytes at a time,
         then make the writes visible to the wgmmas (async proxy) and meet. Unit u of the
         stage's [k_stage / 8][R8][8] image is row u % R8 of chunk u / R8 (8 features, gamma
         words 4·(chunk + st·k_stage / 8) on in ``gbuf``)."""

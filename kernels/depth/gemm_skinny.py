@@ -34,7 +34,7 @@ fence.
 from __future__ import annotations
 
 from kernels.depth.projection_io import check_projection_out, epilogue_store, projection_dims
-from kernels.device.runtime import (activation_layout, cached_compile, check_cuda_tensor,
+from device.runtime import (activation_layout, cached_compile, check_cuda_tensor,
                                     cute_modules, current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()

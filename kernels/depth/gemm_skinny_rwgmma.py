@@ -28,9 +28,9 @@ from kernels.depth.gemm_skinny import (PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny, 
                                        checked_operands, fitting_stages, stage_count,
                                        weight_groups)
 from kernels.depth.gemm_skinny_wgmma import STAGE_BARRIER, bulk_copy_g2s, descriptor, smem_u32
-from kernels.device.runtime import cached_compile, cute_modules, current_stream, pointer_args
-from kernels.device.wgmma import sw128_kmajor_descriptor, wgmma_rs_m64k16
-from kernels.device.waits import diagnostics_mailbox, wait_parity
+from device.runtime import cached_compile, cute_modules, current_stream, pointer_args
+from device.wgmma import sw128_kmajor_descriptor, wgmma_rs_m64k16
+from device.waits import diagnostics_mailbox, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Int64, Uint32  # noqa: E402

@@ -27,10 +27,10 @@ from __future__ import annotations
 from kernels.depth.gemm_skinny import (MAX_SPLITS, PART_PAD, SMEM_LIMIT, WARPS, GemmSkinny,
                                        PackedWeights, _ptr_specs, check_chunk_major_out,
                                        check_tiling, checked_operands, weight_groups)
-from kernels.device.ptx import bulk_copy_g2s, smem_u32  # noqa: F401  (used here and by rwgmma)
-from kernels.device.wgmma import wgmma_ss_m64k16
-from kernels.device.runtime import cached_compile, cute_modules, current_stream, pointer_args
-from kernels.device.waits import diagnostics_mailbox, wait_parity
+from device.ptx import bulk_copy_g2s, smem_u32  # noqa: F401  (used here and by rwgmma)
+from device.wgmma import wgmma_ss_m64k16
+from device.runtime import cached_compile, cute_modules, current_stream, pointer_args
+from device.waits import diagnostics_mailbox, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402

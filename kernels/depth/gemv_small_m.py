@@ -33,9 +33,9 @@ so no chain runs ahead of it.)
 from __future__ import annotations
 
 from kernels.depth.projection_io import check_projection_out, epilogue_store, projection_dims
-from kernels.device.rounding import add_squares, rms_factor, rmsnorm_pair
-from kernels.device.ptx import bf16_hi, bf16_lo
-from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
+from device.rounding import add_squares, rms_factor, rmsnorm_pair
+from device.ptx import bf16_hi, bf16_lo
+from device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
                                     current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()

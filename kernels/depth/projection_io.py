@@ -3,8 +3,8 @@ the output / residual checks (``check_projection_out``) and the epilogue store w
 residual add and SwiGLU (``epilogue_store``), used by the GEMVs and the skinny GEMMs alike."""
 from __future__ import annotations
 
-from kernels.device.rounding import round_bf16, swiglu_value
-from kernels.device.runtime import check_cuda_tensor, cute_modules
+from device.rounding import round_bf16, swiglu_value
+from device.runtime import check_cuda_tensor, cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Uint32  # noqa: E402,F401

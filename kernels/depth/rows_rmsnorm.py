@@ -5,8 +5,8 @@ themselves. One CTA per row, 128 threads, each owning 16-byte chunks; PDL like i
 """
 from __future__ import annotations
 
-from kernels.device.rounding import add_squares, rms_factor, rmsnorm_pair
-from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
+from device.rounding import add_squares, rms_factor, rmsnorm_pair
+from device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
                                     current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
@@ -105,7 +105,7 @@ def compile_args():
 def rows_rmsnorm(x, gamma, out, *, eps: float = 1e-6, pdl: bool = False,
                  chunk_major: bool = False):
     """x [M, K] bf16 -> out [M, K] bf16, RMS-normalised with weight gamma [K]. ``chunk_major``:
-    out's storage laid out [K / 8][M][8] (kernels.device.runtime.activation_layout)."""
+    out's storage laid out [K / 8][M][8] (device.runtime.activation_layout)."""
     import torch
 
     require_hopper()

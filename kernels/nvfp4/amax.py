@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels.device import ffi
-from kernels.device.ffi import plain_cuda, require_hopper
-from kernels.device.runtime import check_cuda_tensor, cute_modules, sm_count
+from device import ffi
+from device.ffi import plain_cuda, require_hopper
+from device.runtime import check_cuda_tensor, cute_modules, sm_count
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint16, Uint32  # noqa: E402

@@ -12,9 +12,9 @@ import functools
 
 import torch
 
-from kernels.device.ffi import plain_cuda, require_hopper
-from kernels.device.runtime import check_cuda_tensor, cute_modules, sm_count
-from kernels.device.waits import diagnostics_mailbox
+from device.ffi import plain_cuda, require_hopper
+from device.runtime import check_cuda_tensor, cute_modules, sm_count
+from device.waits import diagnostics_mailbox
 from epilogues.gate_residual import GateResidualBf16
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
 from schedules import plan

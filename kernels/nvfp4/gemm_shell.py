@@ -39,7 +39,7 @@ the register-sourced A operand, tokens on N:
                 pair, 8 consumer warps)
 
 No CTA waits on a CTA outside its cluster (split-K's last CTA only counts arrivals; a cluster's
-CTAs are co-scheduled by the hardware), so the persistent grid needs no co-residency guarantee. Every mbarrier wait is bounded (:mod:`kernels.device.waits`):
+CTAs are co-scheduled by the hardware), so the persistent grid needs no co-residency guarantee. Every mbarrier wait is bounded (:mod:`device.waits`):
 a stalled barrier traps with a report naming it. Measurement-only builds go through one
 :class:`P0Variant`; schedules/plan.py says which config runs per problem.
 """
@@ -50,8 +50,8 @@ from typing import NamedTuple
 
 from epilogues import EpilogueOperands
 from epilogues.tile_store import TileStore
-from kernels.device import ffi
-from kernels.device.runtime import cute_modules
+from device import ffi
+from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 import cutlass.utils as utils  # noqa: E402
@@ -284,7 +284,7 @@ class BlockscaledGemmSm90:
     @cute.jit
     def __call__(self, a, sfa, b, sfb, ga, gb, d, mailbox_p, work, count, gate, residual,
                  M: Int32, N: Int32, k32: Int32, max_ctas: Int32, stream):
-        # each buffer is a Pointer (pointer path) or a Tensor (TVM-FFI path): kernels/device/ffi
+        # each buffer is a Pointer (pointer path) or a Tensor (TVM-FFI path): device/ffi
         a_ptr = ffi.pointer(a, PTRS[0][0])
         sfa_ptr = ffi.pointer(sfa, PTRS[1][0])
         b_ptr = ffi.pointer(b, PTRS[2][0])
@@ -404,7 +404,7 @@ def compile_args(M: int = 256, N: int = 512, K: int = 256):
     """Arguments for cute.compile offline (placeholder addresses, never dereferenced)."""
     from cutlass.cute.runtime import make_fake_stream
 
-    from kernels.device.runtime import pointer_args
+    from device.runtime import pointer_args
 
     return (*pointer_args(PTRS), Int32(M), Int32(N), Int32(K // 32), Int32(132),
             make_fake_stream())

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.device import ffi
-from kernels.device.ffi import plain_cuda, require_hopper
-from kernels.device.nvfp4 import quantize_block16, scale_swizzle_offset
-from kernels.device.ptx import rcp_approx_ftz
-from kernels.device.runtime import check_cuda_tensor, cute_modules
+from device import ffi
+from device.ffi import plain_cuda, require_hopper
+from device.nvfp4 import quantize_block16, scale_swizzle_offset
+from device.ptx import rcp_approx_ftz
+from device.runtime import check_cuda_tensor, cute_modules
 from numerics.nvfp4 import BLOCK, SCALE_TILE_COLS, scale_shape
 
 cutlass, cute = cute_modules()
@@ -34,7 +34,7 @@ class QuantizeNvfp4Kernel:
     Thread (tx, ty) of CTA (bx, by) quantizes block column c = bx·32 + tx of rows
     r = (by·rows_per_thread + i)·rows_per_cta + ty: a warp covers 32 consecutive blocks of one
     row (1 KB of input, 256 packed bytes), and no thread divides. Per block: the 8 input words
-    are loaded with two 16-byte loads, then :func:`kernels.device.nvfp4.quantize_block16` gives
+    are loaded with two 16-byte loads, then :func:`device.nvfp4.quantize_block16` gives
     the bytes of ``numerics.nvfp4.quantize(mode="cuda")`` (its docstring has the three paths).
     """
 

@@ -6,8 +6,8 @@ result with numerics.rcp's shipped table.
 """
 from __future__ import annotations
 
-from kernels.device.ptx import rcp_approx_ftz
-from kernels.device.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
+from device.ptx import rcp_approx_ftz
+from device.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                                     pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()

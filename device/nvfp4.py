@@ -9,13 +9,13 @@ the 128x4 scale swizzle, derived from :mod:`numerics.nvfp4`'s constants.
 """
 from __future__ import annotations
 
-from kernels.device.runtime import cute_modules
+from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint32  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
-from kernels.device.ptx import (asm, bf16_hi, bf16_lo, f16_hi, f16_lo, fmax_abs,  # noqa: E402
+from device.ptx import (asm, bf16_hi, bf16_lo, f16_hi, f16_lo, fmax_abs,  # noqa: E402
                                 fmin_nan_ignoring, fmul_ftz, prmt, rcp_approx_ftz)
 from numerics.formats import FLT_MAX, RN_ONE_SIXTH  # noqa: E402
 from numerics.nvfp4 import (BLOCK, SCALE_LINE_BYTES, SCALE_LINE_ROWS,  # noqa: E402

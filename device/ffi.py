@@ -33,8 +33,8 @@ import contextlib
 import functools
 import os
 
-from kernels.device.runtime import cached_compile, current_stream, cute_modules, pointer_args
-from kernels.device.runtime import require_hopper as _require_hopper
+from device.runtime import cached_compile, current_stream, cute_modules, pointer_args
+from device.runtime import require_hopper as _require_hopper
 from workbench import WorkbenchError
 
 cutlass, cute = cute_modules()

@@ -6,7 +6,7 @@ tile sequence without talking to each other.
 """
 from __future__ import annotations
 
-from kernels.device.runtime import cute_modules
+from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 import cutlass.utils as utils  # noqa: E402

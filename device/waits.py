@@ -4,7 +4,7 @@ Every wait on an mbarrier goes through :func:`wait_parity`: ``mbarrier.try_wait.
 already suspends the thread for a hardware-chosen time) in a loop that reads ``%globaltimer``.
 After ``TIMEOUT_NS`` it writes what it was waiting for — barrier id, stage, parity, CTA, thread —
 into the diagnostics mailbox (pinned host memory, so it survives the dead context) and traps.
-The host turns the mailbox into a message (:func:`kernels.device.runtime.synchronize`).
+The host turns the mailbox into a message (:func:`device.runtime.synchronize`).
 
 No ``printf`` here: a call in the kernel makes ptxas serialise every wgmma (each one followed by
 ``WARPGROUP.DEPBAR``), which halves the GEMM's speed.
@@ -16,7 +16,7 @@ with parity ``(n // S) & 1``. A consumer waits on "full" for that parity; a prod
 from __future__ import annotations
 
 from workbench import WorkbenchError
-from kernels.device.runtime import cute_modules
+from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Int64  # noqa: E402
@@ -104,7 +104,7 @@ def wait_counter(counters: cute.Tensor, cid: Int32, expect: Int32, task: Int32,
                  mailbox: cute.Tensor, claim: cute.Tensor):
     """Spin (``ld.acquire.gpu``) until global counter ``cid`` reaches ``expect``; after
     TIMEOUT_NS report (counter, expected, CTA, task, last value seen) and trap."""
-    from kernels.device.ptx import ld_acquire_gpu
+    from device.ptx import ld_acquire_gpu
 
     seen = ld_acquire_gpu(counters.iterator + cid)
     if seen < expect:
@@ -124,7 +124,7 @@ def wait_cluster_parity(mbar: cute.Pointer, parity: Int32, code: cutlass.Constex
                         claim: cute.Tensor):
     """Wait (acquire at cluster scope) for this CTA's mbarrier phase of ``parity``, which the
     pair CTA arrives on; after TIMEOUT_NS report (slot, parity, CTA, task, split index), trap."""
-    from kernels.device.ptx import try_wait_acquire_cluster
+    from device.ptx import try_wait_acquire_cluster
 
     done = try_wait_acquire_cluster(mbar, parity)
     if done == 0:

@@ -3,12 +3,12 @@ order every row norm uses. The device twins of :mod:`numerics` / ``models.codepr
 compile tests count the ``cvt.rn.bf16.f32`` / ``cvt.rn.bf16x2.f32`` a kernel must contain."""
 from __future__ import annotations
 
-from kernels.device.runtime import cute_modules
+from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Uint32  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
-from kernels.device.ptx import (asm, bf16_hi, bf16_lo, fadd_rn, fma_rn, fmul_rn,  # noqa: E402
+from device.ptx import (asm, bf16_hi, bf16_lo, fadd_rn, fma_rn, fmul_rn,  # noqa: E402
                                 rcp_approx)
 
 

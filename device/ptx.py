@@ -2,7 +2,7 @@
 census can see it. ``asm`` is the one inline-asm entry every device helper goes through."""
 from __future__ import annotations
 
-from kernels.device.runtime import cute_modules
+from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint32  # noqa: E402

@@ -10,7 +10,7 @@ not change until the group that reads them has retired.
 """
 from __future__ import annotations
 
-from kernels.device.runtime import cute_modules
+from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402

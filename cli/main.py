@@ -81,7 +81,7 @@ def _cmd_log_header(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from workbench import results_cli
+    from cli import results as results_cli
 
     p = argparse.ArgumentParser(prog="wb", description="CuTe DSL kernel research workbench")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")

@@ -1,7 +1,12 @@
-"""Qwen3-TTS 1.7B CodePredictor shapes (the real 1.7B values, not the library defaults)."""
+"""Qwen3-TTS 1.7B CodePredictor shapes (the real 1.7B values, not the library defaults) and the
+record a depth loop returns. Data only: no torch work."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -15,7 +20,8 @@ class CodePredictorConfig:
     rms_eps: float = 1e-6
     rope_theta: float = 1e6
     talker_hidden: int = 2048  # the projection maps Talker space (2048) to 1024
-    vocab: int = 2048  # entries per code group
+    vocab: int = 2048  # entries per code group g1..g15
+    talker_vocab: int = 3072  # g0's codebook: the Talker's codec embedding rows
     groups: int = 16  # g0 (from the Talker) + g1..g15 (drawn here)
     positions: int = 16  # depth positions per frame
 
@@ -41,3 +47,11 @@ class CodePredictorConfig:
 
 
 QWEN3_TTS_1P7B = CodePredictorConfig()
+
+
+@dataclass
+class LoopOutput:
+    codes: torch.Tensor  # [R, 15] int64: g1..g15
+    talker_sum: torch.Tensor  # [R, talker_hidden] in the loop's dtype
+    kv: list  # per layer (K, V): [R, kv_heads, 16, head_dim]
+    logits: torch.Tensor  # [R, 15, vocab] fp32

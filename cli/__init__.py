@@ -1,0 +1,1 @@
+"""The command line (`wb`): the top floor, above the experiments and validators it runs."""
