@@ -2,14 +2,15 @@
 
     wb env                                  machine, versions, compile target
     wb run <experiment> [--quick] [...]     run experiments/<experiment>.py into a run folder
+                                            (p0-compile or p0_compile: either spelling)
     wb results list|show|diff|publish|plot  summaries: published (results/) or a run's (--run)
     wb ladder [--phase p0|p1|p2|frame|numerics] [--quick]   ladder-<phase>.json and .md
     wb log-header COMMAND...                the provenance line a log starts with
 
-A run writes into its run folder, results/runs/<utc>-<host>/ (git-ignored), or $WB_RESULTS_DIR;
-only ``wb results publish`` changes the committed results/. User errors (unknown names,
-unreadable or malformed files, a GPU-only command without a GPU) print one line on stderr and
-exit non-zero; they never print a traceback.
+A run writes into its run folder, results/runs/<utc>-<host>/ (git-ignored), or $WB_RESULTS_DIR
+(checked before ``wb run`` or ``wb ladder`` starts any work); only ``wb results publish`` changes
+the committed results/. User errors (unknown names, unreadable or malformed files, a GPU-only
+command without a GPU) print one line on stderr and exit non-zero; they never print a traceback.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import shlex
 import sys
 
 from workbench import WorkbenchError
+from workbench.results import check_results_dir
 
 
 def _cmd_env(args) -> int:
@@ -116,6 +118,8 @@ def main(argv=None) -> int:
     except SystemExit as e:  # argparse already printed its usage and error
         return int(e.code or 0)
     try:
+        if args.cmd in ("run", "ladder"):
+            check_results_dir()  # a bad WB_RESULTS_DIR fails now, not after the whole run
         return args.func(args)
     except WorkbenchError as e:
         print(f"wb: {e}", file=sys.stderr)

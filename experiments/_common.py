@@ -29,8 +29,21 @@ def need_gpu(name: str) -> None:
 
 
 def run_main(fn, argv) -> int:
+    """Run an experiment's ``fn(argv)``: where it will write is checked before any work, and
+    with --quick every summary it makes is marked quick (workbench.results.quick_run)."""
+    from workbench import results as R
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return int(fn(argv) or 0)
+        # the shared flags, spelled out (no -h, no abbreviations: a prefix of the experiment's
+        # own flags must not read as one of them); the experiment parses argv itself
+        probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        probe.add_argument("--quick", action="store_true")
+        probe.add_argument("--results-dir", default=None)
+        shared, _ = probe.parse_known_args(argv)
+        R.check_results_dir(shared.results_dir)
+        with R.quick_run(shared.quick):
+            return int(fn(argv) or 0)
     except WorkbenchError as e:
         print(f"{e}", file=sys.stderr)
         return 2

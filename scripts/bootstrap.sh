@@ -11,7 +11,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install -q torch==2.13.0
   fi
 fi
-"$PY" -m pip install -q -e '.[test]'
+"$PY" -m pip install -q -e '.[test,plots]'  # plots: the plot tests run in CI too
 # SASS for the compile tests (optional: without it they check PTX and cubin only)
 "$PY" -m pip install -q nvidia-cuda-nvdisasm || echo "bootstrap: nvdisasm not installed; SASS checks skipped"
 echo "bootstrap: ok ($("$PY" -c 'import torch, cutlass; print("torch", torch.__version__)'))"

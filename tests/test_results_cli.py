@@ -19,11 +19,11 @@ H200 = {"name": "NVIDIA H200", "compute_capability": [9, 0], "sm_count": 132}
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
-def _summary(name="demo", gpu="none", gbps=1.5, commit=SHA, **kw):
+def _summary(name="demo", gpu="none", gbps=1.5, commit=SHA, dirty=False, **kw):
     s = R.make_summary(name, parameters={"a": 1}, measurements=[{"case": "x", "gbps": gbps}],
                        headline={"gbps": gbps, "per_m": {"128": 0.5, "2048": 0.9}},
                        gates={"g": R.gate(True, "ok")}, **kw)
-    s["provenance"].update(gpu=gpu, commit=commit)
+    s["provenance"].update(gpu=gpu, commit=commit, dirty=dirty)  # not this checkout's state
     return s
 
 
@@ -123,6 +123,23 @@ def test_latest_run_is_the_newest_run_folder(published, capsys):
     assert "newer" in out and "older" not in out
 
 
+def test_latest_run_skips_folders_without_a_summary_and_follows_wb_results_dir(
+        published, tmp_path, monkeypatch, capsys):
+    R.write(_summary("with-summary"), published / "runs" / "20260101T000000Z-a")
+    only_png = published / "runs" / "20260102T000000Z-a"
+    only_png.mkdir()
+    (only_png / "amax.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    assert main(["results", "list", "--run", "latest"]) == 0
+    assert "with-summary" in capsys.readouterr().out
+    out_dir = tmp_path / "out"
+    R.write(_summary("on-the-gpu-host"), out_dir)
+    monkeypatch.setenv("WB_RESULTS_DIR", str(out_dir))
+    assert main(["results", "show", "on-the-gpu-host", "--run", "latest"]) == 0
+    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path / "missing"))
+    assert main(["results", "list", "--run", "latest"]) == 2
+    _one_line_error(capsys, "WB_RESULTS_DIR", "not a folder")
+
+
 def test_diff_a_run_against_the_published_summary(published, tmp_path, capsys):
     R.write(_summary("amax", gbps=2.0), published)
     run = _run(tmp_path, _summary("amax", gbps=3.0))
@@ -133,6 +150,47 @@ def test_diff_a_run_against_the_published_summary(published, tmp_path, capsys):
     assert "1.5" in capsys.readouterr().out
     assert main(["results", "diff", "amax"]) == 2
     _one_line_error(capsys, "usage")
+
+
+# --- what a person reads: tables within TABLE_WIDTH columns, no trailing spaces ----------------
+def _readable(out: str) -> list[str]:
+    lines = out.splitlines()
+    assert lines and max(map(len, lines)) <= R.TABLE_WIDTH, max(lines, key=len)
+    assert all(line == line.rstrip() for line in lines)
+    return lines
+
+
+def test_list_show_diff_fit_the_table_width(published, capsys):
+    """The published summaries with the longest keys and values (frame-schedule: ~150 nested
+    headline figures, a variant name of 70 characters, a calibration source of 200)."""
+    for name in ("frame-schedule", "p0-baseline", "depth-frame", "ladder-p0", "amax"):
+        (published / f"{name}.json").write_bytes((REPO / "results" / f"{name}.json").read_bytes())
+    assert main(["results", "list"]) == 0
+    lines = _readable(capsys.readouterr().out)
+    assert len(lines) == 2 + 5
+    for name in ("frame-schedule", "p0-baseline", "depth-frame"):
+        assert main(["results", "show", name]) == 0
+        _readable(capsys.readouterr().out)
+    older = _summary("frame-schedule", gbps=2.0)
+    older["headline"] = {**R.load("frame-schedule")["headline"], "phases": 431}
+    run = _run(published.parent, older)
+    assert main(["results", "diff", "frame-schedule", "--run", str(run)]) == 0
+    lines = _readable(capsys.readouterr().out)
+    assert any(line.startswith("phases") for line in lines) and len(lines) < 20
+    assert "equal in both (--all lists them)" in lines[-1]
+    assert main(["results", "diff", "frame-schedule", "--run", str(run), "--all"]) == 0
+    assert len(_readable(capsys.readouterr().out)) > 100
+
+
+def test_format_table_cuts_and_wraps_within_its_width():
+    key = "frame_kernel_calibration.held_out.16.critical_path_us.gateup"
+    table = R.format_table([[key, "x" * 300], ["short", 1.23456]], ["headline", "value"],
+                           width=60, max_cell=30)
+    lines = table.splitlines()
+    assert max(map(len, lines)) <= 60 and all(line == line.rstrip() for line in lines)
+    assert lines[2].startswith("frame_kernel_c…") and "_path_us.gateup  xxx" in lines[2]
+    wrapped = R.format_table([["k", "word " * 40]], ["key", "text"], width=40, wrap_last=True)
+    assert len(wrapped.splitlines()) > 3 and max(map(len, wrapped.splitlines())) <= 40
 
 
 # --- publish ---------------------------------------------------------------------------------
@@ -147,6 +205,62 @@ def test_publish_copies_a_run_and_keeps_the_replaced_summary(published, tmp_path
     assert len(kept) == 1 and json.loads(kept[0].read_text())["headline"]["gbps"] == 1.5
     assert main(["results", "publish", str(tmp_path / "runs" / "run2")]) == 0
     assert "already published" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("weaker,needle", [
+    (dict(quick="3 of 9 variants"), "is a quick run (3 of 9 variants) where the published one "
+                                    "is full"),
+    (dict(dirty=True), "was recorded dirty where the published one is clean")])
+def test_publish_refuses_a_quick_or_dirty_summary_over_a_full_clean_one(
+        published, tmp_path, weaker, needle, capsys):
+    full = _summary("p0-compile")
+    assert main(["results", "publish", str(_run(tmp_path, full))]) == 0
+    before = (published / "p0-compile.json").read_bytes()
+    run = _run(tmp_path, _summary("p0-compile", gbps=9.0, commit="f" * 40, **weaker), name="r2")
+    assert main(["results", "publish", str(run)]) == 2
+    _one_line_error(capsys, "refusing to replace", needle, "--force")
+    assert (published / "p0-compile.json").read_bytes() == before
+    assert not (published / "history").exists()
+
+    assert main(["results", "publish", "--force", str(run)]) == 0
+    out = capsys.readouterr().out
+    kept = list((published / "history").glob("p0-compile.*.json"))
+    assert len(kept) == 1 and R.read_json(kept[0]) == full
+    assert f"forced; the replaced one kept as history/{kept[0].name}" in out
+    forced = R.load("p0-compile")
+    assert forced["headline"]["gbps"] == 9.0
+    note = forced["notes"]["forced"]
+    assert "--force" in note and SHA[:10] in note and kept[0].name in note and needle in note
+    assert main(["results", "publish", str(run)]) == 0  # its own source again: nothing to do
+    assert "already published" in capsys.readouterr().out
+    assert main(["results", "show", "p0-compile"]) == 0
+    assert "forced: published with --force" in capsys.readouterr().out
+
+
+def test_publish_lets_a_quick_run_replace_a_quick_one_and_a_full_one_replace_both(
+        published, tmp_path, capsys):
+    quick = dict(quick="3 of 9 variants")
+    for i, (kw, dirty) in enumerate([(quick, True), (quick, True), ({}, True), ({}, False)]):
+        s = _summary("frame-schedule", gbps=float(i), dirty=dirty, **kw)
+        assert main(["results", "publish", str(_run(tmp_path, s, name=f"r{i}"))]) == 0, i
+    assert R.verdict_text(R.load("frame-schedule")) == "pass"
+    assert len(list((published / "history").glob("frame-schedule.*.json"))) == 3
+
+
+def test_list_and_show_mark_quick_and_dirty_summaries(published, capsys):
+    R.write(_summary("full"), published)
+    R.write(_summary("subset", quick="3 of 9 variants"), published)
+    R.write(_summary("draft", dirty=True), published)
+    ladder = _summary("ladder-p0")
+    ladder["parameters"]["quick"] = True  # how the ladder records it: no subset named
+    R.write(ladder, published)
+    assert main(["results", "list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert "pass (quick: 3 of 9 variants)" in rows["subset"]
+    assert "pass (dirty)" in rows["draft"] and "pass (quick)" in rows["ladder-p0"]
+    assert "(" not in rows["full"].split("none")[0]
+    assert main(["results", "show", "subset"]) == 0
+    assert "subset: verdict pass (quick: 3 of 9 variants)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("old,new", [(H200, "none"), ("none", H200),
@@ -298,8 +412,66 @@ def test_plot_writes_a_png_of_the_headline(published, tmp_path, capsys):
     out = tmp_path / "amax.png"
     assert main(["results", "plot", "amax", "--out", str(out)]) == 0
     assert out.read_bytes().startswith(b"\x89PNG")
-    assert main(["results", "plot", "amax"]) == 0  # default: this process's run folder
-    assert (R.run_dir() / "amax.png").is_file()
+
+
+def test_plot_of_a_published_summary_leaves_a_run_folder_that_is_a_run(published, capsys):
+    """Without --out the PNG goes into this process's run folder beside a copy of the summary:
+    `--run latest` reads it and publishing the folder publishes the plot."""
+    pytest.importorskip("matplotlib")
+    R.write(_summary("amax"), published)
+    assert main(["results", "plot", "amax"]) == 0
+    run = R.run_dir()
+    assert (run / "amax.png").is_file() and R.load("amax", run) == R.load("amax")
+    assert main(["results", "show", "amax", "--run", "latest"]) == 0
+    capsys.readouterr()
+    assert main(["results", "publish", str(run)]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # long paths wrap
+    assert "amax.json: already published" in out and "-> amax.png" in out
+    assert (published / "amax.png").read_bytes() == (run / "amax.png").read_bytes()
+    assert main(["results", "plot", "amax", "--run", str(run)]) == 0  # beside the run's own
+
+
+def test_plot_never_writes_beside_another_summary_of_its_name(published, capsys):
+    R.write(_summary("amax"), published)
+    R.write(_summary("amax", gbps=7.0), R.run_dir())  # this run measured its own amax
+    assert main(["results", "plot", "amax"]) == 2
+    _one_line_error(capsys, "another 'amax' summary", "--run", "--out")
+    assert not (R.run_dir() / "amax.png").exists()
+
+
+def test_headline_plot_panels_keep_units_apart_and_stay_small():
+    """frame-schedule's ~150 headline figures in µs, ratios and counts: one panel a unit, at
+    most MAX_PANELS of MAX_BARS, the top-level figures first, the rest counted."""
+    from workbench.plots import MAX_BARS, MAX_PANELS, headline_panels, unit_of
+
+    assert unit_of("predicted_us.seed at 1 row") == "µs"
+    assert unit_of("whole_frame_calibration.held_out.8.critical_path_us.down") == "µs"
+    assert unit_of("frame_kernel_held_out_error.16") == "ratio"
+    assert unit_of("p0_over_cublas_bf16.128") == "ratio" and unit_of("gbps") == "GB/s"
+    assert unit_of("costs.bytes_per_us_per_sm") == "bytes/µs/sm"
+    assert unit_of("phases") == "no unit"
+    s = R.load(str(REPO / "results" / "frame-schedule.json"))
+    panels, dropped = headline_panels(s)
+    assert len(panels) <= MAX_PANELS and all(len(p.cases) <= MAX_BARS for p in panels)
+    units = [p.unit for p in panels]
+    assert len(set(units)) == len(units) and "µs" in units and "ratio" in units
+    us = next(p for p in panels if p.unit == "µs")
+    assert all(k.startswith("predicted_us.") for k in list(us.cases)[:9]) and us.left_out > 0
+    shown = sum(len(p.cases) + p.left_out for p in panels) + dropped
+    assert shown == sum(1 for v in R.flat_headline(s).values()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def test_headline_plot_of_frame_schedule_is_a_readable_size(tmp_path):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from workbench.plots import headline_png
+
+    s = R.load(str(REPO / "results" / "frame-schedule.json"))
+    with Image.open(headline_png(s, tmp_path / "fs.png")) as img:
+        width, height = img.size
+    assert width <= 1400 and height <= 2000, (width, height)
 
 
 def test_p0_ratio_plot_from_the_committed_summary(tmp_path):
@@ -347,6 +519,67 @@ def test_run_without_an_experiment_names_the_choices(capsys):
     assert main(["run"]) == 2
     err = _one_line_error(capsys, "usage: wb run EXPERIMENT", "amax", "p0-baseline")
     assert "rest" not in err
+
+
+@pytest.mark.parametrize("name", ["p0-compile", "p0_compile"])
+def test_run_takes_an_experiment_by_either_spelling(name, monkeypatch):
+    import experiments.p0_compile as exp
+
+    seen = []
+    monkeypatch.setattr(exp, "main", lambda argv: seen.append(argv) or 0)
+    assert main(["run", name, "--quick"]) == 0 and seen == [["--quick"]]
+
+
+def _bad_results_dir(tmp_path, kind, monkeypatch) -> Path:
+    if kind == "missing-parent":
+        return tmp_path / "no" / "such" / "out"
+    if kind == "a-file":
+        (tmp_path / "out").write_text("")
+        return tmp_path / "out"
+    out = tmp_path / "out"  # not writable: root writes through chmod, so fail the probe itself
+    out.mkdir()
+    real = R.tempfile.mkstemp
+
+    def mkstemp(*a, dir=None, **kw):
+        if Path(dir) == out:
+            raise PermissionError(13, "Permission denied", str(out))
+        return real(*a, dir=dir, **kw)
+
+    monkeypatch.setattr(R.tempfile, "mkstemp", mkstemp)
+    return out
+
+
+@pytest.mark.parametrize("kind,needle", [("missing-parent", "no such folder"),
+                                         ("a-file", "not a folder"),
+                                         ("not-writable", "not writable")])
+def test_a_bad_results_dir_fails_before_any_work(published, tmp_path, kind, needle,
+                                                   monkeypatch, capsys):
+    import experiments.p0_compile as exp
+    from experiments._common import run_main
+    from validators import runner
+
+    work = []
+    monkeypatch.setattr(exp, "_main", lambda argv: work.append(argv) or 0)
+    monkeypatch.setattr(runner, "run_ladder", lambda **kw: work.append(kw) or 0)
+    bad = _bad_results_dir(tmp_path, kind, monkeypatch)
+    monkeypatch.setenv("WB_RESULTS_DIR", str(bad))
+    for argv in (["run", "p0-compile"], ["ladder", "--phase", "p0"]):
+        assert main(argv) == 2, argv
+        _one_line_error(capsys, f"WB_RESULTS_DIR={bad}", needle)
+    monkeypatch.delenv("WB_RESULTS_DIR")
+    assert run_main(exp._main, ["--results-dir", str(bad)]) == 2
+    assert needle in capsys.readouterr().err
+    assert work == []
+
+
+def test_a_missing_results_dir_is_made_when_its_parent_exists(published, tmp_path, monkeypatch):
+    import experiments.p0_compile as exp
+
+    work = []
+    monkeypatch.setattr(exp, "_main", lambda argv: work.append(argv) or 0)
+    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path / "out"))
+    assert main(["run", "p0-compile"]) == 0 and work == [[]]
+    assert (tmp_path / "out").is_dir() and not list((tmp_path / "out").iterdir())
 
 
 @pytest.mark.parametrize("phase", ["frame", "p1", "p2"])

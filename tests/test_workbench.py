@@ -103,6 +103,60 @@ def test_verdict_follows_gates_and_not_run_parts():
     assert s["verdict"] == "incomplete" and s["notes"]["not_run"] and R.validate(s) == []
 
 
+# --- quick runs: marked, and their verdict names the subset -------------------------------------
+def test_a_quick_run_is_marked_and_its_verdict_names_the_subset():
+    s = _summary(quick="3 of 9 variants")
+    s["provenance"]["dirty"] = False
+    assert s["verdict"] == "pass" and R.validate(s) == []  # the stored verdict stays a VERDICT
+    assert s["parameters"]["quick"] is True and R.quick_scope(s) == "3 of 9 variants"
+    assert R.verdict_text(s) == "pass (quick: 3 of 9 variants)"
+    s["provenance"]["dirty"] = True
+    assert R.verdict_text(s) == "pass (quick: 3 of 9 variants; dirty)"
+    full = _summary()
+    full["provenance"]["dirty"] = False
+    assert R.quick_scope(full) is None and R.verdict_text(full) == "pass"
+    assert R.weaker_than(s, full) and not R.weaker_than(full, s) and not R.weaker_than(s, s)
+
+
+def test_an_experiment_run_with_quick_marks_every_summary_it_makes():
+    """experiments' run_main: --quick marks the summaries even of an experiment that does not
+    record it itself (ceilings, rcp-table, depth-loop), and only while it runs."""
+    from experiments._common import run_main
+
+    made = []
+
+    def experiment(argv):
+        made.append(R.make_summary("x", parameters={"shapes": 2}, measurements=[],
+                                   headline={"a": 1}, gates={"g": R.gate(True, "")}))
+
+    assert run_main(experiment, ["--quick", "--rows", "1"]) == 0
+    assert run_main(experiment, ["--rows", "1"]) == 0
+    assert made[0]["parameters"] == {"shapes": 2, "quick": True}
+    assert R.verdict_text(made[0]).startswith("pass (quick")
+    assert "quick" not in made[1]["parameters"] and R.quick_scope(made[1]) is None
+
+
+@pytest.mark.parametrize("given", ["env", "flag"])
+def test_check_results_dir(tmp_path, monkeypatch, given):
+    monkeypatch.delenv("WB_RESULTS_DIR", raising=False)
+    assert R.check_results_dir() is None  # the run folder: made on the first write
+
+    def check(path):
+        if given == "flag":
+            return R.check_results_dir(path)
+        monkeypatch.setenv("WB_RESULTS_DIR", str(path))
+        return R.check_results_dir()
+
+    assert check(tmp_path / "new") == tmp_path / "new" and (tmp_path / "new").is_dir()
+    assert check(tmp_path / "new") == tmp_path / "new"  # already there: fine
+    with pytest.raises(WorkbenchError, match="no such folder"):
+        check(tmp_path / "a" / "b")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(WorkbenchError, match="not a folder"):
+        check(tmp_path / "f")
+    assert not list((tmp_path / "new").iterdir())  # the write probe leaves nothing behind
+
+
 # --- provenance "dirty", on a real temporary git tree ---------------------------------------
 def _git(repo, *args):
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c",

@@ -1,7 +1,9 @@
 """PNG plots of summaries (matplotlib: the ``plots`` extra, ``pip install -e '.[plots]'``).
 
-``headline_png``: any summary's numeric headline, one panel per headline group (a nested
-headline's top-level key; a scalar is a group of its own), one bar per case.
+``headline_png``: any summary's numeric headline, one panel per unit (µs, GB/s, a ratio, ...:
+bars of different units never share an axis), at most MAX_PANELS panels of MAX_BARS bars, the
+headline's shallower figures first; what is left out is counted on the panel (``wb results
+show`` lists everything).
 ``p0_ratio_png``: p0-baseline's speed relative to cuBLAS bf16 per projection and M, with the
 targets (results/p0-baseline.png; the experiment can call it after writing its summary).
 ``frame_timeline_png``: one traced depth frame, the tasks of every CTA over time coloured by
@@ -9,6 +11,7 @@ type (experiments/frame_protocol.py draws it beside its summary).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from workbench import WorkbenchError
@@ -27,28 +30,67 @@ def _pyplot():
     return plt
 
 
+MAX_PANELS = 4  # a plot a person reads at a glance; `wb results show` has the rest
+MAX_BARS = 12
+LABEL_CHARS = 44  # a bar's label, cut in the middle beyond this
+# the unit a key names, by its last "_"-separated word (a headline key's own words, nearest
+# first: "critical_path_us.down" is in µs)
+UNIT_WORDS = {"us": "µs", "ms": "ms", "s": "s", "gbps": "GB/s", "tbps": "TB/s",
+              "tflops": "TFLOP/s", "bytes": "bytes", "mib": "MiB", "gib": "GiB", "pct": "%"}
+RATIO_WORDS = {"error", "ratio", "fraction", "speedup", "over", "x"}
+
+
+@dataclass
+class Panel:
+    unit: str
+    cases: dict[str, float]  # label: value, at most MAX_BARS
+    left_out: int = 0  # figures of this unit not drawn
+
+
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def headline_groups(summary: dict) -> dict[str, dict[str, float]]:
-    """{group: {case: value}} of a summary's numeric headline figures."""
-    groups: dict[str, dict[str, float]] = {}
-    for key, value in summary["headline"].items():
-        inner = R.flat_headline({"headline": value}) if isinstance(value, dict) else {key: value}
-        cases = {k: float(v) for k, v in inner.items() if _number(v)}
-        if cases:
-            groups[key] = cases
-    return groups
+def unit_of(key: str) -> str:
+    """The unit a dotted headline key names: "predicted_us.seed" -> "µs", "held_out.8.error"
+    -> "ratio"; "no unit" when none of its parts names one."""
+    for part in reversed(key.split(".")):
+        words = part.lower().split("_")
+        if words[-1] in UNIT_WORDS:
+            return UNIT_WORDS[words[-1]]
+        if "per" in words[1:-1]:  # a rate: "bytes_per_us_per_sm" -> "bytes/µs/sm"
+            return "/".join(UNIT_WORDS.get(w, w) for w in words if w != "per")
+        if RATIO_WORDS & set(words):
+            return "ratio"
+    return "no unit"
+
+
+def headline_panels(summary: dict) -> tuple[list[Panel], int]:
+    """(the panels of :func:`headline_png`, how many figures no panel shows). Panels in the
+    order their units first appear; in each, the shallowest keys first (the headline's own
+    figures before the calibration details nested under it)."""
+    by_unit: dict[str, list[tuple[int, int, str, float]]] = {}
+    for i, (key, value) in enumerate(R.flat_headline(summary).items()):
+        if _number(value):
+            by_unit.setdefault(unit_of(key), []).append((key.count("."), i, key, float(value)))
+    panels, dropped = [], 0
+    for unit, figures in by_unit.items():
+        if len(panels) == MAX_PANELS:
+            dropped += len(figures)
+            continue
+        figures.sort()
+        shown = figures[:MAX_BARS]
+        panels.append(Panel(unit, {R.clip(k, LABEL_CHARS, middle=True): v
+                                   for _, _, k, v in shown}, len(figures) - len(shown)))
+    return panels, dropped
 
 
 def _caption(summary: dict) -> str:
     p = summary["provenance"]
-    dirty = " dirty" if p.get("dirty") else ""
     machine = R.machine_class(summary)
     machine = "no GPU" if machine == "none" else machine
-    return (f"{summary['name']}: verdict {summary['verdict']}; {machine}, "
-            f"commit {str(p['commit'])[:10]}{dirty}, {p['utc']}")
+    return (f"{summary['name']}: verdict {R.verdict_text(summary)}; {machine}, "
+            f"commit {str(p['commit'])[:10]}, {p['utc']}")
 
 
 def _save(fig, out: Path) -> Path:
@@ -59,24 +101,28 @@ def _save(fig, out: Path) -> Path:
 
 
 def headline_png(summary: dict, out: Path) -> Path:
-    """One horizontal bar chart per headline group, the values written beside the bars."""
-    groups = headline_groups(summary)
-    if not groups:
+    """One horizontal bar chart per unit (:func:`headline_panels`), the values beside the bars,
+    the caption above the first panel (constrained layout keeps them apart)."""
+    panels, dropped = headline_panels(summary)
+    if not panels:
         raise WorkbenchError(f"summary '{summary['name']}' has no numeric headline to plot")
     plt = _pyplot()
-    heights = [0.6 + 0.35 * len(cases) for cases in groups.values()]
-    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 0.8 + sum(heights)), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
-    for ax, (group, cases) in zip(axes[:, 0], groups.items()):
-        labels, values = list(cases), list(cases.values())
+    heights = [0.5 + 0.3 * len(p.cases) for p in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 0.9 + sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights}, layout="constrained")
+    for ax, panel in zip(axes[:, 0], panels):
+        labels, values = list(panel.cases), list(panel.cases.values())
         bars = ax.barh(range(len(values)), values, color="#4878a8")
         ax.set_yticks(range(len(values)), labels, fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(group, fontsize=9, loc="left")
+        more = f"  (+{panel.left_out} more, not drawn)" if panel.left_out else ""
+        ax.set_title(f"{panel.unit}{more}", fontsize=9, loc="left")
         ax.bar_label(bars, labels=[R.fmt(v) for v in values], fontsize=8, padding=3)
         ax.margins(x=0.15)
-    fig.suptitle(_caption(summary), fontsize=9)
-    fig.tight_layout()
+    caption = _caption(summary)
+    if dropped:
+        caption += f"\n{dropped} figures in other units not drawn (wb results show)"
+    fig.suptitle(caption, fontsize=9)
     try:
         return _save(fig, out)
     finally:

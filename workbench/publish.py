@@ -6,7 +6,10 @@ is wrong (one line naming each problem). Then:
 * a summary ``<name>.json`` becomes ``results/<name>.json``; the one it replaces moves to
   results/history/. A summary never replaces one measured on another machine class (the GPU's
   name, or "none"): there is no override, the published file must be removed in a commit of
-  its own first. Its verdict must be the one its gates and not-run parts imply.
+  its own first. Its verdict must be the one its gates and not-run parts imply. A quick run
+  never replaces a full one, nor a dirty run (uncommitted code) a clean one, unless forced
+  (``--force``); a forced summary says so in ``notes["forced"]`` (what it replaced, and where
+  that one was kept), which goes to history/ with it when it is replaced in turn.
 * ``<name>.png`` (a plot) and ``<name>.md`` (a report, e.g. the ladder's) beside a summary
   published in the same call go beside it; the ones they replace move to results/history/.
 * a record (JSON with provenance that is not a summary) and a log (``.log``/``.txt``) go to
@@ -18,6 +21,7 @@ is wrong (one line naming each problem). Then:
 """
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from dataclasses import dataclass
@@ -41,6 +45,7 @@ class Item:
     data: object = None   # the summary (SUMMARY) or the bytes to write (RECORD, LOG, PLOT)
     origin: dict | None = None  # {"commit", "device"} of a record or log
     note: str = ""
+    forced: list[str] | None = None  # why a summary needed --force (R.weaker_than)
 
 
 def _entries(sources: list[Path], problems: list[str]) -> list[tuple[Path, Path | None]]:
@@ -100,7 +105,14 @@ def _classify(path: Path, in_folder: bool, problems: list[str]) -> Item | None:
     return None
 
 
-def _check_summary(item: Item, published: Path, problems: list[str]) -> None:
+def _unforced(summary: dict) -> dict:
+    """A summary without the note publish adds when forced: what its source file holds."""
+    notes = {k: v for k, v in (summary.get("notes") or {}).items() if k != "forced"}
+    out = {k: v for k, v in summary.items() if k != "notes"}
+    return {**out, "notes": notes} if notes else out
+
+
+def _check_summary(item: Item, published: Path, problems: list[str], force: bool) -> None:
     s = item.data
     expected = R.expected_verdict(s["gates"], (s.get("notes") or {}).get("not_run"))
     if s["verdict"] != expected:
@@ -119,8 +131,14 @@ def _check_summary(item: Item, published: Path, problems: list[str]) -> None:
     if new_class != old_class:
         problems.append(f"{item.src}: refusing to replace {item.dest} (measured on {old_class}) "
                         f"with a summary measured on {new_class}")
-    elif old == s:
+    elif _unforced(old) == s:
         item.note = "already published"
+    elif why := R.weaker_than(s, old):
+        if force:
+            item.forced = why
+        else:
+            problems.append(f"{item.src}: refusing to replace {item.dest} with a summary that "
+                            f"{' and '.join(why)} (--force publishes it anyway)")
 
 
 def _check_log(item: Item, run_prov: dict | None, problems: list[str]) -> bool:
@@ -159,9 +177,9 @@ def _logs_dest(item: Item, published: Path, problems: list[str]) -> None:
             problems.append(f"{item.src}: {item.dest} exists with other content (rename the log)")
 
 
-def plan(sources: list[Path], published: Path | None = None) -> list[Item]:
+def plan(sources: list[Path], published: Path | None = None, force: bool = False) -> list[Item]:
     """What :func:`publish` would do; WorkbenchError naming every problem when anything is
-    wrong."""
+    wrong. ``force``: a quick or dirty summary may replace a full, clean one."""
     published = Path(published) if published is not None else R.published_dir()
     problems: list[str] = []
     entries = _entries(sources, problems)
@@ -169,7 +187,7 @@ def plan(sources: list[Path], published: Path | None = None) -> list[Item]:
              if (i := _classify(p, run is not None, problems)) is not None]
     summaries = [i for i, _ in items if i.kind == SUMMARY]
     for s in summaries:
-        _check_summary(s, published, problems)
+        _check_summary(s, published, problems, force)
     names = [s.data["name"] for s in summaries]
     problems += [f"summary '{n}' given twice" for n in sorted(set(names)) if names.count(n) > 1]
     for item, run in items:
@@ -208,12 +226,30 @@ def _write_bytes(dest: Path, blob: bytes) -> None:
     os.replace(tmp, dest)
 
 
-def publish(sources: list[Path], published: Path | None = None) -> list[str]:
+def _publish_summary(item: Item, published: Path) -> str:
+    """Write a summary; the one it replaces goes to history/ first. Returns what its output
+    line adds: where the replaced one went, and that it was forced."""
+    summary, kept = item.data, None
+    if item.dest.exists():
+        kept = R.keep_in_history(item.dest, published / "history").relative_to(published)
+    if item.forced:  # only ever over a published summary, so kept is set
+        old = R.read_json(published / kept)["provenance"]
+        summary = copy.deepcopy(summary)
+        summary.setdefault("notes", {})["forced"] = (
+            f"published with --force over the summary of commit {str(old['commit'])[:10]} "
+            f"({old['utc']}), kept as {kept}: this one {' and '.join(item.forced)}")
+    R.write(summary, published)
+    if kept is None:
+        return ""
+    return f" ({'forced; ' if item.forced else ''}the replaced one kept as {kept})"
+
+
+def publish(sources: list[Path], published: Path | None = None, force: bool = False) -> list[str]:
     """Publish run folders or files into ``published`` (default results/); one line per
-    file saying what happened."""
+    file saying what happened. ``force``: see :func:`plan`."""
     published = Path(published) if published is not None else R.published_dir()
     done = []
-    for item in plan(sources, published):
+    for item in plan(sources, published, force):
         if item.kind == SKIP:
             done.append(f"{item.src.name}: {item.note}")
             continue
@@ -221,11 +257,12 @@ def publish(sources: list[Path], published: Path | None = None) -> list[str]:
         if item.note:
             done.append(f"{item.src.name}: {item.note} as {rel}")
             continue
+        extra = ""
         if item.kind == SUMMARY:
-            R.write(item.data, published)
+            extra = _publish_summary(item, published)
         else:
             if item.kind in BESIDE and item.dest.exists():
                 R.keep_in_history(item.dest, published / "history")
             _write_bytes(item.dest, item.data)
-        done.append(f"published {item.src} -> {rel}")
+        done.append(f"published {item.src} -> {rel}{extra}")
     return done

@@ -13,18 +13,27 @@ A summary is a JSON object::
       "headline": {...},                   # the figures that judge the experiment
       "gates": {name: {"pass": bool, "detail": str}},
       "verdict": "pass" | "fail" | "partial" | "incomplete" | "not-run",
-      "notes": {"prediction": str, "outcome": str, "not_run": [str], ...}   # optional
+      "notes": {"prediction": str, "outcome": str, "not_run": [str],
+                "quick": str, "forced": str, ...}   # optional
     }
 
+A quick run (``--quick``: fewer cases) records ``parameters["quick"] = true`` and, where it
+says which subset it ran, ``notes["quick"]`` ("3 of 9 variants"). Its ``verdict`` stays one of
+VERDICTS (the gates imply it), but wherever a verdict is shown it is :func:`verdict_text`:
+"pass (quick: 3 of 9 variants)", with "dirty" added for a run of uncommitted code.
+
 Where things go: a run writes into its run folder (``results/runs/<utc>-<host>/``, git-ignored),
-or into ``$WB_RESULTS_DIR`` when set (``$OUT`` on the GPU host). The committed summaries in
-``results/`` (the *published* ones) change only through :mod:`workbench.publish`.
+or into ``$WB_RESULTS_DIR`` when set (``$OUT`` on the GPU host; :func:`check_results_dir`
+checks it before a run starts). The committed summaries in ``results/`` (the *published* ones)
+change only through :mod:`workbench.publish`.
 
 Writes are atomic (temp file + rename). An existing file is never overwritten silently: it is
 moved to ``<folder>/history/<name>.<utc>.json`` first, and the writer says so.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as _dt
 import json
 import os
@@ -33,6 +42,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 from workbench import WorkbenchError
@@ -49,6 +59,8 @@ TOP_KEYS = ("schema", "name", "provenance", "parameters", "measurements", "headl
 # changes under results/ are outputs, not code: they never make a run "dirty"
 OUTPUT_DIR = "results/"
 _RUN_DIRS: dict[Path, Path] = {}
+# set while an experiment runs with --quick (quick_run); make_summary reads it
+_QUICK_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("wb_quick_run", default=False)
 
 
 def _utc_now(fmt: str = "%Y-%m-%dT%H:%M:%SZ") -> str:
@@ -78,6 +90,54 @@ def results_dir() -> Path:
     run folder; never the published results/ directly."""
     env = os.environ.get("WB_RESULTS_DIR")
     return Path(env) if env else run_dir()
+
+
+def check_results_dir(directory: str | Path | None = None) -> Path | None:
+    """Check where a run will write before it does any work: ``directory`` (an experiment's
+    --results-dir), else ``$WB_RESULTS_DIR``; None when neither is given (the run folder is
+    made on the first write). It must be a writable folder; a missing one is created when its
+    parent folder exists (``$OUT/run1`` works), and refused otherwise, since a typo two
+    levels up is likelier than a wish for a new tree. WorkbenchError names the problem."""
+    label = "--results-dir" if directory is not None else "WB_RESULTS_DIR"
+    directory = directory if directory is not None else os.environ.get("WB_RESULTS_DIR")
+    if not directory:
+        return None
+    path = Path(directory)
+    where = f"{label}={directory}"
+    if path.exists() and not path.is_dir():
+        raise WorkbenchError(f"{where}: not a folder")
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise WorkbenchError(f"{where}: no such folder, and its parent {path.parent} is "
+                                 "not a folder either")
+        try:
+            path.mkdir()
+        except OSError as e:
+            raise WorkbenchError(f"{where}: cannot be created ({e.strerror or e})") from None
+    try:  # the one honest test of writability (root passes os.access on a read-only mount)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".wb-write-check.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise WorkbenchError(f"{where}: not writable ({e.strerror or e})") from None
+    return path
+
+
+def latest_run() -> Path:
+    """``--run latest``: ``$WB_RESULTS_DIR`` when set (where the last run wrote), else the
+    newest folder under ``<published>/runs/`` that holds a summary (a folder left with only a
+    log or a plot is not a run to read)."""
+    env = os.environ.get("WB_RESULTS_DIR")
+    if env:
+        if not Path(env).is_dir():
+            raise WorkbenchError(f"--run latest is WB_RESULTS_DIR={env}, which is not a folder")
+        return Path(env)
+    runs = published_dir() / "runs"
+    found = sorted(p for p in runs.iterdir() if p.is_dir() and list_summaries(p)) \
+        if runs.is_dir() else []
+    if not found:
+        raise WorkbenchError(f"no run folders with a summary under {runs}")
+    return found[-1]
 
 
 def _git(repo: Path, *args: str) -> str | None:
@@ -225,14 +285,31 @@ def expected_verdict(gates: dict, not_run: list | None = None) -> str:
     return "incomplete" if not_run else "pass"
 
 
+@contextlib.contextmanager
+def quick_run(active: bool = True):
+    """While active, every summary made is marked quick (experiments' run_main sets it from
+    --quick, so an experiment that forgets to record it cannot pass for a full run)."""
+    token = _QUICK_RUN.set(bool(active))
+    try:
+        yield
+    finally:
+        _QUICK_RUN.reset(token)
+
+
 def make_summary(name: str, *, parameters: dict, measurements: list, headline: dict,
                  gates: dict, seeds: dict | None = None, notes: dict | None = None,
-                 not_run: list[str] | None = None) -> dict:
+                 not_run: list[str] | None = None, quick: str | bool | None = None) -> dict:
     """Assemble a summary; the verdict follows from the gates and ``not_run`` (the parts that
-    could not run, each with its reason; kept in notes["not_run"])."""
+    could not run, each with its reason; kept in notes["not_run"]). ``quick``: the subset a
+    quick run ran ("3 of 9 variants", kept in notes["quick"]), or True when it says no more;
+    inside :func:`quick_run` a summary is quick even without it."""
     notes = dict(notes or {})
     if not_run:
         notes["not_run"] = list(not_run)
+    if quick or _QUICK_RUN.get():
+        parameters = {**parameters, "quick": True}
+        if isinstance(quick, str) and quick:
+            notes["quick"] = quick
     summary = {
         "schema": SCHEMA_VERSION,
         "name": name,
@@ -250,6 +327,46 @@ def make_summary(name: str, *, parameters: dict, measurements: list, headline: d
 
 def gate(passed: bool, detail: str) -> dict:
     return {"pass": bool(passed), "detail": detail}
+
+
+def quick_scope(summary: dict) -> str | None:
+    """None for a full run; for a quick one the subset it ran ("3 of 9 variants"), or ""
+    when it does not say."""
+    scope = (summary.get("notes") or {}).get("quick")
+    if isinstance(scope, str) and scope:
+        return scope
+    return "" if (summary.get("parameters") or {}).get("quick") else None
+
+
+def run_marks(summary: dict) -> list[str]:
+    """What keeps a summary from being a full run of committed code: "quick[: subset]",
+    "dirty"."""
+    marks = []
+    scope = quick_scope(summary)
+    if scope is not None:
+        marks.append(f"quick: {scope}" if scope else "quick")
+    if summary.get("provenance", {}).get("dirty"):
+        marks.append("dirty")
+    return marks
+
+
+def verdict_text(summary: dict) -> str:
+    """The verdict as a person should read it: "pass", or "pass (quick: 3 of 9 variants;
+    dirty)" for a quick run of uncommitted code."""
+    marks = run_marks(summary)
+    return summary["verdict"] + (f" ({'; '.join(marks)})" if marks else "")
+
+
+def weaker_than(new: dict, old: dict) -> list[str]:
+    """Why ``new`` may not silently replace ``old``: it is quick where ``old`` is full, dirty
+    where ``old`` is clean (empty: it may)."""
+    why = []
+    scope = quick_scope(new)
+    if scope is not None and quick_scope(old) is None:
+        why.append(f"is a quick run ({scope or 'a subset'}) where the published one is full")
+    if new["provenance"].get("dirty") and not old["provenance"].get("dirty"):
+        why.append("was recorded dirty where the published one is clean")
+    return why
 
 
 def write(summary: dict, directory: Path | None = None) -> Path:
@@ -381,15 +498,56 @@ def flat_headline(summary: dict) -> dict:
     return dict(_flatten(summary["headline"]))
 
 
-def format_table(rows: list[list], header: list[str]) -> str:
-    """Plain fixed-width table."""
-    cells = [[fmt(c) for c in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
-              for i, h in enumerate(header)]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in cells]
+TABLE_WIDTH = 120  # columns a table may take: fits a terminal beside an editor
+MIN_LAST = 16  # the last column never shrinks below this
+
+
+def clip(text: str, width: int, middle: bool = False) -> str:
+    """``text`` cut to ``width`` characters, '…' marking the cut (in the middle: keeps a dotted
+    key's start and its distinguishing end)."""
+    if len(text) <= width:
+        return text
+    if middle and width > 8:
+        head = (width - 1) // 2
+        return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+    return text[:max(width - 1, 0)] + "…"
+
+
+def format_table(rows: list[list], header: list[str], *, width: int = TABLE_WIDTH,
+                 max_cell: int | list[int] = 48, wrap_last: bool = False) -> str:
+    """Fixed-width table at most ``width`` columns, no trailing spaces. Every column but the
+    last is at most ``max_cell`` wide (one value, or one per column; the first column is cut
+    in the middle, the others at the end); the last takes what is left, cut, or with
+    ``wrap_last`` continued on lines indented to it."""
+    cells = [[fmt(c).replace("\n", " ") for c in r] for r in rows]
+    n = len(header)
+    caps = max_cell if isinstance(max_cell, list) else [max_cell] * n
+    widths = [min(max([len(header[i])] + [len(r[i]) for r in cells]), caps[i])
+              for i in range(n - 1)]
+    while widths and sum(widths) + 2 * len(widths) + MIN_LAST > width and max(widths) > 8:
+        widths[widths.index(max(widths))] -= 1  # the widest leading column gives way first
+    lead = sum(widths) + 2 * len(widths)
+    last = max(width - lead, MIN_LAST)
+
+    def line(row: list[str]) -> list[str]:
+        parts = [clip(c, w, middle=(i == 0)).ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        tail = row[-1]
+        if not wrap_last or len(tail) <= last:
+            return ["  ".join(parts + [clip(tail, last)]).rstrip()]
+        pieces = textwrap.wrap(tail, last) or [""]
+        return ["  ".join(parts + [pieces[0]]).rstrip()] + [" " * lead + p for p in pieces[1:]]
+
+    out = line(list(header)) + ["  ".join("-" * w for w in widths + [min(
+        last, max([len(header[-1])] + [len(r[-1]) for r in cells]))])]
+    for r in cells:
+        out += line(r)
     return "\n".join(out)
+
+
+def wrap(text: str, width: int = TABLE_WIDTH, indent: str = "  ") -> str:
+    """A paragraph within ``width`` columns, continuation lines indented."""
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent=indent,  # paths stay whole
+                                   break_long_words=False, break_on_hyphens=False)) or text
 
 
 def fmt(v) -> str:
