@@ -23,13 +23,25 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.nvfp4_linear import Nvfp4Linear, resolve_backend
+from models.nvfp4_linear import ROLES, Nvfp4Linear, resolve_backend
 
-ROLES = ("qkv", "out", "fc1", "fc2")
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# each H3Config field: its least value (every field an int; bools are refused)
+_CONFIG_MIN = {"blocks": 1, "hidden": 32, "mlp": 32, "head_dim": 1, "video_tokens": 0,
+               "audio_tokens": 0, "steps": 1}
+WIDTH_MULTIPLE = 32  # hidden and mlp are an Nvfp4Linear's K: a multiple of 32
 
 
 @dataclass(frozen=True)
 class H3Config:
+    """The workload's sizes. Raises (at construction): TypeError for a field that is not an
+    int (a bool included); ValueError for a field below its least value (blocks, head_dim,
+    steps >= 1; token counts >= 0 with at least one token in all; hidden, mlp >= 32), hidden
+    or mlp not a multiple of 32, or hidden not a multiple of head_dim."""
     blocks: int = 50
     hidden: int = 5376
     mlp: int = 14336
@@ -37,6 +49,23 @@ class H3Config:
     video_tokens: int = 33_600
     audio_tokens: int = 4_210
     steps: int = 12
+
+    def __post_init__(self):
+        for name, least in _CONFIG_MIN.items():
+            v = getattr(self, name)
+            if not _is_int(v):
+                raise TypeError(f"H3Config.{name} = {v!r}; expected an int >= {least}")
+            if v < least:
+                raise ValueError(f"H3Config.{name} = {v}; expected an int >= {least}")
+        if self.tokens < 1:
+            raise ValueError("H3Config has no tokens: video_tokens + audio_tokens must be >= 1")
+        for name in ("hidden", "mlp"):
+            if getattr(self, name) % WIDTH_MULTIPLE:
+                raise ValueError(f"H3Config.{name} = {getattr(self, name)}; expected a multiple "
+                                 f"of {WIDTH_MULTIPLE} (the NVFP4 linears' K)")
+        if self.hidden % self.head_dim:
+            raise ValueError(f"H3Config.hidden = {self.hidden} is not a multiple of head_dim = "
+                             f"{self.head_dim} (hidden = heads x head_dim)")
 
     @property
     def tokens(self) -> int:
@@ -61,8 +90,30 @@ def _generator(seed: int, *name) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(repr((seed, *name)).encode()))
 
 
+def _check_block(cfg: H3Config, block) -> None:
+    if not _is_int(block):
+        raise TypeError(f"block must be an int in 0..{cfg.blocks - 1}, got {block!r}")
+    if not 0 <= block < cfg.blocks:
+        raise ValueError(f"block = {block}; this config's blocks are 0..{cfg.blocks - 1}")
+
+
+def _check_step(name: str, step, first: int, last: int) -> None:
+    if not _is_int(step):
+        raise TypeError(f"{name} must be an int in {first}..{last}, got {step!r}")
+    if not first <= step <= last:
+        raise ValueError(f"{name} = {step}; expected {first}..{last} (the schedule's steps)")
+
+
+def _check_callback(name: str, fn) -> None:
+    if fn is not None and not callable(fn):
+        raise TypeError(f"{name} must be a callable or None, got {type(fn).__name__}")
+
+
 def weight(cfg: H3Config, seed: int, block: int, role: str) -> torch.Tensor:
     """bf16 [N, K] weight of ``role`` in ``block``, reproducible from the seed (CPU)."""
+    _check_block(cfg, block)
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     N, K = cfg.shapes()[role]
     gen = _generator(seed, "weight", block, role)
     w = torch.randn(N, K, generator=gen) / math.sqrt(K)
@@ -73,6 +124,7 @@ def weight(cfg: H3Config, seed: int, block: int, role: str) -> torch.Tensor:
 
 def block_vectors(cfg: H3Config, seed: int, block: int) -> dict:
     """Per-channel bf16 vectors of a block: norm gains (heavy-tailed) and the two gates."""
+    _check_block(cfg, block)
     gen = _generator(seed, "vectors", block)
     h = cfg.hidden
     norm = torch.exp(0.7 * torch.randn(2, h, generator=gen))
@@ -97,7 +149,12 @@ def _rmsnorm(x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
 
 class H3Model:
     """The workload on one backend. ``wrap(block, role, linear)`` may replace a linear by any
-    callable with its signature (the ladder's recorders and perturbed fakes use it)."""
+    callable with its signature (the ladder's recorders and perturbed fakes use it).
+
+    Every method checks its arguments before any work: TypeError for a wrong type (a bool is
+    not an int) or a latent not bf16; ValueError for a block index outside 0..blocks-1, a step
+    outside the schedule, a latent not [tokens, hidden] or not on the model's device.
+    """
 
     def __init__(self, cfg: H3Config = QUICK, seed: int = 0, backend: str = "reference",
                  device: str = "cpu", cache: bool = True, wrap=None):
@@ -109,6 +166,9 @@ class H3Model:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but no CUDA GPU is visible")
+        if not isinstance(cache, bool):
+            raise TypeError(f"cache must be True or False, got {cache!r}")
+        _check_callback("wrap", wrap)
         self.cfg, self.seed, self.backend = cfg, seed, resolve_backend(backend, None)
         self.device = torch.device("cuda" if self.backend == "p0" else device)
         self.cache, self.wrap = cache, wrap
@@ -129,8 +189,21 @@ class H3Model:
                           for i, d in self._linears.items()}
         return m
 
+    def _check_latent(self, name: str, x) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"{name} has dtype {x.dtype}; expected torch.bfloat16")
+        want = (self.cfg.tokens, self.cfg.hidden)
+        if tuple(x.shape) != want:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [tokens, hidden] = "
+                             f"{list(want)}")
+        if x.device.type != self.device.type:
+            raise ValueError(f"{name} is on {x.device}; the model is on {self.device}")
+
     def linears(self, block: int) -> dict:
         """role -> Nvfp4Linear of ``block``; its bf16 weights live only while quantizing."""
+        _check_block(self.cfg, block)
         lin = self._linears.get(block)
         if lin is None:
             lin = {r: Nvfp4Linear(weight(self.cfg, self.seed, block, r).to(self.device),
@@ -142,6 +215,7 @@ class H3Model:
         return {r: self.wrap(block, r, lin[r]) for r in ROLES}
 
     def vectors(self, block: int) -> dict:
+        _check_block(self.cfg, block)
         if block not in self._vectors:
             self._vectors[block] = {k: v.to(self.device) for k, v in
                                     block_vectors(self.cfg, self.seed, block).items()}
@@ -149,6 +223,8 @@ class H3Model:
 
     def block(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """One transformer block on bf16 [tokens, hidden]."""
+        _check_block(self.cfg, i)
+        self._check_latent("x", x)
         lin, vec = self.linears(i), self.vectors(i)
         T, h = x.shape
         q, k, v, gate = lin["qkv"](_rmsnorm(x, vec["norm_attn"])).split(h, dim=1)
@@ -167,16 +243,24 @@ class H3Model:
     def denoiser_step(self, latent: torch.Tensor, step: int, on_block=None) -> torch.Tensor:
         """The velocity v for ``latent`` at ``step``: every block, then a plain RMS norm.
         ``on_block(i, x_in, x_out)`` sees every block's input and output."""
+        _check_callback("on_block", on_block)
         x = self.embed(latent, step)
         for i in range(self.cfg.blocks):
             y = self.block(i, x)
             if on_block is not None:
                 on_block(i, x, y)
             x = y
+        return self.head(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The velocity from the last block's output: a plain RMS norm (public so that a
+        caller stepping block by block, the ladder's resumable pass, ends a step the same)."""
         return _rmsnorm(x, torch.ones(x.shape[1], device=x.device))
 
     def embed(self, latent: torch.Tensor, step: int) -> torch.Tensor:
         """Block 0's input: the latent plus a sinusoidal embedding of sigma, in bf16."""
+        _check_step("step", step, 0, self.cfg.steps - 1)
+        self._check_latent("latent", latent)
         return (latent.float() + self._time_embedding(step)).to(torch.bfloat16)
 
     def _time_embedding(self, step: int) -> torch.Tensor:
@@ -187,18 +271,28 @@ class H3Model:
 
     def sigma(self, step: int) -> float:
         """Linear flow-matching schedule: sigma 1 -> 0 over ``cfg.steps`` steps."""
+        _check_step("step", step, 0, self.cfg.steps)
         return 1.0 - step / self.cfg.steps
 
     def sampler_update(self, latent, v, step: int) -> torch.Tensor:
         """Euler step latent + (sigma_{t+1} - sigma_t)·v, in fp32, rounded once to bf16."""
+        _check_step("step", step, 0, self.cfg.steps - 1)
+        self._check_latent("latent", latent)
+        self._check_latent("v", v)
         d = self.sigma(step + 1) - self.sigma(step)
         return (latent.float() + d * v.float()).to(torch.bfloat16)
 
     def trajectory(self, steps: int | None = None, latent=None, on_step=None) -> torch.Tensor:
         """The final latent after ``steps`` sampler steps (default cfg.steps) from the seed's
-        noise; ``on_step(step, latent)`` sees every step's result."""
+        noise (or ``latent``, bf16 [tokens, hidden]); ``on_step(step, latent)`` sees every
+        step's result."""
+        steps = self.cfg.steps if steps is None else steps
+        _check_step("steps", steps, 1, self.cfg.steps)
+        _check_callback("on_step", on_step)
+        if latent is not None:
+            self._check_latent("latent", latent)
         x = initial_latent(self.cfg, self.seed).to(self.device) if latent is None else latent
-        for step in range(self.cfg.steps if steps is None else steps):
+        for step in range(steps):
             x = self.sampler_update(x, self.denoiser_step(x, step), step)
             if on_step is not None:
                 on_step(step, x)

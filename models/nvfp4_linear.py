@@ -27,6 +27,7 @@ from numerics.epilogue import gate_residual
 from workbench import WorkbenchError
 
 BACKENDS = ("reference", "p0", "p1", "p2")
+ROLES = ("qkv", "out", "fc1", "fc2")  # H3's projections; a linear's role is one of them or None
 NOT_BUILT = {"p1": "the P1 software A producer is not built yet (issue #4)",
              "p2": "the P2 ring producer is not built yet (it follows P1, issue #4)"}
 PINNED_TO_P0 = ("fc2",)  # roles that never stream (seed: "FC2 remains explicitly on ... P0")
@@ -56,9 +57,13 @@ def p0_unavailable_reason() -> str | None:
 
 
 def resolve_backend(backend: str, role: str | None) -> str:
-    """The backend a linear of ``role`` really runs (FC2 pinned to p0); raises for an unknown or
-    unbuilt one, or one this machine cannot run."""
-    if backend not in BACKENDS:
+    """The backend a linear of ``role`` really runs (FC2 pinned to p0); raises for an unknown
+    role, an unknown or unbuilt backend, or one this machine cannot run."""
+    if role is not None and not isinstance(role, str):
+        raise TypeError(f"role must be None or one of {ROLES}, got {role!r}")
+    if role is not None and role not in ROLES:
+        raise ValueError(f"role must be None or one of {ROLES}, got {role!r}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend in NOT_BUILT and role in PINNED_TO_P0:
         backend = "p0"
@@ -136,8 +141,12 @@ class Nvfp4Linear:
             raise ValueError(f"x is on {x.device}; this linear's weight is on {self.device}")
 
     def quantize_input(self, x: torch.Tensor):
-        """(packed, scales, g_x) of x with its global amax (reference quantizer, 16-padded)."""
+        """(packed, scales, g_x) of x with its global amax (reference quantizer, 16-padded).
+        ValueError when x holds NaN or ±inf: its tensor scale (amax / 2688) is not finite."""
         g = nvfp4.global_scale(x)
+        if not bool(torch.isfinite(g)):
+            raise ValueError(f"x holds NaN or inf (its tensor scale amax/2688 is {float(g)}); "
+                             "Nvfp4Linear takes finite inputs only")
         q, s = nvfp4.quantize(x, g, pad_16x=True)
         return q, s, float(g)
 
@@ -159,7 +168,9 @@ class Nvfp4Linear:
 
     def __call__(self, x: torch.Tensor, rows=None, *, gate=None, residual=None) -> torch.Tensor:
         """bf16 [r1 - r0, N]: rows [r0, r1) of x·Wᵀ, x quantized as a whole (its global amax);
-        with ``gate`` [N] and ``residual`` [r1 - r0, N], residual + gate · that (H3's order)."""
+        with ``gate`` [N] and ``residual`` [r1 - r0, N], residual + gate · that (H3's order).
+        x must be finite: ``reference`` refuses NaN or ±inf (ValueError, before the GEMM);
+        ``p0`` never reads x on the host (no synchronisation), so it does not check."""
         self._check_input(x)
         r0, r1 = _check_rows(rows, x.shape[0])
         self._check_epilogue(gate, residual, r1 - r0)

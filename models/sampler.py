@@ -50,14 +50,26 @@ class SamplerSettings:
     repetition_penalty: float = 1.0
 
 
-# each SamplerSettings field: (its test, what it must be)
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1  # top_k and seeds are stored as int64
+# each SamplerSettings field: (its test, what it must be); the float fields are tested as the
+# fp32 values the sampler stores (1e39 is inf there, 1e-50 is 0)
 _SETTING_RULES = {
     "temperature": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0: greedy)"),
-    "top_k": (lambda v: v >= 0, "an int >= 0 (0: off)"),
+    "top_k": (lambda v: 0 <= v <= INT64_MAX, "an int in [0, 2**63) (0: off)"),
     "top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "min_p": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "repetition_penalty": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
 }
+
+
+def _as_fp32(v: numbers.Real) -> float:
+    """v rounded to fp32 (what the sampler's tensors hold); an int too large for a float is
+    +-inf."""
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf if v > 0 else -math.inf
+    return float(torch.tensor(f, dtype=torch.float32))
 
 
 def _check_settings(i: int, x) -> None:
@@ -69,8 +81,10 @@ def _check_settings(i: int, x) -> None:
         kind = numbers.Integral if f.name == "top_k" else numbers.Real
         if isinstance(v, bool) or not isinstance(v, kind):
             raise TypeError(f"settings[{i}].{f.name} = {v!r}; expected {want}")
-        if not ok(v):
-            raise ValueError(f"settings[{i}].{f.name} = {v!r}; expected {want}")
+        stored = v if f.name == "top_k" else _as_fp32(v)
+        if not ok(stored):
+            in_fp32 = "" if f.name == "top_k" or stored == v else f" ({stored} in fp32)"
+            raise ValueError(f"settings[{i}].{f.name} = {v!r}{in_fp32}; expected {want}")
 
 
 def cpu_or_cuda(device, what: str) -> torch.device:
@@ -81,16 +95,35 @@ def cpu_or_cuda(device, what: str) -> torch.device:
         raise ValueError(f"device {device!r} is not a torch device ({e})") from None
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"device {dev}: {what} live on the CPU or a CUDA device")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {dev}: no CUDA GPU is visible to this torch "
+                             f"(torch.cuda.is_available() is False); {what} can live on 'cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {dev}: only {torch.cuda.device_count()} CUDA device(s) "
+                             "visible")
     return dev
 
 
 def _seed_tensor(seeds, rows: int) -> torch.Tensor:
+    """seeds as a tensor: a tensor of integers, or a sequence of ints each in int64's range."""
     if seeds is None:
         return torch.arange(rows)
-    try:
-        t = torch.as_tensor(seeds)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"seeds must be {rows} integers, got {seeds!r}") from None
+    if not isinstance(seeds, torch.Tensor):
+        try:
+            seeds = list(seeds)
+        except TypeError:
+            raise TypeError(f"seeds must be a sequence of {rows} ints or an integer tensor, got "
+                            f"{type(seeds).__name__}") from None
+        for i, v in enumerate(seeds):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"seeds[{i}] = {v!r}; expected an int")
+            if not INT64_MIN <= v <= INT64_MAX:
+                raise ValueError(f"seeds[{i}] = {v}; expected an int in [-2**63, 2**63) (int64)")
+        if len(seeds) != rows:
+            raise ValueError(f"{len(seeds)} seeds for {rows} rows; expected one per row")
+        return torch.tensor([int(v) for v in seeds], dtype=torch.int64)
+    t = seeds
     if not _is_integer(t):
         raise TypeError(f"seeds have dtype {t.dtype}; expected integers")
     if tuple(t.shape) != (rows,):
@@ -103,8 +136,9 @@ class Sampler:
 
     Raises (construction): TypeError for rows not an int, a setting of the wrong type or seeds
     that are not integers; ValueError for rows < 1, a settings list of another length, a
-    setting out of range (each error names the row and field), seeds not one per row, or a
-    device that is not the CPU or CUDA.
+    setting out of range (each error names the row and field; top_k and the seeds must fit
+    int64, the float settings are checked as fp32), seeds not one per row, or a device that is
+    not the CPU or a visible CUDA device.
     """
 
     def __init__(self, rows: int, settings: SamplerSettings | list[SamplerSettings] | None = None,

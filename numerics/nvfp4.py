@@ -137,6 +137,12 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 
+def _check_flags(**flags) -> None:
+    for name, v in flags.items():
+        if not isinstance(v, bool):
+            raise TypeError(f"{name} must be True or False, got {v!r}")
+
+
 def _check_input(x: torch.Tensor, pad_16x: bool, mode: str):
     _check_mode(mode)
     allowed = (torch.bfloat16, torch.float16) + ((torch.float32,) if mode == "eager" else ())
@@ -204,11 +210,13 @@ def quantize(x: torch.Tensor, g, *, hi_first: bool = True, pad_16x: bool = False
     ``nonfinite_g`` also takes NaN and +inf, as the CUDA kernel does with a device g it cannot
     refuse (ladder rung 1 pins what it then writes).
 
-    Raises (before any work): TypeError for x not a bf16/fp16 tensor (fp32 too in eager mode)
-    or g not a real number / floating tensor; ValueError for a bad mode, x not 2-D, empty or
-    off CPU/CUDA, M or K not multiples of 16 without ``pad_16x``, g not one value, negative
-    (-0.0 too) or, without ``nonfinite_g``, not finite.
+    Raises (before any work): TypeError for x not a bf16/fp16 tensor (fp32 too in eager mode),
+    g not a real number / floating tensor, or a flag (hi_first, pad_16x, nonfinite_g) not a
+    bool; ValueError for a bad mode, x not 2-D, empty or off CPU/CUDA, M or K not multiples of
+    16 without ``pad_16x``, g not one value, negative (-0.0 too) or, without ``nonfinite_g``,
+    not finite.
     """
+    _check_flags(hi_first=hi_first, pad_16x=pad_16x, nonfinite_g=nonfinite_g)
     _check_input(x, pad_16x, mode)
     g = _as_g(g, x.device, nonfinite_g)
     xp = _padded(x, pad_16x)
@@ -277,11 +285,13 @@ def dequantize(packed: torch.Tensor, scales: torch.Tensor, g, shape, dtype=torch
     ``lut[code] · (g · s)``, which rounds twice. ``g`` as :func:`quantize` takes it.
 
     Raises (before any work): TypeError for packed not uint8, scales not float8_e4m3fn/uint8,
-    dtype not bf16/fp16/fp32, shape not two ints or g not a real number / floating tensor;
-    ValueError for a bad mode, packed or scales not 2-D, empty or off CPU/CUDA (or on two
-    devices), K not a multiple of 16, scales not exactly the swizzled shape, shape beyond the
-    data or cropping more than its 16-padding, and g as :func:`quantize` refuses it.
+    dtype not bf16/fp16/fp32, shape not two ints, g not a real number / floating tensor, or a
+    flag (hi_first, nonfinite_g) not a bool; ValueError for a bad mode, packed or scales not
+    2-D, empty or off CPU/CUDA (or on two devices), K not a multiple of 16, scales not exactly
+    the swizzled shape, shape beyond the data or cropping more than its 16-padding, and g as
+    :func:`quantize` refuses it.
     """
+    _check_flags(hi_first=hi_first, nonfinite_g=nonfinite_g)
     _check_mode(mode)
     M, K = _check_packed(packed, scales, shape)
     if dtype not in FORMATS:

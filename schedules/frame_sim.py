@@ -63,9 +63,12 @@ class SimResult:
                 "ring_stall_us": self.ring_stall_us}
 
 
-def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = None) -> SimResult:
+def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = None, *,
+             order: list | None = None) -> SimResult:
+    """``order``: ``topological_order(s)`` when the caller has it (it is most of a simulation's
+    time, and the same for every costs and options: repeated simulations pass it once made)."""
     opt = opt or SimOptions()
-    order = topological_order(s)
+    order = topological_order(s) if order is None else order
     if order is None:
         raise ValueError("schedule has a dependency cycle; validate it first")
     ends: dict = {}
@@ -161,23 +164,29 @@ def task_time(cp: dict) -> float:
 
 
 def calibrate(s: Schedule, *, handoff_total_us: float = 475.0, task_total_us: float = 1660.0,
-              base: Costs = SEED_COSTS, iterations: int = 30) -> Costs:
+              base: Costs = SEED_COSTS, iterations: int = 30, on_step=None,
+              order: list | None = None) -> Costs:
     """Costs reproducing a measured split: handoff per phase from the handoff total, and the
     fixed per-task latencies scaled so the critical path's task time matches ``task_total_us``
     (weights stream at the measured copy ceiling's per-SM share). The scale is bisected on
-    [0, 4] for ``iterations`` steps (one simulation each): 12 pin it to 0.001."""
-    import dataclasses
-
+    [0, 4] for ``iterations`` steps (one simulation each): 12 pin it to 0.001.
+    ``on_step(step, iterations, lo, hi)`` sees the bracket after each step (progress);
+    ``order``: ``topological_order(s)`` where the caller has it (as :func:`simulate`)."""
     handoff = handoff_total_us / len(s.phases)
+    order = topological_order(s) if order is None else order
+    if order is None:
+        raise ValueError("schedule has a dependency cycle; validate it first")
     lo, hi = 0.0, 4.0
-    for _ in range(iterations):
+    for step in range(iterations):
         mid = (lo + hi) / 2
         c = dataclasses.replace(base, handoff_us=handoff,
                                 fixed_us={k: v * mid for k, v in base.fixed_us.items()})
-        if task_time(simulate(s, c).critical_path) > task_total_us:
+        if task_time(simulate(s, c, order=order).critical_path) > task_total_us:
             hi = mid
         else:
             lo = mid
+        if on_step is not None:
+            on_step(step + 1, iterations, lo, hi)
     return dataclasses.replace(base, handoff_us=handoff,
                                fixed_us={k: round(v * lo, 4) for k, v in base.fixed_us.items()})
 
@@ -201,8 +210,6 @@ def costs_from_stamps(measurement: dict, base: Costs = SEED_COSTS) -> Costs:
     else spread over all its tasks, as the 657793b summary's chain has it). The counter
     handoff keeps ``base``'s figure: the chain's handoff total also holds the acquire of waits
     that did not bind. DSMEM hops are inside the epilogue medians."""
-    import dataclasses
-
     chain = measurement["critical_chain"]
     signal = chain["signal_us"] / chain.get("signal_tasks", chain["tasks"])
     fixed = {k: v["landing_us"] + v["compute_us"] + v["epilogue_us"] + signal

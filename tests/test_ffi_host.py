@@ -2,11 +2,11 @@
 
 Offline: each FFI build compiles to the pointer build's PTX, its native entry refuses bad
 arguments before anything launches, and the dispatch and the fallback do what ffi.py says.
-On the GPU: host time per call of amax and quantize_nvfp4 (<= 10 µs), the same bits as the
-pointer path, and launches on torch's current stream (a CUDA graph captures them).
+On the GPU: the same bits as the pointer path, and launches on torch's current stream (a CUDA
+graph captures them). Host time per call is a benchmark, not a test: experiments/host_overhead.py
+(its targets are the summary's gates; a timing asserted here would fail on a busy machine).
 """
 import re
-import time
 
 import pytest
 import torch
@@ -148,23 +148,7 @@ def test_path_names_the_fallback_and_how_to_leave_it(monkeypatch):
     assert ffi.active()
 
 
-# --- on the GPU ---------------------------------------------------------------------------------
-def _us_per_call(fn, n=2000, chunk=200):
-    """Host µs per call: n calls back to back, timed in chunks with the GPU drained between them
-    (tiny GPU work, and never a full launch queue to wait on); the median chunk."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    per_chunk = []
-    for _ in range(max(1, n // chunk)):
-        t0 = time.perf_counter()
-        for _ in range(chunk):
-            fn()
-        per_chunk.append((time.perf_counter() - t0) / chunk * 1e6)
-        torch.cuda.synchronize()
-    return sorted(per_chunk)[len(per_chunk) // 2]
-
-
+# --- on the GPU (host time per call: experiments/host_overhead.py, a summary with gates) ------
 def _quantize_case(M=128, K=256, dtype=torch.bfloat16, seed=0):
     from numerics import nvfp4
 
@@ -177,36 +161,8 @@ def _quantize_case(M=128, K=256, dtype=torch.bfloat16, seed=0):
 
 
 @pytest.mark.gpu
-def test_host_time_per_call_against_the_10us_target():
-    from kernels.nvfp4 import amax as A
-    from kernels.nvfp4.quantize import quantize_nvfp4
-
-    ffi.require()
-    xa = torch.randn(4096, device="cuda").bfloat16()
-    x, g, q, s = _quantize_case()
-    t = {"amax(x)": _us_per_call(lambda: A.amax(xa)),
-         "quantize_nvfp4(x, g, out=)": _us_per_call(lambda: quantize_nvfp4(x, g, out=(q, s))),
-         "quantize_nvfp4(x, g) allocating": _us_per_call(lambda: quantize_nvfp4(x, g)),
-         "amax launch alone (AmaxRunner)": _us_per_call(A.AmaxRunner(xa).launch)}
-    with ffi.pointer_path():
-        t["pointer path: amax(x)"] = _us_per_call(lambda: A.amax(xa), n=400)
-        t["pointer path: quantize_nvfp4(out=)"] = _us_per_call(
-            lambda: quantize_nvfp4(x, g, out=(q, s)), n=400)
-    report = f"host path {ffi.path()}: " + ", ".join(f"{k} {v:.1f} µs" for k, v in t.items())
-    print(report)
-    _record_host_times("amax/quantize", t)
-    # the FFI path must beat the pointer path clearly; the issue's 10 µs target is reported as
-    # an expected failure while it is missed (notes/p0-gemm.md: what remains on the host path)
-    assert t["amax(x)"] < t["pointer path: amax(x)"] / 2, report
-    assert t["quantize_nvfp4(x, g, out=)"] < t["pointer path: quantize_nvfp4(out=)"] / 2, report
-    if not (t["amax(x)"] <= 10 and t["quantize_nvfp4(x, g, out=)"] <= 10):
-        pytest.xfail(f"10 µs target missed: {report}")
-
-
-@pytest.mark.gpu
-def test_gemm_host_time_per_call_and_bits_match_the_pointer_path():
-    """P0 at a tiny shape (GPU work ~5 µs): host µs per call on both paths (reported; the
-    issue's target is <= 10 µs), and the same bits."""
+def test_gemm_bits_match_the_pointer_path():
+    """P0 at a tiny shape, into a given output and allocating: the same bits on both paths."""
     from kernels.nvfp4.gemm import gemm_nvfp4
     from validators.gemm_operands import make_operand
 
@@ -216,28 +172,12 @@ def test_gemm_host_time_per_call_and_bits_match_the_pointer_path():
     ga, gb = (torch.tensor([float(o[2])], device="cuda") for o in (a, b))
     out = torch.empty(128, 256, dtype=torch.bfloat16, device="cuda")
     args = (a[0], a[1], ga, b[0], b[1], gb)
-    fast = _us_per_call(lambda: gemm_nvfp4(*args, out=out))
-    got = out.clone()
+    gemm_nvfp4(*args, out=out)
+    got, allocated = out.clone(), gemm_nvfp4(*args)
     with ffi.pointer_path():
-        slow = _us_per_call(lambda: gemm_nvfp4(*args, out=out), n=400)
         want = gemm_nvfp4(*args)
-    print(f"gemm_nvfp4 host path {ffi.path()}: {fast:.1f} µs per call; pointer path "
-          f"{slow:.1f} µs")
-    _record_host_times("gemm_nvfp4", {"gemm_nvfp4(out=)": fast, "pointer path": slow})
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
-    assert fast < slow / 2, (fast, slow)
-
-
-def _record_host_times(name: str, times: dict) -> None:
-    """Append the measured host times to $WB_RESULTS_DIR/host-times.jsonl when set (device runs
-    keep them; pytest hides a passing test's output)."""
-    import json
-    import os
-
-    folder = os.environ.get("WB_RESULTS_DIR")
-    if folder:
-        with open(os.path.join(folder, "host-times.jsonl"), "a") as f:
-            f.write(json.dumps({"test": name, "path": ffi.path(), "us_per_call": times}) + "\n")
+    assert torch.equal(allocated.view(torch.int16), want.view(torch.int16))
 
 
 def _bits_equal(a, b):

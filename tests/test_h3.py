@@ -4,6 +4,8 @@ import hashlib
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from models.h3 import (FULL, QUICK, ROLES, H3Config, H3Model, block_vectors, checksum,
                        initial_latent, weight)
@@ -115,3 +117,138 @@ def test_bad_model_arguments_refused():
         H3Model(TINY, seed=1.5)
     with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda'"):
         H3Model(TINY, device="tpu")
+
+
+# --- argument checks: each raised before any work, naming the argument ------------------------
+FIELDS = ("blocks", "hidden", "mlp", "head_dim", "video_tokens", "audio_tokens", "steps")
+
+
+@given(name=st.sampled_from(FIELDS),
+       bad=st.sampled_from(["128", 128.0, 1.5, True, False, None, [128]]))
+def test_config_refuses_a_field_that_is_not_an_int(name, bad):
+    with pytest.raises(TypeError, match=rf"H3Config\.{name} = .*expected an int"):
+        H3Config(**{**TINY.__dict__, name: bad})
+
+
+@given(name=st.sampled_from(FIELDS), bad=st.integers(-2**70, 0))
+def test_config_refuses_a_field_below_its_least_value(name, bad):
+    if name in ("video_tokens", "audio_tokens"):
+        bad -= 1  # 0 tokens of one kind is a config (the other kind is there)
+    with pytest.raises(ValueError, match=rf"H3Config\.{name} = {bad}; expected an int >="):
+        H3Config(**{**TINY.__dict__, name: bad})
+
+
+def test_config_refuses_widths_the_model_cannot_run():
+    with pytest.raises(ValueError, match="hidden = 160 is not a multiple of head_dim = 128"):
+        H3Config(hidden=160)  # ended in a reshape error deep in the block
+    with pytest.raises(ValueError, match=r"hidden = -128; expected an int >= 32"):
+        H3Config(hidden=-128)  # shapes() returned negative shapes
+    with pytest.raises(ValueError, match="mlp = 1000; expected a multiple of 32"):
+        H3Config(mlp=1000)
+    with pytest.raises(ValueError, match="hidden = 144; expected a multiple of 32"):
+        H3Config(hidden=144, head_dim=16)
+    with pytest.raises(ValueError, match="no tokens"):
+        H3Config(video_tokens=0, audio_tokens=0)
+
+
+@given(blocks=st.integers(1, 60), heads=st.integers(1, 8), head_dim=st.sampled_from([32, 64, 128]),
+       mlp=st.integers(1, 500), video=st.integers(0, 10**5), audio=st.integers(0, 10**5),
+       steps=st.integers(1, 50))
+def test_valid_configs_have_positive_shapes(blocks, heads, head_dim, mlp, video, audio, steps):
+    if video + audio == 0:
+        audio = 1
+    cfg = H3Config(blocks, heads * head_dim, 32 * mlp, head_dim, video, audio, steps)
+    assert cfg.heads == heads and cfg.tokens == video + audio
+    assert all(n > 0 and k > 0 and k % 32 == 0 and n % 16 == 0 for n, k in cfg.shapes().values())
+
+
+ONE_BLOCK = H3Config(**{**TINY.__dict__, "blocks": 1})
+
+
+@pytest.mark.parametrize("index, error, match", [
+    (5, ValueError, r"block = 5; this config's blocks are 0\.\.0"),
+    (1, ValueError, r"block = 1; this config's blocks are 0\.\.0"),
+    (-1, ValueError, r"block = -1; this config's blocks are 0\.\.0"),
+    ("0", TypeError, r"block must be an int in 0\.\.0, got '0'"),
+    (1.0, TypeError, r"block must be an int in 0\.\.0, got 1\.0"),
+    (True, TypeError, r"block must be an int in 0\.\.0, got True"),
+    (None, TypeError, "block must be an int")])
+def test_block_index_refused_before_any_weight_is_made(index, error, match):
+    model = H3Model(ONE_BLOCK)
+    x = initial_latent(ONE_BLOCK, 0)
+    for call in (lambda: model.block(index, x), lambda: model.linears(index),
+                 lambda: model.vectors(index), lambda: weight(ONE_BLOCK, 0, index, "qkv"),
+                 lambda: block_vectors(ONE_BLOCK, 0, index)):
+        with pytest.raises(error, match=match):
+            call()
+    assert model._linears == {} and model._vectors == {}
+
+
+def test_weight_refuses_an_unknown_role():
+    for role in ("bogus", 123, None):
+        with pytest.raises(ValueError, match=r"role must be one of \('qkv', 'out', 'fc1', 'fc2'\)"):
+            weight(TINY, 0, 0, role)
+
+
+@pytest.mark.parametrize("steps, error, match", [
+    (-1, ValueError, r"steps = -1; expected 1\.\.2"),  # returned the initial noise
+    (0, ValueError, r"steps = 0; expected 1\.\.2"),
+    (3, ValueError, r"steps = 3; expected 1\.\.2"),  # ran past sigma 0
+    (1.5, TypeError, r"steps must be an int in 1\.\.2, got 1\.5"),
+    (True, TypeError, r"steps must be an int in 1\.\.2, got True"),
+    ("2", TypeError, "steps must be an int")])
+def test_trajectory_steps_refused(steps, error, match):
+    model = H3Model(TINY, cache=False, wrap=_no_linear_may_run)
+    with pytest.raises(error, match=match):
+        model.trajectory(steps=steps)
+
+
+def _no_linear_may_run(block, role, lin):
+    raise AssertionError("a refused call must not reach a linear")
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda x: x[0], ValueError, r"latent has shape \(128,\); expected \[tokens, hidden\] = "
+                                 r"\[192, 128\]"),
+    (lambda x: x[:, :64], ValueError, r"latent has shape \(192, 64\)"),
+    (lambda x: x[:100], ValueError, r"latent has shape \(100, 128\)"),
+    (lambda x: x[None], ValueError, r"latent has shape \(1, 192, 128\)"),
+    (lambda x: x.float(), TypeError, "latent has dtype torch.float32; expected torch.bfloat16"),
+    (lambda x: x.tolist(), TypeError, "latent must be a torch.Tensor, got list"),
+    (lambda x: x.to("meta"), ValueError, "latent is on meta; the model is on cpu")])
+def test_a_wrong_latent_is_refused_before_any_work(make, error, match):
+    model = H3Model(TINY, cache=False, wrap=_no_linear_may_run)
+    bad = make(initial_latent(TINY, 0))
+    for call in (lambda: model.trajectory(latent=bad), lambda: model.denoiser_step(bad, 0),
+                 lambda: model.sampler_update(bad, bad, 0)):
+        with pytest.raises(error, match=match):
+            call()
+    with pytest.raises(error, match=match.replace("latent", "x", 1)):
+        model.block(0, bad)
+
+
+def test_step_arguments_outside_the_schedule_refused():
+    model = H3Model(TINY, cache=False, wrap=_no_linear_may_run)
+    x = initial_latent(TINY, 0)
+    assert model.sigma(0) == 1.0 and model.sigma(TINY.steps) == 0.0
+    with pytest.raises(ValueError, match=r"step = 3; expected 0\.\.2"):
+        model.sigma(3)
+    with pytest.raises(ValueError, match=r"step = 2; expected 0\.\.1"):
+        model.denoiser_step(x, 2)  # the last step's sigma_{t+1} would be below 0
+    with pytest.raises(ValueError, match=r"step = -1; expected 0\.\.1"):
+        model.sampler_update(x, x, -1)
+    with pytest.raises(TypeError, match="step must be an int"):
+        model.denoiser_step(x, 0.0)
+    with pytest.raises(TypeError, match="on_step must be a callable or None"):
+        model.trajectory(on_step="print")
+    with pytest.raises(TypeError, match="on_block must be a callable or None"):
+        model.denoiser_step(x, 0, on_block=1)
+
+
+def test_model_flags_refused():
+    with pytest.raises(TypeError, match="cache must be True or False"):
+        H3Model(TINY, cache=1)
+    with pytest.raises(TypeError, match="wrap must be a callable or None"):
+        H3Model(TINY, wrap="record")
+    with pytest.raises(TypeError, match="seed must be an int"):
+        H3Model(TINY, seed=True)

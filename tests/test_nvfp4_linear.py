@@ -152,3 +152,36 @@ def test_oracle_in_row_chunks_equals_one_pass(monkeypatch):
     for a, b in zip(whole, lin.oracle(x, rows=(128, 700))):
         assert torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
                            b.view(torch.int16) if b.dtype == torch.bfloat16 else b)
+
+
+@given(bad=st.sampled_from([float("nan"), float("inf"), float("-inf")]),
+       i=st.integers(0, 31), j=st.integers(0, 63), sliced=st.booleans())
+def test_nonfinite_input_refused_naming_x(bad, i, j, sliced):
+    """NaN or ±inf anywhere in x (in the sliced rows or not: x is quantized as a whole) is
+    refused before the GEMM, with no mention of a parameter Nvfp4Linear does not take."""
+    x, w = _data(32, 64, 64, 5)
+    x[i, j] = bad
+    lin = Nvfp4Linear(w)
+    rows = (0, 16) if sliced else None
+    for call in (lambda: lin(x, rows=rows), lambda: lin.oracle(x, rows=rows)):
+        with pytest.raises(ValueError, match="x holds NaN or inf") as err:
+            call()
+        assert "nonfinite_g" not in str(err.value)
+
+
+@pytest.mark.parametrize("role, error", [("bogus", ValueError), ("QKV", ValueError),
+                                         ("", ValueError), (123, TypeError),
+                                         (True, TypeError), (("qkv",), TypeError)])
+def test_unknown_role_refused(role, error):
+    _, w = _data(32, 64, 64, 6)
+    with pytest.raises(error, match=r"role must be None or one of \('qkv', 'out', 'fc1', "
+                                    r"'fc2'\)"):
+        Nvfp4Linear(w, role=role)
+    with pytest.raises(error, match="role must be None or one of"):
+        resolve_backend("reference", role)
+
+
+def test_known_roles_taken():
+    _, w = _data(32, 64, 64, 7)
+    for role in (None, "qkv", "out", "fc1"):
+        assert Nvfp4Linear(w, role=role).role == role

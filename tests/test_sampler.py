@@ -8,6 +8,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from models.codepredictor import depth_loop, random_weights
 from configs.codepredictor import CodePredictorConfig
@@ -107,3 +109,63 @@ def test_the_issue_cases_are_refused():
         Sampler(2, SamplerSettings(temperature=NAN))  # passed, and then drew greedily
     with pytest.raises(ValueError, match=r"settings\[0\].repetition_penalty"):
         Sampler(2, SamplerSettings(repetition_penalty=NAN))
+
+
+# --- argument checks that named no field, or came from torch (round 2) ---------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of CUDA on a CPU-only torch")
+def test_cuda_refused_on_a_cpu_only_torch(tmp_path):
+    from models.codepredictor import load_checkpoint
+
+    for device in ("cuda", "cuda:0", torch.device("cuda")):
+        with pytest.raises(ValueError, match="no CUDA GPU is visible"):
+            Sampler(2, device=device)  # was torch's "Torch not compiled with CUDA enabled"
+        # refused before the file is looked at: no checkpoint needed
+        with pytest.raises(ValueError, match="no CUDA GPU is visible"):
+            load_checkpoint(tmp_path / "absent.safetensors", TINY, device=device)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_index_past_the_visible_devices_refused():
+    n = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=rf"only {n} CUDA device"):
+        Sampler(2, device=f"cuda:{n}")
+
+
+@given(top_k=st.integers(2**63, 2**80))
+def test_a_top_k_past_int64_names_the_field(top_k):
+    with pytest.raises(ValueError, match=r"settings\[1\]\.top_k = \d+; expected an int in "
+                                         r"\[0, 2\*\*63\)"):
+        Sampler(2, [SamplerSettings(), SamplerSettings(top_k=top_k)])
+
+
+@given(i=st.integers(0, 2), big=st.integers(2**63, 2**90), sign=st.sampled_from([1, -1]))
+def test_a_seed_past_int64_names_its_index(i, big, sign):
+    seeds = [1, 2, 3]
+    seeds[i] = sign * big if sign > 0 else -big - 1  # -2**63 itself is an int64
+    with pytest.raises(ValueError, match=rf"seeds\[{i}\] = -?\d+; expected an int in "
+                                         r"\[-2\*\*63, 2\*\*63\)"):
+        Sampler(3, seeds=seeds)
+
+
+@given(seeds=st.lists(st.integers(-2**63, 2**63 - 1), min_size=3, max_size=3))
+def test_every_int64_seed_is_taken(seeds):
+    assert Sampler(3, seeds=seeds).seed.tolist() == seeds
+
+
+def test_seed_refusals_name_the_seed():
+    with pytest.raises(TypeError, match=r"seeds\[1\] = True; expected an int"):
+        Sampler(2, seeds=[1, True])
+    with pytest.raises(TypeError, match=r"seeds\[0\] = 1\.0; expected an int"):
+        Sampler(2, seeds=[1.0, 2])
+    with pytest.raises(ValueError, match="3 seeds for 2 rows"):
+        Sampler(2, seeds=[1, 2, 3])
+    with pytest.raises(TypeError, match="seeds must be a sequence of 2 ints"):
+        Sampler(2, seeds=7)
+
+
+@pytest.mark.parametrize("name, value, shown", [
+    ("temperature", 1e39, "inf"), ("temperature", 2**1100, "inf"),
+    ("repetition_penalty", 1e-50, "0.0"), ("top_p", 1e-50, "0.0"), ("min_p", 1 - 1e-12, "1.0")])
+def test_float_settings_are_checked_as_the_fp32_values_stored(name, value, shown):
+    with pytest.raises(ValueError, match=rf"settings\[0\]\.{name} = .*\({shown} in fp32\)"):
+        Sampler(1, SamplerSettings(**{name: value}))
