@@ -2,22 +2,26 @@
 in registers from the register-order prepack; the activation's f16 tile is B.
 
 Swap-AB computes D^T = W·a^T: each of the two consumer warpgroups owns one 64-row slab of the
-CTA's 128 weight rows (wgmma M) against the stage's ``tokens`` activation rows (wgmma N = 128 or
-256, accumulators tokens/2 fp32 a thread). Per k-block and thread: one ``ld.shared.v4`` (its 16
+CTA's 128 weight rows (wgmma M) against the stage's ``tokens`` = 128 activation rows (wgmma N;
+64 fp32 accumulators a thread). Per k-block and thread: one ``ld.shared.v4`` (its 16
 code bytes: 4 k16 steps x 4 registers, kernels/nvfp4/prepack.py) and one ``ld.shared.v2`` (8
 scale bytes, shared by the 4 threads of a quad), then per k16 step
 :func:`device.nvfp4.dequant_a_fragment` (exact f16, one packed convert and one packed
-multiply per two elements) and one ``wgmma.m64nNk16.f32.f16.f16`` with A in registers. The
+multiply per two elements) and one ``wgmma.m64n128k16.f32.f16.f16`` with A in registers. The
 weights never touch f16 shared memory, and the activation is expanded once per CTA tile (by
 :mod:`producers.activation_stage`), not once per warpgroup.
 
-Role contract (kernels/nvfp4/gemm_shell.py): warpgroups 2-3 at 200 registers. Waits on the ring's
-``full[s]`` and arrives on its ``empty[s]`` once per warp right after the fragment loads (8
-arrivals); waits on ``act_full[b]`` and arrives on ``act_empty[b]`` once per warp when the
-wgmmas that read tile b have retired (8 arrivals). Each warpgroup retires its k-block's wgmmas
-before converting the next one (the loop rewrites the same A registers, which an in-flight
-wgmma still reads: a first build that kept one group in flight computed garbage on the H200);
-the two warpgroups interleave, so one converts while the other's wgmmas run.
+Role contract (kernels/nvfp4/gemm_shell.py): warpgroups 2-3 at 200 registers. Reads the
+producer's ring of ``stages`` stages: waits on its ``full[s]`` and arrives on its ``empty[s]``
+once per warp right after the fragment loads (8 arrivals); reads the activation stage's f16
+tiles (``act_tiles``): waits on ``act_full[b]`` and arrives on ``act_empty[b]`` once per warp
+when the wgmmas that read tile b have retired (8 arrivals). Its 256 threads (``threads``) call
+the epilogue after each tile. Each warpgroup retires its k-block's wgmmas before converting the
+next one (the loop rewrites the same A registers, which an in-flight wgmma still reads: a first
+build that kept one group in flight computed garbage on the H200); the two warpgroups
+interleave, so one converts while the other's wgmmas run. The study
+:class:`OverlappedRegisterAWgmmaConsumer` keeps one group in flight instead (not chosen:
+notes/p0-gemm.md v5).
 
 The accumulator of thread (warp q, groupID g, tig) holds rows 16q + g + 8h (weight rows) and
 columns 8j + 2·tig + e (tokens); D pairs adjacent weight rows, which live in lanes g and g ^ 1,
@@ -25,48 +29,81 @@ so :meth:`output_pairs` swaps one value per pair with ``shfl.bfly 4``.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from configs.arch import WARP, WARPGROUP
+from device.barriers import Barrier
 from device.nvfp4 import dequant_a_fragment, word_view
 from device.ptx import smem_u32
 from device.runtime import cute_modules
-from device.tiles import k_range, make_scheduler
+from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
 from device.wgmma import keep_alive, sw128_kmajor_descriptor, wgmma_rs_m64k16
+from epilogues import OutputTile
+from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS
+from numerics.nvfp4 import PREPACK_STEPS as STEPS
+from producers.activation_stage import F16Tiles
+from producers.register_order import SLAB_CODE_BYTES, SLAB_SCALE_BYTES
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402
-from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+from cutlass.cute.nvgpu import OperandMajorMode, warpgroup  # noqa: E402
 from cutlass.utils import hopper_helpers as sm90_utils  # noqa: E402
 
-from epilogues import OutputTile  # noqa: E402
-from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS  # noqa: E402
-from numerics.nvfp4 import PREPACK_STEPS as STEPS  # noqa: E402
-from producers.register_order import SLAB_CODE_BYTES, SLAB_SCALE_BYTES  # noqa: E402
-
-TILE_K = 64
 SW128_ATOM = 1024  # bytes of an 8-row swizzle atom of the f16 B tile
 
 
+class TileViews(NamedTuple):
+    """What a consumer thread's tile loop reads, built once before it."""
+    acc: object  # fp32 accumulators (tokens / 2)
+    a_x: object  # A registers (4 k16 steps x 4 f16x2)
+    a_y: object  # a second A register set (the overlapped study's)
+    codes: object  # the ring's weight codes, as 16-byte words
+    scales: object  # the ring's weight scales, as 32-bit words
+    f16_base: object  # shared address of the activation's f16 tiles
+    full: object
+    empty: object
+    act_full: object
+    act_empty: object
+    epilogue: object
+    epi: object
+    mailbox: object
+    k_tiles: object
+    n_tiles: object  # weight tiles along N
+    ct: object  # consumer thread 0..255
+    wg: object  # its warpgroup
+    t: object  # its thread in the warpgroup
+    lane: object
+
+
 class RegisterAWgmmaConsumer:
-    """Static config: ``tokens`` (wgmma N: 128 or 256); the weight tile is two 64-row slabs."""
+    """Static config: ``tokens`` (wgmma N, from TOKENS), the producer's ring depth ``stages``
+    and the activation stage's f16 tiles ``act_tiles``; the weight tile is two 64-row slabs.
+    ``mma``: off only in the measurement build that times the rest without the wgmmas
+    (kernels.nvfp4.gemm_shell.P0Variant)."""
 
     TOKENS = (128,)  # 256 needs 128 accumulators a thread: over the 512-thread CTA's 128 registers
     warpgroups, regs = 2, 200
+    mma = True
 
-    def __init__(self, tokens: int, overlap: bool = False):
+    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
         if tokens not in self.TOKENS:
             raise ValueError(f"tokens = {tokens}: choose from {self.TOKENS}")
         self.tile_m, self.tile_n = tokens, 2 * SLAB_ROWS
-        self.threads = 256
-        self.overlap = overlap  # under study (SwapAbStudy): one wgmma group in flight
+        self.stages, self.act_tiles = stages, act_tiles
+        self.threads = self.warpgroups * WARPGROUP
 
     def barriers(self) -> dict:
         return {}
 
     def arrivals(self) -> dict:
-        return {"empty": self.threads // 32, "act_empty": self.threads // 32}
+        return {"empty": self.threads // WARP, "act_empty": self.threads // WARP}
 
     def waits(self) -> tuple:
         return ("full", "act_full")
+
+    def named_barriers(self) -> dict:
+        return {}
 
     def smem_bytes(self) -> int:
         return 0
@@ -77,7 +114,7 @@ class RegisterAWgmmaConsumer:
     def tiled_mma(self):
         """The RS f16 wgmma as a TiledMma (the shell's kernel signature; the mainloop issues
         the instruction itself, device.wgmma)."""
-        k_major = warpgroup.OperandMajorMode.K
+        k_major = OperandMajorMode.K
         return sm90_utils.make_trivial_tiled_mma(Float16, Float16, k_major, k_major, Float32,
                                                  (1, 1, 1), tiler_mn=(64, self.tile_m),
                                                  a_source=warpgroup.OperandSource.RMEM)
@@ -85,99 +122,65 @@ class RegisterAWgmmaConsumer:
     @cute.jit
     def run(self, ctx, ct: Int32):
         sm = ctx.smem
-        stages, variant = ctx.shell.stages, ctx.shell.variant
-        buffers = ctx.shell.activation.buffers
-        tile_bytes = ctx.shell.activation.tile_bytes
-        wg = ct // 128
-        t = ct % 128
-        lane = t % 32
+        wg = ct // WARPGROUP
+        t = ct % WARPGROUP
+        lane = t % WARP
         codes = word_view(sm["w_codes"].iterator, cute.cosize(sm["w_codes"].layout))
         scales = cute.make_tensor(cute.recast_ptr(sm["w_scales"].iterator, dtype=Uint32),
                                   cute.make_layout(cute.cosize(sm["w_scales"].layout) // 4))
         f16_base = smem_u32(sm["act_f16"])
-        full, empty = ctx.bars["full"], ctx.bars["empty"]
-        act_full, act_empty = ctx.bars["act_full"], ctx.bars["act_empty"]
-        epilogue, epi, mailbox = ctx.shell.epilogue, ctx.epi, ctx.mailbox
-        k_per_split, k_tiles = ctx.k_per_split, ctx.k_tiles
-        n_tiles = (epi.d.shape[1] * 2 + self.tile_n - 1) // self.tile_n
+        n_tiles = (ctx.epi.d.shape[1] * 2 + self.tile_n - 1) // self.tile_n
         acc = cute.make_rmem_tensor((self.tile_m // 2,), Float32)
         a_x = cute.make_rmem_tensor((4 * STEPS,), Uint32)
         a_y = cute.make_rmem_tensor((4 * STEPS,), Uint32)
-        sched = make_scheduler(ctx.sched_params)
-        work = sched.initial_work_tile_info()
-        count = Int32(0)
-        while work.is_valid_tile:
-            m_idx, n_idx, split = work.tile_idx
-            kb0, kb1 = k_range(k_per_split, k_tiles, split)
-            acc.fill(0.0)
-            if cutlass.const_expr(not self.overlap):
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    self._load_convert(a_x, codes, scales, full, empty, mailbox, stages, count,
-                                       wg, t)
-                    self._issue(acc, a_x, act_full, mailbox, f16_base, tile_bytes, buffers,
-                                count, variant)
-                    # retire before the next conversion rewrites the A registers these
-                    # wgmmas read; the other warpgroup's wgmmas fill the gap
-                    warpgroup.wait_group(0)
-                    if lane == 0:
-                        cute.arch.mbarrier_arrive(act_empty + count % buffers)
-                    count = count + 1
-            else:
-                # one group in flight: k-blocks alternate between two A register sets, x and
-                # y; a set is read once more (keep_alive) after the wait that retires its
-                # wgmmas, so it cannot be reassigned while they may still read it
-                n = kb1 - kb0
-                if n > 0:  # a K split past the end has no k-block (its partial is 0)
-                    self._load_convert(a_x, codes, scales, full, empty, mailbox, stages, count,
-                                       wg, t)
-                    for p in cutlass.range((n + 1) // 2, unroll=1):
-                        i = 2 * p
-                        self._issue(acc, a_x, act_full, mailbox, f16_base, tile_bytes, buffers,
-                                    count + i, variant)
-                        warpgroup.wait_group(1)
-                        if i > 0:
-                            self._retire(a_y, act_empty, buffers, count + i - 1, lane, k_tiles,
-                                         mailbox)
-                        if i + 1 < n:
-                            self._load_convert(a_y, codes, scales, full, empty, mailbox, stages,
-                                               count + i + 1, wg, t)
-                            self._issue(acc, a_y, act_full, mailbox, f16_base, tile_bytes,
-                                        buffers, count + i + 1, variant)
-                            warpgroup.wait_group(1)
-                            self._retire(a_x, act_empty, buffers, count + i, lane, k_tiles,
-                                         mailbox)
-                            if i + 2 < n:
-                                self._load_convert(a_x, codes, scales, full, empty, mailbox,
-                                                   stages, count + i + 2, wg, t)
-                    warpgroup.wait_group(0)
-                    if lane == 0:
-                        cute.arch.mbarrier_arrive(act_empty + (count + n - 1) % buffers)
-                    count = count + n
-            epilogue.store(self.output_pairs(acc, wg, t), epi,
-                           OutputTile(m0=m_idx * self.tile_m, n0=n_idx * self.tile_n,
-                                      tile_id=m_idx * n_tiles + n_idx, split=split, ct=ct))
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+        for_each_tile(ctx.tiles, self.consume_tile,
+                      TileViews(acc, a_x, a_y, codes, scales, f16_base, ctx.bars["full"],
+                                ctx.bars["empty"], ctx.bars["act_full"], ctx.bars["act_empty"],
+                                ctx.epilogue, ctx.epi, ctx.mailbox, ctx.tiles.k_tiles, n_tiles,
+                                ct, wg, t, lane))
 
     @cute.jit
-    def _load_convert(self, a: cute.Tensor, codes: cute.Tensor, scales: cute.Tensor, full,
-                      empty, mailbox: cute.Tensor, stages: cutlass.Constexpr[int], cnt: Int32,
-                      wg: Int32, t: Int32):
+    def consume_tile(self, tile, v: TileViews, count: Int32) -> Int32:
+        """The tile's k-blocks (:meth:`mainloop`), then the epilogue."""
+        v.acc.fill(0.0)
+        count = self.mainloop(tile, v, count)
+        v.epilogue.store(self.output_pairs(v.acc, v.wg, v.t), v.epi,
+                         OutputTile(m0=tile.m * self.tile_m, n0=tile.n * self.tile_n,
+                                    tile_id=tile.m * v.n_tiles + tile.n, split=tile.split,
+                                    ct=v.ct))
+        return count
+
+    @cute.jit
+    def mainloop(self, tile, v: TileViews, count: Int32) -> Int32:
+        """Per k-block: load and convert the weight fragments, issue the wgmmas on the
+        activation tile and retire them before the next conversion rewrites the A registers
+        (the other warpgroup's wgmmas fill the gap); release the tile."""
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            self._load_convert(v.a_x, v, count)
+            self._issue(v.a_x, v, count)
+            warpgroup.wait_group(0)
+            if v.lane == 0:
+                cute.arch.mbarrier_arrive(v.act_empty + count % self.act_tiles.buffers)
+            count = count + 1
+        return count
+
+    @cute.jit
+    def _load_convert(self, a: cute.Tensor, v: TileViews, cnt: Int32):
         """Wait for ring use ``cnt``, load this thread's weight fragments of it (16 code bytes,
         8 scale bytes), release the stage and convert them into ``a`` (4 k16 steps x 4 f16x2
         registers)."""
-        s, ph = ring_position(cnt, stages)
-        wait_parity(full + s, ph, 0, s, mailbox)
-        slot = s * 2 + wg
+        s, ph = ring_position(cnt, self.stages)
+        wait_parity(v.full + s, ph, Barrier.FULL, s, v.mailbox)
+        slot = s * 2 + v.wg
         frag = cute.make_rmem_tensor((4,), Uint32)
-        cute.autovec_copy(codes[(None, slot * (SLAB_CODE_BYTES // 16) + t)], frag)
+        cute.autovec_copy(v.codes[(None, slot * (SLAB_CODE_BYTES // 16) + v.t)], frag)
         sc = cute.make_rmem_tensor((2,), Uint32)
-        base = slot * (SLAB_SCALE_BYTES // 4) + (t // 4) * 2
-        sc[0] = scales[base]
-        sc[1] = scales[base + 1]
+        base = slot * (SLAB_SCALE_BYTES // 4) + (v.t // 4) * 2
+        sc[0] = v.scales[base]
+        sc[1] = v.scales[base + 1]
         cute.arch.sync_warp()
-        if t % 32 == 0:
-            cute.arch.mbarrier_arrive(empty + s)
+        if v.t % 32 == 0:
+            cute.arch.mbarrier_arrive(v.empty + s)
         for st in cutlass.range_constexpr(STEPS):
             pair = sc[st // 2] if st % 2 == 0 else sc[st // 2] >> Uint32(16)
             words = dequant_a_fragment(frag[st], pair)
@@ -185,16 +188,15 @@ class RegisterAWgmmaConsumer:
                 a[4 * st + j] = words[j]
 
     @cute.jit
-    def _issue(self, acc: cute.Tensor, a: cute.Tensor, act_full, mailbox: cute.Tensor,
-               f16_base: Int32, tile_bytes: cutlass.Constexpr[int],
-               buffers: cutlass.Constexpr[int], cnt: Int32, variant):
+    def _issue(self, a: cute.Tensor, v: TileViews, cnt: Int32):
         """Wait for the activation tile of use ``cnt`` and issue its 4 k16 wgmmas on ``a`` as
         one commit group."""
-        b, bph = ring_position(cnt, buffers)
-        wait_parity(act_full + b, bph, 2, b, mailbox)
-        if cutlass.const_expr(not variant.skip_mma):
+        acc = v.acc
+        b, bph = ring_position(cnt, self.act_tiles.buffers)
+        wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox)
+        if cutlass.const_expr(self.mma):
             warpgroup.fence()
-            tile_addr = f16_base + b * tile_bytes
+            tile_addr = v.f16_base + b * self.act_tiles.tile_bytes
             for st in cutlass.range_constexpr(STEPS):
                 desc = sw128_kmajor_descriptor(tile_addr + st * 32, SW128_ATOM)
                 res = wgmma_rs_m64k16([acc[i] for i in range(self.tile_m // 2)],
@@ -202,15 +204,6 @@ class RegisterAWgmmaConsumer:
                 for i in cutlass.range_constexpr(self.tile_m // 2):
                     acc[i] = res[i]
             warpgroup.commit_group()
-
-    @cute.jit
-    def _retire(self, a: cute.Tensor, act_empty, buffers: cutlass.Constexpr[int], cnt: Int32,
-                lane: Int32, never: Int32, mailbox: cute.Tensor):
-        """After the wait that retired use ``cnt``'s wgmmas: release its activation tile and
-        read its A registers once more (device.wgmma.keep_alive)."""
-        if lane == 0:
-            cute.arch.mbarrier_arrive(act_empty + cnt % buffers)
-        keep_alive([a[i] for i in range(4 * STEPS)], never, mailbox.iterator)
 
     def output_pairs(self, acc, wg, t):
         """[(m, n, x0, x1)] in D tile coordinates (m a token, n an even weight row of the
@@ -229,3 +222,45 @@ class RegisterAWgmmaConsumer:
                 out.append((m, n, cutlass.select_(is_odd, recv, x0),
                             cutlass.select_(is_odd, x1, recv)))
         return out
+
+
+class OverlappedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
+    """Study (kernels.nvfp4.gemm_shell.SwapAbStudy(overlap=True)): one wgmma group in flight per
+    warpgroup, k-blocks alternating between two A register sets. Measured within 2 % of the
+    production mainloop (inside the run's spread), and correct only by ptxas's scheduling: the
+    reads that guard a set (device.wgmma.keep_alive) may be placed above the wait that retires
+    its wgmmas (notes/p0-gemm.md v5)."""
+
+    @cute.jit
+    def mainloop(self, tile, v: TileViews, count: Int32) -> Int32:
+        """A set is read once more (keep_alive) after the wait that retires its wgmmas, so it
+        cannot be reassigned while they may still read it."""
+        n = tile.k1 - tile.k0
+        if n > 0:  # a K split past the end has no k-block (its partial is 0)
+            self._load_convert(v.a_x, v, count)
+            for p in cutlass.range((n + 1) // 2, unroll=1):
+                i = 2 * p
+                self._issue(v.a_x, v, count + i)
+                warpgroup.wait_group(1)
+                if i > 0:
+                    self._retire(v.a_y, v, count + i - 1)
+                if i + 1 < n:
+                    self._load_convert(v.a_y, v, count + i + 1)
+                    self._issue(v.a_y, v, count + i + 1)
+                    warpgroup.wait_group(1)
+                    self._retire(v.a_x, v, count + i)
+                    if i + 2 < n:
+                        self._load_convert(v.a_x, v, count + i + 2)
+            warpgroup.wait_group(0)
+            if v.lane == 0:
+                cute.arch.mbarrier_arrive(v.act_empty + (count + n - 1) % self.act_tiles.buffers)
+            count = count + n
+        return count
+
+    @cute.jit
+    def _retire(self, a: cute.Tensor, v: TileViews, cnt: Int32):
+        """After the wait that retired use ``cnt``'s wgmmas: release its activation tile and
+        read its A registers once more, under the never-true predicate k_tiles < 0."""
+        if v.lane == 0:
+            cute.arch.mbarrier_arrive(v.act_empty + cnt % self.act_tiles.buffers)
+        keep_alive([a[i] for i in range(4 * STEPS)], v.k_tiles, v.mailbox.iterator)

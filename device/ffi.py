@@ -33,13 +33,16 @@ import contextlib
 import functools
 import os
 
+import torch
+from torch import Tensor as _Tensor
+
 from device.runtime import cached_compile, current_stream, cute_modules, pointer_args
 from device.runtime import require_hopper as _require_hopper
 from workbench import WorkbenchError
 
 cutlass, cute = cute_modules()
 from cutlass import Int32  # noqa: E402
-from torch import Tensor as _Tensor  # noqa: E402
+from cutlass.cute.runtime import make_fake_stream, make_fake_tensor, make_ptr  # noqa: E402
 
 PACKAGE = "apache-tvm-ffi==0.1.15.post2"  # the version nvidia-cutlass-dsl 4.8.1 was checked with
 try:
@@ -113,8 +116,6 @@ def pointer(arg, dtype):
 
 @functools.cache
 def _cutlass_dtypes() -> dict:
-    import torch
-
     c = cutlass
     return {torch.bfloat16: c.BFloat16, torch.float16: c.Float16, torch.float32: c.Float32,
             torch.uint8: c.Uint8, torch.int8: c.Int8, torch.int16: c.Int16, torch.int32: c.Int32,
@@ -124,8 +125,6 @@ def _cutlass_dtypes() -> dict:
 def fake_tensor(dtype, rank: int, align: int):
     """A fake global tensor for cute.compile: ``dtype`` (cutlass), ``rank`` dynamic extents and
     strides (64-bit, never checked), the base ``align``-byte aligned (checked by the entry)."""
-    from cutlass.cute.runtime import make_fake_tensor
-
     return make_fake_tensor(dtype, tuple(cute.sym_int64() for _ in range(rank)),
                             tuple(cute.sym_int64() for _ in range(rank)), assumed_align=align)
 
@@ -150,8 +149,6 @@ class Entry:
         """Arguments for cute.compile (offline too): on the FFI path fake tensors of ``types`` =
         [(cutlass dtype, rank)] (default: each spec's dtype, rank 1; ignored in address slots)
         and the environment stream; else placeholder pointers and a fake stream."""
-        from cutlass.cute.runtime import make_fake_stream
-
         zeros = (Int32(0),) * self.scalars
         ptrs = pointer_args(self.specs)
         if not ffi:
@@ -205,10 +202,9 @@ class Entry:
         fn(*tensors, *scalars)
 
     def _pointers(self, tensors):
-        from cutlass.cute.runtime import make_ptr
-
-        return tuple(make_ptr(dt, t if isinstance(t, int) else t.data_ptr(), cute.AddressSpace.gmem,
-                              assumed_align=al) for (dt, al), t in zip(self.specs, tensors))
+        return tuple(make_ptr(dt, t if isinstance(t, int) else t.data_ptr(),
+                              cutlass.AddressSpace.gmem, assumed_align=al)
+                     for (dt, al), t in zip(self.specs, tensors))
 
     def _pointer_function(self, config, key, tensors):
         return cached_compile((self.name, key, "pointers"), lambda: cute.compile(

@@ -2,6 +2,8 @@
 census can see it. ``asm`` is the one inline-asm entry every device helper goes through."""
 from __future__ import annotations
 
+import os
+
 from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
@@ -238,3 +240,72 @@ def st_shared_v4(addr: Int32, words: list, *, loc=None, ip=None) -> None:
     _asm_effect(None, [Int32(addr).ir_value(loc=loc, ip=ip)] +
                 [Uint32(w).ir_value(loc=loc, ip=ip) for w in words],
                 "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r", loc, ip)
+
+
+# ---- programmatic dependent launch, and the timing-perturbation debug build ----------------
+# The fast loop's kernels order themselves only through these two wrappers (their other
+# synchronisation is inside a CTA or a cluster). With $WB_PERTURB_TIMING set when a kernel is
+# traced, each of them also sleeps a short per-CTA pseudo-random time, to widen the windows of
+# any race between kernels (a read before the wait of data a predecessor writes, a missing
+# edge between streams): a debug build, never a default. The default build emits exactly the
+# griddepcontrol instruction, so its PTX is unchanged. Every compile-cache key of a kernel that
+# calls them names ``timing_perturbation()``.
+PERTURB_ENV = "WB_PERTURB_TIMING"
+PERTURB_DEFAULT_NS = 2000  # "1": up to ~2 us a point (nanosleep may take 2x), a kernel's span
+PERTURB_MAX_NS = 1_000_000  # nanosleep's own bound
+
+
+def timing_perturbation() -> int:
+    """The perturbed build's sleep bound in ns, read from $WB_PERTURB_TIMING ("" or "0": the
+    default build, 0; "1": PERTURB_DEFAULT_NS; else a bound in ns)."""
+    raw = os.environ.get(PERTURB_ENV, "").strip()
+    if raw in ("", "0"):
+        return 0
+    try:
+        ns = PERTURB_DEFAULT_NS if raw == "1" else int(raw)
+    except ValueError:
+        ns = 0
+    if not 1 <= ns <= PERTURB_MAX_NS:
+        raise ValueError(f"${PERTURB_ENV}={raw!r}: 0 (off), 1 ({PERTURB_DEFAULT_NS} ns) or a "
+                         f"bound in ns up to {PERTURB_MAX_NS}")
+    return ns
+
+
+@dsl_user_op
+def nanosleep(ns: Uint32, *, loc=None, ip=None) -> None:
+    """``nanosleep.u32``: suspend the thread for about ``ns`` (0 to 2·ns), never reordered
+    with the memory accesses around it."""
+    _asm_effect(None, [Uint32(ns).ir_value(loc=loc, ip=ip)], "nanosleep.u32 $0;",
+                "r,~{memory}", loc, ip)
+
+
+def perturb_timing(salt: int) -> None:
+    """In the perturbed build, sleep a per-CTA pseudo-random 0..bound ns (a hash of the CTA
+    index, the salt and %globaltimer in ~1 us steps, so a CTA's threads nearly always agree
+    and each replay draws anew); in the default build, nothing."""
+    bound = timing_perturbation()
+    if not bound:
+        return
+    bx, by, bz = cute.arch.block_idx()
+    h = Uint32(cute.arch.globaltimer_lo()) >> Uint32(10)
+    h = h + Uint32(bx) * Uint32(0x9E3779B1) + Uint32(by) * Uint32(0x85EBCA77) \
+        + Uint32(bz) * Uint32(0xC2B2AE3D) + Uint32(salt)
+    for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B)):  # an integer hash's finaliser
+        h = (h ^ (h >> Uint32(shift))) * Uint32(mul)
+    h = h ^ (h >> Uint32(16))
+    nanosleep(h % Uint32(bound + 1))
+
+
+def pdl_launch_dependents() -> None:
+    """``griddepcontrol.launch_dependents``; the perturbed build sleeps before it (which CTA
+    releases the grid last varies) and after it (the writes a dependent must not read before
+    its wait land later)."""
+    perturb_timing(0x1)
+    cute.arch.griddepcontrol_launch_dependents()
+    perturb_timing(0x2)
+
+
+def pdl_wait() -> None:
+    """``griddepcontrol.wait``; the perturbed build sleeps after it."""
+    cute.arch.griddepcontrol_wait()
+    perturb_timing(0x3)

@@ -8,6 +8,9 @@ from __future__ import annotations
 import functools
 import os
 
+import torch
+from cuda.bindings import driver
+
 from workbench import WorkbenchError
 
 _CACHE: dict = {}
@@ -15,21 +18,19 @@ _CACHE: dict = {}
 
 def cute_modules():
     """Import cutlass with an arch set when there is no GPU to detect (compile-only machines)."""
-    if "CUTE_DSL_ARCH" not in os.environ:
-        try:
-            import torch
-
-            if not torch.cuda.is_available():
-                os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-        except ImportError:
-            os.environ["CUTE_DSL_ARCH"] = "sm_90a"
-    try:
+    if "CUTE_DSL_ARCH" not in os.environ and not torch.cuda.is_available():
+        os.environ["CUTE_DSL_ARCH"] = "sm_90a"
+    try:  # here, not at the top: CuTe DSL reads its settings (the arch) when first imported
         import cutlass
         import cutlass.cute as cute
     except ImportError as e:  # pragma: no cover - environment problem
         raise WorkbenchError(f"CuTe DSL is not importable ({e}); install nvidia-cutlass-dsl==4.8.1") \
             from None
     return cutlass, cute
+
+
+cutlass, cute = cute_modules()
+from cutlass.cute.runtime import make_ptr  # noqa: E402
 
 
 def cached_compile(key, build):
@@ -43,26 +44,18 @@ def pointer_args(specs, tensors=None) -> tuple:
     """Raw global-memory pointers for a kernel: ``specs`` = [(cutlass dtype, alignment)], one per
     pointer; ``tensors`` the torch tensors they point into, or None for offline compiles (the
     addresses are then placeholders that are never dereferenced)."""
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
-
-    gmem = cute.AddressSpace.gmem
+    gmem = cutlass.AddressSpace.gmem
     addrs = [t.data_ptr() for t in tensors] if tensors is not None else \
         [(k + 1) << 20 for k in range(len(specs))]
     return tuple(make_ptr(dt, a, gmem, assumed_align=al) for (dt, al), a in zip(specs, addrs))
 
 
 def current_stream():
-    import torch
-    from cuda.bindings import driver
-
     return driver.CUstream(torch.cuda.current_stream().cuda_stream)
 
 
 def check_cuda_tensor(name: str, t, *, dtypes=None, contiguous=True, align=16):
     """One clear error per problem with an input tensor, before anything launches."""
-    import torch
-
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
@@ -81,8 +74,6 @@ def activation_layout(M: int, N: int, ld, chunk_major: bool = False):
     """The layout of an [M, N] activation for (row, column) coordinates: row-major with row
     stride ``ld``, or chunk-major, [N / 8][M][8] (16-byte chunks of a column range holding every
     row in turn: what kernels/depth/gemm_skinny_wgmma.py bulk-copies into wgmma's canonical image)."""
-    import cutlass.cute as cute
-
     if chunk_major:
         return cute.make_layout((M, (8, N // 8)), stride=(8, (1, 8 * M)))
     return cute.make_layout((M, N), stride=(ld, 1))
@@ -90,14 +81,10 @@ def activation_layout(M: int, N: int, ld, chunk_major: bool = False):
 
 @functools.lru_cache(maxsize=None)
 def sm_count() -> int:
-    import torch
-
     return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def require_hopper():
-    import torch
-
     if not torch.cuda.is_available():
         raise WorkbenchError("no CUDA GPU is visible; this kernel runs on Hopper (sm_90)")
     major, minor = torch.cuda.get_device_capability(0)

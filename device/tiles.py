@@ -1,25 +1,135 @@
-"""The persistent tile loop every role of a warp-specialised kernel walks (device side).
+"""The persistent tile loop every role of a warp-specialised kernel walks.
 
-Each role builds its own iterator over the same static schedule (CUTLASS's static persistent
-scheduler: CTA b takes tiles b, b + grid, ...), so producer, stages and consumers agree on the
-tile sequence without talking to each other.
+A static persistent schedule (CUTLASS's): the grid holds at most one wave of clusters, and
+cluster c of G takes the linear work items c, c + G, c + 2G, ... over the (m, n, split) output
+tiles grouped into clusters along N, rasterised along M or N. Every role walks it on its own
+(:func:`for_each_tile`), so producer, stages and consumers agree on the tile sequence without
+talking to each other.
+
+:class:`TileSchedule` is built on the host and crosses into the kernel as a launch argument: the
+tile counts and, for the two divisions that turn a work index into tile coordinates, fast-divmod
+divisors computed on the host (``cute.fast_divmod_create_divisor_v2``).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
-import cutlass.utils as utils  # noqa: E402
+from cutlass import Boolean, Int32  # noqa: E402
+from cutlass.cutlass_dsl import extract_mlir_values, new_from_mlir_values  # noqa: E402
 
 
-def make_scheduler(sched_params):
-    """This role's iterator over the CTA's tiles: ``initial_work_tile_info()``, then
-    ``advance_to_next_work()`` / ``get_current_work()`` while ``is_valid_tile``."""
-    return utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(),
-                                                      cute.arch.grid_dim())
+class TileSchedule:
+    """Static config: ``tiles`` = (m tiles, n tiles, K splits), clusters of ``cluster_n`` CTAs
+    along N, linear work rasterised along M (``raster_along_m``) or N. Host side: :meth:`grid`;
+    device side: :meth:`start` (through :func:`for_each_tile`)."""
+
+    def __init__(self, tiles: tuple, cluster_n: int = 1, raster_along_m: bool = True,
+                 *, _encoded=None, _templates=None):
+        self.tiles, self.cluster_n, self.raster_along_m = tiles, cluster_n, raster_along_m
+        # work items in cluster units, m fastest (CuTe's default column-major layout)
+        self.clusters = cute.make_layout(cute.ceil_div(tiles, (1, cluster_n)))
+        m_clusters, n_clusters = self.clusters.shape[0], self.clusters.shape[1]
+        major, minor = ((m_clusters, n_clusters) if raster_along_m
+                        else (n_clusters, m_clusters))
+        if _encoded is None:
+            self.major = cute.fast_divmod_create_divisor_v2(major)
+            self.minor = cute.fast_divmod_create_divisor_v2(minor)
+        else:  # in the kernel: the host's divisors, their scalar halves from our tile counts
+            self.major = new_from_mlir_values(_templates[0], [_encoded[0], major])
+            self.minor = new_from_mlir_values(_templates[1], [_encoded[1], minor])
+
+    # Only the tile counts and the encoded divisors cross the launch: each divisor's scalar
+    # follows from the counts, so the kernel rebuilds it instead of taking two more arguments.
+    def __extract_mlir_values__(self) -> list:
+        return (extract_mlir_values(self.tiles) + extract_mlir_values(self.major)[:1]
+                + extract_mlir_values(self.minor)[:1])
+
+    def __new_from_mlir_values__(self, values) -> TileSchedule:
+        n = len(extract_mlir_values(self.tiles))
+        return TileSchedule(new_from_mlir_values(self.tiles, values[:n]), self.cluster_n,
+                            self.raster_along_m, _encoded=values[n:n + 2],
+                            _templates=(self.major, self.minor))
+
+    def grid(self, max_clusters: Int32) -> tuple:
+        """The launch grid (host): one CTA per tile up to ``max_clusters`` clusters, as
+        (1, cluster_n, clusters), so a cluster's CTAs are neighbours along y."""
+        return (1, self.cluster_n, cutlass.min(cute.size(self.clusters), max_clusters))
+
+    def start(self) -> TileWalk:
+        """This CTA's walk over the schedule, at its cluster's first work item (device
+        side)."""
+        bidx, bidy, bidz = cute.arch.block_idx()
+        grid = cute.arch.grid_dim()
+        stride = cute.size(grid) // cute.size((1, self.cluster_n))
+        cta = (Int32(bidx % 1), Int32(bidy % self.cluster_n), Int32(0))
+        return TileWalk(self, stride, Int32(bidz), cta)
 
 
-def k_range(k_per_split, k_tiles, split):
-    """[kb0, kb1): the k-blocks of K split ``split``."""
-    kb0 = split * k_per_split
-    return kb0, cutlass.min(kb0 + k_per_split, k_tiles)
+class TileWalk:
+    """Device side: one CTA's position in a :class:`TileSchedule`: its cluster's current work
+    item ``work``, the work ``stride`` (clusters in the grid) and the CTA's (m, n, split) offset
+    ``cta`` in its cluster. Loop-carried state of :func:`for_each_tile`."""
+
+    def __init__(self, schedule: TileSchedule, stride, work, cta):
+        self.schedule, self.stride, self.work, self.cta = schedule, stride, work, cta
+
+    def __extract_mlir_values__(self) -> list:
+        return extract_mlir_values((self.stride, self.work, self.cta, self.schedule))
+
+    def __new_from_mlir_values__(self, values) -> TileWalk:
+        stride, work, cta, schedule = new_from_mlir_values(
+            (self.stride, self.work, self.cta, self.schedule), values)
+        return TileWalk(schedule, stride, work, cta)
+
+    def advance(self):
+        self.work = self.work + self.stride
+
+    def tile(self):
+        """(m, n, split, valid) of the current work item for this CTA, warp-uniform."""
+        s, work = self.schedule, self.work
+        valid = cute.size(s.clusters) > work  # (the operand order CUTLASS's scheduler
+        # compared in, so that the kernels' PTX stayed the same)
+        rest, major = divmod(work, s.major)
+        split, minor = divmod(rest, s.minor)
+        m, n = (major, minor) if s.raster_along_m else (minor, major)
+        mn = tuple(cute.arch.make_warp_uniform(Int32(c) * Int32(size) + Int32(offset))
+                   for c, offset, size in zip((m, n, split), self.cta, (1, s.cluster_n, 1)))
+        return (*mn, Boolean(cute.arch.make_warp_uniform(valid)))
+
+
+class TileLoop(NamedTuple):
+    """What a role's tile loop walks (device side): the schedule and the K blocking."""
+    schedule: TileSchedule
+    k_tiles: Int32  # k-blocks of K
+    k_per_split: Int32  # k-blocks of one K split (the last split may hold fewer, or none)
+
+
+class Tile(NamedTuple):
+    """One output tile of a role's loop: its (m, n) tile coordinates, its K split and that
+    split's k-blocks [k0, k1)."""
+    m: Int32
+    n: Int32
+    split: Int32
+    k0: Int32
+    k1: Int32
+
+
+@cute.jit
+def for_each_tile(loop: TileLoop, body, args):
+    """The tile loop of every role: ``count = body(tile, args, count)`` for each of this CTA's
+    tiles, in schedule order. ``count`` (0 at the start) is the role's running number of ring
+    uses, which ``body`` advances per k-block it consumes or fills (its stage and phase:
+    :func:`device.waits.ring_position`); ``args`` are the views ``body`` reads, built once
+    before the loop."""
+    walk = loop.schedule.start()
+    m, n, split, valid = walk.tile()
+    count = Int32(0)
+    while valid:
+        k0 = split * loop.k_per_split
+        k1 = cutlass.min(k0 + loop.k_per_split, loop.k_tiles)
+        count = body(Tile(m, n, split, k0, k1), args, count)
+        walk.advance()
+        m, n, split, valid = walk.tile()

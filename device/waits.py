@@ -4,7 +4,8 @@ Every wait on an mbarrier goes through :func:`wait_parity`: ``mbarrier.try_wait.
 already suspends the thread for a hardware-chosen time) in a loop that reads ``%globaltimer``.
 After ``TIMEOUT_NS`` it writes what it was waiting for — barrier id, stage, parity, CTA, thread —
 into the diagnostics mailbox (pinned host memory, so it survives the dead context) and traps.
-The host turns the mailbox into a message (:func:`device.runtime.synchronize`).
+The host turns the mailbox into a message (:func:`synchronize` below). What a wait waits on is a
+:class:`device.barriers.Barrier`: its value is the report's code.
 
 No ``printf`` here: a call in the kernel makes ptxas serialise every wgmma (each one followed by
 ``WARPGROUP.DEPBAR``), which halves the GEMM's speed.
@@ -15,8 +16,12 @@ with parity ``(n // S) & 1``. A consumer waits on "full" for that parity; a prod
 """
 from __future__ import annotations
 
-from workbench import WorkbenchError
+import torch
+
+from device.barriers import Barrier
+from device.ptx import ld_acquire_gpu, try_wait_acquire_cluster
 from device.runtime import cute_modules
+from workbench import WorkbenchError
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Int64  # noqa: E402
@@ -38,7 +43,7 @@ def wait_parity(mbar: cute.Pointer, parity: Int32, barrier_id: cutlass.Constexpr
                 stage: Int32, mailbox: cute.Tensor, claim=None,
                 timeout_ns: cutlass.Constexpr[int] = TIMEOUT_NS):
     """Wait until the mbarrier at ``mbar`` completes the phase with ``parity``, or report
-    (``BARRIER_NAMES[barrier_id]``, stage, parity, CTA, thread) in ``mailbox`` and trap.
+    (``barrier_id``: a :class:`Barrier`; stage, parity, CTA, thread) in ``mailbox`` and trap.
     ``claim``: the launch's report claim (:func:`_claim_report_and_trap`), for kernels where
     many waits can time out together."""
     done = cute.arch.mbarrier_try_wait(mbar, parity)
@@ -58,19 +63,12 @@ def wait_parity(mbar: cute.Pointer, parity: Int32, barrier_id: cutlass.Constexpr
 
 
 MAILBOX_MAGIC = 0x7130E007
-BARRIER_NAMES = {0: "full (consumer waiting for the producer's stage)",
-                 1: "empty (producer waiting for consumers to release a stage)",
-                 2: "act_full (consumer waiting for the activation stage's f16 tile)",
-                 3: "act_empty (activation stage waiting for consumers to release a tile)",
-                 4: "page_full (a frame task waiting for its weight page; 'stage' is the page)",
-                 5: "page_empty (the frame's loader waiting for a task to release a page)"}
-
-# ---- counters between CTAs (the depth frame) ---------------------------------------------------
-# mailbox codes of these waits (slot 1); the report's other slots follow each code's FIELDS
-COUNTER_WAIT, PARTIAL_WAIT, SLOT_WAIT = 16, 17, 18
-WAIT_FIELDS = {COUNTER_WAIT: ("counter", "expected", "cta", "task", "seen"),
-               PARTIAL_WAIT: ("slot", "parity", "cta", "task", "split"),
-               SLOT_WAIT: ("slot", "parity", "cta", "task", "split")}
+# the waits between CTAs (the depth frame): the report's slots after the code
+WAIT_FIELDS = {Barrier.COUNTER: ("counter", "expected", "cta", "task", "seen"),
+               Barrier.PARTIAL: ("slot", "parity", "cta", "task", "split"),
+               Barrier.SLOT: ("slot", "parity", "cta", "task", "split")}
+# the mbarrier rings' reports name the barrier: "full (consumer waiting for ...)"
+BARRIER_NAMES = {b: f"{b.name.lower()} ({b.meaning})" for b in Barrier if b not in WAIT_FIELDS}
 
 
 def _report_and_trap(mailbox: cute.Tensor, code: int, *fields):
@@ -104,8 +102,6 @@ def wait_counter(counters: cute.Tensor, cid: Int32, expect: Int32, task: Int32,
                  mailbox: cute.Tensor, claim: cute.Tensor):
     """Spin (``ld.acquire.gpu``) until global counter ``cid`` reaches ``expect``; after
     TIMEOUT_NS report (counter, expected, CTA, task, last value seen) and trap."""
-    from device.ptx import ld_acquire_gpu
-
     seen = ld_acquire_gpu(counters.iterator + cid)
     if seen < expect:
         start = cute.arch.globaltimer()
@@ -114,7 +110,7 @@ def wait_counter(counters: cute.Tensor, cid: Int32, expect: Int32, task: Int32,
             if seen < expect:
                 if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
                     bid, _, _ = cute.arch.block_idx()
-                    _claim_report_and_trap(claim, mailbox, COUNTER_WAIT, cid, expect, bid,
+                    _claim_report_and_trap(claim, mailbox, Barrier.COUNTER, cid, expect, bid,
                                            task, seen)
 
 
@@ -123,9 +119,8 @@ def wait_cluster_parity(mbar: cute.Pointer, parity: Int32, code: cutlass.Constex
                         slot: Int32, task: Int32, split: Int32, mailbox: cute.Tensor,
                         claim: cute.Tensor):
     """Wait (acquire at cluster scope) for this CTA's mbarrier phase of ``parity``, which the
-    pair CTA arrives on; after TIMEOUT_NS report (slot, parity, CTA, task, split index), trap."""
-    from device.ptx import try_wait_acquire_cluster
-
+    pair CTA arrives on; after TIMEOUT_NS report (slot, parity, CTA, task, split index), trap.
+    ``code``: Barrier.PARTIAL or Barrier.SLOT."""
     done = try_wait_acquire_cluster(mbar, parity)
     if done == 0:
         start = cute.arch.globaltimer()
@@ -167,8 +162,6 @@ def diagnostics_mailbox():
     """Pinned host int32[8] that kernels write before trapping (readable after the context dies).
     Slot 0 holds the magic value when a report is present; see wait_parity."""
     global _MAILBOX
-    import torch
-
     if _MAILBOX is None:
         _MAILBOX = torch.zeros(8, dtype=torch.int32, pin_memory=True)
     return _MAILBOX
@@ -179,14 +172,14 @@ def mailbox_report(counter_names=None) -> str | None:
     if _MAILBOX is None or int(_MAILBOX[0]) != MAILBOX_MAGIC:
         return None
     code, *vals = (int(v) for v in _MAILBOX[1:6 + 1])
-    if code == COUNTER_WAIT:
+    if code == Barrier.COUNTER:
         cid, expect, cta, task, seen = vals
         name = counter_names[cid] if counter_names and 0 <= cid < len(counter_names) else cid
         return (f"kernel timed out after 2 s in CTA {cta}, task {task}, waiting on counter "
                 f"{name!r} (id {cid}) for {expect} signals; it holds {seen}")
-    if code in (PARTIAL_WAIT, SLOT_WAIT):
+    if code in (Barrier.PARTIAL, Barrier.SLOT):
         slot, parity, cta, task, split = vals
-        what = ("the pair CTA's partial" if code == PARTIAL_WAIT
+        what = ("the pair CTA's partial" if code == Barrier.PARTIAL
                 else "the pair CTA to free its combine slot")
         return (f"kernel timed out after 2 s in CTA {cta}, task {task} (split tile {split}), "
                 f"waiting for {what} (slot {slot}, parity {parity})")
@@ -197,8 +190,6 @@ def mailbox_report(counter_names=None) -> str | None:
 
 def synchronize(counter_names=None):
     """torch.cuda.synchronize(), turning a trapped kernel's mailbox into the error message."""
-    import torch
-
     try:
         torch.cuda.synchronize()
     except RuntimeError as e:

@@ -1,9 +1,9 @@
 """Epilogues: what the GEMM shell does with a finished fp32 accumulator tile.
 
 The contract (one signature for every epilogue): an epilogue module is a
-:class:`~epilogues.tile_store.TileStore`, built from an *output rule* and the shell's K
-``splits``. The consumer calls, from every one of its threads once the tile's last wgmma
-retired::
+:class:`~epilogues.tile_store.TileStore`, built from the consumer's thread count, an *output
+rule* and the shell's K ``splits``. The consumer calls, from every one of its threads once the
+tile's last wgmma retired::
 
     epilogue.store(pairs, operands, tile)
 
@@ -16,7 +16,9 @@ rule turns two fp32 sums of one row into one 32-bit word of two bf16 (``pair``) 
 extra operands it reads (``operands``: a subset of ("gate", "residual")), which the torch entry
 checks and passes. Rules: :class:`~epilogues.alpha_bf16.AlphaBf16` (D = RN_bf16(alpha·acc)) and
 :class:`~epilogues.gate_residual.GateResidualBf16` (P4, the exact gated residual add).
-Epilogues use named barrier 2 (split-K only) and no shared storage beyond one flag word.
+Epilogues sync the consumer's threads on a named barrier of their own (NamedBarrier.EPILOGUE,
+split-K only; the shell checks the thread count and that the consumer does not use that id)
+and use no shared storage beyond one flag word.
 """
 from __future__ import annotations
 
@@ -40,4 +42,4 @@ class OutputTile(NamedTuple):
     n0: object
     tile_id: object
     split: object
-    ct: object  # consumer thread index 0..255
+    ct: object  # consumer thread index, 0 .. the epilogue's threads - 1

@@ -10,37 +10,47 @@ split order 0, 1, ..., so the result does not depend on arrival order (two runs 
 bit-identical), applies the output rule, and re-arms the counter to 0 for the next launch. Still
 an fp32 accumulation of exact products in some fixed order: the oracle's bound holds unchanged.
 
-Synchronisation (all 256 consumer threads): stores -> ``fence.acq_rel.gpu`` -> named barrier 2
--> one thread ``atom.add.acq_rel.gpu`` on the tile's counter and publishes "last" in smem ->
-barrier 2 -> the last CTA fences and reads the partials with ``ld.relaxed.gpu`` (coherent, not
-served from a stale L1). No CTA waits on another, so this cannot deadlock.
+Synchronisation (the consumer's ``threads``, which the shell checks against the consumer):
+stores -> ``fence.acq_rel.gpu`` -> named barrier ``barrier`` -> one thread
+``atom.add.acq_rel.gpu`` on the tile's counter and publishes "last" in smem -> ``barrier`` ->
+the last CTA fences and reads the partials with ``ld.relaxed.gpu`` (coherent, not served from a
+stale L1). No CTA waits on another, so this cannot deadlock.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from epilogues.alpha_bf16 import AlphaBf16
+from configs.arch import WARP
+from device.barriers import NamedBarrier
 from device.runtime import cute_modules
 from device.waits import count_split_arrival
+from epilogues.alpha_bf16 import AlphaBf16
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32  # noqa: E402
 
-CONSUMER_THREADS = 256
-SPLIT_BARRIER = 2  # named barrier id (1 is the consumers' f16-buffer barrier)
-
 
 @dataclass(frozen=True)
 class TileStore:
-    """An output rule and the split count. Frozen: the DSL treats a frozen dataclass whose
-    method a loop calls as read-only (a plain object would be loop-carried state)."""
+    """The consumer's thread count (``threads``: every one of them calls :meth:`store`), an
+    output rule, the split count and the named barrier the split-K store syncs those threads
+    on. Frozen: the DSL treats a frozen dataclass whose method a loop calls as read-only (a
+    plain object would be loop-carried state)."""
 
+    threads: int
     output: object = None
     splits: int = 1
+    barrier: NamedBarrier = NamedBarrier.EPILOGUE
 
     def __post_init__(self):
+        if not isinstance(self.threads, int) or self.threads <= 0 or self.threads % WARP:
+            raise ValueError(f"threads = {self.threads!r}: a named barrier takes whole warps")
         if not isinstance(self.splits, int) or self.splits < 1:
             raise ValueError(f"splits = {self.splits!r}: need an int >= 1")
+        if not isinstance(self.barrier, NamedBarrier) or \
+                self.barrier == NamedBarrier.SYNC_THREADS:
+            raise ValueError(f"barrier = {self.barrier!r}: a NamedBarrier other than "
+                             "SYNC_THREADS (the whole CTA)")
         if self.output is None:
             object.__setattr__(self, "output", AlphaBf16())
         if not callable(getattr(self.output, "pair", None)):
@@ -50,10 +60,15 @@ class TileStore:
     def operands(self) -> tuple:
         return tuple(self.output.operands)
 
+    def named_barriers(self) -> dict:
+        """{id: threads} of the named barriers :meth:`store` syncs on."""
+        return {self.barrier: self.threads} if self.splits > 1 else {}
+
     def key(self) -> tuple:
-        """Identity for the compile cache: the rule's class and the splits."""
+        """Identity for the compile cache: the rule's class, the splits, the threads and the
+        barrier."""
         cls = type(self.output)
-        return (cls.__module__, cls.__qualname__, self.splits)
+        return (cls.__module__, cls.__qualname__, self.splits, self.threads, int(self.barrier))
 
     @cute.jit
     def store(self, pairs, ops, tile):
@@ -78,11 +93,11 @@ class TileStore:
                 ops.work[tile.split, row, col] = x0
                 ops.work[tile.split, row, col + 1] = x1
         cute.arch.fence_acq_rel_gpu()
-        cute.arch.barrier(barrier_id=SPLIT_BARRIER, number_of_threads=CONSUMER_THREADS)
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
         flag_t = cute.make_tensor(ops.flag, cute.make_layout(1))
         if tile.ct == 0:
             count_split_arrival(ops.count, tile.tile_id, self.splits, flag_t)
-        cute.arch.barrier(barrier_id=SPLIT_BARRIER, number_of_threads=CONSUMER_THREADS)
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
         if flag_t[0] == Int32(1):
             cute.arch.fence_acq_rel_gpu()
             for m, n, _, _ in pairs:

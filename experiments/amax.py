@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from kernels.nvfp4.amax import AmaxRunner
 from workbench import results as R
 from workbench.timing import COPY_CEILING_BPS, bench
 
@@ -32,8 +33,6 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("amax")
-    from kernels.nvfp4.amax import AmaxRunner
-
     shapes = SHAPES[:1] + SHAPES[2:] if args.quick else SHAPES
     rows, gates = [], {}
     gen = torch.Generator(device="cuda").manual_seed(args.seed)

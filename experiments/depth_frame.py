@@ -28,8 +28,13 @@ from __future__ import annotations
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from experiments.frame_protocol import _tile_times, critical_chain, stamps_timeline
+from kernels.depth.frame import DepthFrame
+from models.codepredictor import CapturedLoop, random_weights
+from models.fast_loop import FastLoop, FastWeights
 from workbench import WorkbenchError
 from workbench import results as R
+from workbench.plots import frame_timeline_png
 from workbench.timing import COPY_CEILING_BPS, bench
 
 ROWS = (1, 8, 16, 32, 64)
@@ -57,11 +62,6 @@ def _inputs(rows: int, seed: int):
 
 
 def _case(w, fw, rows: int, quick: bool) -> dict:
-    from experiments.frame_protocol import _tile_times, critical_chain, stamps_timeline
-    from kernels.depth.frame import DepthFrame
-    from models.codepredictor import CapturedLoop
-    from models.fast_loop import FastLoop
-
     h, g0 = _inputs(rows, seed=rows)
     reps = dict(warmup_ms=50, rep_ms=150 if quick else 400)
     frame = FastLoop(fw, rows, depth_kernel=True)
@@ -123,9 +123,6 @@ def _main(argv) -> int:
     p.add_argument("--rows", type=int, nargs="*", default=list(ROWS))
     args = p.parse_args(argv)
     need_gpu("depth-frame")
-    from models.codepredictor import random_weights
-    from models.fast_loop import FastWeights
-
     w = random_weights(seed=args.seed, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     rows_out = []
@@ -162,8 +159,6 @@ def _main(argv) -> int:
         notes=NOTES)
     path = R.write(summary, args.results_dir)
     try:
-        from workbench.plots import frame_timeline_png
-
         png = frame_timeline_png(timeline, f"depth frame kernel, {rows_out[-1]['rows']} rows "
                                  "(one traced run, greedy)", path.with_suffix(".png"))
         progress(f"wrote {png}")

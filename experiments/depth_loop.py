@@ -22,6 +22,9 @@ import time
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from models.codepredictor import CapturedLoop, depth_loop, random_weights
+from models.fast_loop import FastLoop, FastWeights
+from models.sampler import Sampler
 from workbench import results as R
 from workbench.timing import bench
 
@@ -36,10 +39,6 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("depth-loop")
-    from models.codepredictor import CapturedLoop, depth_loop, random_weights
-    from models.fast_loop import FastLoop, FastWeights
-    from models.sampler import Sampler
-
     w = random_weights(seed=args.seed, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
     rows_out, fast = [], {}

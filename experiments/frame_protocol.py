@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import statistics
 
-
 from experiments._common import need_gpu, parser, progress, run_main
+from kernels.depth.frame_protocol import ProtocolRun
+from kernels.depth.frame_studies import ProjectionStudy
+from schedules.depth_frame import TYPE_NAMES, FrameOptions, build, topological_order
+from schedules.plan import FRAME_RING
 from workbench import WorkbenchError
 from workbench import results as R
+from workbench.plots import frame_timeline_png
 from workbench.timing import COPY_CEILING_BPS, bench
 
 ROWS = (1, 8, 16, 32, 64)
@@ -68,8 +72,6 @@ NOTES = {
 
 def critical_path(s) -> int:
     """Tasks on the longest dependency chain (program order, counters, cluster waits)."""
-    from schedules.depth_frame import topological_order
-
     order = topological_order(s)
     depth = {}
     signallers: dict[int, list] = {}
@@ -140,8 +142,6 @@ def critical_chain(s, stamps) -> dict:
 def stamps_timeline(s, stamps) -> list:
     """Per CTA, its tasks as (type name, start µs, end µs) from the frame's first start
     (workbench.plots.frame_timeline_png draws it)."""
-    from schedules.depth_frame import TYPE_NAMES
-
     t0 = min(st[0] for lst in stamps for st in lst)
     return [[(TYPE_NAMES[t.type], (st[0] - t0) / 1e3, (st[5] - t0) / 1e3)
              for t, st in zip(lst, sts)] for lst, sts in zip(s.ctas, stamps)]
@@ -150,8 +150,6 @@ def stamps_timeline(s, stamps) -> list:
 def _tile_times(s, stamps) -> dict:
     """Median µs of the tasks of each type: counter wait, stage 0 landing, compute (the rest
     of the mainloop), epilogue (the split handoff; the output stores come after "ready")."""
-    from schedules.depth_frame import TYPE_NAMES
-
     by: dict[str, list] = {}
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
@@ -166,9 +164,6 @@ def _tile_times(s, stamps) -> dict:
 def _tiles_case(s, quick: bool) -> dict:
     """The frame with the projection tiles (kernels/depth/frame_tiles.py) on random weights:
     the checks, the time, and one traced run's critical chain and per-type tile times."""
-    from kernels.depth.frame_protocol import ProtocolRun
-    from kernels.depth.frame_studies import ProjectionStudy
-
     study = ProjectionStudy(s, seed=0)
     run = ProtocolRun(s, weights=study.packed, io=study.io())
     run.launch()
@@ -192,10 +187,6 @@ def _tiles_case(s, quick: bool) -> dict:
 
 
 def _case(rows: int, quick: bool) -> dict:
-    from kernels.depth.frame_protocol import ProtocolRun
-    from schedules.depth_frame import FrameOptions, build
-    from schedules.plan import FRAME_RING
-
     s = build(options=FrameOptions(rows=rows, **FRAME_RING))
     run = ProtocolRun(s)
     run.launch()
@@ -267,8 +258,6 @@ def _main(argv) -> int:
         notes=NOTES)
     path = R.write(summary, args.results_dir)
     try:  # one traced frame with the projection tiles, the largest row count (plots extra)
-        from workbench.plots import frame_timeline_png
-
         png = frame_timeline_png(timeline, f"depth frame with projection tiles, "
                                  f"{rows[-1]['rows']} rows (one traced run; attention and "
                                  "embedding tasks wait and signal only)",

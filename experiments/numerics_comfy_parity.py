@@ -17,6 +17,9 @@ import zlib
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from numerics import nvfp4
+from validators import rung1_adversarial
+from validators.tiles import make_tile, tensor_scale_for
 from workbench import WorkbenchError
 from workbench import results as R
 
@@ -26,7 +29,7 @@ CPU_ROWS = 256
 
 
 def _comfy():
-    try:
+    try:  # here, not at the top: comfy_kitchen is optional (the oracle extra, GPU host only)
         import comfy_kitchen as ck
     except ImportError as e:
         raise WorkbenchError(f"comfy_kitchen is not importable ({e}); on the GPU host unpack "
@@ -35,8 +38,6 @@ def _comfy():
 
 
 def _cmp(q_a, s_a, q_b, s_b, rows, kb):
-    from numerics import nvfp4
-
     pq = int((q_a[:rows] != q_b[:rows]).sum())
     sa = nvfp4.from_blocked(s_a.view(torch.uint8), rows, kb)
     sb = nvfp4.from_blocked(s_b.view(torch.uint8), rows, kb)
@@ -51,11 +52,7 @@ def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("numerics-comfy-parity")
     ck = _comfy()
-    from numerics import nvfp4
-    from validators import rung1_adversarial
-    from validators.tiles import make_tile, tensor_scale_for
-
-    try:
+    try:  # here, not at the top: the comparison runs without CuTe DSL (not unpacked yet)
         from kernels.nvfp4.quantize import quantize_nvfp4 as kernel
     except Exception as e:  # CuTe DSL not unpacked on this host
         kernel = None
@@ -143,8 +140,6 @@ def _main(argv) -> int:
 
 def _first_rows_scales(s, rows, K):
     """The swizzled scale buffer of the first ``rows`` rows (rows a multiple of 128)."""
-    from numerics import nvfp4
-
     kb = K // 16
     full = nvfp4.from_blocked(s.view(torch.uint8), rows, kb).cpu()
     return nvfp4.to_blocked(full)

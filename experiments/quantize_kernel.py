@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from kernels.nvfp4.quantize import QuantizeNvfp4Kernel, quantize_nvfp4
+from numerics import nvfp4
+from validators.tiles import make_tile, tensor_scale_for
 from workbench import results as R
 from workbench.timing import COPY_CEILING_BPS, bench
 
@@ -48,10 +51,6 @@ def main(argv=None) -> int:
 
 def _check_exact(M, K, dtype, gen, kinds=("normal", "lognormal", "ties", "special")):
     """Kernel vs the CUDA reference on fresh data of every kind; poisoned outputs; guard rows."""
-    from kernels.nvfp4.quantize import quantize_nvfp4
-    from numerics import nvfp4
-    from validators.tiles import make_tile, tensor_scale_for
-
     out = {}
     for i, kind in enumerate(kinds):
         seed = int(torch.randint(0, 2**30, (1,), generator=gen, device="cuda"))
@@ -90,9 +89,6 @@ def _check_exact(M, K, dtype, gen, kinds=("normal", "lognormal", "ties", "specia
 def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("quantize-kernel")
-    from kernels.nvfp4.quantize import QuantizeNvfp4Kernel, quantize_nvfp4
-    from numerics import nvfp4
-
     best, sweep = None, []
     shapes = SHAPES[:1] + SHAPES[2:] if args.quick else SHAPES
     gen = torch.Generator(device="cuda").manual_seed(args.seed)

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from kernels.nvfp4.rcp_probe import rcp_approx_device
+from numerics.rcp import correction_table, decode_table, encode_table, rcp_approx
 from workbench import results as R
 
 EXPONENTS = (-126, -100, -64, -20, -1, 0, 1, 20, 64, 100, 126, 127)
@@ -26,9 +28,6 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("rcp-table")
-    from kernels.nvfp4.rcp_probe import rcp_approx_device
-    from numerics.rcp import correction_table, encode_table, decode_table, rcp_approx
-
     m = torch.arange(1 << 23, dtype=torch.int32, device="cuda")
     shipped = correction_table().to("cuda")
     rows, regenerated = [], None

@@ -47,7 +47,7 @@ class CodePredictorWeights:
     proj_b: torch.Tensor
     embeds: list[torch.Tensor]  # 15 x [vocab, talker_hidden]: E[i] embeds g_{i+1}
     heads: list[torch.Tensor]  # 15 x [vocab, hidden]: Head[i] predicts g_{i+1}
-    talker_embed: torch.Tensor  # E_t: the Talker's codec embedding [3072, talker_hidden] (for g0)
+    talker_embed: torch.Tensor  # E_t: the Talker's codec embedding [talker_vocab, talker_hidden]
     extra: dict = field(default_factory=dict)
 
     def to(self, device=None, dtype=None) -> "CodePredictorWeights":
@@ -60,9 +60,11 @@ class CodePredictorWeights:
 
 
 def random_weights(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, seed: int = 0,
-                   dtype=torch.bfloat16, device="cpu", talker_vocab: int = 3072
+                   dtype=torch.bfloat16, device="cpu", talker_vocab: int | None = None
                    ) -> CodePredictorWeights:
-    """Seeded weights at realistic scales: N(0, 0.02) matrices, norms near 1, small bias."""
+    """Seeded weights at realistic scales: N(0, 0.02) matrices, norms near 1, small bias; the
+    Talker's codec embedding has ``talker_vocab`` rows (None: the config's)."""
+    talker_vocab = cfg.talker_vocab if talker_vocab is None else talker_vocab
     g = torch.Generator().manual_seed(seed)
 
     def mat(*shape, std=0.02):
@@ -96,7 +98,8 @@ TALKER_ROWS_ANY = -1  # checkpoint_shapes' row count of the Talker's codec embed
 
 def checkpoint_shapes(cfg: CodePredictorConfig = QWEN3_TTS_1P7B) -> dict[str, tuple]:
     """Each CodePredictor tensor's checkpoint name -> its shape for ``cfg``. The Talker's codec
-    embedding has TALKER_ROWS_ANY rows (its vocabulary, not in the config: at least ``vocab``)."""
+    embedding has TALKER_ROWS_ANY rows: any count of at least ``vocab`` loads (the 1.7B
+    checkpoint's is the config's ``talker_vocab``; the frame kernel takes only that)."""
     c = cfg
     layer = {"wq": (c.q_dim, c.hidden), "wk": (c.kv_dim, c.hidden), "wv": (c.kv_dim, c.hidden),
              "wo": (c.hidden, c.q_dim), "q_norm": (c.head_dim,), "k_norm": (c.head_dim,),
@@ -152,6 +155,7 @@ def load_checkpoint(path, cfg: CodePredictorConfig = QWEN3_TTS_1P7B, device="cpu
     missing tensor; TypeError for a tensor that is not floating, ``dtype`` not a floating torch
     dtype, ``cfg`` not a CodePredictorConfig or ``path`` not a path.
     """
+    # here, not at the top: safetensors is optional (the test extra), needed by the loader alone
     from safetensors import SafetensorError, safe_open
 
     if not isinstance(cfg, CodePredictorConfig):

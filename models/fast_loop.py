@@ -35,9 +35,19 @@ import logging
 import torch
 
 from configs.codepredictor import LoopOutput
+from kernels.depth.attention import ATTN_TRACE_POINTS, depth_attention
+from kernels.depth.draw import DRAW_TRACE_POINTS, depth_draw
+from kernels.depth.frame import DepthFrame, FrameUnsupported
+from kernels.depth.frame_protocol import FrameRefused
+from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
+from kernels.depth.gemm_skinny_rwgmma import gemm_skinny_rwgmma, pack_weights_rwgmma
+from kernels.depth.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma, pack_weights_wgmma
+from kernels.depth.gemv_small_m import gemv_small_m
+from kernels.depth.rows_rmsnorm import rows_rmsnorm
 from models.codepredictor import CodePredictorWeights, rms_norm, rope_tables, rotate_half
 from models.sampler import Sampler, argmax_candidates, refuse_undrawable
-from schedules.plan import PROJECTIONS, FramePlan, FrameVariant, frame_plan
+from schedules.plan import PROJECTIONS, FramePlan, frame_kernel_dispatch, frame_plan
+from workbench import WorkbenchError
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +92,6 @@ class FastWeights:
         """Every projection packed for kernels/depth/gemm_skinny.py (mma.sync): lists ``qkv``,
         ``wo``, ``gate_up``, ``down`` per layer, ``heads``."""
         if "sync" not in self._skinny:
-            from kernels.depth.gemm_skinny import pack_weights
-
             self._skinny["sync"] = {name: [pack_weights(t, swiglu=name == "gate_up")
                                            for t in self.projection(name)]
                                     for name in PROJECTIONS}
@@ -98,8 +106,6 @@ class FastWeights:
     def input_proj_weights(self):
         """The Talker-state projection (proj_w) packed for kernels/depth/gemm_skinny.py."""
         if "input_proj" not in self._skinny:
-            from kernels.depth.gemm_skinny import pack_weights
-
             self._skinny["input_proj"] = pack_weights(self.proj_w)
         return self._skinny["input_proj"]
 
@@ -107,8 +113,6 @@ class FastWeights:
         """Projection ``name`` packed for kernels/depth/gemm_skinny_rwgmma.py."""
         key = ("rwgmma", name)
         if key not in self._skinny:
-            from kernels.depth.gemm_skinny_rwgmma import pack_weights_rwgmma
-
             self._skinny[key] = [pack_weights_rwgmma(t, name == "gate_up")
                                  for t in self.projection(name)]
         return self._skinny[key]
@@ -118,8 +122,6 @@ class FastWeights:
         ``warps`` (one packing per pair)."""
         key = ("wgmma", name, warps)
         if key not in self._skinny:
-            from kernels.depth.gemm_skinny_wgmma import pack_weights_wgmma
-
             self._skinny[key] = [pack_weights_wgmma(t, name == "gate_up", warps)
                                  for t in self.projection(name)]
         return self._skinny[key]
@@ -173,6 +175,54 @@ def frame_fingerprint(out: LoopOutput) -> str:
     return digest.hexdigest()
 
 
+def frame_difference_mask(a: LoopOutput, b: LoopOutput) -> torch.Tensor:
+    """Where two frames' bits differ, as one bool vector on their device (no host sync, so a
+    stress loop can queue it behind each frame): per group the codes, then the logits; per
+    layer the K cache, then the V cache, by position; last the talker sum. Bit patterns are
+    compared (a NaN equals its own bits, -0 differs from +0). :func:`frame_difference` reads
+    it."""
+    def bits(t):
+        return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+
+    parts = [(a.codes != b.codes).any(0), (bits(a.logits) != bits(b.logits)).any(2).any(0)]
+    for kv_a, kv_b in zip(a.kv, b.kv):  # [rows, kv heads, positions, head_dim] each
+        parts += [(bits(x) != bits(y)).any(3).any(1).any(0) for x, y in zip(kv_a, kv_b)]
+    parts.append((bits(a.talker_sum) != bits(b.talker_sum)).any().view(1))
+    return torch.cat(parts)
+
+
+def describe_difference(mask, groups: int, layers: int, positions: int) -> dict | None:
+    """A :func:`frame_difference_mask` (on the host: a list or tensor of bools) as a dict, or
+    None when nothing differs: the differing ``codes`` and ``logits`` groups, the ``kv``
+    (layer, "k" | "v", position) triples, ``talker_sum``, and ``first``: the earliest point of
+    the frame that differs (group s is drawn at position s + 1; within a position the cache
+    append comes before the logits, the logits before the code; the talker sum ends the
+    frame)."""
+    m = [bool(x) for x in (mask.tolist() if hasattr(mask, "tolist") else mask)]
+    if not any(m):
+        return None
+    codes = [s for s in range(groups) if m[s]]
+    logits = [s for s in range(groups) if m[groups + s]]
+    base = 2 * groups
+    kv = [(li, "kv"[c], p) for li in range(layers) for c in range(2) for p in range(positions)
+          if m[base + (2 * li + c) * positions + p]]
+    events = [((p, 0, li, c), f"kv layer {li} {c} position {p}") for li, c, p in kv]
+    events += [((s + 1, 1, 0, ""), f"logits group {s}") for s in logits]
+    events += [((s + 1, 2, 0, ""), f"codes group {s}") for s in codes]
+    if m[-1]:
+        events.append(((positions, 3, 0, ""), "talker sum"))
+    first = min(events)
+    return {"first": first[1], "first_position": min(first[0][0], positions - 1),
+            "codes": codes, "logits": logits, "kv": kv, "talker_sum": m[-1]}
+
+
+def frame_difference(a: LoopOutput, b: LoopOutput) -> dict | None:
+    """Where frame ``b``'s bits first differ from ``a``'s (:func:`describe_difference`), or None
+    when they are identical."""
+    return describe_difference(frame_difference_mask(a, b).cpu(), a.codes.shape[1], len(a.kv),
+                               a.kv[0][0].shape[2])
+
+
 class ChainBuffers:
     """One position chain's activations on the kernels path: the residual rows ``x``, their
     normalised copy ``xn`` (tensor-core path only), and the QKV, attention and SwiGLU outputs."""
@@ -187,20 +237,13 @@ class ChainBuffers:
         self.mlp = torch.zeros(rows, cfg.intermediate, device=device, dtype=dtype)
 
 
-def _depth_frame_or_reason(fw, rows, sampler, teacher_forced, variant):
+def _depth_frame_or_reason(fw, rows, sampler, teacher_forced, plan):
     """(the frame kernel for these weights and rows, None) or (None, why it cannot run)."""
     if sampler is not None:
         return None, ("a sampler: the frame kernel draws greedily or takes given codes (its "
                       "fused stochastic draw is not built)")
-    if variant not in (None, FrameVariant()):
-        return None, "variant: A/B knobs of the fast loop, not of the frame kernel"
-    from workbench import WorkbenchError
-
-    try:
-        from kernels.depth.frame import DepthFrame, FrameUnsupported
-        from kernels.depth.frame_protocol import FrameRefused
-    except ImportError as e:  # no CuTe DSL here
-        return None, f"the frame kernel cannot be imported ({e})"
+    if plan is not None and plan != frame_plan(rows):
+        return None, "plan: an A/B plan of the fast loop's kernels, not of the frame kernel"
     try:
         return DepthFrame(fw, rows, teacher_forced=teacher_forced), None
     except (FrameUnsupported, FrameRefused, WorkbenchError) as e:
@@ -213,18 +256,19 @@ class FastLoop:
 
     ``sampler``: a :class:`Sampler` whose ``fused_draw_args()`` is not None and whose top-p is
     off (a CUDA one), or None for greedy. ``graph``: capture the frame as one CUDA graph (None:
-    on a CUDA device). ``variant``: a :class:`schedules.plan.FrameVariant` for A/B runs and
-    traces (scripts/ab_frame.py, scripts/trace_frame.py); None runs the bucket's plan
-    (``self.plan``). The kernels path's talker sum is an fp32 sum of the first 15 slots plus the
-    last slot, rounded once: the reference's contract, with the last slot added last, so an
-    element may differ from the reference's ``sum(1)`` in its last bit. NaN logits follow the
-    sampler's rule (never drawn); a row left without a candidate draws the code ``vocab`` on the
-    GPU, where a captured frame cannot raise (the CPU loop refuses it), so check for it.
+    on a CUDA device). ``plan``: the :class:`schedules.plan.FramePlan` the kernels path runs
+    (``self.plan``); None: the bucket's, ``frame_plan(rows)``. Only A/B runs and traces pass
+    another (scripts/ab_frame.py, scripts/trace_frame.py: ``schedules.plan_variant``). The
+    kernels path's talker sum is an fp32 sum of the first 15 slots plus the last slot, rounded
+    once: the reference's contract, with the last slot added last, so an element may differ
+    from the reference's ``sum(1)`` in its last bit. NaN logits follow the sampler's rule
+    (never drawn); a row left without a candidate draws the code ``vocab`` on the GPU, where a
+    captured frame cannot raise (the CPU loop refuses it), so check for it.
     """
 
     def __init__(self, fw: FastWeights, rows: int, sampler: Sampler | None = None, *,
                  teacher_forced: bool = False, graph: bool | None = None,
-                 variant: FrameVariant | None = None, depth_kernel: bool | str = False):
+                 plan: FramePlan | None = None, depth_kernel: bool | str = False):
         """``depth_kernel``: True runs the frame as one persistent launch (kernels.depth.frame,
         issue #26) where it can run safely; where it cannot (not sm_90, fewer SMs than its
         grid, MPS, co-residency not guaranteed, not the 1.7B bf16 shapes, more than 64 rows,
@@ -233,33 +277,32 @@ class FastLoop:
         rule (schedules.plan.frame_kernel_dispatch) decides first. A schedule the frame's own
         checks reject (ScheduleError, ValueError) is a bug, raised, not a fallback."""
         self.depth_frame, self.depth_kernel_refused = None, None
+        if plan is not None and (not isinstance(plan, FramePlan) or plan.rows != rows):
+            raise ValueError(f"plan {plan!r}: a schedules.plan.FramePlan for {rows} rows, or None")
         if depth_kernel not in (True, False, "auto"):
             raise ValueError(f"depth_kernel {depth_kernel!r}: True, False or 'auto'")
         if depth_kernel == "auto":
-            from schedules.plan import frame_kernel_dispatch
-
             depth_kernel = frame_kernel_dispatch(rows)
             if not depth_kernel:
                 self.depth_kernel_refused = ("the plan's dispatch rule keeps the fast loop at "
                                              f"{rows} rows (schedules.plan.FRAME_KERNEL_FROM_ROWS)")
         if depth_kernel:
             self.depth_frame, self.depth_kernel_refused = _depth_frame_or_reason(
-                fw, rows, sampler, teacher_forced, variant)
+                fw, rows, sampler, teacher_forced, plan)
             if self.depth_frame is not None:
                 self._build_depth_frame(fw, rows, teacher_forced, graph)
                 return
             log.warning("depth_kernel refused, running the fast loop: %s",
                         self.depth_kernel_refused)
         cuda = fw.final_norm.device.type == "cuda"
-        if variant is not None and not isinstance(variant, FrameVariant):
-            raise ValueError(f"variant {variant!r}: a schedules.plan.FrameVariant or None")
-        if not cuda and variant not in (None, FrameVariant()):
-            raise ValueError("variant: A/B knobs of the kernels path, which needs a CUDA device")
+        if not cuda and plan is not None:
+            raise ValueError("plan: the kernels path's, which needs a CUDA device")
         if graph and not cuda:
             raise ValueError("graph: CUDA graphs need the weights on a CUDA device")
         if rows < 1:
             raise ValueError(f"rows {rows}: at least 1")
-        plan = frame_plan(rows, variant) if cuda else None
+        if cuda and plan is None:
+            plan = frame_plan(rows)
         self._build(fw, rows, sampler, teacher_forced, plan)
         self.graph = None
         if cuda if graph is None else graph:
@@ -347,14 +390,10 @@ class FastLoop:
         self.first_slots_sum = torch.zeros(P, cfg.talker_hidden, device=dev)
         self.draw_traces = None
         if plan.draw_trace:
-            from kernels.depth.draw import DRAW_TRACE_POINTS
-
             self.draw_traces = torch.zeros(cfg.heads_drawn, P, len(DRAW_TRACE_POINTS),
                                            dtype=torch.int64, device=dev)
         self.attn_traces = None
         if plan.attn_trace:
-            from kernels.depth.attention import ATTN_TRACE_POINTS
-
             self.attn_traces = torch.zeros(cfg.positions, L, P, cfg.kv_heads,
                                            len(ATTN_TRACE_POINTS), dtype=torch.int64, device=dev)
         self.kernel_w = self._packed_weights() if tensor_core else {
@@ -428,10 +467,6 @@ class FastLoop:
         """out = [resid +] [norm](a) · w^T [SwiGLU]: the fused GEMV on the GEMV plan, else the
         row norm (when gamma is given, into ``buf.xn``) and the split-K tensor-core projection
         on the plan's mainloop and tile (``w`` packed for it: _packed_weights)."""
-        from kernels.depth.gemm_skinny import gemm_skinny
-        from kernels.depth.gemv_small_m import gemv_small_m
-        from kernels.depth.rows_rmsnorm import rows_rmsnorm
-
         plan, eps = self.plan, self.cfg.rms_eps
         if plan.gemv:
             gemv_small_m(a, w, out, gamma=gamma, resid=resid, swiglu=swiglu, pdl=plan.pdl,
@@ -446,14 +481,10 @@ class FastLoop:
         proj = plan.projection(name)
         tile = proj.tile_kwargs()
         if proj.mainloop.startswith("rwgmma"):  # a chunk-major unless brought by TMA
-            from kernels.depth.gemm_skinny_rwgmma import gemm_skinny_rwgmma
-
             gemm_skinny_rwgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=plan.pdl, **cm_out,
                                a_copy="tma" if proj.mainloop == "rwgmma_tma" else "bulk",
                                **tile)
         elif proj.mainloop == "wgmma":  # a chunk-major
-            from kernels.depth.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma
-
             gemm_skinny_wgmma(a, w, out, resid=resid, swiglu=swiglu, pdl=plan.pdl, **cm_out,
                               **{"warps": WGMMA_WARPS, **tile})
         else:
@@ -470,8 +501,6 @@ class FastLoop:
                        if loop.startswith("rwgmma")})
         wgmma = [name for name, loop in loops.items() if loop == "wgmma"]
         if wgmma:
-            from kernels.depth.gemm_skinny_wgmma import WGMMA_WARPS
-
             packed.update({name: fw.wgmma_weights(name, plan.projection(name).tile_kwargs().get(
                 "warps", WGMMA_WARPS)) for name in wgmma})
         return packed
@@ -505,8 +534,6 @@ class FastLoop:
         position 2 on layer 0 starts at the attention (the draw wrote its QKV rows).
         ``cache_wait``: an event the attention waits for (position 0's cache append of this
         layer); ``cache_done``: recorded after it."""
-        from kernels.depth.attention import depth_attention
-
         fw, cfg, W, proj = self.fw, self.cfg, self.kernel_w, self._project
         if not (li == 0 and p >= 2):
             proj("qkv", buf.x, W["qkv"][li], buf.qkv_out, buf, gamma=fw.in_norm[li])
@@ -528,12 +555,8 @@ class FastLoop:
 
     def _frame_kernels(self):
         """The frame as CuTe DSL kernels; same buffers and semantics as _frame."""
-        from kernels.depth.draw import depth_draw
-
         fw, cfg, buf, plan = self.fw, self.cfg, self.buf, self.plan
         if plan.input_proj == "skinny":  # bf16(b + bf16(h · W^T)), as torch rounds it
-            from kernels.depth.gemm_skinny import gemm_skinny
-
             gemm_skinny(self.h, fw.input_proj_weights(), self.buf0.x, resid=self.proj_bias_rows,
                         pdl=plan.pdl)
         else:

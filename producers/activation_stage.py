@@ -9,47 +9,62 @@ by quantizing bf16 rows in the GEMM (device.nvfp4.quantize_block16) before the s
 expansion.
 
 Role contract (kernels/nvfp4/gemm_shell.py): one warpgroup at 80 registers. Owns ``buffers``
-f16 tiles and their barriers: ``act_full[b]`` (4 arrivals: each warp after its stores and a
-``fence.proxy.async``), ``act_empty[b]`` (the consumers' 8 warp arrivals after the wgmmas that
-read it retired). Waits on the ring's ``full[s]``, arrives on its ``empty[s]`` (4 arrivals;
-with the activation multicast to a CTA pair, on both CTAs' ``empty[s]``: 4 + 4 on each, since
-either CTA's producer writes its half of the activation into both).
+f16 tiles (:class:`F16Tiles`, which the consumer is built with) and their barriers:
+``act_full[b]`` (4 arrivals: each warp after its stores and a ``fence.proxy.async``),
+``act_empty[b]`` (the consumers' 8 warp arrivals after the wgmmas that read it retired). Reads
+the producer's ring of ``stages`` stages: waits on its ``full[s]``, arrives on its ``empty[s]``
+(4 arrivals; with the activation multicast to a CTA pair, the study
+:class:`PairedActivationStage`, on both CTAs' ``empty[s]``: 4 + 4 on each, since either CTA's
+producer writes its half of the activation into both).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from configs.arch import K_BLOCK, WARP
+from device.barriers import Barrier
 from device.nvfp4 import expand_stage_rows, word_view
 from device.runtime import cute_modules
-from device.tiles import k_range, make_scheduler
+from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint16  # noqa: E402
 
-TILE_K = 64
-ROW_BYTES = TILE_K * 2  # one f16 row of a k-block
+ROW_BYTES = K_BLOCK * 2  # one f16 row of a k-block
 WARPS = 4
 
 
+class F16Tiles(NamedTuple):
+    """The activation stage's f16 tiles as their reader sees them: ``buffers`` tiles of
+    ``tile_bytes`` (one k-block of every token row, wgmma's 128-byte-swizzled K-major B)."""
+    buffers: int
+    tile_bytes: int
+
+
 class ExpandedActivationStage:
-    """Static config: ``tokens`` rows a tile (a multiple of 128), ``buffers`` f16 tiles, and the
-    CTAs (1 or 2) the producer multicasts the packed activation to."""
+    """Static config: ``tokens`` rows a tile (a multiple of 128), the producer's ring depth
+    ``stages`` and ``buffers`` f16 tiles. ``expand``: off only in the measurement build that
+    times the rest without the expansion (kernels.nvfp4.gemm_shell.P0Variant). ``multicast``:
+    the CTAs the producer multicasts the packed activation to (2 in the study
+    :class:`PairedActivationStage`)."""
 
     warpgroups, regs = 1, 80
+    expand = True
+    multicast = 1
 
-    def __init__(self, tokens: int, buffers: int = 2, multicast: int = 1):
+    def __init__(self, tokens: int, stages: int, buffers: int = 2):
         if tokens % 128 or not 128 <= tokens <= 256:
             raise ValueError(f"tokens = {tokens}: choose 128 or 256")
         if not isinstance(buffers, int) or buffers < 2:
             # one tile cannot be refilled while the consumers still read it (with a wgmma group
             # in flight, use u is released only after u + 1 is issued: a deadlock)
             raise ValueError(f"buffers = {buffers!r}: the activation stage needs >= 2 f16 tiles")
-        if multicast not in (1, 2):
-            raise ValueError(f"multicast = {multicast!r}: 1 or a CTA pair (2)")
-        self.tokens, self.buffers, self.multicast = tokens, buffers, multicast
-        self.tile_bytes = tokens * ROW_BYTES
+        self.tokens, self.stages = tokens, stages
+        self.tiles = F16Tiles(buffers, tokens * ROW_BYTES)
 
     def barriers(self) -> dict:
-        return {"act_full": self.buffers, "act_empty": self.buffers}
+        return {"act_full": self.tiles.buffers, "act_empty": self.tiles.buffers}
 
     def arrivals(self) -> dict:
         return {"empty": WARPS * self.multicast, "act_full": WARPS}
@@ -58,10 +73,10 @@ class ExpandedActivationStage:
         return ("full", "act_empty")
 
     def smem_bytes(self) -> int:
-        return self.buffers * self.tile_bytes + 1024
+        return self.tiles.buffers * self.tiles.tile_bytes + 1024
 
     def allocate(self, alloc) -> dict:
-        return {"act_f16": alloc.allocate(self.buffers * self.tile_bytes, 1024)}
+        return {"act_f16": alloc.allocate(self.tiles.buffers * self.tiles.tile_bytes, 1024)}
 
     @cute.jit
     def run(self, ctx, t: Int32):
@@ -69,37 +84,41 @@ class ExpandedActivationStage:
         q_words = word_view(sm["q_a"].iterator, cute.cosize(sm["q_a"].layout))
         sf_pairs = cute.make_tensor(cute.recast_ptr(sm["s_a"].iterator, dtype=Uint16),
                                     cute.make_layout(cute.cosize(sm["s_a"].layout) // 2))
-        f16_words = word_view(sm["act_f16"], self.buffers * self.tile_bytes)
-        full, empty = ctx.bars["full"], ctx.bars["empty"]
-        act_full, act_empty = ctx.bars["act_full"], ctx.bars["act_empty"]
-        mailbox, stages = ctx.mailbox, ctx.shell.stages
-        k_per_split, k_tiles = ctx.k_per_split, ctx.k_tiles
-        skip = ctx.shell.variant.skip_dequant
-        lane = t % 32
-        sched = make_scheduler(ctx.sched_params)
-        work = sched.initial_work_tile_info()
-        count = Int32(0)
-        while work.is_valid_tile:
-            _, _, split = work.tile_idx
-            kb0, kb1 = k_range(k_per_split, k_tiles, split)
-            for kt in cutlass.range(kb0, kb1, unroll=1):
-                s, ph = ring_position(count, stages)
-                b, bph = ring_position(count, self.buffers)
-                wait_parity(full + s, ph, 0, s, mailbox)
-                wait_parity(act_empty + b, bph ^ 1, 3, b, mailbox)
-                if cutlass.const_expr(not skip):
-                    expand_stage_rows(t, WARPS * 32, self.tokens, q_words, sf_pairs, f16_words,
-                                      s, b)
-                # our f16 stores -> wgmma (async proxy); our packed reads -> the next TMA
-                cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.sync_warp()
-                if lane == 0:
-                    if cutlass.const_expr(self.multicast == 1):
-                        cute.arch.mbarrier_arrive(empty + s)
-                    else:  # both CTAs' producers write into this stage
-                        for r in cutlass.range_constexpr(self.multicast):
-                            cute.arch.mbarrier_arrive(empty + s, r)
-                    cute.arch.mbarrier_arrive(act_full + b)
-                count = count + 1
-            sched.advance_to_next_work()
-            work = sched.get_current_work()
+        f16_words = word_view(sm["act_f16"], self.tiles.buffers * self.tiles.tile_bytes)
+        for_each_tile(ctx.tiles, self.expand_tile,
+                      (q_words, sf_pairs, f16_words, ctx.bars["full"], ctx.bars["empty"],
+                       ctx.bars["act_full"], ctx.bars["act_empty"], ctx.mailbox, t, t % WARP))
+
+    @cute.jit
+    def expand_tile(self, tile, args, count: Int32) -> Int32:
+        """Per k-block of ``tile``: wait for the packed stage and a free f16 tile, expand the
+        stage's activation rows into it, release the stage and publish the tile."""
+        q_words, sf_pairs, f16_words, full, empty, act_full, act_empty, mailbox, t, lane = args
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            s, ph = ring_position(count, self.stages)
+            b, bph = ring_position(count, self.tiles.buffers)
+            wait_parity(full + s, ph, Barrier.FULL, s, mailbox)
+            wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox)
+            if cutlass.const_expr(self.expand):
+                expand_stage_rows(t, WARPS * WARP, self.tokens, q_words, sf_pairs, f16_words, s,
+                                  b)
+            # our f16 stores -> wgmma (async proxy); our packed reads -> the next TMA
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.sync_warp()
+            if lane == 0:
+                if cutlass.const_expr(self.multicast == 1):
+                    cute.arch.mbarrier_arrive(empty + s)
+                else:  # both CTAs' producers write into this stage
+                    for r in cutlass.range_constexpr(self.multicast):
+                        cute.arch.mbarrier_arrive(empty + s, r)
+                cute.arch.mbarrier_arrive(act_full + b)
+            count = count + 1
+        return count
+
+
+class PairedActivationStage(ExpandedActivationStage):
+    """Study (kernels.nvfp4.gemm_shell.SwapAbStudy(multicast=2), beside
+    producers.register_order.PairedRegisterOrderProducer): releases each stage in both CTAs of
+    the pair."""
+
+    multicast = 2

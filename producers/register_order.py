@@ -9,7 +9,8 @@ tiles, and per weight slab w (0, 1) its codes [128 threads][16 B] (2048 B) and s
 one arrive + the stage's bytes (a last tile's missing slab is neither copied nor counted);
 waits on ``empty[s]`` (the activation stage's and the consumers' arrivals).
 
-With ``multicast`` = 2 (a cluster of two CTAs on neighbouring weight tiles of one token tile):
+With ``multicast`` = 2 (the study :class:`PairedRegisterOrderProducer`: a cluster of two CTAs on
+neighbouring weight tiles of one token tile):
 each CTA's producer TMAs half of the activation box to both CTAs (same stage, same barrier
 offset), so each CTA's ``full[s]`` still counts the whole activation plus its own weights, and
 ``empty[s]`` also counts the peer's activation-stage arrivals (the peer's producer writes into
@@ -17,10 +18,14 @@ this CTA's stage only once both activation stages have read it).
 """
 from __future__ import annotations
 
+from device.barriers import Barrier
 from device.ptx import bulk_copy_g2s
 from device.runtime import cute_modules
-from device.tiles import k_range, make_scheduler
+from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
+from numerics.nvfp4 import PREPACK_GROUPS as GROUPS
+from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS
+from numerics.nvfp4 import PREPACK_THREADS as THREADS
 from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, multicast_group,
                                      operand_bytes, operand_smem, operand_tma, operand_views,
                                      partition_tma)
@@ -28,30 +33,23 @@ from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint8  # noqa: E402
 
-from numerics.nvfp4 import PREPACK_GROUPS as GROUPS  # noqa: E402
-from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS  # noqa: E402
-from numerics.nvfp4 import PREPACK_THREADS as THREADS  # noqa: E402
-
 SLAB_CODE_BYTES = THREADS * 16  # one slab's codes of one k-block
 SLAB_SCALE_BYTES = GROUPS * 8
 
 
 class RegisterOrderProducer(PackedRingOwner):
     """Static config: ``tile_m`` token rows (a multiple of 128), ``tile_n`` weight rows (two
-    64-row slabs), ring depth ``stages``, and the CTAs (1 or 2) the activation is multicast
-    to."""
+    64-row slabs) and the ring depth ``stages``. ``multicast``: the CTAs (1, or a pair: the
+    study :class:`PairedRegisterOrderProducer`) the activation is multicast to."""
 
     warpgroups, regs = 1, 24
 
-    def __init__(self, tile_m: int, tile_n: int, stages: int, multicast: int = 1):
+    def __init__(self, tile_m: int, tile_n: int, stages: int):
         check_rows("tokens", tile_m)
-        if multicast not in (1, 2):
-            raise ValueError(f"multicast = {multicast!r}: 1 or a CTA pair (2)")
         if tile_n != 2 * SLAB_ROWS:
             raise ValueError(f"tile_n = {tile_n}: the consumer's two warpgroups take one "
                              f"{SLAB_ROWS}-row slab each")
         self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
-        self.multicast = multicast
         self.slabs = tile_n // SLAB_ROWS
         self.act_bytes = operand_bytes(tile_m)
         self.slab_bytes = SLAB_CODE_BYTES + SLAB_SCALE_BYTES
@@ -81,38 +79,45 @@ class RegisterOrderProducer(PackedRingOwner):
             sm = ctx.smem
             rank, mask = multicast_group(self.multicast)
             parts = partition_tma(ctx.tma, (sm["q_a"], sm["s_a"]), rank, self.multicast)
-            codes, scales, n_slabs = ctx.globals
-            wq, ws = sm["w_codes"].iterator, sm["w_scales"].iterator
-            full, empty, mailbox = ctx.bars["full"], ctx.bars["empty"], ctx.mailbox
-            k_per_split, k_tiles = ctx.k_per_split, ctx.k_tiles
-            extra = 16 if ctx.shell.variant.stall_producer else 0
-            sched = make_scheduler(ctx.sched_params)
-            work = sched.initial_work_tile_info()
-            count = Int32(0)
-            while work.is_valid_tile:
-                m_idx, n_idx, split = work.tile_idx
-                kb0, kb1 = k_range(k_per_split, k_tiles, split)
-                slab0 = n_idx * self.slabs
-                valid = cutlass.min(n_slabs - slab0, self.slabs)
-                tx = self.act_bytes + valid * self.slab_bytes + extra
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    s, ph = ring_position(count, self.stages)
-                    wait_parity(empty + s, ph ^ 1, 1, s, mailbox)
-                    bar = full + s
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
-                    copy_operand(parts, m_idx, kt, s, bar, mask)
-                    with cute.arch.elect_one():
-                        for w in cutlass.range_constexpr(self.slabs):
-                            if w < valid:
-                                blk = (slab0 + w) * k_tiles + kt
-                                dst = s * self.slabs + w
-                                bulk_copy_g2s(wq + dst * SLAB_CODE_BYTES,
-                                              codes.iterator + blk * SLAB_CODE_BYTES,
-                                              SLAB_CODE_BYTES, bar)
-                                bulk_copy_g2s(ws + dst * SLAB_SCALE_BYTES,
-                                              scales.iterator + blk * SLAB_SCALE_BYTES,
-                                              SLAB_SCALE_BYTES, bar)
-                    count = count + 1
-                sched.advance_to_next_work()
-                work = sched.get_current_work()
+            for_each_tile(ctx.tiles, self.fill_tile,
+                          (parts, mask, ctx.globals, sm["w_codes"].iterator,
+                           sm["w_scales"].iterator, ctx.bars["full"], ctx.bars["empty"],
+                           ctx.mailbox, ctx.tiles.k_tiles))
+
+    @cute.jit
+    def fill_tile(self, tile, args, count: Int32) -> Int32:
+        """Per k-block of ``tile``: wait for the stage to be free, announce its bytes, TMA the
+        activation (this CTA's slice of it, multicast) and bulk-copy the tile's weight slabs
+        (those inside N)."""
+        parts, mask, (codes, scales, n_slabs), wq, ws, full, empty, mailbox, k_tiles = args
+        slab0 = tile.n * self.slabs
+        valid = cutlass.min(n_slabs - slab0, self.slabs)
+        tx = self.act_bytes + valid * self.slab_bytes + self.extra_tx_bytes
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            s, ph = ring_position(count, self.stages)
+            wait_parity(empty + s, ph ^ 1, Barrier.EMPTY, s, mailbox)
+            bar = full + s
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
+            copy_operand(parts, tile.m, kt, s, bar, mask)
+            with cute.arch.elect_one():
+                for w in cutlass.range_constexpr(self.slabs):
+                    if w < valid:
+                        blk = (slab0 + w) * k_tiles + kt
+                        dst = s * self.slabs + w
+                        bulk_copy_g2s(wq + dst * SLAB_CODE_BYTES,
+                                      codes.iterator + blk * SLAB_CODE_BYTES,
+                                      SLAB_CODE_BYTES, bar)
+                        bulk_copy_g2s(ws + dst * SLAB_SCALE_BYTES,
+                                      scales.iterator + blk * SLAB_SCALE_BYTES,
+                                      SLAB_SCALE_BYTES, bar)
+            count = count + 1
+        return count
+
+
+class PairedRegisterOrderProducer(RegisterOrderProducer):
+    """Study (kernels.nvfp4.gemm_shell.SwapAbStudy(multicast=2); measured 0.5-2 % slower, not
+    chosen: schedules/plan.py): clusters of two CTAs on neighbouring weight tiles of one token
+    tile, each TMA-ing half of the activation box into both CTAs' stage."""
+
+    multicast = 2

@@ -16,18 +16,18 @@ below do this per operand; :mod:`producers.register_order` uses them for its act
 """
 from __future__ import annotations
 
+from configs.arch import K_BLOCK
+from device.barriers import Barrier
 from device.runtime import cute_modules
-from device.tiles import k_range, make_scheduler
+from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
+from numerics.nvfp4 import SCALE_TILE_BYTES, SCALE_TILE_ROWS
 
 cutlass, cute = cute_modules()
 from cutlass import Int32, Uint8  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
-from numerics.nvfp4 import BLOCK, SCALE_TILE_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS  # noqa: E402
-
-TILE_K = BLOCK * SCALE_TILE_COLS  # K-elements per k-block: one 128x4 scale tile column group
-PACKED_ROW_BYTES = TILE_K // 2
+PACKED_ROW_BYTES = K_BLOCK // 2
 HALF_TILE = SCALE_TILE_BYTES // 2  # a TMA box dimension may not exceed 256 elements
 
 
@@ -132,7 +132,16 @@ def copy_operand(parts, tile: Int32, kt: Int32, s: Int32, bar, mask=None):
 class PackedRingOwner:
     """The role contract of a producer that owns the packed ring: ``stages`` stages of
     ``stage_bytes``, ``full[s]`` completed by its one arrive and the TMA / bulk-copy bytes,
-    ``empty[s]`` waited on before a stage is refilled (its readers declare their arrivals)."""
+    ``empty[s]`` waited on before a stage is refilled (its readers declare their arrivals, and
+    their own ``stages``, which the shell checks against ours).
+
+    ``extra_tx_bytes``: bytes announced on ``full[s]`` beyond what the copies deliver. Only the
+    stall study (kernels.nvfp4.gemm_shell.P0Variant) sets it: then the first ``full`` never
+    completes and the bounded wait traps. ``multicast``: the CTAs of a cluster each stage's
+    activation is multicast to (1: no cluster; the shell launches clusters of that many)."""
+
+    extra_tx_bytes = 0
+    multicast = 1
 
     def barriers(self) -> dict:
         return {"full": self.stages, "empty": self.stages}
@@ -177,23 +186,22 @@ class TmaPrepackedProducer(PackedRingOwner):
         if rt // 32 == 0:
             sm = ctx.smem
             parts = partition_tma(ctx.tma, (sm["q_a"], sm["s_a"], sm["q_b"], sm["s_b"]))
-            extra = 16 if ctx.shell.variant.stall_producer else 0
-            full, empty, mailbox = ctx.bars["full"], ctx.bars["empty"], ctx.mailbox
-            k_per_split, k_tiles = ctx.k_per_split, ctx.k_tiles
-            sched = make_scheduler(ctx.sched_params)
-            work = sched.initial_work_tile_info()
-            count = Int32(0)
-            while work.is_valid_tile:
-                m_idx, n_idx, split = work.tile_idx
-                kb0, kb1 = k_range(k_per_split, k_tiles, split)
-                for kt in cutlass.range(kb0, kb1, unroll=1):
-                    s, ph = ring_position(count, self.stages)
-                    wait_parity(empty + s, ph ^ 1, 1, s, mailbox)
-                    bar = full + s
-                    with cute.arch.elect_one():
-                        cute.arch.mbarrier_arrive_and_expect_tx(bar, self.stage_bytes + extra)
-                    copy_operand(parts[0:2], m_idx, kt, s, bar)
-                    copy_operand(parts[2:4], n_idx, kt, s, bar)
-                    count = count + 1
-                sched.advance_to_next_work()
-                work = sched.get_current_work()
+            for_each_tile(ctx.tiles, self.fill_tile,
+                          (parts, ctx.bars["full"], ctx.bars["empty"], ctx.mailbox))
+
+    @cute.jit
+    def fill_tile(self, tile, args, count: Int32) -> Int32:
+        """Per k-block of ``tile``: wait for the stage to be free, announce its bytes and TMA
+        A's and B's codes and scales into it."""
+        parts, full, empty, mailbox = args
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            s, ph = ring_position(count, self.stages)
+            wait_parity(empty + s, ph ^ 1, Barrier.EMPTY, s, mailbox)
+            bar = full + s
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(bar,
+                                                        self.stage_bytes + self.extra_tx_bytes)
+            copy_operand(parts[0:2], tile.m, kt, s, bar)
+            copy_operand(parts[2:4], tile.n, kt, s, bar)
+            count = count + 1
+        return count

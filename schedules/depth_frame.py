@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from configs.arch import SMEM_PER_CTA_MAX
 from configs.codepredictor import QWEN3_TTS_1P7B, CodePredictorConfig
 
 PROJ, QKV, ATTN, O, GATEUP, DOWN, HEAD, EMBED = range(8)
@@ -49,7 +50,6 @@ TYPE_NAMES = ("proj", "qkv", "attn", "o", "gateup", "down", "head", "embed")
 SPLIT_TYPES = (PROJ, O, DOWN)
 LOCAL_NONE, LOCAL_PARTIAL, LOCAL_SLOT = 0, 1, 2
 MAX_COLOCATED = 132  # H200: 132 SMs, one ~213 KB CTA per SM
-SMEM_BUDGET = 227 * 1024
 SMEM_OTHER = 85 * 1024  # activation tiles, combine buffers, barriers (the seed used 213 KB in all)
 
 
@@ -176,9 +176,10 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
                             "CTAs that spin on each other must all be resident")
     if not 1 <= opt.rows <= 128:
         raise ScheduleError(f"rows {opt.rows}: buckets are 1..128")
-    if opt.ring_pages * opt.page_bytes + SMEM_OTHER > SMEM_BUDGET:
+    if opt.ring_pages * opt.page_bytes + SMEM_OTHER > SMEM_PER_CTA_MAX:
         raise ScheduleError(f"ring of {opt.ring_pages} x {opt.page_bytes} B plus "
-                            f"{SMEM_OTHER // 1024} KB of other shared memory exceeds 227 KB")
+                            f"{SMEM_OTHER // 1024} KB of other shared memory exceeds "
+                            f"{SMEM_PER_CTA_MAX // 1024} KB")
     phases = _phase_list(cfg, opt)
     ctas: list[list[Task]] = [[] for _ in range(opt.grid)]
     counter_expect: list[int] = []

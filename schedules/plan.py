@@ -12,17 +12,17 @@ input projection and where the draws' Gumbel terms are drawn. Each table entry b
 notes/fast-loop.md version whose same-run frame A/B chose it (the figures are there); what no
 table names is the kernel's own default (the skinny GEMM's per-shape defaults, section two).
 
-An A/B changes the plan only through a :class:`FrameVariant` (``frame_plan(rows, variant)``),
-which scripts/ (ab_frame.py and the trace / profile / bench scripts) and tests construct. A
-variant that wins its A/B becomes a table entry here; one that loses leaves the code, and its
-record stays in the notes. This module imports neither models/ nor kernels/.
+An A/B changes the plan only through a FrameVariant, which lives beside this module
+(schedules/plan_variant.py: its knobs go through :func:`frame_plan_with`) and which only
+scripts/ and tests build; ``frame_plan(rows)`` takes none. A variant that wins its A/B becomes a
+table entry here; one that loses leaves the code, and its record stays in the notes. This module
+imports neither models/ nor kernels/.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 
 PROJECTIONS = ("qkv", "wo", "gate_up", "down", "heads")
 # kernels/depth/gemm_skinny.py (mma.sync), gemm_skinny_wgmma.py (shared-memory wgmma: its input
@@ -144,59 +144,12 @@ class ProjectionPlan:
 
 
 @dataclass(frozen=True)
-class FrameVariant:
-    """The frame's live A/B knobs, applied by ``frame_plan(rows, variant)``: per projection a
-    mainloop (``mainloops``; its measured tile follows unless ``tiles`` names one) and tile
-    keywords (``tiles``, replacing that projection's tile), the row ``parts`` (None: the plan's;
-    () one chain), ``input_proj`` (None: the plan's), ``pdl``; and diagnostics that change no
-    bits: ``draw_trace`` / ``attn_trace`` stamp the draws / attention steps
-    (scripts/trace_frame.py). Only scripts/ and tests construct one."""
-    mainloops: Mapping = field(default_factory=dict)
-    tiles: Mapping = field(default_factory=dict)
-    parts: tuple | None = None
-    input_proj: str | None = None
-    pdl: bool = True
-    draw_trace: bool = False
-    attn_trace: bool = False
-
-    def __post_init__(self):
-        def known(arg: str, names):
-            if not isinstance(names, Mapping) or set(names) - set(PROJECTIONS):
-                raise ValueError(f"{arg} {names!r}: a dict keyed by projections of "
-                                 f"{PROJECTIONS}")
-
-        known("mainloops", self.mainloops)
-        bad = {k: v for k, v in self.mainloops.items() if v not in MAINLOOPS}
-        if bad:
-            raise ValueError(f"mainloops {bad!r}: each one of {MAINLOOPS}")
-        known("tiles", self.tiles)
-        every = set().union(*TILE_KEYWORDS.values())
-        for name, tile in self.tiles.items():
-            if not isinstance(tile, Mapping) or set(tile) - every or not all(
-                    type(x) is int for x in tile.values()):
-                raise ValueError(f"tiles[{name!r}] {tile!r}: a dict of GEMM keywords "
-                                 f"({sorted(every)}) to ints, e.g. {{'warps': 8}}")
-        if self.input_proj not in (None, *INPUT_PROJS):
-            raise ValueError(f"input_proj {self.input_proj!r}: one of {INPUT_PROJS} or None")
-        if self.parts is not None and (isinstance(self.parts, (str, int))
-                                       or not all(isinstance(r, int) for r in self.parts)):
-            raise ValueError(f"parts {self.parts!r}: a tuple of row counts, or None")
-        for name in ("pdl", "draw_trace", "attn_trace"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} {getattr(self, name)!r}: True or False")
-        freeze = object.__setattr__  # copies, so a caller's later edits reach no plan
-        freeze(self, "mainloops", MappingProxyType(dict(self.mainloops)))
-        freeze(self, "tiles", MappingProxyType({n: MappingProxyType(dict(t))
-                                                for n, t in self.tiles.items()}))
-        freeze(self, "parts", None if self.parts is None else tuple(self.parts))
-
-
-@dataclass(frozen=True)
 class FramePlan:
     """What a frame of ``rows`` rows runs with (``frame_plan``): ``run_rows`` kernel rows (over
     all parts), the row ``parts`` (() one chain), ``projections`` (a ProjectionPlan per
     PROJECTIONS name, in that order; () on the GEMVs), ``input_proj`` (INPUT_PROJS),
-    ``draw_noise``, ``pdl`` and the traces (FrameVariant's)."""
+    ``draw_noise``, ``pdl`` and the traces (the tables' plan: PDL, no traces; an A/B's
+    FrameVariant may set them, schedules.plan_variant)."""
     rows: int
     run_rows: int
     parts: tuple = ()
@@ -245,42 +198,51 @@ class FramePlan:
         return out
 
 
-def frame_plan(rows: int, variant: FrameVariant | None = None) -> FramePlan:
-    """The plan of a ``rows``-row frame (1 to BUCKETS[-1]) from the tables above, with
-    ``variant``'s knobs applied; ValueError for a variant this frame cannot run."""
+def frame_plan(rows: int) -> FramePlan:
+    """The plan of a ``rows``-row frame (1 to BUCKETS[-1]) from the tables above."""
+    return frame_plan_with(rows)
+
+
+def frame_plan_with(rows: int, *, parts: tuple | None = None, mainloops: Mapping | None = None,
+                    tiles: Mapping | None = None, input_proj: str | None = None) -> FramePlan:
+    """The tables' plan of a ``rows``-row frame with the choices named here in place of
+    theirs: the row ``parts`` (None: the tables'; () one chain), per projection a mainloop
+    (its measured tile follows unless ``tiles`` names one) and tile keywords, the input
+    projection (None: the tables'). Only an A/B's FrameVariant names any
+    (schedules.plan_variant.variant_plan). ValueError for what this frame cannot run."""
     if not 1 <= rows <= BUCKETS[-1]:
         raise ValueError(f"rows {rows}: the kernels path runs 1-{BUCKETS[-1]} rows")
-    v = variant or FrameVariant()
+    mainloops, tiles = mainloops or {}, tiles or {}
     K = kernel_rows(rows)
     first = FIRST_PART_ROWS.get(K)
-    parts = checked_parts(v.parts, rows) if v.parts is not None else \
+    parts = checked_parts(parts, rows) if parts is not None else \
         (first, rows - first) if first else ()
     chains = [kernel_rows(r) for r in parts] or [K]
     one_chain = not parts
-    input_proj = v.input_proj or (FRAME_INPUT_PROJ.get(K, "torch") if one_chain else "torch")
+    input_proj = input_proj or (FRAME_INPUT_PROJ.get(K, "torch") if one_chain else "torch")
     if input_proj == "skinny" and min(chains) <= GEMV_MAX_ROWS:
         raise ValueError(f"input_proj 'skinny': tensor-core chains only, more than "
                          f"{GEMV_MAX_ROWS} rows each (here {parts or rows})")
     projections = ()
     if K <= GEMV_MAX_ROWS:
-        if v.mainloops or v.tiles:
+        if mainloops or tiles:
             raise ValueError(f"mainloops / tiles: a {rows}-row frame runs the GEMVs (up to "
                              f"{GEMV_MAX_ROWS} rows), no tensor-core projections")
     else:
         loops = {name: FRAME_MAINLOOPS.get(K, {}).get(name, "sync") for name in PROJECTIONS}
-        loops.update(v.mainloops)
-        tiles = frame_tiles(K, loops) if one_chain else {}  # a part's are not a lone frame's
-        tiles.update(v.tiles)
-        for name, tile in tiles.items():
+        loops.update(mainloops)
+        chosen = frame_tiles(K, loops) if one_chain else {}  # a part's are not a lone frame's
+        chosen.update(tiles)
+        for name, tile in chosen.items():
             if set(tile) - set(TILE_KEYWORDS[loops[name]]):
                 raise ValueError(f"tiles[{name!r}] {dict(tile)}: mainloop {loops[name]!r} takes "
                                  f"{TILE_KEYWORDS[loops[name]]}")
-        projections = tuple(ProjectionPlan(loops[name], tuple(sorted(tiles.get(name, {}).items())))
+        projections = tuple(ProjectionPlan(loops[name],
+                                           tuple(sorted(chosen.get(name, {}).items())))
                             for name in PROJECTIONS)
     return FramePlan(rows=rows, run_rows=sum(chains), parts=parts, projections=projections,
                      input_proj=input_proj,
-                     draw_noise=DRAW_NOISE_GEMV if K <= GEMV_MAX_ROWS else DRAW_NOISE_TENSOR_CORE,
-                     pdl=v.pdl, draw_trace=v.draw_trace, attn_trace=v.attn_trace)
+                     draw_noise=DRAW_NOISE_GEMV if K <= GEMV_MAX_ROWS else DRAW_NOISE_TENSOR_CORE)
 
 
 # ---- the skinny projections' default tiles (kernels/depth/gemm_skinny.py) ---------------------
@@ -302,7 +264,6 @@ SKINNY_A_STAGES = {shape: {32: 4, 64: 4, 128: 4}
 # notes/p0-gemm.md version whose H200 measurement (or design argument, where nothing was
 # measured) chose it.
 ROW_TILE = 128  # rows of a CTA tile (tile_m) and of a swizzled scale tile
-K_BLOCK = 64  # K elements per k-block
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Same-run A/B of whole fast-loop frames: builds one FastLoop per variant (a
-schedules.plan.FrameVariant's fields; ``--instances N``: N each) at a row count and times them in
-turn, several rounds, so drift hits all alike. Identical builds differ by up to ~60 µs a frame
-(buffer placement: notes/fast-loop.md v10v), so a difference below that needs several instances.
-Tune on the frame, not on a kernel alone (notes/fast-loop.md, v8d: an isolated 1.7 µs win was a
-90 µs frame loss under PDL). A variant that wins goes into schedules/plan.py's tables.
+schedules.plan_variant.FrameVariant's fields; ``--instances N``: N each) at a row count and
+times them in turn, several rounds, so drift hits all alike. Identical builds differ by up to
+~60 µs a frame (buffer placement: notes/fast-loop.md v10v), so a difference below that needs
+several instances. Tune on the frame, not on a kernel alone (notes/fast-loop.md, v8d: an
+isolated 1.7 µs win was a 90 µs frame loss under PDL). A variant that wins goes into
+schedules/plan.py's tables.
 
     python3 scripts/ab_frame.py --rows 64 --variant "" --variant pdl=False
     python3 scripts/ab_frame.py --rows 64 --variant "" --variant "tiles={'qkv': {'warps': 4}}"
@@ -21,7 +22,7 @@ import torch
 from models.codepredictor import random_weights
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
-from schedules.plan import FrameVariant
+from schedules.plan_variant import FrameVariant, variant_plan
 from workbench.results import provenance_line
 from workbench.timing import bench
 
@@ -96,7 +97,7 @@ def main():
         for j, v in enumerate(built):
             try:
                 loops.append((j, FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
-                                          variant=v)))
+                                          plan=variant_plan(R, v))))
             except ValueError as e:  # refused before any launch (e.g. by the plan): time the others
                 print(f"variant {names[j]} refused: {e}", flush=True)
     times = [[] for _ in loops]

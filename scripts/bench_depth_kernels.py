@@ -25,7 +25,7 @@ from models.codepredictor import random_weights
 from configs.codepredictor import QWEN3_TTS_1P7B as CFG
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
-from schedules.plan import FrameVariant
+from schedules.plan_variant import FrameVariant, variant_plan
 from workbench import results as Rs
 from workbench.timing import bench
 
@@ -150,7 +150,7 @@ def main():
         g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
         for pdl in (True, False):
             fl = FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
-                          variant=FrameVariant(pdl=pdl))
+                          plan=variant_plan(R, FrameVariant(pdl=pdl)))
             t = bench(lambda: fl(h, g0), warmup_ms=100, rep_ms=500).median_us
             measurements.append({"rows": R, "kernel": "frame", "pdl": pdl, "us": t})
             lines.append(f"{R:>3} frame pdl={pdl}: {t:.0f} us")

@@ -1,4 +1,4 @@
-"""A/B of the depth frame's projection-tile knobs (kernels.depth.frame_tiles.TileStudy) on the
+"""A/B of the depth frame's projection-tile knobs (kernels.depth.frame_studies.TileStudy) on the
 H200, in the projection study (random weights, attention and embedding tasks wait and signal
 only).
 
@@ -30,9 +30,7 @@ from pathlib import Path
 import torch
 
 from experiments.frame_protocol import _tile_times, critical_chain
-from kernels.depth.frame_protocol import FrameKernel, ProtocolRun
-from kernels.depth.frame_studies import ProjectionStudy
-from kernels.depth.frame_tiles import TileStudy
+from kernels.depth.frame_studies import ProjectionStudy, TileStudy, TileStudyKernel, TileStudyRun
 from schedules.depth_frame import FrameOptions, build
 from schedules.plan import FRAME_RING
 from workbench.timing import bench
@@ -50,7 +48,7 @@ def _fits(rows: int, variant) -> str | None:
     """Why the kernel refuses this variant at ``rows`` (None: it builds)."""
     study, (pages, page_bytes) = variant
     try:
-        FrameKernel(512, 2, False, pages, page_bytes, rows=rows, study=study)
+        TileStudyKernel(512, 2, False, pages, page_bytes, rows=rows, study=study)
     except ValueError as e:
         return str(e)
     return None
@@ -60,7 +58,7 @@ def _row(rows: int, label: str, variant, quick: bool) -> dict:
     study, (pages, page_bytes) = variant
     s = build(options=FrameOptions(rows=rows, ring_pages=pages, page_bytes=page_bytes))
     data = ProjectionStudy(s, seed=rows)
-    run = ProtocolRun(s, weights=data.packed, io=data.io(), study=study)
+    run = TileStudyRun(s, weights=data.packed, io=data.io(), study=study)
     run.launch()
     run.synchronize()
     checks = run.check()
@@ -70,7 +68,7 @@ def _row(rows: int, label: str, variant, quick: bool) -> dict:
               rep_ms=100 if quick else 300).as_dict()
     buffers = run.kernel.act_buffers
     del run
-    traced = ProtocolRun(s, trace=True, weights=data.packed, io=data.io(), study=study)
+    traced = TileStudyRun(s, trace=True, weights=data.packed, io=data.io(), study=study)
     traced.launch()
     traced.synchronize()
     stamps = traced.task_stamps()

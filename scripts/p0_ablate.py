@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+from configs.arch import K_BLOCK
 from kernels.nvfp4.gemm import gemm_nvfp4
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant
 from validators.gemm_operands import make_operand
@@ -32,9 +33,11 @@ def run(M, N, K, configs):
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     t_ref = bench(lambda: torch.nn.functional.linear(x, w), graph=True).median_us
     for label, kw in configs:
+        variant = kw.pop("variant", None)
         cfg = BlockscaledGemmSm90(**kw)
+        cfg = cfg if variant is None else variant.of(cfg)
         t = bench(lambda cfg=cfg: gemm_nvfp4(*a, *b, out=out, config=cfg), graph=True).median_us
-        k_blocks = -(-K // 64)
+        k_blocks = -(-K // K_BLOCK)
         tiles = -(-M // cfg.tile_m) * -(-N // cfg.tile_n) * cfg.splits
         per_kb = t / (-(-tiles // 132) * -(-k_blocks // cfg.splits))
         print(f"M={M} N={N} K={K} {label}: {t:.1f} us (cuBLAS {t_ref:.1f}, ratio "

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from configs.arch import K_BLOCK
 from kernels.nvfp4.gemm import default_config, gemm_nvfp4
 from kernels.nvfp4.gemm_shell import P0Variant, SwapAbStudy
 from kernels.nvfp4.prepack import prepack
@@ -50,7 +51,7 @@ def _configs(M, N, K, args):
     out = [("p0 default", default_config(M, N, K)),
            ("chosen", default_config(M, N, K, prepacked=True))]
     tiles = -(-M // 128) * -(-N // 128)
-    kb = -(-K // 64)
+    kb = -(-K // K_BLOCK)
     splits = sorted({1, *[s for s in (2, 3, 4) if tiles * s <= 2 * 132 and kb // s >= 8]})
     if M > 1024:
         splits = [1]
@@ -105,7 +106,7 @@ def run(args) -> list:
                 row = {"projection": name, "M": M, "N": N, "K": K, "config": label,
                        "describe": cfg.describe(), "cublas_bf16_us": t_ref["median_us"]}
                 try:
-                    if cfg.variant == P0Variant():
+                    if cfg.variant is None:  # a measurement build's bits are wrong by design
                         chk, y = _check(cfg, a, b, pre, M, N, K, seed=M + N)
                         row.update(chk)
                         if ref is None:

@@ -15,6 +15,8 @@ from torch.profiler import ProfilerActivity, profile
 from models.codepredictor import random_weights
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
+from schedules.plan_variant import variant_plan
+from scripts.ab_frame import frame_variant
 from workbench.results import provenance_line, results_dir, write_record
 
 
@@ -75,8 +77,6 @@ def end_increments(events) -> dict:
 
 
 def main():
-    from scripts.ab_frame import frame_variant
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--graph", action="store_true", help="profile a replay of the captured frame")
@@ -95,7 +95,7 @@ def main():
         h = torch.randn(R, 2048, device="cuda").to(torch.bfloat16)
         g0 = torch.randint(0, 2048, (R,), device="cuda")
         fl = FastLoop(fw, R, Sampler(R, seeds=list(range(R)), device="cuda"),
-                      graph=args.graph, variant=variant)
+                      graph=args.graph, plan=variant_plan(R, variant))
         for _ in range(2):
             fl(h, g0)
         torch.cuda.synchronize()

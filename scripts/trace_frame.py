@@ -1,6 +1,6 @@
 """Per-phase traces of one kind of the fast loop's kernels inside the captured frame:
 ``--kernel draw|attention --rows 64 [--variant pdl=False] [--label nopdl]`` (one chain unless
-the variant, a schedules.plan.FrameVariant's knobs, names parts) ->
+the variant, a schedules.plan_variant.FrameVariant's knobs, names parts) ->
 the record <kernel>-trace-<rows>[-<label>].json (workbench.results.write_record: into the run
 folder or $WB_RESULTS_DIR) and a table.
 
@@ -21,6 +21,7 @@ from kernels.depth.draw import DRAW_TRACE_POINTS
 from models.codepredictor import random_weights
 from models.fast_loop import FastLoop, FastWeights
 from models.sampler import Sampler
+from schedules.plan_variant import variant_plan
 from scripts.ab_frame import frame_variant
 from workbench.results import provenance_line, results_dir, write_record
 
@@ -83,7 +84,7 @@ def main():
     h = torch.randn(R, w.config.talker_hidden, device="cuda", generator=g).to(torch.bfloat16)
     g0 = torch.randint(0, 2048, (R,), device="cuda", generator=g)
     fl = FastLoop(FastWeights(w), R, Sampler(R, seeds=list(range(R)), device="cuda"),
-                  variant=variant)
+                  plan=variant_plan(R, variant))
     for _ in range(3):
         fl(h, g0)
     torch.cuda.synchronize()

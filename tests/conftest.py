@@ -37,7 +37,7 @@ HAVE_CUDA = _cuda()
 
 
 # the depth part of the GPU suite, by file name; every other test file is the nvfp4 part
-DEPTH_FILES = re.compile(r"test_(fast_loop|codepredictor\w*|gemv_small_m|gemm_skinny\w*|"
+DEPTH_FILES = re.compile(r"test_(fast_loop\w*|codepredictor\w*|gemv_small_m|gemm_skinny\w*|"
                          r"rows_rmsnorm|depth_attention|depth_draw|depth_frame\w*|frame_protocol|"
                          r"device_rounding)\.py$")
 

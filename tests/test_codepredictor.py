@@ -16,8 +16,8 @@ TINY = CodePredictorConfig(hidden=64, intermediate=128, layers=2, q_heads=4, kv_
 
 def _inputs(cfg, R, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(R, cfg.talker_hidden, generator=g), torch.randint(0, 3072, (R,),
-                                                                         generator=g)
+    return torch.randn(R, cfg.talker_hidden, generator=g), torch.randint(
+        0, cfg.talker_vocab, (R,), generator=g)
 
 
 def test_teacher_forcing_reproduces_the_free_run():

@@ -142,7 +142,7 @@ def _weights():
 def _inputs(rows, seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
     h = torch.randn(rows, CFG.talker_hidden, generator=g, device="cuda").to(torch.bfloat16)
-    g0 = torch.randint(0, 3072, (rows,), generator=g, device="cuda")  # the Talker codebook
+    g0 = torch.randint(0, CFG.talker_vocab, (rows,), generator=g, device="cuda")  # the Talker's
     return h, g0
 
 
@@ -260,7 +260,7 @@ def test_frame_takes_g0_from_the_whole_talker_codebook():
     worst = _close(got, loop)
     assert worst["kv"] <= 0.02 and worst["logits"] <= 0.015, worst
     with pytest.raises(ValueError, match="g0 holds codes outside"):
-        frame(h, torch.full_like(g0, 3072), codes)
+        frame(h, torch.full_like(g0, CFG.talker_vocab), codes)
     with pytest.raises(ValueError, match="codes holds codes outside"):
         frame(h, g0, torch.full_like(codes, -1))
 

@@ -90,6 +90,12 @@ def _g_defect(data, defect):
 
 
 G_DEFECTS = ["g value", "g type", "g shape", "g device"]
+BAD_FLAGS = ("yes", 1, 0, None, 1.0)  # a flag is True or False: truthy look-alikes are refused
+HAVE_CUDA = torch.cuda.is_available()
+# devices refused before any work: a CUDA index past the visible ones, and "cuda" itself where
+# this torch has no CUDA GPU (it was torch's "Torch not compiled with CUDA enabled" assertion)
+BAD_DEVICES = ["meta", "no such device", f"cuda:{torch.cuda.device_count()}"] \
+    + ([] if HAVE_CUDA else ["cuda"])
 
 
 # --- numerics.nvfp4.quantize ---------------------------------------------------------------------
@@ -109,7 +115,7 @@ def _reference_quantize(x: torch.Tensor, g: float, Mp: int, Kp: int, hi_first: b
     return packed, nvfp4.to_blocked(s8)
 
 
-QUANTIZE_DEFECTS = ["dtype", "dims", "empty", "not 16", "device", "mode", *G_DEFECTS]
+QUANTIZE_DEFECTS = ["dtype", "dims", "empty", "not 16", "device", "mode", "flag", *G_DEFECTS]
 
 
 @FUZZ
@@ -125,7 +131,7 @@ def test_quantize_refuses_each_defect_and_matches_the_scalar_spec(data):
     g = _g(data)
     hi_first = data.draw(st.booleans(), label="hi_first")
     defect = data.draw(st.sampled_from([None] * 4 + QUANTIZE_DEFECTS), label="defect")
-    expected = None
+    expected, flags = None, {}
     if defect == "dtype":
         x, expected = x.to(data.draw(st.sampled_from(
             [torch.int32, torch.uint8, torch.bool, torch.float64]))), TypeError
@@ -140,10 +146,13 @@ def test_quantize_refuses_each_defect_and_matches_the_scalar_spec(data):
         x, expected = x.to("meta"), ValueError
     elif defect == "mode":
         mode, expected = "fast", ValueError
+    elif defect == "flag":
+        flag = data.draw(st.sampled_from(["hi_first", "pad_16x", "nonfinite_g"]))
+        flags, expected = {flag: data.draw(st.sampled_from(BAD_FLAGS))}, TypeError
     elif defect is not None:
         g, expected = _g_defect(data, defect)
-    got = _outcome(expected, lambda: nvfp4.quantize(x, g, hi_first=hi_first, pad_16x=pad,
-                                                    mode=mode))
+    kw = {"hi_first": hi_first, "pad_16x": pad, "mode": mode, **flags}
+    got = _outcome(expected, lambda: nvfp4.quantize(x, g, **kw))
     if got is None:
         return
     q, s = got
@@ -176,7 +185,7 @@ def _reference_dequantize(packed, scales, g: float, M, K, dtype, hi_first):
 
 DEQUANTIZE_DEFECTS = ["packed dtype", "packed dims", "packed empty", "K not 16", "scales dtype",
                       "scales shape", "shape beyond", "shape crops", "shape type", "dtype",
-                      "packed device", "scales device", "mode", *G_DEFECTS]
+                      "packed device", "scales device", "mode", "flag", *G_DEFECTS]
 
 
 @FUZZ
@@ -231,6 +240,8 @@ def test_dequantize_refuses_each_defect_and_matches_the_reference(data):
         scales = scales.to("meta")
     elif defect == "mode":
         mode = "fast"
+    elif defect == "flag":
+        hi_first, expected = data.draw(st.sampled_from(BAD_FLAGS)), TypeError
     else:
         g, expected = _g_defect(data, defect)
     got = _outcome(expected, lambda: nvfp4.dequantize(packed, scales, g, shape, dtype,
@@ -307,7 +318,7 @@ def test_gemm_nvfp4_validate_refuses_each_defect(data):
     K = 32 * data.draw(st.integers(1, 3), label="K/32")
     a_q = torch.randint(0, 256, (M, K // 2), generator=gen, dtype=torch.uint8)
     b_q = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
-    a_s, b_s = _fp8(gemm._scale_shape(M, K), gen), _fp8(gemm._scale_shape(N, K), gen)
+    a_s, b_s = _fp8(nvfp4.scale_shape(M, K), gen), _fp8(nvfp4.scale_shape(N, K), gen)
     g_a, g_b = _g(data), torch.tensor([data.draw(st.floats(0, 1e3, width=32))])
     rows = None
     if data.draw(st.booleans(), label="row slice"):
@@ -337,14 +348,14 @@ def test_gemm_nvfp4_validate_refuses_each_defect(data):
     elif defect == "a_q dims":
         a_q = a_q.reshape(-1)
     elif defect == "K mismatch":
-        b_q, b_s = torch.cat([b_q, b_q], 1), _fp8(gemm._scale_shape(N, 2 * K), gen)
+        b_q, b_s = torch.cat([b_q, b_q], 1), _fp8(nvfp4.scale_shape(N, 2 * K), gen)
     elif defect == "K not 32":
-        a_q, a_s = a_q[:, :8].contiguous(), _fp8(gemm._scale_shape(M, 16), gen)
+        a_q, a_s = a_q[:, :8].contiguous(), _fp8(nvfp4.scale_shape(M, 16), gen)
     elif defect == "K zero":  # on both operands: no K mismatch to catch it
-        a_q, a_s = a_q[:, :0].contiguous(), _fp8(gemm._scale_shape(M, 0), gen)
-        b_q, b_s = b_q[:, :0].contiguous(), _fp8(gemm._scale_shape(N, 0), gen)
+        a_q, a_s = a_q[:, :0].contiguous(), _fp8(nvfp4.scale_shape(M, 0), gen)
+        b_q, b_s = b_q[:, :0].contiguous(), _fp8(nvfp4.scale_shape(N, 0), gen)
     elif defect == "no rows":
-        b_q, b_s = b_q[:0].contiguous(), _fp8(gemm._scale_shape(0, K), gen)
+        b_q, b_s = b_q[:0].contiguous(), _fp8(nvfp4.scale_shape(0, K), gen)
     elif defect == "scale shape":
         a_s = _fp8((a_s.shape[0], a_s.shape[1] + 4), gen)
     elif defect == "N not 8":
@@ -495,11 +506,13 @@ BAD_SETTINGS = [("temperature", NAN, ValueError), ("temperature", -1.0, ValueErr
                 ("top_k", -1, ValueError), ("top_k", 2.5, TypeError), ("top_k", True, TypeError),
                 ("top_p", 0.0, ValueError), ("top_p", 1.5, ValueError), ("top_p", NAN, ValueError),
                 ("min_p", 1.0, ValueError), ("min_p", -0.1, ValueError),
-                ("repetition_penalty", 0.0, ValueError), ("repetition_penalty", NAN, ValueError)]
+                ("repetition_penalty", 0.0, ValueError), ("repetition_penalty", NAN, ValueError),
+                ("top_k", 2**63, ValueError), ("top_k", 2**70, ValueError),  # past int64
+                ("temperature", 1e39, ValueError), ("top_p", 1e-50, ValueError)]  # inf, 0 in fp32
 SAMPLER_DEFECTS = ["setting", "settings count", "settings type", "rows", "seeds shape",
-                   "seeds dtype", "device", "logits dims", "logits rows", "logits dtype",
-                   "logits type", "logits empty", "logits device", "history dtype",
-                   "history rows", "history ids"]
+                   "seeds dtype", "seeds range", "device", "logits dims", "logits rows",
+                   "logits dtype", "logits type", "logits empty", "logits device",
+                   "history dtype", "history rows", "history ids"]
 
 
 def _candidates(f32, settings, history) -> torch.Tensor:
@@ -555,8 +568,12 @@ def test_sampler_refuses_each_defect_and_never_draws_nan(data):
         ctor["seeds"] = seeds + [1]
     elif defect == "seeds dtype":
         ctor["seeds"], expected = [0.5] * R, TypeError
+    elif defect == "seeds range":  # said "seeds must be R integers"
+        ctor["seeds"] = list(seeds)
+        ctor["seeds"][data.draw(st.integers(0, R - 1))] = data.draw(
+            st.integers(2**63, 2**80) | st.integers(-2**80, -2**63 - 1))
     elif defect == "device":
-        ctor["device"] = data.draw(st.sampled_from(["meta", "no such device"]))
+        ctor["device"] = data.draw(st.sampled_from(BAD_DEVICES))
     elif defect == "logits dims":
         logits = data.draw(st.sampled_from([logits.reshape(-1), logits.unsqueeze(0)]))
     elif defect == "logits rows":  # one row into a 4-row sampler returned 4 tokens (the issue)
@@ -582,7 +599,7 @@ def test_sampler_refuses_each_defect_and_never_draws_nan(data):
         settings[0].repetition_penalty = 1.2  # ids are checked where the penalty reads them
         history[0, 0] = data.draw(st.sampled_from([-1, V]))
     if defect in ("setting", "settings count", "settings type", "rows", "seeds shape",
-                  "seeds dtype", "device"):
+                  "seeds dtype", "seeds range", "device"):
         _outcome(expected, lambda: Sampler(**ctor))
         return
     smp = Sampler(**ctor)
@@ -723,7 +740,7 @@ def test_load_checkpoint_refuses_each_defect_naming_file_and_tensor(tmp_path_fac
     elif defect == "dtype argument":
         dtype = data.draw(st.sampled_from([torch.int32, "bf16"]))
     elif defect == "device argument":
-        device = data.draw(st.sampled_from(["meta", "no such device"]))
+        device = data.draw(st.sampled_from(BAD_DEVICES))
     path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
     save_file(tensors, str(path))
     if defect == "truncated":

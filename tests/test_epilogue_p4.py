@@ -8,7 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from epilogues.gate_residual import GateResidualBf16
+from kernels.nvfp4.gemm import gemm_nvfp4
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, compile_args
+from models.nvfp4_linear import Nvfp4Linear
 from numerics.epilogue import gate_residual
+from validators.gemm_operands import make_operand
+from workbench.compile import compile_report
 
 
 def _bf16(x) -> torch.Tensor:
@@ -54,10 +60,6 @@ def test_reference_refuses_bad_operands(kw, exc, match):
 @pytest.mark.compile
 @pytest.mark.parametrize("tile_n,stages,splits", [(256, 4, 1), (128, 8, 3)])
 def test_p4_build_has_two_separate_roundings_per_element(tile_n, stages, splits):
-    from epilogues.gate_residual import GateResidualBf16
-    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, compile_args
-    from workbench.compile import compile_report
-
     plain = BlockscaledGemmSm90(tile_n=tile_n, stages=stages, splits=splits)
     p4 = plain.with_output(GateResidualBf16())
     assert p4.static_key() != plain.static_key()
@@ -75,8 +77,6 @@ def test_p4_build_has_two_separate_roundings_per_element(tile_n, stages, splits)
 
 # ---- GPU -------------------------------------------------------------------------------------
 def _operands(M, N, K, seed):
-    from validators.gemm_operands import make_operand
-
     return make_operand("normal", M, K, seed, "cuda"), make_operand("lognormal", N, K, seed + 1,
                                                                      "cuda")
 
@@ -114,8 +114,6 @@ def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def _fused_equals_reference_order(M, N, K, seed, kind, config=None, in_place=False):
-    from kernels.nvfp4.gemm import gemm_nvfp4
-
     a, b = _operands(M, N, K, seed)
     y = gemm_nvfp4(*a, *b, config=config)
     gate, res = _vectors(kind, y, seed)
@@ -143,16 +141,12 @@ def test_p4_fused_equals_reference_order_default_config():
 @pytest.mark.parametrize("kind", ["random", "cancel", "extremes", "nan"])
 @pytest.mark.parametrize("tile_n,stages,splits", [(256, 4, 1), (128, 8, 1), (128, 8, 3)])
 def test_p4_fused_equals_reference_order(kind, tile_n, stages, splits):
-    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
-
     cfg = BlockscaledGemmSm90(tile_n=tile_n, stages=stages, splits=splits)
     _fused_equals_reference_order(300, 520, 1056, seed=tile_n + splits, kind=kind, config=cfg)
 
 
 @pytest.mark.gpu
 def test_p4_in_place_residual_and_row_slices():
-    from kernels.nvfp4.gemm import gemm_nvfp4
-
     _fused_equals_reference_order(256, 1024, 512, seed=9, kind="random", in_place=True)
     M, N, K = 700, 256, 512
     a, b = _operands(M, N, K, seed=12)
@@ -174,8 +168,6 @@ def test_p4_drawn_shapes(M, n8, k32, kind, seed):
 
 @pytest.mark.gpu
 def test_nvfp4_linear_p0_fused_equals_its_plain_output_then_the_reference_order():
-    from models.nvfp4_linear import Nvfp4Linear
-
     gen = torch.Generator().manual_seed(5)
     w = (torch.randn(384, 256, generator=gen) / 16).to(torch.bfloat16)
     x = torch.randn(200, 256, generator=gen).to(torch.bfloat16).cuda()

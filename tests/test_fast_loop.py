@@ -1,5 +1,6 @@
 """The fast depth loop against the reference loop (same codes, logits within rounding noise), its
 plan (schedules/plan.py) against the frames it replaced, and the A/B variants of it."""
+import hashlib
 import json
 import re
 import subprocess
@@ -11,14 +12,20 @@ import torch
 
 from models.codepredictor import depth_loop, random_weights, rms_norm
 from configs.codepredictor import QWEN3_TTS_1P7B, CodePredictorConfig
-from models.fast_loop import FastLoop, FastWeights, frame_fingerprint
+from models.fast_loop import FastLoop, FastWeights, frame_difference, frame_fingerprint
 from models.sampler import Sampler, SamplerSettings
-from schedules.plan import (BUCKETS, PROJECTIONS, FrameVariant, ProjectionPlan, bucket_for,
-                            checked_parts, frame_plan)
+from schedules.plan import (BUCKETS, PROJECTIONS, ProjectionPlan, bucket_for, checked_parts,
+                            frame_plan)
+from schedules.plan_variant import FrameVariant, variant_plan
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = CodePredictorConfig(hidden=64, intermediate=128, layers=2, q_heads=4, kv_heads=2,
                            head_dim=16, talker_hidden=48, vocab=32)
+
+
+def _plan(rows, variant):
+    """The plan of ``variant`` (None: the bucket's, which FastLoop takes by default)."""
+    return None if variant is None else variant_plan(rows, variant)
 
 
 def _inputs(cfg, R, seed=0, device="cpu", dtype=torch.float32):
@@ -67,15 +74,17 @@ def test_fast_loop_refuses_what_it_cannot_run():
         FastLoop(fw, 2)(*_inputs(TINY, 3))
     with pytest.raises(ValueError, match="codes"):
         FastLoop(fw, 2, teacher_forced=True)(*_inputs(TINY, 2))
-    with pytest.raises(ValueError, match="variant"):  # A/B knobs: the kernels path (CUDA) only
-        FastLoop(fw, 2, variant=FrameVariant(pdl=False))
-    with pytest.raises(ValueError, match="variant"):
-        FastLoop(fw, 2, variant={"pdl": False})
+    with pytest.raises(ValueError, match="plan"):  # a plan: the kernels path (CUDA) only
+        FastLoop(fw, 2, plan=variant_plan(2, FrameVariant(pdl=False)))
+    with pytest.raises(ValueError, match="plan"):
+        FastLoop(fw, 2, plan=FrameVariant(pdl=False))  # a variant is no plan
+    with pytest.raises(ValueError, match="plan"):
+        FastLoop(fw, 2, plan=frame_plan(3))  # another row count's
     with pytest.raises(ValueError, match="graph"):
         FastLoop(fw, 2, graph=True)
     with pytest.raises(ValueError, match="rows"):
         FastLoop(fw, 0)
-    assert FastLoop(fw, 2, variant=FrameVariant()).plan is None  # the CPU loop has no plan
+    assert FastLoop(fw, 2).plan is None  # the CPU loop has no plan
 
 
 # What the default GPU frame ran with per bucket before the plan module: FastLoop's own
@@ -140,27 +149,27 @@ def test_variants_change_only_what_they_name():
         return all(plan.projection(n) == base.projection(n) for n in others)
 
     # a mainloop brings its own measured tile at this bucket (mma.sync's, FRAME_TILES)
-    plan = frame_plan(64, FrameVariant(mainloops={"gate_up": "sync"}))
+    plan = variant_plan(64, FrameVariant(mainloops={"gate_up": "sync"}))
     assert plan.projection("gate_up") == ProjectionPlan("sync", (("a_stages", 2), ("splits", 2)))
     assert same_elsewhere(plan) and plan.input_proj == "skinny"
-    assert frame_plan(64, FrameVariant(mainloops={"heads": "wgmma"})).projection("heads") == \
+    assert variant_plan(64, FrameVariant(mainloops={"heads": "wgmma"})).projection("heads") == \
         ProjectionPlan("wgmma")  # none measured on the shared-memory wgmma
-    plan = frame_plan(64, FrameVariant(tiles={"gate_up": {"warps": 4}}))  # replaces the tile
+    plan = variant_plan(64, FrameVariant(tiles={"gate_up": {"warps": 4}}))  # replaces the tile
     assert plan.projection("gate_up") == ProjectionPlan("rwgmma_tma", (("warps", 4),))
     assert same_elsewhere(plan)
-    plan = frame_plan(64, FrameVariant(parts=(32, 32)))  # no lone frame's tiles in parts
+    plan = variant_plan(64, FrameVariant(parts=(32, 32)))  # no lone frame's tiles in parts
     assert plan.parts == (32, 32) and plan.run_rows == 64 and plan.input_proj == "torch"
     assert [p.mainloop for p in plan.projections] == [p.mainloop for p in base.projections]
     assert all(p.tile == () for p in plan.projections)
-    assert frame_plan(128, FrameVariant(parts=())).parts == ()
-    assert frame_plan(16, FrameVariant(input_proj="skinny")).input_proj == "skinny"
-    assert not frame_plan(16, FrameVariant(pdl=False)).pdl
-    assert frame_plan(1, FrameVariant(draw_trace=True, attn_trace=True)).draw_trace
+    assert variant_plan(128, FrameVariant(parts=())).parts == ()
+    assert variant_plan(16, FrameVariant(input_proj="skinny")).input_proj == "skinny"
+    assert not variant_plan(16, FrameVariant(pdl=False)).pdl
+    assert variant_plan(1, FrameVariant(draw_trace=True, attn_trace=True)).draw_trace
     # a variant holds copies: later edits of what built it change no plan
     loops, tiles = {"qkv": "sync"}, {"qkv": {"warps": 4}}
     variant = FrameVariant(mainloops=loops, tiles=tiles)
     loops["qkv"], tiles["qkv"]["warps"] = "wgmma", 8
-    assert frame_plan(64, variant).projection("qkv") == ProjectionPlan("sync", (("warps", 4),))
+    assert variant_plan(64, variant).projection("qkv") == ProjectionPlan("sync", (("warps", 4),))
     assert frame_plan(64) == base
 
 
@@ -185,13 +194,13 @@ def test_frame_variant_refuses_unknown_knobs(knobs, match):
     (16, dict(mainloops={"qkv": "wgmma"}, tiles={"qkv": {"a_stages": 4}}), "'wgmma' takes")])
 def test_frame_plan_refuses_what_the_frame_cannot_run(rows, knobs, match):
     with pytest.raises(ValueError, match=match):
-        frame_plan(rows, FrameVariant(**knobs))
+        variant_plan(rows, FrameVariant(**knobs))
 
 
 def test_row_parts_are_checked():
     assert checked_parts((64,), 64) == () and checked_parts((), 5) == ()
     assert checked_parts((32, 16, 5), 53) == (32, 16, 5)
-    assert frame_plan(53, FrameVariant(parts=(32, 16, 5))).run_rows == 32 + 16 + 16
+    assert variant_plan(53, FrameVariant(parts=(32, 16, 5))).run_rows == 32 + 16 + 16
 
 
 def test_every_plan_choice_cites_a_version_of_the_notes():
@@ -386,11 +395,31 @@ def _snapshot(out):
                      [(k.clone(), v.clone()) for k, v in out.kv], out.logits.clone())
 
 
-def _assert_same_frame(a, b):
-    assert torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
-    assert torch.equal(a.talker_sum, b.talker_sum)
-    for (k, v), (k1, v1) in zip(a.kv, b.kv):
-        assert torch.equal(k, k1) and torch.equal(v, v1)
+def _prints(out) -> dict:
+    """A frame's fingerprint, whole and per part (codes, logits, talker sum, each layer's
+    K and V), to tell across processes which part a failure changed."""
+    def sha(*ts):
+        return hashlib.sha256(b"".join(t.detach().contiguous().cpu().view(torch.uint8).numpy()
+                                       .tobytes() for t in ts)).hexdigest()
+
+    return {"frame": frame_fingerprint(out), "codes": sha(out.codes), "logits": sha(out.logits),
+            "talker_sum": sha(out.talker_sum),
+            **{f"kv{li}": sha(k, v) for li, (k, v) in enumerate(out.kv)}}
+
+
+def _assert_same_frame(a, b, record: Path | None = None):
+    """b has a's bits (codes, logits, talker sum, KV), or the failure says where they first
+    differ (models.fast_loop.frame_difference: group, layer and position, the talker sum) and
+    keeps both frames' fingerprints, in the message and, with ``record``, in that JSON file."""
+    diff = frame_difference(a, b)
+    if diff is None:
+        return
+    report = {"difference": diff, "expected": _prints(a), "got": _prints(b)}
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(report, indent=1))
+    kept = f" (kept in {record})" if record is not None else ""
+    pytest.fail(f"the frames differ, first at {diff['first']}{kept}: {json.dumps(report)}")
 
 
 def _all_on(mainloop: str) -> dict:
@@ -413,7 +442,7 @@ def test_fast_loop_reruns_and_bit_neutral_variants_keep_the_bits_on_h200(R):
     variants = [None, FrameVariant(pdl=False), traced]
     if frame_plan(R).run_rows == 16:
         variants.append(FrameVariant(tiles={"wo": {"m_split": 2}, "down": {"a_stages": 2}}))
-    loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), variant=v)
+    loops = [FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), plan=_plan(R, v))
              for v in variants]
     for frame in range(2):
         a, *others = (loop(h, g0) for loop in loops)
@@ -432,7 +461,7 @@ def test_fast_loop_reruns_and_bit_neutral_variants_keep_the_bits_on_h200(R):
         assert (stamps > 0).all() and (stamps.diff(dim=-1) >= 0).all()
     codes = torch.randint(0, QWEN3_TTS_1P7B.vocab, (R, 15),
                           generator=torch.Generator().manual_seed(R)).to("cuda")
-    a, b = (FastLoop(fw, R, teacher_forced=True, variant=v)(h, g0, codes=codes)
+    a, b = (FastLoop(fw, R, teacher_forced=True, plan=_plan(R, v))(h, g0, codes=codes)
             for v in (None, FrameVariant(pdl=False)))
     assert torch.equal(a.codes, codes)
     _assert_same_frame(a, b)
@@ -449,7 +478,7 @@ def test_fast_loop_row_parts_equal_their_own_loops_on_h200(R, parts):
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(200, 200 + R))
     variant = None if parts is None else FrameVariant(parts=parts)
-    loop = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), variant=variant)
+    loop = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), plan=_plan(R, variant))
     assert loop.plan.parts == (64, R - 64)
     out = loop(h, g0)
     assert (loop.sampler.offset == QWEN3_TTS_1P7B.heads_drawn).all()
@@ -459,7 +488,7 @@ def test_fast_loop_row_parts_equal_their_own_loops_on_h200(R, parts):
                             tiles={n: p.projection(n).tile_kwargs() for n in PROJECTIONS},
                             input_proj=p.input_proj)
         alone_loop = FastLoop(fw, b - a, Sampler(b - a, seeds=seeds[a:b], device="cuda"),
-                              variant=lone)
+                              plan=variant_plan(b - a, lone))
         assert alone_loop.plan == p
         alone = alone_loop(h[a:b], g0[a:b])
         assert torch.equal(out.codes[a:b], alone.codes)
@@ -469,7 +498,8 @@ def test_fast_loop_row_parts_equal_their_own_loops_on_h200(R, parts):
             assert torch.equal(k[a:b], k1) and torch.equal(v[a:b], v1)
     ref = depth_loop(w, h, g0, codes=out.codes)
     ref32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=out.codes)
-    forced = FastLoop(fw, R, teacher_forced=True, variant=variant)(h, g0, codes=out.codes)
+    forced = FastLoop(fw, R, teacher_forced=True, plan=_plan(R, variant))(h, g0,
+                                                                          codes=out.codes)
     assert torch.equal(forced.codes, out.codes)
     assert (forced.logits - ref32.logits).norm() <= 2 * (ref.logits - ref32.logits).norm()
 
@@ -544,11 +574,13 @@ def test_fast_loop_variants_on_h200_match_reference_1p7b(R, knobs):
     h, g0 = _inputs(QWEN3_TTS_1P7B, R, seed=R, device="cuda", dtype=torch.bfloat16)
     seeds = list(range(100, 100 + R))
     ref = depth_loop(w, h, g0, sampler=Sampler(R, seeds=seeds, device="cuda"))
-    out = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"), variant=variant)(h, g0)
+    out = FastLoop(fw, R, Sampler(R, seeds=seeds, device="cuda"),
+                   plan=variant_plan(R, variant))(h, g0)
     assert float((out.codes == ref.codes).float().mean()) >= 0.8
     ref32 = depth_loop(w.to(dtype=torch.float32), h.float(), g0, codes=ref.codes)
     noise = (ref.logits - ref32.logits).norm()
-    forced = FastLoop(fw, R, teacher_forced=True, variant=variant)(h, g0, codes=ref.codes)
+    forced = FastLoop(fw, R, teacher_forced=True, plan=variant_plan(R, variant))(
+        h, g0, codes=ref.codes)
     assert torch.equal(forced.codes, ref.codes)
     assert (forced.logits - ref32.logits).norm() <= 2 * noise
 
@@ -556,16 +588,26 @@ def test_fast_loop_variants_on_h200_match_reference_1p7b(R, knobs):
 HISTORY_ROWS = (1, 16, 64, 128)
 
 
-def _history_loops(fw, R):
-    """The history test's two default loops at R rows with their inputs (fixed seeds, CPU
-    generators: the same in every process): sampled, and teacher-forced."""
-    cfg = fw.config
-    h, g0 = _inputs(cfg, R, seed=R + 11, device="cuda", dtype=torch.bfloat16)
+def _history_args(cfg, R, kind, seed):
+    """A history frame's arguments (CPU generators: the same in every process): (h, g0), and
+    the forced codes for "forced"."""
+    h, g0 = _inputs(cfg, R, seed=seed, device="cuda", dtype=torch.bfloat16)
+    if kind == "sampled":
+        return h, g0
     codes = torch.randint(0, cfg.vocab, (R, cfg.heads_drawn),
-                          generator=torch.Generator().manual_seed(R + 11)).to("cuda")
+                          generator=torch.Generator().manual_seed(seed)).to("cuda")
+    return h, g0, codes
+
+
+def _history_loops(fw, R):
+    """The history test's two default loops at R rows with their inputs (fixed seeds):
+    sampled, and teacher-forced."""
+    cfg = fw.config
     return {"sampled": (FastLoop(fw, R, Sampler(R, seeds=list(range(300, 300 + R)),
-                                                device="cuda")), (h, g0)),
-            "forced": (FastLoop(fw, R, teacher_forced=True), (h, g0, codes))}
+                                                device="cuda")),
+                        _history_args(cfg, R, "sampled", R + 11)),
+            "forced": (FastLoop(fw, R, teacher_forced=True),
+                       _history_args(cfg, R, "forced", R + 11))}
 
 
 def _frame_from_reset(loop, args):
@@ -584,12 +626,15 @@ def history_fingerprints(rows=HISTORY_ROWS) -> dict:
 
 @pytest.mark.gpu
 @pytest.mark.after_others
-def test_captured_frames_bits_never_depend_on_history_or_a_busy_stream():
-    """Per bucket (1, 16, 64, 128 rows) the default sampled and teacher-forced frames, ten times
-    from reset offsets, every other time beside an unrelated matmul loop on another stream: the
-    same codes, logits, talker sum and KV every time; and their fingerprints equal those of the
-    same frames computed in a fresh process (the bits depend on neither this process's history
-    nor what else runs on the GPU)."""
+def test_captured_frames_bits_never_depend_on_history_or_a_busy_stream(tmp_path):
+    """Per bucket (1, 16, 64, 128 rows) the default sampled and teacher-forced frames of two
+    input sets in turn (each frame after one of the other inputs: a read of anything before the
+    frame wrote it shows), ten times each from reset offsets, every other time beside an
+    unrelated matmul loop on another stream: the same codes, logits, talker sum and KV every
+    time (a failure names where they first differ and keeps both fingerprints, also in a file
+    under tmp_path); and the first set's fingerprints equal those of the same frames computed in
+    a fresh process (the bits depend on neither this process's history nor what else runs on
+    the GPU)."""
     _, fw = _weights_1p7b()
     busy = torch.cuda.Stream()
     big = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16,
@@ -597,14 +642,18 @@ def test_captured_frames_bits_never_depend_on_history_or_a_busy_stream():
     here = {}
     for R in HISTORY_ROWS:
         for kind, (loop, args) in _history_loops(fw, R).items():
+            other = _history_args(fw.config, R, kind, R + 12)
             first = _snapshot(_frame_from_reset(loop, args))
+            first_other = _snapshot(_frame_from_reset(loop, other))
             for frame in range(10):
                 if frame % 2:  # ~6 ms of tensor-core work queued beside the frame
                     busy.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(busy):
                         for _ in range(4):
                             torch.mm(big, big)
-                _assert_same_frame(_frame_from_reset(loop, args), first)
+                for name, want, inputs in (("a", first, args), ("b", first_other, other)):
+                    _assert_same_frame(want, _frame_from_reset(loop, inputs),
+                                       record=tmp_path / f"{R}-{kind}-{frame}{name}.json")
             torch.cuda.current_stream().wait_stream(busy)
             here[f"{R}/{kind}"] = frame_fingerprint(first)
     code = ("import json; from tests.test_fast_loop import history_fingerprints; "

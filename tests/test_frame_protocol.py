@@ -324,6 +324,29 @@ def test_frame_kernel_refuses_pages_that_split_a_tile():
         FrameKernel(512, 2, False, 32, 3072, rows=1)
 
 
+def test_tile_study_knobs_stay_beside_the_production_kernel():
+    """FrameKernel and ProtocolRun take no study knobs (the plan's K stage, every wgmma and page
+    wait); a TileStudy reaches a kernel only through kernels.depth.frame_studies."""
+    import inspect
+
+    from kernels.depth.frame_protocol import FrameKernel, ProtocolRun
+    from kernels.depth.frame_studies import TileStudy, TileStudyKernel, TileStudyRun
+    from schedules.plan import FRAME_RING, frame_k_stage
+
+    for cls in (FrameKernel, ProtocolRun):
+        assert "study" not in inspect.signature(cls.__init__).parameters
+    plain = FrameKernel(512, 2, False, *FRAME_RING.values(), rows=16)
+    assert plain.ablate == "" and plain.k_stage == frame_k_stage(16) and plain.r8 == 16
+    studied = TileStudyKernel(512, 2, False, *FRAME_RING.values(), rows=13,
+                              study=TileStudy(ablate="no_mma", k_stage=256))
+    assert studied.ablate == "no_mma" and studied.k_stage == 256 and studied.r8 == 16
+    assert FrameKernel.ablate == "" and issubclass(TileStudyRun, ProtocolRun)
+    with pytest.raises(ValueError, match="ablate"):
+        TileStudy(ablate="no_wait")
+    with pytest.raises(ValueError, match="k_stage"):
+        TileStudy(k_stage=128)
+
+
 def test_projection_tiles_refuse_a_schedule_they_are_not_built_for():
     """Unsplit o / down / proj (or another config) would leave rank 0 waiting for a partial
     that never comes: refused before the launch, naming the task."""

@@ -1,16 +1,36 @@
 """P0 block-scaled NVFP4 GEMM: the dequant's PTX sequence modelled bit for bit and the input
 checks (CPU), compile checks (CI), exactness (GPU)."""
 import functools
+import os
 import re
+import subprocess
+import sys
 
+import cutlass.cute as cute
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kernels.nvfp4.gemm as E
+from consumers.dequant_wgmma import F16_BUFFERS, DequantWgmmaConsumer
+from consumers.register_a_wgmma import RegisterAWgmmaConsumer
+from device import waits
+from device.barriers import Barrier, NamedBarrier
+from epilogues.tile_store import TileStore
+from kernels.nvfp4.gemm import default_config, gemm_nvfp4
+from kernels.nvfp4.gemm_shell import (BlockscaledGemmSm90, P0Variant, SwapAbStudy, check_roles,
+                                      compile_args)
+from kernels.nvfp4.prepack import prepack
 from numerics import gemm_oracle as G
+from numerics.epilogue import gate_residual
 from numerics.formats import e2m1_decode, e4m3_decode
 from numerics.nvfp4 import unpack_codes
+from producers.activation_stage import ExpandedActivationStage, PairedActivationStage
+from producers.register_order import RegisterOrderProducer
+from producers.tma_prepacked import TmaPrepackedProducer
+from validators.gemm_operands import make_operand
+from workbench.compile import compile_report
 
 # ---- the dequant word path (device.nvfp4.dequant_e2m1_word), modelled on uint32 ------
 M32 = 0xFFFFFFFF
@@ -100,9 +120,6 @@ P0_BUILDS = {"128-256-4-3-1": (256, 4, 1), "128-128-8-3-1": (128, 8, 1),
 @functools.cache
 def _p0_build(tile_n: int, stages: int, splits: int):
     """(config, its cache key before compiling, compile report), compiled once per session."""
-    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, compile_args
-    from workbench.compile import compile_report
-
     cfg = BlockscaledGemmSm90(tile_n=tile_n, stages=stages, splits=splits)
     key = cfg.static_key()
     return cfg, key, compile_report(cfg, *compile_args())
@@ -184,10 +201,7 @@ def test_p0_k_loop_did_not_grow(build):
 def test_p0_variants_build_what_they_say(variant):
     """The measurement builds drop exactly their half of the mainloop; the stalled producer
     announces 16 bytes more than a stage holds (so its "full" barrier never completes)."""
-    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant, compile_args
-    from workbench.compile import compile_report
-
-    cfg = BlockscaledGemmSm90(tile_n=128, stages=8, variant=P0Variant(**{variant: True}))
+    cfg = P0Variant(**{variant: True}).of(BlockscaledGemmSm90(tile_n=128, stages=8))
     r = compile_report(cfg, *compile_args())
     assert r.census["wgmma.mma_async"] == (0 if variant == "skip_mma" else 4)
     assert ("cvt.rn.f16x2.e4m3x2" in r.ptx) == (variant != "skip_dequant")
@@ -204,9 +218,6 @@ SWAP_AB_BUILDS = {"swap_ab-128-8-1": (128, 8, 1, 1), "swap_ab-128-8-3": (128, 8,
 
 @functools.cache
 def _swap_ab_build(tokens: int, stages: int, splits: int, multicast: int):
-    from kernels.nvfp4.gemm_shell import SwapAbStudy, compile_args
-    from workbench.compile import compile_report
-
     cfg = SwapAbStudy(tokens=tokens, stages=stages, splits=splits, multicast=multicast).build()
     return cfg, compile_report(cfg, *compile_args())
 
@@ -253,8 +264,6 @@ def test_swap_ab_compiles_with_the_instructions_we_meant(build):
 
 def test_swap_ab_roles_and_barriers_are_checked_before_compiling():
     """The arrive counts the shell derives, and its refusals of an inconsistent role set."""
-    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, SwapAbStudy, check_roles
-
     cfg = SwapAbStudy(tokens=128).build()
     counts = {k: v[1] for k, v in cfg.barrier_table.items()}
     assert counts == {"full": 1, "empty": 12, "act_full": 4, "act_empty": 8}
@@ -270,12 +279,61 @@ def test_swap_ab_roles_and_barriers_are_checked_before_compiling():
         check_roles((cfg.producer, cfg.consumer, _NoArrivals(cfg.activation)))
     with pytest.raises(ValueError, match=r"arrives on 'act_empty', which no role owns"):
         check_roles((cfg.producer, cfg.consumer))
-    with pytest.raises(ValueError, match=r"tokens = 64: choose from \(128,\)"):
+    with pytest.raises(ValueError, match=r"tokens = 64: choose"):
         SwapAbStudy(tokens=64).build()
     with pytest.raises(ValueError, match=r"tokens = 256: choose from \(128,\)"):
         SwapAbStudy(tokens=256).build()
     with pytest.raises(ValueError, match=r"buffers = 1: the activation stage needs >= 2"):
         SwapAbStudy(buffers=1, overlap=True).build()
+    # the production build is the study's default setting
+    assert BlockscaledGemmSm90.swap_ab(stages=8, splits=3).static_key() == \
+        SwapAbStudy(splits=3).build().static_key()
+
+
+def test_shell_checks_what_crosses_between_modules():
+    """A module built for another ring depth, other f16 tiles, another multicast, or an
+    epilogue built for another thread count or on the consumer's named barrier, is refused when
+    the shell is built (each would compile to a kernel that hangs or races)."""
+    with pytest.raises(ValueError, match=r"DequantWgmmaConsumer reads a ring of 4 stages; "
+                                         r"TmaPrepackedProducer fills 8"):
+        BlockscaledGemmSm90(tile_n=128, stages=8, consumer=DequantWgmmaConsumer(128, 128, 4))
+    act = ExpandedActivationStage(128, 8)
+    with pytest.raises(ValueError, match=r"RegisterAWgmmaConsumer reads f16 tiles"):
+        BlockscaledGemmSm90.from_roles(
+            "swap_ab", RegisterOrderProducer(128, 128, 8),
+            RegisterAWgmmaConsumer(128, 8, ExpandedActivationStage(128, 8, 4).tiles), act)
+    consumer = RegisterAWgmmaConsumer(128, 8, act.tiles)
+    with pytest.raises(ValueError, match=r"PairedActivationStage releases stages in 2 CTAs; "
+                                         r"RegisterOrderProducer multicasts to 1"):
+        BlockscaledGemmSm90.from_roles("swap_ab", RegisterOrderProducer(128, 128, 8), consumer,
+                                       PairedActivationStage(128, 8))
+    with pytest.raises(ValueError, match=r"the epilogue syncs 128 threads; "
+                                         r"DequantWgmmaConsumer calls it from 256"):
+        BlockscaledGemmSm90(tile_n=128, stages=8, epilogue=TileStore(128))
+    with pytest.raises(ValueError, match=r"named barrier .* is also DequantWgmmaConsumer's"):
+        BlockscaledGemmSm90(tile_n=128, stages=8,
+                            epilogue=TileStore(256, barrier=NamedBarrier.CONSUMERS))
+    with pytest.raises(ValueError, match=r"barrier = .*: a NamedBarrier other than"):
+        TileStore(256, barrier=NamedBarrier.SYNC_THREADS)
+    cfg = BlockscaledGemmSm90(tile_n=128, stages=8, splits=2)
+    assert cfg.epilogue == TileStore(256, splits=2) and cfg.consumer.threads == 256
+
+
+def test_barrier_ids_keep_their_codes_and_the_report_names_the_barrier(monkeypatch):
+    """The mailbox codes are what kernels write (immediates in the PTX) and what the host
+    decodes; one enum holds them (device/barriers.py)."""
+    assert {b.name: int(b) for b in Barrier} == {
+        "FULL": 0, "EMPTY": 1, "ACT_FULL": 2, "ACT_EMPTY": 3, "PAGE_FULL": 4, "PAGE_EMPTY": 5,
+        "COUNTER": 16, "PARTIAL": 17, "SLOT": 18}
+    assert [int(b) for b in NamedBarrier] == [0, 1, 2]
+    box = torch.zeros(8, dtype=torch.int32)
+    box[:7] = torch.tensor([waits.MAILBOX_MAGIC, Barrier.EMPTY, 3, 1, 7, 42, 0])
+    monkeypatch.setattr(waits, "_MAILBOX", box)
+    assert waits.mailbox_report() == (
+        "kernel timed out after 2 s waiting on the empty (producer waiting for consumers to "
+        "release a stage) barrier (stage 3, parity 1) in CTA 7, thread 42")
+    box[1:7] = torch.tensor([Barrier.PARTIAL, 2, 0, 5, 9, 1])
+    assert "waiting for the pair CTA's partial (slot 2, parity 0)" in waits.mailbox_report()
 
 
 class _NoArrivals:
@@ -300,14 +358,14 @@ class _NoArrivals:
     (dict(stages=1), ValueError, r"stages = 1: the packed ring needs an int >= 2"),
     (dict(splits=0), ValueError, r"splits = 0: choose 1..16"),
     (dict(tile_n=256, stages=8), ValueError, r"needs \d+ B of shared memory"),
-    (dict(variant="stall_producer"), TypeError, r"variant must be a P0Variant, got str"),
+    (dict(variant=P0Variant()), TypeError, r"unexpected keyword argument 'variant'"),  # study
+    (dict(swizzle=2), TypeError, r"unexpected keyword argument 'swizzle'"),  # never chosen
     (dict(tile_m=256), TypeError, r"unexpected keyword argument 'tile_m'"),  # lost (v2)
     (dict(buffers=4), TypeError, r"unexpected keyword argument 'buffers'"),  # lost (v3)
     (dict(ablate="no_mma"), TypeError, r"unexpected keyword argument 'ablate'"),
-], ids=["tile_n", "stages", "splits", "smem", "variant", "tile_m", "buffers", "ablate"])
+], ids=["tile_n", "stages", "splits", "smem", "variant", "swizzle", "tile_m", "buffers",
+        "ablate"])
 def test_p0_shell_refuses_bad_and_lost_options(kw, exc, match):
-    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
-
     with pytest.raises(exc, match=match) as e:
         BlockscaledGemmSm90(**kw)
     assert e.type is exc
@@ -316,27 +374,24 @@ def test_p0_shell_refuses_bad_and_lost_options(kw, exc, match):
 def test_p0_cache_key_tells_modules_and_variants_apart():
     """Same tiles, another producer class (or variant, or split count): another compiled
     kernel. Equal static choices: one kernel."""
-    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant
-    from producers.tma_prepacked import TmaPrepackedProducer
-
     class OtherProducer(TmaPrepackedProducer):
         pass
 
     base = BlockscaledGemmSm90(tile_n=128, stages=8)
     assert base.static_key() == BlockscaledGemmSm90(tile_n=128, stages=8).static_key()
     others = [BlockscaledGemmSm90(tile_n=128, stages=8, producer=OtherProducer(128, 128, 8)),
-              BlockscaledGemmSm90(tile_n=128, stages=8, variant=P0Variant(skip_mma=True)),
+              P0Variant(skip_mma=True).of(BlockscaledGemmSm90(tile_n=128, stages=8)),
               BlockscaledGemmSm90(tile_n=128, stages=8, splits=2),
-              BlockscaledGemmSm90(tile_n=128, stages=8, swizzle=2)]
+              BlockscaledGemmSm90(tile_n=128, stages=8, raster_along_m=False)]
     keys = {base.static_key(), *(c.static_key() for c in others)}
     assert len(keys) == 1 + len(others)
+    # the production variant changes nothing
+    assert P0Variant().of(base).static_key() == base.static_key()
     with pytest.raises(ValueError, match=r"producer tile \(128, 256\) differs"):
         BlockscaledGemmSm90(tile_n=128, producer=TmaPrepackedProducer(128, 256, 4))
 
 
 def test_default_config_matches_the_h200_measurements():
-    from kernels.nvfp4.gemm import default_config
-
     def pick(M, N, K):
         c = default_config(M, N, K, sms=132)
         return c.tile_n, c.stages, c.splits
@@ -370,8 +425,6 @@ class _CudaLooking(torch.Tensor):
 def cpu_stands_in_for_cuda(monkeypatch):
     """validate() without a GPU: no Hopper check, and CPU tensors pass the CUDA-device check
     (a meta tensor still fails it); every other check runs unchanged."""
-    import kernels.nvfp4.gemm as E
-
     real = E.check_cuda_tensor
 
     def check(name, t, **kw):
@@ -439,8 +492,6 @@ BAD_INPUTS = {
 
 
 def _assert_rejected(case: str, device: str, elsewhere: str):
-    from kernels.nvfp4.gemm import gemm_nvfp4
-
     (aq, as_, ga), (bq, bs, gb) = _operands("raw", "raw", 128, 256, 256, seed=3, device=device)
     o = dict(zip(ARGS, (aq, as_, ga, bq, bs, gb)), device=device, elsewhere=elsewhere)
     changes, exc, match = BAD_INPUTS[case]
@@ -465,8 +516,6 @@ def test_p0_rejects_bad_input_before_launch_on_the_gpu(case):
 
 # ---- GPU ------------------------------------------------------------------------------------
 def _operands(kind_a, kind_b, M, N, K, seed, device="cuda"):
-    from validators.gemm_operands import make_operand
-
     a = make_operand(kind_a, M, K, seed, device)
     b = make_operand(kind_b, N, K, seed + 1, device)
     return a, b
@@ -485,8 +534,6 @@ def _check(out, a, b, M, N, K, row_ids=None):
 
 def _within_bound_and_deterministic(kinds, shape, seed, config=None):
     """Poisoned output, every element within the oracle's fp32 bound, a rerun bit-identical."""
-    from kernels.nvfp4.gemm import gemm_nvfp4
-
     M, N, K = shape
     a, b = _operands(*kinds, M, N, K, seed=seed)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
@@ -511,8 +558,6 @@ def test_p0_small_gemm_within_fp32_bound_and_deterministic():
 @pytest.mark.parametrize("tile_n,stages,splits", [(128, 4, 1), (256, 4, 1), (128, 8, 1),
                                                   (128, 4, 3), (256, 4, 2)])
 def test_p0_within_fp32_bound_and_deterministic(kinds, shape, tile_n, stages, splits):
-    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
-
     cfg = BlockscaledGemmSm90(tile_n=tile_n, stages=stages, splits=splits)
     M, N, K = shape
     _within_bound_and_deterministic(kinds, shape, M * 7 + N + K + tile_n + stages, cfg)
@@ -520,8 +565,6 @@ def test_p0_within_fp32_bound_and_deterministic(kinds, shape, tile_n, stages, sp
 
 @pytest.mark.gpu
 def test_p0_row_slices_without_copy():
-    from kernels.nvfp4.gemm import gemm_nvfp4
-
     M, N, K = 700, 256, 512
     a, b = _operands("normal", "lognormal", M, N, K, seed=11)
     full = gemm_nvfp4(*a, *b)
@@ -535,8 +578,6 @@ def test_p0_row_slices_without_copy():
 @pytest.mark.parametrize("N,K", [(21504, 5376), (5376, 5376), (14336, 5376), (5376, 14336)])
 @pytest.mark.parametrize("M", [128, 2048])
 def test_p0_h3_projection_shapes(M, N, K):
-    from kernels.nvfp4.gemm import gemm_nvfp4
-
     a, b = _operands("normal", "normal", M, N, K, seed=M + N + K)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm_nvfp4(*a, *b, out=out)
@@ -551,8 +592,6 @@ def test_p0_h3_projection_shapes(M, N, K):
        kinds=st.sampled_from([("normal", "normal"), ("raw", "raw"), ("lognormal", "cancel")]),
        seed=st.integers(0, 2**31 - 1))
 def test_p0_drawn_shapes(M, n8, k32, kinds, seed):
-    from kernels.nvfp4.gemm import gemm_nvfp4
-
     N, K = 8 * n8, 32 * k32
     a, b = _operands(*kinds, M, N, K, seed)
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -564,11 +603,6 @@ def _swap_ab_within_bound(M, N, K, seed, tokens=128, splits=1, kinds=("normal", 
                           **study):
     """Poisoned output, every element within the oracle's bound, a rerun bit-identical, P4's
     fused output bit-identical to the reference order on this design too."""
-    from kernels.nvfp4.gemm import gemm_nvfp4
-    from kernels.nvfp4.gemm_shell import SwapAbStudy
-    from kernels.nvfp4.prepack import prepack
-    from numerics.epilogue import gate_residual
-
     cfg = SwapAbStudy(tokens=tokens, splits=splits, **study).build()
     a, b = _operands(*kinds, M, N, K, seed=seed)
     pre = prepack(b[0], b[1])
@@ -635,10 +669,6 @@ def test_swap_ab_multicast_drawn_shapes(M, tiles, n8, k32, seed):
 
 @pytest.mark.gpu
 def test_swap_ab_multicast_refuses_an_odd_tile_count():
-    from kernels.nvfp4.gemm import gemm_nvfp4
-    from kernels.nvfp4.gemm_shell import SwapAbStudy
-    from kernels.nvfp4.prepack import prepack
-
     a, b = _operands("normal", "normal", 128, 384, 64, seed=3)
     with pytest.raises(ValueError, match=r"N = 384 gives 3 tiles, not a multiple of 2"):
         gemm_nvfp4(*a, *b, config=SwapAbStudy(multicast=2).build(),
@@ -647,10 +677,6 @@ def test_swap_ab_multicast_refuses_an_odd_tile_count():
 
 @pytest.mark.gpu
 def test_swap_ab_row_slices_and_refuses_a_missing_prepack():
-    from kernels.nvfp4.gemm import gemm_nvfp4
-    from kernels.nvfp4.gemm_shell import SwapAbStudy
-    from kernels.nvfp4.prepack import prepack
-
     cfg = SwapAbStudy(tokens=128).build()
     M, N, K = 700, 256, 512
     a, b = _operands("normal", "lognormal", M, N, K, seed=13)
@@ -674,7 +700,7 @@ from validators.gemm_operands import make_operand
 a = make_operand("normal", 128, 256, 1, "cuda")
 b = make_operand("normal", 256, 256, 2, "cuda")
 stall = P0Variant(stall_producer=True)
-gemm_nvfp4(*a, *b, config=BlockscaledGemmSm90(tile_n=128, variant=stall))
+gemm_nvfp4(*a, *b, config=stall.of(BlockscaledGemmSm90(tile_n=128)))
 synchronize()
 """
 
@@ -682,10 +708,6 @@ synchronize()
 @pytest.mark.gpu
 def test_p0_stalled_barrier_traps_with_a_message_naming_it():
     """A wait that can never complete must end the kernel (not hang) and say which barrier."""
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     r = subprocess.run([sys.executable, "-c", _STALL], capture_output=True, text=True,
                        timeout=120, env=env)
@@ -700,15 +722,11 @@ def test_f16_smem_layout_is_the_swizzle_the_dequant_writes(tile_n):
     """dequant_rows writes 16-byte chunk c of row r of buffer b at byte
     (b·rows + r)·128 + (c ^ (r % 8))·16: that is the 128-byte swizzle (S<3,4,3> on byte
     addresses) over rows of 64 f16, stacked by rows then buffers. Pin the layout CuTe builds."""
-    import cutlass.cute as cute
-
-    from consumers.dequant_wgmma import F16_BUFFERS, DequantWgmmaConsumer
-
     seen = []
 
     @cute.jit
     def layouts():
-        for lay in DequantWgmmaConsumer(128, tile_n).smem_layouts():
+        for lay in DequantWgmmaConsumer(128, tile_n, stages=4).smem_layouts():
             seen.append(str(lay))
 
     layouts()

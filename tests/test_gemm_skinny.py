@@ -5,6 +5,7 @@ against its own sums."""
 import pytest
 import torch
 
+from configs.arch import SMEM_PER_CTA_MAX
 from schedules.plan import FRAME_TILES
 from tests.depth_helpers import (assert_fp32_sums, assert_swiglu_on_own_sums, fp32_sum_bound,
                                  poison, randn_bf16)
@@ -280,7 +281,7 @@ def test_skinny_gemm_takes_every_projection_of_the_loop():
             assert n % g.tile_out == 0 and g.splits * g.k_slice == k
             assert g.splits <= MAX_SPLITS and g.k_slice % 32 == 0
             assert g.share * g.splits == M * g.tile_out
-            assert g.smem_bytes <= 227 * 1024
+            assert g.smem_bytes <= SMEM_PER_CTA_MAX
 
 
 @pytest.mark.parametrize("M", [16, 48, 64, 128])

@@ -1,5 +1,8 @@
 """kernels/nvfp4/prepack.py: the register-order weight prepack, against an independent
 construction of wgmma's register-A fragment layout (CuTe's ALayout_64x16 strides)."""
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given
@@ -133,8 +136,5 @@ def test_prepack_rejects_bad_input_before_any_work():
 
 
 def test_prepack_module_imports_no_cutlass():
-    import subprocess
-    import sys
-
     code = "import sys, kernels.nvfp4.prepack; sys.exit('cutlass' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

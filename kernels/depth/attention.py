@@ -7,26 +7,33 @@ fits one CTA of ``head_dim`` threads, thread d owning dimension d of every vecto
    squares), rotated (RoPE; the partner dimension d ^ head_dim/2 comes through shared memory)
    and rounded where the eager reference rounds (norm, q·cos, rot·sin, their sum);
 2. k and v are written into the cache at ``pos``;
-3. scores over the 16 slots (slot ``pos`` from registers, the others from the cache, read before
-   the dependency wait; a thread only ever touches its own dimension, so there is no read/write
-   race on the cache): each thread's 32 (head, slot) products are summed over its warp by a
-   butterfly reduce-scatter (31 shuffles leave lane i with pair i), then over the warps in
-   shared memory; softmax in warp 0 (masked above ``pos``), p rounded to bf16 as the reference
-   does, p·V summed in fp32.
+3. scores over the 16 slots (slot ``pos`` from registers, the others from the cache: slots 1-15
+   read before the dependency wait, slot 0, which another stream writes, after it; a thread only
+   ever touches its own dimension, so there is no read/write race on the cache): each thread's
+   32 (head, slot) products are summed over its warp by a butterfly reduce-scatter (31 shuffles
+   leave lane i with pair i), then over the warps in shared memory; softmax in warp 0 (masked
+   above ``pos``), p rounded to bf16 as the reference does, p·V summed in fp32.
 
 Launched with programmatic stream serialisation like the GEMVs around it (it waits for the QKV
 projection, then lets the output projection start streaming its weights).
 """
 from __future__ import annotations
 
+import torch
+
+from device.ptx import pdl_launch_dependents, pdl_wait, timing_perturbation
 from device.rounding import rms_factor, rmsnorm_value, round_bf16
 from device.runtime import (activation_layout, cached_compile, check_cuda_tensor,
                                     cute_modules, current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Int64  # noqa: E402
+from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 
 SLOTS = 16
+# slot 0 read after the dependency wait (the fix of notes/fast-loop.md v14a); False builds the
+# old order, slot 0 before the wait, for scripts/stress_fast_loop.py --unfixed to show the race
+SLOT0_AFTER_WAIT = True
 # trace=True builds: thread 0 of each (kv head, row) CTA stamps %globaltimer (ns) at these points
 ATTN_TRACE_POINTS = ("entry", "wait_done", "normed", "rotated", "scored", "softmaxed", "stored")
 
@@ -37,7 +44,7 @@ class DepthAttention:
 
     def __init__(self, M: int, q_heads: int, kv_heads: int, head_dim: int = 128,
                  eps: float = 1e-6, pdl: bool = True, chunk_major: bool = False,
-                 trace: bool = False):
+                 trace: bool = False, slot0_after_wait: bool = True):
         if q_heads % kv_heads or head_dim % 64 or head_dim > 1024 \
                 or (q_heads // kv_heads) * SLOTS != 32:
             raise ValueError(f"unsupported heads {q_heads}/{kv_heads} x {head_dim}: the step "
@@ -48,6 +55,7 @@ class DepthAttention:
         self.chunk_major = chunk_major  # out as [q·D / 8][M][8] (runtime.activation_layout)
         self.warps = head_dim // 32
         self.trace = trace
+        self.slot0_after_wait = slot0_after_wait  # SLOT0_AFTER_WAIT
 
     @cute.jit
     def __call__(self, qkv_ptr: cute.Pointer, qn_ptr: cute.Pointer, kn_ptr: cute.Pointer,
@@ -88,20 +96,29 @@ class DepthAttention:
         s_part = smem.allocate_tensor(Float32, cute.make_layout((W, 32), stride=(32, 1)), 16)
         s_p = smem.allocate_tensor(Float32, cute.make_layout(32), 16)
         warp, lane = d // 32, d % 32
-        # constants before the dependency wait: the tables, and the cache slots of earlier
-        # positions (written by attention kernels many launches back, long complete); slot pos
+        # constants before the dependency wait: the tables, and the cache slots 1-15 (slot t
+        # < pos written by this chain's attention at position t, which completed before the
+        # attention between it and us passed its wait and released its successors); slot pos
         # and above are replaced or masked below
         c = mCos[pos, d].to(Float32)
         s = mSin[pos, d].to(Float32)
         gq = mQn[d].to(Float32)
         gk = mKn[d].to(Float32)
         kv_old = [cute.make_rmem_tensor((SLOTS,), Float32) for _ in range(2)]
-        for t in cutlass.range_constexpr(SLOTS):
+        late = 1 if self.slot0_after_wait else 0
+        for t in cutlass.range_constexpr(late, SLOTS):
             kv_old[0][t] = mKc[m, h, t, d].to(Float32)
             kv_old[1][t] = mVc[m, h, t, d].to(Float32)
         if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
-            cute.arch.griddepcontrol_launch_dependents()
+            pdl_wait()
+            pdl_launch_dependents()
+        # slot 0 only after the wait: the fast loop writes it on a second stream (position 0
+        # beside position 1), and position 1's attention may launch once position 0's has
+        # released its dependents, before that one's cache store (a stale slot 0: the race
+        # of notes/fast-loop.md v14a)
+        for t in cutlass.range_constexpr(late):
+            kv_old[0][t] = mKc[m, h, t, d].to(Float32)
+            kv_old[1][t] = mVc[m, h, t, d].to(Float32)
         self._stamp(mTr, m, h, d, 1)
         raw = [mQKV[m, (h * rep + r) * D + d].to(Float32) for r in range(rep)]
         raw.append(mQKV[m, (self.qh + h) * D + d].to(Float32))
@@ -191,8 +208,6 @@ PTRS = ((BFloat16, 16),) * 8 + ((Int64, 8),)
 
 
 def compile_args(M: int = 1):
-    from cutlass.cute.runtime import make_fake_stream
-
     return (*pointer_args(PTRS), Int32(3), make_fake_stream())
 
 
@@ -204,8 +219,6 @@ def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, o
     laid out [q·D / 8][M][8] (device.runtime.activation_layout), as the wgmma
     projection reads it.
     ``trace``: int64 [M, kv_heads, len(ATTN_TRACE_POINTS)], each CTA's %globaltimer stamps."""
-    import torch
-
     require_hopper()
     M = qkv.shape[0]
     D = q_norm.shape[0]
@@ -227,9 +240,10 @@ def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, o
     tensors = (qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, out,
                trace if trace is not None else k_cache)
     ptrs = pointer_args(PTRS, tensors)
-    key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None)
+    key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None,
+           timing_perturbation(), SLOT0_AFTER_WAIT)
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthAttention(M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None), *ptrs,
-        Int32(pos), current_stream()))
+        DepthAttention(M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None,
+                       SLOT0_AFTER_WAIT), *ptrs, Int32(pos), current_stream()))
     compiled(*ptrs, Int32(pos), current_stream())
     return out

@@ -23,7 +23,9 @@ dependency wait (notes/fast-loop.md v10q).
 """
 from __future__ import annotations
 
-from device.ptx import bf16_hi, bf16_lo
+import torch
+
+from device.ptx import bf16_hi, bf16_lo, pdl_launch_dependents, pdl_wait, timing_perturbation
 from device.rounding import bf16x2_rn
 from device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
                                     current_stream, pointer_args, require_hopper)
@@ -31,6 +33,7 @@ from device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
 cutlass, cute = cute_modules()
 from cutlass import Float32, Float64, Int32, Int64, Uint32, Uint64  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
+from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 THREADS = 256
@@ -228,8 +231,8 @@ class DepthSampler:
             terms = self.early_terms(params[0], params[2], params[3], tidx)
         if cutlass.const_expr(self.pdl):
             # the next kernel (a GEMV) only prefetches weights before its own wait: let it in now
-            cute.arch.griddepcontrol_launch_dependents()
-            cute.arch.griddepcontrol_wait()
+            pdl_launch_dependents()
+            pdl_wait()
         self._stamp(mTr, m, tidx, 1)
         code = Int32(0)
         if cutlass.const_expr(self.mode == "forced"):
@@ -425,8 +428,6 @@ def _ptr_specs():
 
 
 def compile_args():
-    from cutlass.cute.runtime import make_fake_stream
-
     return (*pointer_args(_ptr_specs()), Int32(15 * 2048), Int32(15), Int32(16 * 2048), Int32(3),
             make_fake_stream())
 
@@ -448,8 +449,6 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
     [M, 15] code tensors); table [V, hidden] and embeds [V, talker_hidden] bf16; x_next
     [M, hidden] bf16; used [M, talker_hidden] bf16 (rows may be strided); temperature [M] fp32,
     top_k / seed / offset [M] int64 (the Sampler's tensors); ``draw``: this draw's offset."""
-    import torch
-
     require_hopper()
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} not in {MODES}")
@@ -522,7 +521,7 @@ def depth_draw(logits, codes, table, embeds, x_next, used, draw: int, *, mode: s
     scalars = (Int32(logits.stride(0)), Int32(codes.stride(0)), Int32(used.stride(0)),
                Int32(draw))
     key = ("depth_draw", M, V, hidden, talker, mode, pdl, trace is not None, noise, qkv_width,
-           sum_in is not None, advance)
+           sum_in is not None, advance, timing_perturbation())
     compiled = cached_compile(key, lambda: cute.compile(
         DepthSampler(M, V, hidden, talker, mode, pdl, trace is not None, noise, qkv_width,
                      sum_in is not None, advance),

@@ -27,11 +27,16 @@ the old values (qkv, gate/up) has signalled: the counters order it.
 """
 from __future__ import annotations
 
+import torch
+
+from configs.codepredictor import QWEN3_TTS_1P7B, LoopOutput
 from kernels.depth.frame_attention import kv_cache_words, qkv_rows_by_kv_head
-from kernels.depth.frame_table import TALKER_VOCAB, phase_row
+from kernels.depth.frame_protocol import ProtocolRun
+from kernels.depth.frame_table import phase_row
 from kernels.depth.frame_tiles import (MAX_ROWS, SSQ_TILES, from_chunk_major,
                                        pack_frame_weights, rows8)
 from schedules import depth_frame as F
+from schedules.plan import FRAME_RING
 
 POISON = 0x7FC07FC0  # a bf16 NaN pair (and an fp32 NaN)
 
@@ -41,14 +46,14 @@ class FrameUnsupported(ValueError):
 
 
 def check_frame_inputs(fw, rows: int) -> None:
-    """What the frame kernel is built for: the 1.7B CodePredictor's shapes in bf16 on a CUDA
-    device, 1..64 rows. Raises FrameUnsupported."""
-    import torch
-
-    from configs.codepredictor import QWEN3_TTS_1P7B
-
+    """What the frame kernel is built for: the 1.7B CodePredictor's shapes (the Talker's codec
+    embedding of the config's ``talker_vocab`` rows too) in bf16 on a CUDA device, 1..64 rows.
+    Raises FrameUnsupported."""
     if fw.config != QWEN3_TTS_1P7B:
         raise FrameUnsupported("the frame kernel takes the 1.7B CodePredictor's shapes only")
+    if fw.talker_embed.shape[0] != fw.config.talker_vocab:
+        raise FrameUnsupported(f"the Talker's codec embedding has {fw.talker_embed.shape[0]} "
+                               f"rows; the frame kernel takes {fw.config.talker_vocab}")
     if fw.final_norm.dtype != torch.bfloat16:
         raise FrameUnsupported(f"the frame kernel takes bf16 weights, not {fw.final_norm.dtype}")
     if fw.final_norm.device.type != "cuda":
@@ -75,7 +80,7 @@ class Regions:
         return self.at[key]
 
 
-def frame_layout(cfg, rows: int, talker_vocab: int = TALKER_VOCAB) -> "Regions":
+def frame_layout(cfg, rows: int) -> Regions:
     """The arena's regions for a step of ``rows`` rows (the module docstring's table)."""
     r8 = rows8(rows)
     a = Regions()
@@ -102,10 +107,9 @@ def frame_layout(cfg, rows: int, talker_vocab: int = TALKER_VOCAB) -> "Regions":
     a.add("bias", cfg.hidden // 2)
     for p in range(cfg.positions):
         a.add(("rope", p), cfg.head_dim)
-    table_rows = talker_vocab + cfg.heads_drawn * cfg.vocab  # g0's codebook, then the groups'
+    table_rows = cfg.talker_vocab + cfg.heads_drawn * cfg.vocab  # g0's codebook, then the groups'
     a.add("embed_proj", table_rows * cfg.hidden // 2)
     a.add("talker", table_rows * cfg.talker_hidden // 2)
-    a.talker_vocab = talker_vocab
     return a
 
 
@@ -121,26 +125,17 @@ class DepthFrame:
     counts, and with kernels.depth.frame_protocol.FrameRefused where the grid cannot be
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
-    def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
-                 schedule=None):
-        import torch
-
-        from kernels.depth.frame_protocol import ProtocolRun
-        from schedules.plan import FRAME_RING
-
+    def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False):
         check_frame_inputs(fw, rows)
         cfg = fw.config
         self.fw, self.cfg, self.rows, self.r8 = fw, cfg, rows, rows8(rows)
         self.teacher_forced = teacher_forced
-        self.schedule = schedule or F.build(cfg, F.FrameOptions(rows=rows, **FRAME_RING))
-        if self.schedule.options.rows != rows:
-            raise ValueError(f"the schedule is for {self.schedule.options.rows} rows, not {rows}")
-        talker_vocab = fw.talker_embed.shape[0]
-        self.regions = frame_layout(cfg, rows, talker_vocab)
+        self.schedule = F.build(cfg, F.FrameOptions(rows=rows, **FRAME_RING))
+        self.regions = frame_layout(cfg, rows)
         dev = fw.final_norm.device
         self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)
         self._put_constants()
-        self.phases = torch.tensor([phase_row(ph, self.regions.at, cfg, talker_vocab)
+        self.phases = torch.tensor([phase_row(ph, self.regions.at, cfg)
                                     for ph in self.schedule.phases],
                                    dtype=torch.int32, device=dev)
         order = torch.tensor(qkv_rows_by_kv_head(cfg), device=dev)
@@ -149,19 +144,14 @@ class DepthFrame:
             "gate_up": fw.gate_up, "down": fw.down, "heads": fw.heads, "proj": fw.proj_w})
         self.run = ProtocolRun(self.schedule, trace=trace, weights=packed,
                                io=(self.phases, self.arena), fused=True,
-                               draw="given" if teacher_forced else "greedy",
-                               talker_vocab=talker_vocab)
+                               draw="given" if teacher_forced else "greedy")
 
     def _put(self, key, t, offset: int = 0):
-        import torch
-
         flat = t.contiguous().view(torch.int32).reshape(-1)
         w0 = self.regions.at[key] + offset
         self.arena[w0: w0 + flat.numel()] = flat
 
     def _put_constants(self):
-        import torch
-
         fw, c = self.fw, self.cfg
         for l in range(c.layers):
             self._put(("in", l), fw.in_norm[l])
@@ -176,8 +166,6 @@ class DepthFrame:
 
     # ---- views ----------------------------------------------------------------------------
     def _bf16(self, key, n: int):
-        import torch
-
         w0 = self.regions.at[key]
         return self.arena[w0: w0 + n * self.r8 // 2].view(torch.bfloat16)
 
@@ -198,10 +186,6 @@ class DepthFrame:
         device, codes outside their codebooks (g0: 3072 entries, g1..g15: 2048; checked
         outside CUDA-graph capture only: a captured replay clamps them on the device), or
         codes given to a greedy frame (or missing)."""
-        import torch
-
-        from configs.codepredictor import LoopOutput
-
         R, c = self.rows, self.cfg
         dev = self.arena.device
         if tuple(h.shape) != (R, c.talker_hidden) or h.device != dev or not h.is_floating_point():
@@ -216,7 +200,7 @@ class DepthFrame:
                                   codes.device != dev or codes.is_floating_point()):
             raise ValueError(f"codes must be an integer [{R}, {c.heads_drawn}] tensor on {dev}")
         if not torch.cuda.is_current_stream_capturing():  # (a host sync; not while capturing)
-            for name, t, n in (("g0", g0, self.regions.talker_vocab), ("codes", codes, c.vocab)):
+            for name, t, n in (("g0", g0, c.talker_vocab), ("codes", codes, c.vocab)):
                 if t is not None and t.numel() and not bool(((t >= 0) & (t < n)).all()):
                     raise ValueError(f"{name} holds codes outside [0, {n}) (got "
                                      f"{int(t.min())}..{int(t.max())})")
@@ -241,8 +225,6 @@ class DepthFrame:
 
     def kv(self) -> list:
         """Per layer (K, V) [R, kv_heads, 16, head_dim], as the loop returns them."""
-        import torch
-
         c, r8 = self.cfg, self.r8
         out = []
         for l in range(c.layers):
@@ -254,8 +236,6 @@ class DepthFrame:
 
     def logits(self):
         """[R, 15, vocab] fp32 (the head's bf16 values)."""
-        import torch
-
         c = self.cfg
         return torch.stack([from_chunk_major(self._bf16(("logits", p), c.vocab), self.rows,
                                              c.vocab).float() for p in range(1, c.positions)],

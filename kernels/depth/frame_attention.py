@@ -80,14 +80,15 @@ def _row_sum(x: Float32) -> Float32:
 
 
 class AttentionBodies:
-    """The attention task's device code, mixed into the frame kernel (``rows``, ``eps``)."""
+    """The attention task's device code, mixed into the frame kernel (``rows``, ``r8``: rows
+    rounded up to 8, ``eps``)."""
 
     @cute.jit
     def _attention_task(self, tile: Int32, mArena: cute.Tensor, qkv_word: Int32,
                         out_word: Int32, norm_word: Int32, kv_word: Int32, rope_word: Int32,
                         slot: Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        r8 = -(-self.rows // 8) * 8
+        r8 = self.r8
         hq, group = tile % Q_HEADS, tile // Q_HEADS
         kvh, sub = hq // 2, hq % 2
         j = tidx % LANES_PER_ROW

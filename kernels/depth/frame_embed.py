@@ -43,7 +43,7 @@ from cutlass import Float32, Int32, Uint32  # noqa: E402
 
 
 class EmbeddingBodies:
-    """The embedding task's device code, mixed into the frame kernel (``rows``, ``draw``,
+    """The embedding task's device code, mixed into the frame kernel (``rows``, ``r8``, ``draw``,
     ``vocab``, ``talker_vocab`` (g0's codebook), ``hidden``, ``talker_hidden``)."""
 
     @cute.jit
@@ -51,7 +51,7 @@ class EmbeddingBodies:
                         h_word: Int32, ssq_word: Int32, code_word: Int32, group: Int32,
                         table_word: Int32, talker_word: Int32, sum_word: Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        r8 = -(-self.rows // 8) * 8
+        r8 = self.r8
         j = tidx % LANES_PER_ROW
         row = tile * ROWS_PER_TASK + tidx // LANES_PER_ROW
         live = row < self.rows

@@ -1,13 +1,16 @@
-"""The depth frame's synchronisation protocol as one persistent launch, without tile work.
+"""The depth frame kernel as one persistent launch: its synchronisation protocol, and its tile
+work when built for a step's rows.
 
 The frame kernel (issue #26) is a grid of 2-CTA clusters, each CTA walking its static task list
-from :mod:`schedules.depth_frame`. This module is that walk with everything but the tiles: per
-task, the waits the schedule gives it, a timestamp pair, its cluster handoff and its signal.
-The frame's tile bodies plug in between the waits and the signal, so this kernel serves twice:
-it tests the protocol on the H200 (every wait is bounded and reports what it waited on), and it
-measures the floor that synchronisation alone puts under a frame.
+from :mod:`schedules.depth_frame`. This module is that walk: per task, the waits the schedule
+gives it, timestamps, its cluster handoff and its signal. The task bodies (frame_tiles.py,
+frame_attention.py, frame_embed.py) run between the waits and the signal when the kernel is
+built with ``rows`` (kernels/depth/frame.py builds the whole frame so); built without them it is
+the protocol alone, which tests the protocol on the H200 (every wait is bounded and reports
+what it waited on) and measures the floor that synchronisation alone puts under a frame.
 
-Per task, in thread 0 of each CTA (the other threads only take part in the cluster barriers):
+Per task, in thread 0 of each CTA (in the protocol alone, the other threads only take part in
+the cluster barriers):
 
 1. ``wait >= 0`` (and ``wait2 >= 0``): spin with ``ld.acquire.gpu`` until global counter
    ``wait`` reaches ``wait_expect`` (then ``wait2`` ``wait2_expect``) (:func:`device.waits.wait_counter`: after 2 s it reports the
@@ -42,7 +45,9 @@ import functools
 import os
 
 import numpy as np
+import torch
 
+from configs.codepredictor import QWEN3_TTS_1P7B
 from kernels.depth import frame_tiles as T
 from kernels.depth.frame_attention import AttentionBodies
 from kernels.depth.frame_embed import DRAWS, EmbeddingBodies
@@ -51,12 +56,16 @@ from device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async
                                 red_release_gpu_add, st_cluster_u32)
 from device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
                                     require_hopper, sm_count)
-from device.waits import (PARTIAL_WAIT, SLOT_WAIT, TIMEOUT_NS, diagnostics_mailbox,
+from device.barriers import Barrier
+from device.waits import (TIMEOUT_NS, diagnostics_mailbox,
                                   synchronize, wait_cluster_parity, wait_counter, wait_parity)
 from schedules import depth_frame as F
+from schedules.plan import FRAME_ACT_BUFFERS, frame_k_stage
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Int64  # noqa: E402
+from cutlass.cute.runtime import make_fake_stream  # noqa: E402
+from cutlass.utils import HardwareInfo  # noqa: E402
 
 THREADS = 128  # the protocol alone: thread 0 walks, tidx 32 loads
 NF = len(F.FIELDS)
@@ -74,7 +83,10 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     ``trace`` (six %globaltimer stamps a task: STAMPS), the page ring (``ring_pages`` of
     ``page_bytes``; 0: no weight streaming) and ``rows``: 0 builds the protocol alone (thread
     0 walks, tidx 32 loads); 1..64 builds the projection tiles for a step of that many rows
-    (kernels/depth/frame_tiles.py).
+    (kernels/depth/frame_tiles.py); ``fused`` also the attention and embedding bodies and the
+    tiles' norm, residual and ssq steps (the real frame's data flow), ``draw`` the embedding's
+    draw mode, for ``config``'s shapes (None: the 1.7B CodePredictor's). The K stage is the
+    plan's (schedules.plan.frame_k_stage) and the activation buffers FRAME_ACT_BUFFERS.
 
     Roles with tiles (160 threads): warps 0-3 are one consumer warpgroup that walks the tasks
     together (thread 0 spins on the counters, issues the activation copies and signals; all 128
@@ -84,30 +96,24 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     ``slot_free``, ``page_full``, ``page_empty`` and ``act_full`` 1 (with transaction bytes on
     the full barriers)."""
 
-    def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
-                 page_bytes: int = 0, rows: int = 0, study: T.TileStudy = T.TileStudy(),
-                 fused: bool = False, eps: float = 1e-6, draw: str = "greedy", config=None,
-                 talker_vocab: int = 3072):
-        from configs.codepredictor import QWEN3_TTS_1P7B
+    ablate = ""  # every wgmma and page wait (a tile study may leave some out: frame_studies)
 
+    def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
+                 page_bytes: int = 0, rows: int = 0, fused: bool = False, draw: str = "greedy",
+                 config=None):
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
         cfg = config or QWEN3_TTS_1P7B
         self.vocab, self.hidden, self.talker_hidden = cfg.vocab, cfg.hidden, cfg.talker_hidden
-        self.draw, self.talker_vocab = draw, talker_vocab
+        self.draw, self.talker_vocab = draw, cfg.talker_vocab
         self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace
         self.pages, self.page_bytes = ring_pages, page_bytes
-        self.rows = rows
+        self.rows, self.r8 = rows, T.rows8(rows)  # r8: the chunk-major images' row stride
         # fused: the phase table's norm / residual / ssq fields are live (the real frame's
         # data flow); without it only a_word and y_word are read (the projection study)
-        self.fused, self.eps = fused and rows > 0, eps
-        self.act_buffers, self.ablate = 1, study.ablate
-        self.k_stage = study.k_stage
-        if rows and not self.k_stage:
-            from schedules.plan import frame_k_stage
-
-            self.k_stage = frame_k_stage(rows)
-        self.k_stage = self.k_stage or T.K_STAGE
+        self.fused, self.eps = fused and rows > 0, cfg.rms_eps
+        self.act_buffers = 1
+        self.k_stage = self._k_stage(rows)
         if rows:
             T.check_rows(rows)
             if page_bytes % T.STEP_BYTES_MAX or ring_pages == 0:
@@ -119,8 +125,6 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 raise ValueError(f"pages of {page_bytes} B or K stages of {self.k_stage} do not "
                                  f"divide the {', '.join(odd)} tiles: a tile must be whole "
                                  "pages and whole stages")
-            from schedules.plan import FRAME_ACT_BUFFERS
-
             self.act_buffers = FRAME_ACT_BUFFERS
             if T.act_buffers(rows, combine_slots, ring_pages * page_bytes,
                              self.k_stage) < self.act_buffers:
@@ -129,6 +133,11 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         self.walkers = T.CONSUMERS if rows else 1
         self.threads = T.CONSUMERS + 32 if rows else THREADS
         self.loader = T.CONSUMERS if rows else 32
+
+    def _k_stage(self, rows: int) -> int:
+        """K elements of an activation stage: the plan's (schedules.plan.frame_k_stage; a tile
+        study may choose another, kernels.depth.frame_studies.TileStudyKernel)."""
+        return frame_k_stage(rows) if rows else T.K_STAGE
 
     @cute.jit
     def __call__(self, table: cute.Pointer, counts: cute.Pointer, counters: cute.Pointer,
@@ -222,7 +231,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                     q, use = (at + j) % R, (at + j) // R
                     # the loader's bound outlasts the tasks': a stall is reported by the
                     # task waiting on its counter, not by the loader behind it
-                    wait_parity(page_empty + q, (use & 1) ^ 1, 5, q, mailbox, claim,
+                    wait_parity(page_empty + q, (use & 1) ^ 1, Barrier.PAGE_EMPTY, q, mailbox, claim,
                                 2 * TIMEOUT_NS)
                     cute.arch.mbarrier_arrive_and_expect_tx(page_full + q, P)
                     bulk_copy_g2s(ring + q * P, mWeights.iterator + src + Int64(j) * P, P,
@@ -276,7 +285,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 if cutlass.const_expr(R > 0):  # the tile's weights have landed
                     for j in cutlass.range(n, unroll=1):
                         q, page_use = (at + j) % R, (at + j) // R
-                        wait_parity(page_full + q, page_use & 1, 4, q, mailbox, claim)
+                        wait_parity(page_full + q, page_use & 1, Barrier.PAGE_FULL, q, mailbox, claim)
                 # (the tile's wgmmas read the pages here: a split tile's half makes its partial)
                 if half == 1:
                     t_ready = self._send_partial(split, i, task_id, None, combine, partial,
@@ -316,7 +325,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         tidx, _, _ = cute.arch.thread_idx()
         if split >= S:
             if tidx == 0:
-                wait_cluster_parity(slot_free + slot, (use - 1) & 1, SLOT_WAIT, slot, i, split,
+                wait_cluster_parity(slot_free + slot, (use - 1) & 1, Barrier.SLOT, slot, i, split,
                                     mailbox, claim)
         t_ready = cute.arch.globaltimer()
         if cutlass.const_expr(acc is not None):
@@ -338,7 +347,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         slot, use = split % S, split // S
         tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:
-            wait_cluster_parity(partial + slot, use & 1, PARTIAL_WAIT, slot, i, split,
+            wait_cluster_parity(partial + slot, use & 1, Barrier.PARTIAL, slot, i, split,
                                 mailbox, claim)
         out = acc
         if cutlass.const_expr(acc is not None):
@@ -407,7 +416,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             if ty == t:
                 a0 = a_word
                 if cutlass.const_expr(is_split):  # the half's K range of the input
-                    a0 = a_word + half * (k * T.rows8(self.rows) // 2)  # 32-bit words
+                    a0 = a_word + half * (k * self.r8 // 2)  # 32-bit words
                 acc, t_landed, t_computed = self._mainloop(
                     f, stages, a0, at, au, mArena, ring, page_full, page_empty, act_full, abuf,
                     mailbox, claim, gamma_word, ssq_in_word, rbuf)
@@ -447,8 +456,6 @@ PTRS = ((Int32, 16), (Int32, 16), (Int32, 16), (Int32, 4), (Int64, 16), (Int32, 
 
 def compile_args(grid: int = 132, counters: int = 500):
     """Arguments for cute.compile offline (placeholder addresses, never dereferenced)."""
-    from cutlass.cute.runtime import make_fake_stream
-
     return (*pointer_args(PTRS), Int32(grid), Int32(counters), Int32(1 << 12), Int32(1 << 28),
             make_fake_stream())
 
@@ -461,9 +468,6 @@ class FrameRefused(RuntimeError):
 @functools.cache
 def _max_active_pairs(device: int) -> int:
     """2-CTA clusters of a max-shared-memory CTA the occupancy API says fit at once."""
-    import torch
-    from cutlass.utils import HardwareInfo
-
     torch.zeros(1, device=f"cuda:{device}")  # the driver API needs torch's context current
     try:
         return HardwareInfo(device).get_max_active_clusters(2)
@@ -486,8 +490,6 @@ def check_launchable(schedule: F.Schedule) -> None:
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         raise FrameRefused("CUDA_MPS_PIPE_DIRECTORY is set: under MPS the grid's CTAs may not "
                            "all be resident, and CTAs that wait on each other would hang")
-    import torch
-
     pairs = _max_active_pairs(torch.cuda.current_device())
     if pairs < grid // 2:
         raise FrameRefused(f"the occupancy API fits {pairs} 2-CTA clusters at once; the "
@@ -499,8 +501,6 @@ def check_tile_shapes(schedule: F.Schedule) -> None:
     down / proj (kernels.depth.frame_tiles.TASK_SHAPES): refuse, before anything runs, a
     schedule whose projection tasks differ (another config, ``split_o_down=False``), since
     the kernel would wait for a partial that never comes and count pages the loader does not."""
-    from configs.codepredictor import QWEN3_TTS_1P7B
-
     if schedule.config != QWEN3_TTS_1P7B:
         raise ValueError("the frame's projection tiles take the 1.7B CodePredictor shapes only")
     P = schedule.options.page_bytes
@@ -522,17 +522,14 @@ class ProtocolRun:
     leave (every counter at its expected count, no combine mismatch)."""
 
     def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
-                 table=None, io=None, study: T.TileStudy = T.TileStudy(), fused: bool = False,
-                 draw: str = "greedy", talker_vocab: int = 3072):
+                 table=None, io=None, fused: bool = False, draw: str = "greedy"):
         """``weights``: stream every task's weight tile through the page ring. True: from a
         synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
         which every position reads again); a uint8 CUDA tensor: those bytes, packed by
         :func:`kernels.depth.frame_tiles.pack_frame_weights`. ``io``: (phase table int32
         [phases, len(PHASE_FIELDS)], arena) builds the projection tiles for the schedule's rows
-        (kernels/depth/frame_tiles.py), with real weights; ``study`` sets their knobs under
-        A/B (scripts/frame_tiles_ab.py)."""
-        import torch
-
+        (kernels/depth/frame_tiles.py), with real weights (tile studies under A/B run through
+        kernels.depth.frame_studies.TileStudyRun)."""
         check_launchable(schedule)
         self.schedule = schedule
         enc, counts = F.encode(schedule) if table is None else table
@@ -553,10 +550,8 @@ class ProtocolRun:
             check_tile_shapes(schedule)
         pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
         rows = opt.rows if io is not None else 0
-        self.kernel = FrameKernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
-                                  study=study, fused=fused, eps=schedule.config.rms_eps,
-                                  draw=draw, config=schedule.config,
-                                  talker_vocab=talker_vocab)
+        self.kernel = self._frame_kernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
+                                         fused=fused, draw=draw, config=schedule.config)
         sources, total, _ = weight_regions(schedule)
         self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
                                           * opt.page_bytes) if streamed else 0
@@ -582,10 +577,15 @@ class ProtocolRun:
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
-               talker_vocab,
-               self.kernel.act_buffers, self.kernel.ablate, self.kernel.k_stage)
+               self.kernel.talker_vocab, self.kernel.act_buffers, self.kernel.ablate,
+               self.kernel.k_stage)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
+
+    def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
+        """The kernel this run compiles (FrameKernel's arguments; a tile study builds its own:
+        kernels.depth.frame_studies.TileStudyRun)."""
+        return FrameKernel(*args, **kwargs)
 
     def launch(self):
         self.counters.zero_()
@@ -597,8 +597,6 @@ class ProtocolRun:
 
     def check(self) -> dict:
         """{"counters_at_expected": bool, "combine_mismatches": int} after a synchronised run."""
-        import torch
-
         return {"counters_at_expected": bool(torch.equal(self.counters, self.expect)),
                 "combine_mismatches": int(self.errors[0].item())}
 

@@ -1,20 +1,32 @@
-"""Harnesses that check the depth frame's tiles (kernels/depth/frame_tiles.py) on random data:
-the phase tables and arenas they run on, and their references.
+"""Studies of the depth frame's tiles (kernels/depth/frame_tiles.py), beside the production
+kernel and apart from it: harnesses that check the tiles on random data (the phase tables and
+arenas they run on, and their references) and the tile knobs still under A/B. Only tests,
+experiments and scripts/ build them.
 
 * :class:`ProjectionStudy`: every projection tile in isolation (fixed inputs), against float64
   within a derived bound.
 * :class:`ResidualStudy`: the residual stream with its fused steps (``fused`` builds): RMSNorm
   on the qkv / gate-up / head inputs from the ssq partials, the residual adds of o and down,
   the bias of proj, position by position, against an fp32 emulation of the same roundings.
-  Attention and embedding tasks wait and signal only (their bodies are not built), so o reads
-  a fixed input and each position's stream starts from a given state.
+  The fused build compiles the attention and embedding bodies too, but the study's phase
+  table gives those tasks no inputs, so they wait and signal only: o reads a fixed input and
+  each position's stream starts from a given state.
+* :class:`TileStudy`: the projection tiles' A/B knobs (scripts/frame_tiles_ab.py), which reach
+  a kernel only through :class:`TileStudyKernel` and :class:`TileStudyRun`, never through the
+  production FrameKernel or ProtocolRun.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
+from kernels.depth.frame_protocol import FrameKernel, ProtocolRun
 from kernels.depth.frame_table import phase_row, table_row, unfused_row
 from kernels.depth.frame_tiles import (RESID_ROWS, SSQ_TILES, TILE_FEATURES, check_rows,
                                        chunk_major_rows, from_chunk_major, pack_frame_weights,
                                        rows8)
+from numerics.rmsnorm import rms_apply
 from schedules import depth_frame as F
 
 
@@ -29,8 +41,6 @@ class ProjectionStudy:
               F.PROJ: "x_t"}
 
     def __init__(self, schedule, seed: int = 0, device: str = "cuda"):
-        import torch
-
         cfg, rows = schedule.config, schedule.options.rows
         check_rows(rows)
         self.schedule, self.rows, self.r8 = schedule, rows, rows8(rows)
@@ -84,8 +94,6 @@ class ProjectionStudy:
 
     def output(self, key):
         """[rows, N] bf16 of output ``key`` ((type, layer or position)) from the arena."""
-        import torch
-
         w0, n = self.offsets[key]
         buf = self.arena[w0: w0 + n * self.r8 // 2].view(torch.bfloat16)
         return from_chunk_major(buf, self.rows, n)
@@ -119,8 +127,6 @@ def projection_error_ratio(x, w, got, swiglu: bool) -> float:
     bf16(g), bf16(u) and |silu'| <= 1.1, act = bf16(bf16(silu(bf16 g)) · bf16 u) is off by at
     most 1.1 dg |u| + |silu g| du + 2^-7 |silu(g) u| + dg du (first order plus the product of
     the two errors), times 1.25 for the terms of higher order."""
-    import torch
-
     k = x.shape[1]
     ref = x @ w.T
     delta = k * 2.0 ** -23 * (x.abs() @ w.abs().T)
@@ -149,11 +155,11 @@ class ResidualStudy:
     schedule lets positions 0 and 1 run side by side):
 
     * proj (p = 0): h_0 = bf16(bf16(x_t · P^T) + b), with its ssq partials;
-    * positions >= 1 start from a given h_p (the embedding body is not built), its partials
-      written by the host in the kernel's order;
+    * positions >= 1 start from a given h_p (the embedding tasks get no inputs), its
+      partials written by the host in the kernel's order;
     * per layer l: qkv_{l,p} = norm(h_p; in_norm_l) · Wqkv^T; h_p = bf16(h_p + bf16(x_q ·
-      Wo^T)) (o reads a fixed input: attention is not built); act_{l,p} = SwiGLU(norm(h_p;
-      post_norm_l) · Wgu^T); h_p = bf16(h_p + bf16(act_{l,p} · Wd^T));
+      Wo^T)) (o reads a fixed input: the attention tasks get no inputs); act_{l,p} =
+      SwiGLU(norm(h_p; post_norm_l) · Wgu^T); h_p = bf16(h_p + bf16(act_{l,p} · Wd^T));
     * head (p >= 1): logits_p = norm(h_p; final) · Head_p^T.
 
     :meth:`emulate` computes the same chain in fp32 torch with the kernel's roundings and its
@@ -162,8 +168,6 @@ class ResidualStudy:
     and propagate)."""
 
     def __init__(self, schedule, seed: int = 0, device: str = "cuda"):
-        import torch
-
         cfg, rows = schedule.config, schedule.options.rows
         check_rows(rows)
         self.schedule, self.cfg, self.rows, self.r8 = schedule, cfg, rows, rows8(rows)
@@ -217,15 +221,13 @@ class ResidualStudy:
         self.packed = pack_frame_weights(schedule, self.weights)
 
     def _put(self, key, t):
-        import torch
-
         w0 = self.offsets[key]
         flat = t.contiguous().view(torch.int32).reshape(-1)
         self.arena[w0: w0 + flat.numel()] = flat
 
     def _row(self, ph) -> list:
         """The real frame's row (kernels.depth.frame_table.phase_row) but o's input, a fixed
-        x_q (attention is not run), and no attention or embedding bodies."""
+        x_q, and no inputs for the attention and embedding tasks (they wait and signal only)."""
         o, p = self.offsets, ph.pos
         if ph.type == F.O:
             return table_row(o["x_q"], o[("h", p)], resid_word=o[("h", p)],
@@ -239,8 +241,6 @@ class ResidualStudy:
 
     def output(self, key, n: int):
         """[rows, n] bf16 of chunk-major region ``key`` from the arena."""
-        import torch
-
         w0 = self.offsets[key]
         buf = self.arena[w0: w0 + n * self.r8 // 2].view(torch.bfloat16)
         return from_chunk_major(buf, self.rows, n)
@@ -248,8 +248,6 @@ class ResidualStudy:
     def emulate(self) -> dict:
         """{key: [rows, n] bf16} of every output the frame leaves: h_p, qkv_{l,p}, act_{l,p},
         logits_p, in fp32 torch with the kernel's rounding points and ssq order."""
-        import torch
-
         cfg, W = self.cfg, self.weights
         out = {}
 
@@ -301,8 +299,6 @@ def ssq_partials(h, r8: int):
     features, in the frame kernel's order of additions: each quad thread q sums its features
     2q, 2q + 1, 8 + 2q, 9 + 2q of the tile in that order, then the quad adds (t0 + t1) +
     (t2 + t3). (ptxas may contract the kernel's squares into FMAs, so the bits can differ.)"""
-    import torch
-
     rows, n = h.shape
     x = h.float().reshape(rows, n // 16, 2, 4, 2)  # [row, tile, n8 block j, quad q, e]
     sq = x * x
@@ -316,10 +312,6 @@ def ssq_partials(h, r8: int):
 def frame_rms_norm(x, gamma, eps: float):
     """The frame's RMSNorm of bf16 rows: r from the ssq partials summed in tile order, then the
     reference's roundings (numerics.rmsnorm.rms_apply)."""
-    import torch
-
-    from numerics.rmsnorm import rms_apply
-
     rows, n = x.shape
     parts = ssq_partials(x, rows)  # [tiles, rows]
     total = torch.zeros(rows, dtype=torch.float32, device=x.device)
@@ -331,6 +323,49 @@ def frame_rms_norm(x, gamma, eps: float):
 def swiglu_reference(gate, up):
     """SwiGLU of fp32 sums as the reference rounds it (models.codepredictor: silu of the bf16
     gate, times the bf16 up, in bf16)."""
-    import torch
-
     return torch.nn.functional.silu(gate.to(torch.bfloat16)) * up.to(torch.bfloat16)
+
+
+# ---- the projection tiles' A/B knobs -----------------------------------------------------------
+ABLATIONS = ("", "no_mma", "no_page_wait")
+
+
+@dataclass(frozen=True)
+class TileStudy:
+    """Knobs of the projection tiles still under A/B (scripts/frame_tiles_ab.py). ``k_stage``:
+    K elements an activation stage (0: the plan's, schedules.plan.frame_k_stage; else 256 or
+    512). ``ablate`` (timing only, the outputs are wrong): "no_mma" issues no wgmma,
+    "no_page_wait" computes on the ring's pages without waiting for them to land. (The
+    activation buffers are the plan's FRAME_ACT_BUFFERS: as many as fit lost its A/B,
+    notes/depth-frame.md.)"""
+    ablate: str = ""
+    k_stage: int = 0
+
+    def __post_init__(self):
+        if self.ablate not in ABLATIONS:
+            raise ValueError(f"ablate {self.ablate!r}: choose from {ABLATIONS}")
+        if self.k_stage not in (0, 256, 512):
+            raise ValueError(f"{self}: k_stage 0 (the plan's), 256 or 512")
+
+
+class TileStudyKernel(FrameKernel):
+    """The frame kernel built with a :class:`TileStudy`'s knobs (``study``; the other arguments
+    are FrameKernel's)."""
+
+    def __init__(self, *args, study: TileStudy, **kwargs):
+        self.study, self.ablate = study, study.ablate
+        super().__init__(*args, **kwargs)
+
+    def _k_stage(self, rows: int) -> int:
+        return self.study.k_stage or super()._k_stage(rows)
+
+
+class TileStudyRun(ProtocolRun):
+    """A frame launch (ProtocolRun's arguments) of a :class:`TileStudyKernel` with ``study``."""
+
+    def __init__(self, schedule, *, study: TileStudy, **kwargs):
+        self.study = study
+        super().__init__(schedule, **kwargs)
+
+    def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
+        return TileStudyKernel(*args, study=self.study, **kwargs)

@@ -6,8 +6,6 @@ from __future__ import annotations
 from kernels.depth.frame_tiles import PHASE_FIELDS, RESID_BIAS, RESID_NONE, RESID_ROWS
 from schedules import depth_frame as F
 
-TALKER_VOCAB = 3072  # g0's codebook (models.codepredictor.CodePredictorWeights.talker_embed)
-
 
 def unfused_row(a_word: int, y_word: int) -> list:
     """A phase-table row with only an input and an output (no norm, residual or ssq)."""
@@ -27,7 +25,7 @@ def table_row(a_word, y_word, gamma_word=-1, ssq_in_word=-1, resid_word=-1,
     return [row.get(k, -1) for k in PHASE_FIELDS]
 
 
-def phase_row(ph, o: dict, cfg, talker_vocab: int = TALKER_VOCAB) -> list:
+def phase_row(ph, o: dict, cfg) -> list:
     """Phase ``ph``'s PHASE_FIELDS (kernels.depth.frame_tiles) over the regions ``o``."""
     p, l = ph.pos, ph.layer
     if ph.type == F.PROJ:
@@ -54,7 +52,7 @@ def phase_row(ph, o: dict, cfg, talker_vocab: int = TALKER_VOCAB) -> list:
     # EMBED at position p: its code is column p - 1 (g0 at p = 1); p <= 15 gathers table
     # p - 1 (talker_embed_proj, then embed_proj[p - 2]); p = 16 makes the Talker sum
     last = p == cfg.positions
-    before = 0 if p == 1 else talker_vocab + (p - 2) * cfg.vocab  # the table's first row
+    before = 0 if p == 1 else cfg.talker_vocab + (p - 2) * cfg.vocab  # the table's first row
     table = -1 if last else o["embed_proj"] + before * cfg.hidden // 2
     return table_row(o[("logits", p - 1)] if p >= 2 else -1, -1 if last else o[("h", p)],
                      ssq_out_word=-1 if last else o[("ssq", p)], code_word=o["codes"],

@@ -44,13 +44,14 @@ quad columns 8j + 2q and 8j + 2q + 1 of each n8 block j):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numpy as np
+import torch
 
+from configs.arch import SMEM_PER_CTA_MAX
 from schedules import depth_frame as F
 
 K_STAGE = 256  # K elements of an activation stage where the plan does not say (its minimum)
 MAX_ACT_BUFFERS = 6  # the most K stages of a task (down's half: 1536 / 256)
-SMEM_LIMIT = 227 * 1024
 SMEM_RESERVE = 2048  # the protocol's barriers and combine words, the ring's alignment
 ACT_SLACK = 1024  # bytes after each activation buffer: wgmma's rows R8..63 of its last step
 MAX_ROWS = 64  # the A operand's rows
@@ -71,7 +72,7 @@ def act_buffers(rows: int, combine_slots: int, ring_bytes: int, k_stage: int = K
     """Activation stage buffers that fit beside the ring, the combine slots' fp32 partials
     (64 rows x 16 features each) and the norm buffers, at most MAX_ACT_BUFFERS (the kernel
     checks that the plan's FRAME_ACT_BUFFERS fit)."""
-    free = (SMEM_LIMIT - SMEM_RESERVE - ring_bytes - combine_slots * MAX_ROWS * 16 * 4
+    free = (SMEM_PER_CTA_MAX - SMEM_RESERVE - ring_bytes - combine_slots * MAX_ROWS * 16 * 4
             - (MAX_ROWS + NORM_K // 2) * 4)  # the fused builds' row factors and gamma
     fit = free // (act_stage_bytes(rows, k_stage) + ACT_SLACK)
     if fit < 2:
@@ -79,27 +80,6 @@ def act_buffers(rows: int, combine_slots: int, ring_bytes: int, k_stage: int = K
                          f"{act_stage_bytes(rows, k_stage)} B do not fit beside a {ring_bytes} B "
                          "ring")
     return min(MAX_ACT_BUFFERS, fit)
-
-
-ABLATIONS = ("", "no_mma", "no_page_wait")
-
-
-@dataclass(frozen=True)
-class TileStudy:
-    """Knobs of the projection tiles still under A/B (scripts/frame_tiles_ab.py), never in a
-    user-facing constructor. ``k_stage``: K elements a stage (0: the plan's,
-    schedules.plan.frame_k_stage; else 256 or 512). ``ablate`` (timing only, the outputs are
-    wrong): "no_mma" issues no wgmma, "no_page_wait" computes on the ring's pages without
-    waiting for them to land. (The activation buffers are the plan's FRAME_ACT_BUFFERS: as many
-    as fit lost its A/B, notes/depth-frame.md.)"""
-    ablate: str = ""
-    k_stage: int = 0
-
-    def __post_init__(self):
-        if self.ablate not in ABLATIONS:
-            raise ValueError(f"ablate {self.ablate!r}: choose from {ABLATIONS}")
-        if self.k_stage not in (0, 256, 512):
-            raise ValueError(f"{self}: k_stage 0 (the plan's), 256 or 512")
 
 
 def check_rows(rows: int) -> None:
@@ -113,13 +93,11 @@ def pack_tile(w_tile):
     """A tile's weights [F, K'] (bf16) as the bytes the ring receives: [K' / 8][F][8]."""
     f, k = w_tile.shape
     return w_tile.reshape(f, k // 8, 8).permute(1, 0, 2).contiguous().view(-1).view(
-        __import__("torch").uint8)
+        torch.uint8)
 
 
 def chunk_major_rows(x, rows_padded: int):
     """x [R, K] (bf16) as chunk-major [K / 8][rows_padded][8] (rows R.. zero)."""
-    import torch
-
     r, k = x.shape
     out = torch.zeros(k // 8, rows_padded, 8, dtype=x.dtype, device=x.device)
     out[:, :r] = x.reshape(r, k // 8, 8).transpose(0, 1)
@@ -134,8 +112,6 @@ def from_chunk_major(buf, rows: int, k: int):
 def tile_weights(type_: int, tile: int, half: int, w):
     """Rows and K range of tile ``tile`` (``half`` 0 / 1 of a split tile, -1 whole) of a
     projection of weight ``w`` [N, K] (gate/up: [2N, K], gate rows first)."""
-    import torch
-
     f = TILE_FEATURES[type_]
     if type_ == F.GATEUP:
         n = w.shape[0] // 2
@@ -154,8 +130,6 @@ def weight_regions(schedule: F.Schedule) -> tuple:
     model: a layer's tiles are shared by every position, each head's by its one position (the
     owner is the layer, or the position for heads and proj); a split tile's halves are
     adjacent."""
-    import numpy as np
-
     opt = schedule.options
     out = np.full((opt.grid, opt.max_tasks_per_cta), -1, dtype=np.int64)
     where: dict = {}
@@ -180,8 +154,6 @@ def pack_frame_weights(schedule, projections: dict):
     by :func:`pack_tile`. ``projections``: "qkv", "wo", "gate_up", "down" (one [N, K] bf16 a
     layer; gate_up [2N, K], gate rows first), "heads" (one a drawn group, for positions 1..15)
     and "proj" (the Talker-state projection, [1024, 2048])."""
-    import torch
-
     _, size, where = weight_regions(schedule)
     dev = projections["proj"].device
     out = torch.zeros(size, dtype=torch.uint8, device=dev)
@@ -206,6 +178,7 @@ from device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
 from device.rounding import (bf16x2_rn, quad_ssq, rms_factor,  # noqa: E402
                                      rmsnorm_pair, round_bf16, swiglu_value)
 from device.runtime import cute_modules  # noqa: E402
+from device.barriers import Barrier  # noqa: E402
 from device.waits import wait_parity  # noqa: E402
 from device.wgmma import wgmma_ss_m64k16  # noqa: E402
 
@@ -214,8 +187,6 @@ from cutlass import Float32, Int32, Uint32  # noqa: E402
 
 CONSUMER_BARRIER = 1  # named barrier of the consumer warpgroup (0 is __syncthreads)
 CONSUMERS = 128
-ACT_FULL = 2  # the mailbox's barrier name for the activation stages (BARRIER_NAMES)
-PAGE_FULL = 4
 # (tile features, the task's K range, split) per projection type, with the 1.7B shapes
 TASK_SHAPES = {F.QKV: (32, 1024, False), F.GATEUP: (64, 1024, False),
                F.HEAD: (16, 1024, False), F.O: (16, 1024, True), F.PROJ: (16, 1024, True),
@@ -250,7 +221,8 @@ def _sum_in_order(xs: list) -> Float32:
 
 class ProjectionBodies:
     """The projection task's device code, mixed into the frame kernel (which provides
-    ``rows``, ``pages``, ``slots`` and the shared-memory objects passed in)."""
+    ``rows``, ``r8`` (rows8 of them), ``pages``, ``slots`` and the shared-memory objects passed
+    in)."""
 
     @cute.jit
     def _mainloop(self, f: cutlass.Constexpr[int], stages: cutlass.Constexpr[int],
@@ -264,7 +236,7 @@ class ProjectionBodies:
         builds with ``gamma_word >= 0``: the input is RMS-normalised first
         (:meth:`_row_factors`, :meth:`_normalize_stage`)."""
         tidx, _, _ = cute.arch.thread_idx()
-        R, r8, nb, ks = self.pages, rows8(self.rows), self.act_buffers, self.k_stage
+        R, r8, nb, ks = self.pages, self.r8, self.act_buffers, self.k_stage
         ab = act_stage_bytes(self.rows, ks)
         buf = ab + ACT_SLACK
         P = self.page_bytes
@@ -292,10 +264,10 @@ class ProjectionBodies:
             # one thread waits for the stage and the barrier passes the landing on: every
             # thread polling the mbarriers was 8-13 % slower a frame (notes/depth-frame.md)
             if tidx == 0:
-                wait_parity(act_full + b, (n // nb) & 1, ACT_FULL, b, mailbox, claim)
+                wait_parity(act_full + b, (n // nb) & 1, Barrier.ACT_FULL, b, mailbox, claim)
                 if cutlass.const_expr(self.ablate != "no_page_wait"):
                     for j in cutlass.range_constexpr(w0, w1):
-                        wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1, PAGE_FULL,
+                        wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1, Barrier.PAGE_FULL,
                                     (at + j) % R, mailbox, claim)
             cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if cutlass.const_expr(st == 0):
@@ -335,7 +307,7 @@ class ProjectionBodies:
         never from a stale L1 line. Also the task's gamma (K bf16, host data) into ``gbuf``,
         so the stage rewrite reads it from shared memory."""
         tidx, _, _ = cute.arch.thread_idx()
-        r8 = rows8(self.rows)
+        r8 = self.r8
         sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
         sG = cute.make_tensor(gbuf, cute.make_layout(NORM_K // 2))
         for i in cutlass.range_constexpr(NORM_K // 2 // CONSUMERS):
@@ -356,7 +328,7 @@ class ProjectionBodies:
         stage's [k_stage / 8][R8][8] image is row u % R8 of chunk u / R8 (8 features, gamma
         words 4·(chunk + st·k_stage / 8) on in ``gbuf``)."""
         tidx, _, _ = cute.arch.thread_idx()
-        r8, ks = rows8(self.rows), self.k_stage
+        r8, ks = self.r8, self.k_stage
         units = ks * r8 // 8  # 32 or 64 · R8: a multiple of 256
         sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
         base, g_base = smem_u32(stage), smem_u32(gbuf) + st * ks * 2
@@ -381,7 +353,7 @@ class ProjectionBodies:
         fixed order) at ssq_out_word (when >= 0), for the next RMSNorm."""
         r0, r1, c = self._fragment_coords()
         lane = cute.arch.lane_idx()
-        r8 = rows8(self.rows)
+        r8 = self.r8
         out = [Float32(0.0)] * 8
         for j in cutlass.range_constexpr(2):
             feat = tile * 16 + 8 * j
@@ -419,7 +391,7 @@ class ProjectionBodies:
         """bf16 pairs of ``vals`` (the fragment's order: per n8 block j, rows r0 and r1) at
         output features f0 + 8j + c, chunk-major [N / 8][R8][8] from arena word ``y_word``."""
         r0, r1, c = self._fragment_coords()
-        r8 = rows8(self.rows)
+        r8 = self.r8
         for j in cutlass.range_constexpr(len(vals) // 4):
             feat = f0 + 8 * j  # a multiple of 8: the pair's chunk
             for h, r in ((0, r0), (1, r1)):

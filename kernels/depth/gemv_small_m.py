@@ -32,15 +32,18 @@ so no chain runs ahead of it.)
 """
 from __future__ import annotations
 
+import torch
+
 from kernels.depth.projection_io import check_projection_out, epilogue_store, projection_dims
 from device.rounding import add_squares, rms_factor, rmsnorm_pair
-from device.ptx import bf16_hi, bf16_lo
+from device.ptx import bf16_hi, bf16_lo, pdl_launch_dependents, pdl_wait, timing_perturbation
 from device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
                                     current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float32, Int32, Uint32  # noqa: E402
-from cutlass.cute.nvgpu import cpasync  # noqa: E402
+from cutlass.cute.nvgpu import LoadCacheMode, cpasync  # noqa: E402
+from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 
 MAX_M = 8
 # how a projection without the norm prologue brings x in: "async", the CTA's cp.async copies
@@ -118,7 +121,7 @@ class GemvSmallM:
         total = self.M * self.K // 8  # 16-byte chunks
         sX = cutlass.memory.SmemAllocator().allocate_tensor(
             Uint32, cute.make_layout((4, total), stride=(1, 4)), 16)
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cpasync.LoadCacheMode.GLOBAL), Uint32,
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(LoadCacheMode.GLOBAL), Uint32,
                                    num_bits_per_copy=128)
         threads = 32 * WARPS
         for j in cutlass.range_constexpr((total + threads - 1) // threads):
@@ -145,7 +148,7 @@ class GemvSmallM:
         if cutlass.const_expr(self.pdl):
             # let the next kernel launch as soon as this grid is resident: before its own wait
             # it only reads constants (weights), and it cannot pass that wait before we finish
-            cute.arch.griddepcontrol_launch_dependents()
+            pdl_launch_dependents()
         # the weight stream first: constants, so legal before the grid dependency resolves
         w = [[cute.make_rmem_tensor((4,), Uint32) for _ in range(chunks)]
              for _ in range(self.w_rows)]
@@ -158,7 +161,7 @@ class GemvSmallM:
             for i in cutlass.range_constexpr(chunks):
                 cute.autovec_copy(mG[(None, i * 32 + lane)], gs[i])
         if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
+            pdl_wait()
         resid = Float32(0.0)
         if cutlass.const_expr(self.residual):
             # lane m adds and stores y[m, n]: fetch its residual now, off the tail's critical path
@@ -203,8 +206,6 @@ def _ptr_specs(out_f32: bool):
 
 
 def compile_args(M: int = 4, K: int = 1024, out_f32: bool = False):
-    from cutlass.cute.runtime import make_fake_stream
-
     return (*pointer_args(_ptr_specs(out_f32)), Int32(4096), Int32(4096), make_fake_stream())
 
 
@@ -216,8 +217,6 @@ def gemv_small_m(x, w, out=None, *, gamma=None, resid=None, swiglu: bool = False
     ``swiglu``: w is [2N, K], gate rows then up rows. ``out``: bf16, or fp32 for widened bf16
     results; its rows may be strided (row stride ``out.stride(0)``, unit column stride).
     ``x_copy``: how x comes in without gamma (X_COPIES; the same bits)."""
-    import torch
-
     require_hopper()
     M, K, N = projection_dims(x, w, swiglu)
     if not 1 <= M <= MAX_M or K % 256:
@@ -238,7 +237,7 @@ def gemv_small_m(x, w, out=None, *, gamma=None, resid=None, swiglu: bool = False
     # the norm prologue reads x itself; x too large for shared memory comes direct
     x_copy = "direct" if gamma is not None or M * K * 2 > X_SMEM_LIMIT else x_copy
     key = ("gemv_small_m", M, K, gamma is not None, resid is not None, swiglu, out_f32, pdl, eps,
-           x_copy)
+           x_copy, timing_perturbation())
     compiled = cached_compile(key, lambda: cute.compile(
         GemvSmallM(M, K, norm=gamma is not None, residual=resid is not None, swiglu=swiglu,
                    out_f32=out_f32, pdl=pdl, eps=eps, x_copy=x_copy),

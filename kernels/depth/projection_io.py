@@ -3,6 +3,8 @@ the output / residual checks (``check_projection_out``) and the epilogue store w
 residual add and SwiGLU (``epilogue_store``), used by the GEMVs and the skinny GEMMs alike."""
 from __future__ import annotations
 
+import torch
+
 from device.rounding import round_bf16, swiglu_value
 from device.runtime import check_cuda_tensor, cute_modules
 
@@ -31,8 +33,6 @@ def epilogue_store(mY: cute.Tensor, resid, m, n, t, *, swiglu: bool, residual: b
 def projection_dims(x, w, swiglu: bool):
     """Checks of a projection's operands shared by the GEMV and kernels/depth/gemm_skinny.py:
     x [M, K] and w [N, K] (SwiGLU: [2N, K]) bf16 CUDA tensors; returns (M, K, N)."""
-    import torch
-
     check_cuda_tensor("x", x, dtypes=(torch.bfloat16,))
     check_cuda_tensor("w", w, dtypes=(torch.bfloat16,))
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
@@ -46,8 +46,6 @@ def projection_dims(x, w, swiglu: bool):
 def check_projection_out(out, resid, M: int, N: int, swiglu: bool) -> bool:
     """out [M, N] bf16 or fp32 with unit column stride (rows may be strided); resid bf16 laid
     out as out. Returns whether out is fp32."""
-    import torch
-
     check_cuda_tensor("out", out, dtypes=(torch.bfloat16, torch.float32), contiguous=False,
                       align=4)
     out_f32 = out.dtype == torch.float32

@@ -5,12 +5,16 @@ themselves. One CTA per row, 128 threads, each owning 16-byte chunks; PDL like i
 """
 from __future__ import annotations
 
+import torch
+
+from device.ptx import pdl_launch_dependents, pdl_wait, timing_perturbation
 from device.rounding import add_squares, rms_factor, rmsnorm_pair
 from device.runtime import (cached_compile, check_cuda_tensor, cute_modules,
                                     current_stream, pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Uint32  # noqa: E402
+from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 
 THREADS = 128
 
@@ -42,10 +46,10 @@ class RowsRmsNorm:
         s_sum = cutlass.memory.SmemAllocator().allocate_tensor(
             Float32, cute.make_layout(THREADS // 32), 16)
         if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_launch_dependents()
+            pdl_launch_dependents()
         g = load_gamma(mG, tidx, self.K)
         if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_wait()
+            pdl_wait()
         xs = [cute.make_rmem_tensor((4,), Uint32) for _ in range(self.chunks)]
         for i in cutlass.range_constexpr(self.chunks):
             cute.autovec_copy(mX[(None, m * kc + tidx + THREADS * i)], xs[i])
@@ -97,8 +101,6 @@ PTRS = ((Uint32, 16),) * 3  # x, gamma, y
 
 
 def compile_args():
-    from cutlass.cute.runtime import make_fake_stream
-
     return (*pointer_args(PTRS), make_fake_stream())
 
 
@@ -106,8 +108,6 @@ def rows_rmsnorm(x, gamma, out, *, eps: float = 1e-6, pdl: bool = False,
                  chunk_major: bool = False):
     """x [M, K] bf16 -> out [M, K] bf16, RMS-normalised with weight gamma [K]. ``chunk_major``:
     out's storage laid out [K / 8][M][8] (device.runtime.activation_layout)."""
-    import torch
-
     require_hopper()
     for name, t in (("x", x), ("gamma", gamma), ("out", out)):
         check_cuda_tensor(name, t, dtypes=(torch.bfloat16,))
@@ -116,7 +116,8 @@ def rows_rmsnorm(x, gamma, out, *, eps: float = 1e-6, pdl: bool = False,
         raise ValueError(f"x {tuple(x.shape)}, gamma {tuple(gamma.shape)}, out "
                          f"{tuple(out.shape)}: need [M, K], [K], [M, K]")
     ptrs = pointer_args(PTRS, (x, gamma, out))
-    compiled = cached_compile(("rows_rmsnorm", M, K, eps, pdl, chunk_major), lambda: cute.compile(
+    compiled = cached_compile(("rows_rmsnorm", M, K, eps, pdl, chunk_major,
+                               timing_perturbation()), lambda: cute.compile(
         RowsRmsNorm(M, K, eps, pdl, chunk_major), *ptrs, current_stream()))
     compiled(*ptrs, current_stream())
     return out

@@ -12,21 +12,19 @@ import functools
 
 import torch
 
+from configs.arch import K_BLOCK
 from device.ffi import plain_cuda, require_hopper
-from device.runtime import check_cuda_tensor, cute_modules, sm_count
+from device.runtime import check_cuda_tensor, sm_count
 from device.waits import diagnostics_mailbox
 from epilogues.gate_residual import GateResidualBf16
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
+from kernels.nvfp4.prepack import PrepackedWeights
+from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape
 from schedules import plan
-
-cutlass, cute = cute_modules()
-
-from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape  # noqa: E402
 
 ROW_TILE = SCALE_TILE_ROWS  # a row slice must start on a scale tile
 GATE_RESIDUAL = GateResidualBf16()
 _CODES, _SCALES, _G = (torch.uint8,), (torch.float8_e4m3fn, torch.uint8), (torch.float32,)
-_scale_shape = scale_shape  # the old name, still called by tests/test_entry_fuzz.py
 
 
 @functools.lru_cache(maxsize=1024)
@@ -37,16 +35,13 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
     tiles once they fill ``WIDE_MIN_WAVES`` waves of SMs, else 128 x 128 (twice the CTAs); K
     split below one wave of those. Cached: a config is an immutable value, and building one
     costs ~50 µs of host time (measured on the CPU), more than a whole launch should."""
-    from kernels.nvfp4.gemm_shell import SwapAbStudy
-
     sms = sms or sm_count()
     row_tiles = -(-M // plan.ROW_TILE)
     tiles = row_tiles * -(-N // plan.NARROW.tile_n)
-    k_blocks = -(-K // plan.K_BLOCK)
+    k_blocks = -(-K // K_BLOCK)
     splits = max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
     if prepacked and tiles <= plan.SWAP_AB_MAX_WAVES * sms:
-        return SwapAbStudy(tokens=plan.ROW_TILE, stages=plan.SWAP_AB.stages, splits=splits,
-                           overlap=False, buffers=2).build()
+        return BlockscaledGemmSm90.swap_ab(stages=plan.SWAP_AB.stages, splits=splits)
     if row_tiles * -(-N // plan.WIDE.tile_n) >= plan.WIDE_MIN_WAVES * sms:
         return BlockscaledGemmSm90(tile_n=plan.WIDE.tile_n, stages=plan.WIDE.stages)
     return BlockscaledGemmSm90(tile_n=plan.NARROW.tile_n, stages=plan.NARROW.stages,
@@ -87,8 +82,6 @@ def _tensor_scale(name: str, g, device):
 
 def _check_epilogue_operands(gate, residual, m: int, N: int, device):
     """P4's operands: both or neither; gate bf16 [N], residual bf16 [m, N], on ``device``."""
-    import torch
-
     if (gate is None) != (residual is None):
         raise ValueError("gate and residual go together (P4's gated residual add): pass both "
                          "or neither")
@@ -108,10 +101,6 @@ def _check_epilogue_operands(gate, residual, m: int, N: int, device):
 def _check_prepacked(prepacked, N: int, K: int, device):
     """The register-order prepack of the weight (kernels.nvfp4.prepack) the swap-AB design
     reads instead of b_q / b_s."""
-    import torch
-
-    from kernels.nvfp4.prepack import PrepackedWeights
-
     if not isinstance(prepacked, PrepackedWeights):
         raise TypeError("the swap-AB config reads the register-order prepack: pass prepacked= a "
                         f"PrepackedWeights (kernels.nvfp4.prepack.prepack), got "
@@ -127,8 +116,6 @@ def _check_prepacked(prepacked, N: int, K: int, device):
 
 def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate=None, residual=None):
     """All checks, in order; returns (M, N, K, r0, r1, g_a, g_b). Raises before any launch."""
-    import torch
-
     require_hopper()
     if not isinstance(a_q, torch.Tensor):
         raise TypeError(f"a_q must be a torch.Tensor, got {type(a_q).__name__}")
@@ -172,8 +159,6 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     numerics.epilogue.gate_residual of the plain output. ``prepacked``: the weight's
     register-order prepack (kernels.nvfp4.prepack), required by swap-AB configs. Compiled kernels
     are cached per static config (``BlockscaledGemmSm90.static_key``)."""
-    import torch
-
     if config is not None and not isinstance(config, BlockscaledGemmSm90):
         raise TypeError(f"config must be a BlockscaledGemmSm90, got {type(config).__name__}")
     M, N, K, r0, r1, g_a, g_b = validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate,

@@ -8,10 +8,19 @@ E4M3 block scales of 16 and an fp32 tensor scale.
 
 The shell owns the CTA: it allocates each module's shared storage, creates and initialises the
 mbarriers the modules declare (each arrive count is the sum of the arrivals the modules declare
-on it, checked when the shell is built: a barrier nobody arrives on or waits on is an error),
-builds the persistent tile schedule (CUTLASS's static scheduler, grid = min(tiles, SMs)) and
-dispatches warpgroups to roles. Every role runs its own loop over the same tile sequence. The
-epilogue (:mod:`epilogues`, one signature) is called by the consumer after each tile.
+on it), builds the persistent tile schedule (:mod:`device.tiles`, grid = min(tiles, SMs)) and
+dispatches warpgroups to roles. Every role runs its own loop over the same tile sequence
+(``device.tiles.for_each_tile``). The epilogue (:mod:`epilogues`, one signature) is called by
+the consumer after each tile.
+
+The role contract: a role module declares its warpgroups and registers, the barriers it owns,
+arrives on and waits on, its shared storage, and ``run(ctx, thread)`` (ctx: a
+:class:`ShellContext`). What it needs of another module is part of its static config, set when
+it is built: the readers of the packed ring its depth (``stages``), the swap-AB consumer the
+activation stage's f16 tiles (``act_tiles``), the epilogue the consumer's thread count. When
+the shell is built it checks, before anything compiles, that the barriers balance (a barrier
+nobody arrives on or waits on is an error: :func:`check_roles`) and that these facts agree
+(:func:`check_links`).
 
 Designs (the module sets; notes/p0-gemm.md has their measurements):
 
@@ -23,9 +32,8 @@ Designs (the module sets; notes/p0-gemm.md has their measurements):
   ========  ===========  ====  =========================================================
   packed ring  full[s]: 1 arrive + bytes (TMA); empty[s]: 8 (consumer warps)
 
-``swap_ab`` (:class:`SwapAbStudy`; the default at small M when the prepack is given), 512
-threads: weights on wgmma's M side as
-the register-sourced A operand, tokens on N:
+``swap_ab`` (:meth:`BlockscaledGemmSm90.swap_ab`; the default at small M when the prepack is
+given), 512 threads: weights on wgmma's M side as the register-sourced A operand, tokens on N:
   ==========  ===========  ====  =======================================================
   role        warpgroups   regs  module
   producer    0 (warp 0)   24    :class:`producers.register_order.RegisterOrderProducer`
@@ -34,90 +42,61 @@ the register-sourced A operand, tokens on N:
   ==========  ===========  ====  =======================================================
   packed ring   full[s]: 1 arrive + bytes; empty[s]: 12 (4 activation + 8 consumer warps)
   f16 B tiles   act_full[b]: 4 (activation warps); act_empty[b]: 8 (consumer warps)
-  multicast 2   clusters of 2 CTAs along N share the token tile: each producer TMAs half of
-                the packed activation to both; empty[s]: 16 (4 + 4 activation warps of the
-                pair, 8 consumer warps)
+
+Studies live beside the production classes and only scripts/ and tests build them:
+:class:`P0Variant` (measurement and fault-injection builds) and :class:`SwapAbStudy` (the
+swap-AB design's knobs that were measured and not chosen: one wgmma group in flight; the
+activation multicast, where clusters of 2 CTAs along N share the token tile, each producer
+TMA-ing half of the packed activation to both, and empty[s] counts 16: 4 + 4 activation warps
+of the pair, 8 consumer warps). schedules/plan.py says which config runs per problem.
 
 No CTA waits on a CTA outside its cluster (split-K's last CTA only counts arrivals; a cluster's
-CTAs are co-scheduled by the hardware), so the persistent grid needs no co-residency guarantee. Every mbarrier wait is bounded (:mod:`device.waits`):
-a stalled barrier traps with a report naming it. Measurement-only builds go through one
-:class:`P0Variant`; schedules/plan.py says which config runs per problem.
+CTAs are co-scheduled by the hardware), so the persistent grid needs no co-residency guarantee.
+Every mbarrier wait is bounded (:mod:`device.waits`): a stalled barrier traps with a report
+naming it (:class:`device.barriers.Barrier`).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import copy
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
+from configs.arch import K_BLOCK, SMEM_PER_CTA_MAX, WARPGROUP
+from consumers.dequant_wgmma import DequantWgmmaConsumer
+from consumers.register_a_wgmma import OverlappedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer
+from device import ffi
+from device.runtime import cute_modules, pointer_args
+from device.tiles import TileLoop, TileSchedule
 from epilogues import EpilogueOperands
 from epilogues.tile_store import TileStore
-from device import ffi
-from device.runtime import cute_modules
+from producers.activation_stage import ExpandedActivationStage, PairedActivationStage
+from producers.register_order import PairedRegisterOrderProducer, RegisterOrderProducer
+from producers.tma_prepacked import TmaPrepackedProducer
 
 cutlass, cute = cute_modules()
-import cutlass.utils as utils  # noqa: E402
 from cutlass import Float32, Int32, Int64, Uint8, Uint32  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
+from cutlass.cute.runtime import make_fake_stream  # noqa: E402
+from cutlass.memory import SmemAllocator  # noqa: E402
 
-WARPGROUP = 128
 REGISTER_FILE = 65536  # 32-bit registers per SM
-SMEM_CAPACITY = 232448  # sm_90 opt-in maximum per CTA
-TILE_K = 64  # K elements per k-block: one 128x4 scale tile column group
-
-
-@dataclass(frozen=True)
-class P0Variant:
-    """Measurement and fault-injection builds: wrong results by design, never a production
-    choice. Only scripts/p0_ablate.py and tests construct one.
-
-    ``skip_dequant`` / ``skip_mma`` drop the f16 expansion / the wgmmas, to time each half of the
-    mainloop on its own (notes/p0-gemm.md, Ablations); ``stall_producer`` announces 16 bytes more
-    than the TMA delivers, so the first "full" barrier never completes and the bounded wait traps
-    (the timeout test)."""
-
-    skip_dequant: bool = False
-    skip_mma: bool = False
-    stall_producer: bool = False
-
-
-PRODUCTION = P0Variant()
-
-
-@dataclass(frozen=True)
-class SwapAbStudy:
-    """The swap-AB design and its knobs: schedules/plan.py's default picks one setting of them
-    for small M (notes/p0-gemm.md v5, where it won); scripts/p0_v2_ab.py and tests vary them."""
-
-    tokens: int = 128
-    stages: int = 8
-    splits: int = 1
-    raster_along_m: bool = False
-    buffers: int = 2  # f16 activation tiles
-    overlap: bool = False  # one wgmma group in flight per consumer warpgroup
-    multicast: int = 1  # 2: CTA pairs on neighbouring weight tiles share the activation's TMA
-    variant: P0Variant = PRODUCTION
-
-    def build(self) -> BlockscaledGemmSm90:
-        return BlockscaledGemmSm90._swap_ab(tokens=self.tokens, stages=self.stages,
-                                            splits=self.splits,
-                                            raster_along_m=self.raster_along_m,
-                                            buffers=self.buffers, overlap=self.overlap,
-                                            multicast=self.multicast, variant=self.variant)
 
 
 class ShellContext(NamedTuple):
-    """What every role receives (device side): its storage and barriers by name, the static
-    shell, the schedule and the global views."""
-    shell: object
+    """What every role's ``run`` receives (device side): every module's shared storage and
+    barriers by name, the producer's global views, the tile loop, the epilogue and its operands.
+    What a role needs to know of another role (the ring depth, the f16 tiles, the consumer's
+    threads) is not here: the role is built with it, and the shell checks that they agree
+    (:func:`check_links`)."""
     smem: dict        # name -> shared-memory tensor (every module's)
     bars: dict        # name -> mbarrier array pointer
     tma: list         # the producer's TMA atoms and global tensors
     globals: tuple    # the producer's other global views (e.g. prepacked weights)
     tiled_mma: object
+    epilogue: object  # the TileStore the consumer calls after each tile
     epi: object       # EpilogueOperands
     mailbox: object
-    sched_params: object
-    k_tiles: object
-    k_per_split: object
+    tiles: object     # device.tiles.TileLoop: the schedule and the K blocking
 
 
 def _module_key(module) -> tuple:
@@ -166,80 +145,104 @@ def check_roles(roles) -> dict:
     return {k: tuple(v) for k, v in table.items()}
 
 
+def check_links(producer, activation, consumer, epilogue) -> None:
+    """What one module was built to expect of another, checked before compiling (a mismatch
+    compiles to a kernel that hangs, races or reads the wrong bytes); raises ValueError. Every
+    reader of the packed ring was built for the producer's ring depth; the consumer for the
+    activation stage's f16 tiles, and the activation stage for the producer's multicast; the
+    epilogue for the consumer's thread count, on a named barrier the consumer does not use."""
+    for r in (activation, consumer):
+        if r is not None and r.stages != producer.stages:
+            raise ValueError(f"{type(r).__name__} reads a ring of {r.stages} stages; "
+                             f"{type(producer).__name__} fills {producer.stages}")
+    if activation is not None:
+        if consumer.act_tiles != activation.tiles:
+            raise ValueError(f"{type(consumer).__name__} reads f16 tiles {consumer.act_tiles}; "
+                             f"{type(activation).__name__} writes {activation.tiles}")
+        if activation.multicast != producer.multicast:
+            raise ValueError(f"{type(activation).__name__} releases stages in "
+                             f"{activation.multicast} CTAs; {type(producer).__name__} "
+                             f"multicasts to {producer.multicast}")
+    if epilogue.threads != consumer.threads:
+        raise ValueError(f"the epilogue syncs {epilogue.threads} threads; "
+                         f"{type(consumer).__name__} calls it from {consumer.threads}")
+    if epilogue.barrier in consumer.named_barriers():
+        raise ValueError(f"the epilogue's named barrier {epilogue.barrier!r} is also "
+                         f"{type(consumer).__name__}'s")
+
+
+def _check_ring(stages, splits):
+    if not isinstance(stages, int) or stages < 2:
+        raise ValueError(f"stages = {stages!r}: the packed ring needs an int >= 2")
+    if not isinstance(splits, int) or not 1 <= splits <= 16:
+        raise ValueError(f"splits = {splits!r}: choose 1..16")
+
+
 class BlockscaledGemmSm90:
     """Static config: CTA tile ``tile_m`` activation rows x ``tile_n`` weight rows, packed ring
-    depth ``stages``, K ``splits``, tile raster order, the role modules and the epilogue, and
-    (tests and measurements only) a :class:`P0Variant`. The constructor builds the ``p0``
-    design; :meth:`swap_ab` the swap-AB design."""
+    depth ``stages``, K ``splits``, tile raster order, the role modules and the epilogue. The
+    constructor builds the ``p0`` design, :meth:`swap_ab` the swap-AB design; studies
+    (:class:`P0Variant`, :class:`SwapAbStudy`) assemble theirs with :meth:`from_roles`."""
+
+    variant = None  # the P0Variant of a measurement build (:meth:`P0Variant.of`), else None
 
     def __init__(self, *, tile_n: int = 256, stages: int = 4, splits: int = 1,
-                 raster_along_m: bool = True, swizzle: int = 1, producer=None, consumer=None,
-                 epilogue=None, variant: P0Variant = PRODUCTION):
-        from consumers.dequant_wgmma import DequantWgmmaConsumer
-        from producers.tma_prepacked import TmaPrepackedProducer
-
+                 raster_along_m: bool = True, producer=None, consumer=None, epilogue=None):
+        _check_ring(stages, splits)
+        tile_m = DequantWgmmaConsumer.TILE_M
         if tile_n not in DequantWgmmaConsumer.TILE_NS:
             raise ValueError(f"tile_n = {tile_n!r}: choose from {DequantWgmmaConsumer.TILE_NS} "
-                             f"(tile_m is {DequantWgmmaConsumer.TILE_M})")
-        self._configure("p0", DequantWgmmaConsumer.TILE_M, tile_n, stages, splits,
-                        raster_along_m, swizzle, epilogue, variant,
-                        producer or TmaPrepackedProducer(DequantWgmmaConsumer.TILE_M, tile_n,
-                                                         stages),
-                        None, consumer or DequantWgmmaConsumer(DequantWgmmaConsumer.TILE_M,
-                                                               tile_n))
+                             f"(tile_m is {tile_m})")
+        self._configure("p0", splits, raster_along_m,
+                        producer or TmaPrepackedProducer(tile_m, tile_n, stages), None,
+                        consumer or DequantWgmmaConsumer(tile_m, tile_n, stages), epilogue)
 
     @classmethod
-    def _swap_ab(cls, *, tokens: int = 128, stages: int = 8, splits: int = 1,
-                 raster_along_m: bool = False, swizzle: int = 1, buffers: int = 2,
-                 overlap: bool = False, multicast: int = 1, epilogue=None,
-                 variant: P0Variant = PRODUCTION) -> BlockscaledGemmSm90:
-        """The swap-AB design (built through :class:`SwapAbStudy`):
-        ``tokens`` activation rows x 128 weight rows a CTA; weights from the register-order
-        prepack (kernels.nvfp4.prepack); with ``multicast`` = 2, clusters of two CTAs on
-        neighbouring weight tiles, each TMA-ing half of the shared activation tile to both."""
-        from consumers.register_a_wgmma import RegisterAWgmmaConsumer
-        from producers.activation_stage import ExpandedActivationStage
-        from producers.register_order import RegisterOrderProducer
+    def swap_ab(cls, *, stages: int = 8, splits: int = 1) -> BlockscaledGemmSm90:
+        """The swap-AB design (the module docstring): 128 tokens x 128 weight rows a CTA,
+        weights from the register-order prepack (kernels.nvfp4.prepack), two f16 activation
+        tiles, each k-block's wgmmas retired before the next conversion."""
+        _check_ring(stages, splits)
+        tokens = RegisterAWgmmaConsumer.TOKENS[0]
+        activation = ExpandedActivationStage(tokens, stages)
+        consumer = RegisterAWgmmaConsumer(tokens, stages, activation.tiles)
+        return cls.from_roles("swap_ab", RegisterOrderProducer(tokens, consumer.tile_n, stages),
+                              consumer, activation, splits=splits, raster_along_m=False)
 
+    @classmethod
+    def from_roles(cls, design: str, producer, consumer, activation=None, *, splits: int = 1,
+                   raster_along_m: bool = True, epilogue=None) -> BlockscaledGemmSm90:
+        """A config of the given role modules (checked as the constructors' are)."""
+        _check_ring(producer.stages, splits)
         self = object.__new__(cls)
-        consumer = RegisterAWgmmaConsumer(tokens, overlap)
-        self._configure("swap_ab", tokens, consumer.tile_n, stages, splits, raster_along_m,
-                        swizzle, epilogue, variant,
-                        RegisterOrderProducer(tokens, consumer.tile_n, stages, multicast),
-                        ExpandedActivationStage(tokens, buffers, multicast), consumer,
-                        cluster_n=multicast)
+        self._configure(design, splits, raster_along_m, producer, activation, consumer,
+                        epilogue)
         return self
 
-    def _configure(self, design, tile_m, tile_n, stages, splits, raster_along_m, swizzle,
-                   epilogue, variant, producer, activation, consumer, cluster_n=1):
-        if not isinstance(stages, int) or stages < 2:
-            raise ValueError(f"stages = {stages!r}: the packed ring needs an int >= 2")
-        if not isinstance(splits, int) or not 1 <= splits <= 16:
-            raise ValueError(f"splits = {splits!r}: choose 1..16")
-        if not isinstance(variant, P0Variant):
-            raise TypeError(f"variant must be a P0Variant, got {type(variant).__name__}")
+    def _configure(self, design, splits, raster_along_m, producer, activation, consumer,
+                   epilogue):
         self.design = design
-        self.tile_m, self.tile_n, self.stages, self.splits = tile_m, tile_n, stages, splits
-        self.variant = variant
-        self.cluster_n = cluster_n  # CTAs of a cluster, along N (one token tile, 2 weight tiles)
+        self.tile_m, self.tile_n = consumer.tile_m, consumer.tile_n
+        self.stages, self.splits = producer.stages, splits
+        self.cluster_n = producer.multicast  # CTAs of a cluster, along N (one token tile)
         self.producer, self.activation, self.consumer = producer, activation, consumer
-        for name, m in (("producer", producer), ("consumer", consumer)):
-            if (m.tile_m, m.tile_n) != (tile_m, tile_n):
-                raise ValueError(f"{name} tile ({m.tile_m}, {m.tile_n}) differs from the "
-                                 f"shell's ({tile_m}, {tile_n})")
-        self.epilogue = epilogue or TileStore(splits=splits)
+        if (producer.tile_m, producer.tile_n) != (self.tile_m, self.tile_n):
+            raise ValueError(f"producer tile ({producer.tile_m}, {producer.tile_n}) differs "
+                             f"from the consumer's ({self.tile_m}, {self.tile_n})")
+        self.epilogue = epilogue or TileStore(consumer.threads, splits=splits)
         if not isinstance(self.epilogue, TileStore) or self.epilogue.splits != splits:
             raise ValueError(f"epilogue must be a TileStore with splits = {splits} (the "
                              f"epilogue contract, epilogues/__init__.py)")
-        self.raster_along_m, self.swizzle = raster_along_m, swizzle
+        check_links(producer, activation, consumer, self.epilogue)
+        self.raster_along_m = raster_along_m
         self.roles = tuple(r for r in (producer, activation, consumer) if r is not None)
         self.barrier_table = check_roles(self.roles)
         self.threads = sum(r.warpgroups for r in self.roles) * WARPGROUP
         self.smem_bytes = sum(r.smem_bytes() for r in self.roles) + 8 * sum(
             n for n, *_ in self.barrier_table.values()) + 1024
-        if self.smem_bytes > SMEM_CAPACITY:
-            raise ValueError(f"tile {tile_m}x{tile_n}, stages={stages} needs {self.smem_bytes} "
-                             f"B of shared memory (> {SMEM_CAPACITY})")
+        if self.smem_bytes > SMEM_PER_CTA_MAX:
+            raise ValueError(f"tile {self.tile_m}x{self.tile_n}, stages={self.stages} needs "
+                             f"{self.smem_bytes} B of shared memory (> {SMEM_PER_CTA_MAX})")
 
     def with_output(self, output) -> BlockscaledGemmSm90:
         """The same config with another epilogue output rule (e.g. P4's GateResidualBf16); one
@@ -251,7 +254,7 @@ class BlockscaledGemmSm90:
             new = object.__new__(type(self))
             new.__dict__.update({k: v for k, v in self.__dict__.items()
                                  if k not in ("_with_output", "_static_key")})
-            new.epilogue = TileStore(output, self.splits)
+            new.epilogue = replace(self.epilogue, output=output)
             cache[output] = new
         return new
 
@@ -266,20 +269,20 @@ class BlockscaledGemmSm90:
         if key is None:
             key = self._static_key = (
                 self.design, self.tile_m, self.tile_n, self.stages, self.splits,
-                self.raster_along_m, self.swizzle, self.cluster_n, self.variant,
+                self.raster_along_m, self.cluster_n,
                 *(_module_key(r) for r in self.roles), self.epilogue.key())
         return key
 
     def describe(self) -> dict:
-        return {"design": self.design, "tile": [self.tile_m, self.tile_n, TILE_K],
+        return {"design": self.design, "tile": [self.tile_m, self.tile_n, K_BLOCK],
                 "stages": self.stages, "threads": self.threads, "smem_bytes": self.smem_bytes,
-                "raster_along_m": self.raster_along_m, "swizzle": self.swizzle,
-                "splits": self.splits, "cluster_n": self.cluster_n, "epilogue": type(self.epilogue.output).__name__,
+                "raster_along_m": self.raster_along_m, "splits": self.splits,
+                "cluster_n": self.cluster_n, "epilogue": type(self.epilogue.output).__name__,
                 "roles": {type(r).__name__: {"warpgroups": r.warpgroups, "regs": r.regs}
                           for r in self.roles},
                 "barriers": {k: {"stages": v[0], "arrive_count": v[1]}
                              for k, v in self.barrier_table.items()},
-                "variant": None if self.variant == PRODUCTION else asdict(self.variant)}
+                "variant": None if self.variant is None else asdict(self.variant)}
 
     @cute.jit
     def __call__(self, a, sfa, b, sfb, ga, gb, d, mailbox_p, work, count, gate, residual,
@@ -314,25 +317,22 @@ class BlockscaledGemmSm90:
         n_tiles = (N + self.tile_n - 1) // self.tile_n
         mCount = cute.make_tensor(count_ptr, cute.make_layout(m_tiles * n_tiles))
         tiled_mma = self.consumer.tiled_mma()
-        sched = utils.PersistentTileSchedulerParams((m_tiles, n_tiles, self.splits),
-                                                    (1, self.cluster_n, 1),
-                                                    swizzle_size=self.swizzle,
-                                                    raster_along_m=self.raster_along_m)
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched,
-                                                                  max_ctas // self.cluster_n)
+        schedule = TileSchedule((m_tiles, n_tiles, self.splits), self.cluster_n,
+                                self.raster_along_m)
+        grid = schedule.grid(max_ctas // self.cluster_n)
         cluster = {} if self.cluster_n == 1 else {"cluster": [1, self.cluster_n, 1]}
         k_tiles = (k32 + 1) // 2
         k_per_split = (k_tiles + self.splits - 1) // self.splits
-        self.kernel(tma, glob, tiled_mma, (mD, mWork, mCount, mGate, mRes), mG, mailbox, sched,
-                    k_tiles, k_per_split).launch(
+        self.kernel(tma, glob, tiled_mma, (mD, mWork, mCount, mGate, mRes), mG, mailbox,
+                    schedule, k_tiles, k_per_split).launch(
             grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream, **cluster)
 
     @cute.kernel
     def kernel(self, tma, glob, tiled_mma: cute.TiledMma, epi_tensors, mG, mailbox: cute.Tensor,
-               sched_params, k_tiles: Int32, k_per_split: Int32):
+               schedule, k_tiles: Int32, k_per_split: Int32):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = SmemAllocator()
         bars = {name: alloc.allocate_tensor(Int64, cute.make_layout(n), 8).iterator
                 for name, (n, *_) in self.barrier_table.items()}
         smem = {}
@@ -357,15 +357,14 @@ class BlockscaledGemmSm90:
         mD, mWork, mCount, mGate, mRes = epi_tensors
         epi = EpilogueOperands(d=mD, alpha=mG[0][0] * mG[1][0], work=mWork, count=mCount,
                                flag=smem["split_flag"].iterator, gate=mGate, residual=mRes)
-        ctx = ShellContext(shell=self, smem=smem, bars=bars, tma=tma, globals=glob,
-                           tiled_mma=tiled_mma, epi=epi, mailbox=mailbox,
-                           sched_params=sched_params, k_tiles=k_tiles, k_per_split=k_per_split)
+        ctx = ShellContext(smem=smem, bars=bars, tma=tma, globals=glob, tiled_mma=tiled_mma,
+                           epilogue=self.epilogue, epi=epi, mailbox=mailbox,
+                           tiles=TileLoop(schedule, k_tiles, k_per_split))
         self._dispatch(ctx, warp // 4, tidx, 0, 0)
         if cutlass.const_expr(self.cluster_n > 1):
             # no CTA leaves while its peer may still multicast into it or arrive on its barriers
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
-
 
     @cute.jit
     def _dispatch(self, ctx, wg: Int32, tidx: Int32, i: cutlass.Constexpr, first: cutlass.Constexpr):
@@ -402,9 +401,89 @@ ENTRY = ffi.Entry("gemm_nvfp4_sm90", PTRS, scalars=4, addresses=(7,))
 
 def compile_args(M: int = 256, N: int = 512, K: int = 256):
     """Arguments for cute.compile offline (placeholder addresses, never dereferenced)."""
-    from cutlass.cute.runtime import make_fake_stream
-
-    from device.runtime import pointer_args
-
     return (*pointer_args(PTRS), Int32(M), Int32(N), Int32(K // 32), Int32(132),
             make_fake_stream())
+
+
+# ---- studies: measurement builds and the swap-AB design's knobs (only scripts/ and tests) ----
+@dataclass(frozen=True)
+class P0Variant:
+    """Measurement and fault-injection builds: wrong results by design, never a production
+    choice. Only scripts/p0_ablate.py, scripts/p0_v2_ab.py and tests build one.
+
+    ``skip_dequant`` / ``skip_mma`` drop the f16 expansion / the wgmmas (the roles' ``expand`` /
+    ``mma``), to time each half of the mainloop on its own (notes/p0-gemm.md, Ablations);
+    ``stall_producer`` announces 16 bytes more than the TMA delivers (the producer's
+    ``extra_tx_bytes``), so the first "full" barrier never completes and the bounded wait traps
+    (the timeout test)."""
+
+    skip_dequant: bool = False
+    skip_mma: bool = False
+    stall_producer: bool = False
+
+    def of(self, config: BlockscaledGemmSm90) -> BlockscaledGemmSm90:
+        """``config`` with this variant's roles: copies whose hooks (class attributes holding
+        the production value) this variant changes."""
+        hooks = {"expand": not self.skip_dequant, "mma": not self.skip_mma,
+                 "extra_tx_bytes": 16 if self.stall_producer else 0}
+        producer, activation, consumer = (_with_hooks(r, hooks) for r in (
+            config.producer, config.activation, config.consumer))
+        new = BlockscaledGemmSm90.from_roles(config.design, producer, consumer, activation,
+                                             splits=config.splits,
+                                             raster_along_m=config.raster_along_m,
+                                             epilogue=config.epilogue)
+        new.variant = None if self == PRODUCTION else self
+        return new
+
+
+PRODUCTION = P0Variant()
+
+
+def _with_hooks(role, hooks: dict):
+    """``role``, or a copy of it with those of ``hooks`` its class declares set where they
+    differ from the class's (production) value."""
+    if role is None:
+        return None
+    changed = {k: v for k, v in hooks.items()
+               if hasattr(type(role), k) and getattr(type(role), k) != v}
+    if not changed:
+        return role
+    new = copy.copy(role)
+    new.__dict__.update(changed)
+    return new
+
+
+@dataclass(frozen=True)
+class SwapAbStudy:
+    """The swap-AB design with its study knobs (scripts/p0_v2_ab.py and tests vary them; the
+    production build is :meth:`BlockscaledGemmSm90.swap_ab`, schedules/plan.py's choice):
+    ``overlap``: one wgmma group in flight per consumer warpgroup
+    (consumers.register_a_wgmma.OverlappedRegisterAWgmmaConsumer; v5, not chosen);
+    ``multicast`` = 2: CTA pairs on neighbouring weight tiles share the activation's TMA (the
+    Paired producer and activation stage; v6, not chosen); ``buffers`` f16 activation tiles,
+    the raster order, ``tokens`` and a :class:`P0Variant`."""
+
+    tokens: int = 128
+    stages: int = 8
+    splits: int = 1
+    raster_along_m: bool = False
+    buffers: int = 2
+    overlap: bool = False
+    multicast: int = 1
+    variant: P0Variant = PRODUCTION
+
+    def build(self) -> BlockscaledGemmSm90:
+        if self.multicast not in (1, 2):
+            raise ValueError(f"multicast = {self.multicast!r}: 1 or a CTA pair (2)")
+        _check_ring(self.stages, self.splits)
+        paired = self.multicast == 2
+        activation = (PairedActivationStage if paired else ExpandedActivationStage)(
+            self.tokens, self.stages, self.buffers)
+        consumer = (OverlappedRegisterAWgmmaConsumer if self.overlap
+                    else RegisterAWgmmaConsumer)(self.tokens, self.stages, activation.tiles)
+        producer = (PairedRegisterOrderProducer if paired else RegisterOrderProducer)(
+            self.tokens, consumer.tile_n, self.stages)
+        config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
+                                                splits=self.splits,
+                                                raster_along_m=self.raster_along_m)
+        return config if self.variant == PRODUCTION else self.variant.of(config)

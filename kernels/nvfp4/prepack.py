@@ -1,6 +1,8 @@
 """Register-order prepack of NVFP4 weights for a swap-AB, register-A wgmma consumer (issue #24).
 
-Groundwork only: NO kernel consumes this layout yet (P0 still reads Comfy's packing by TMA).
+The GEMM's swap-AB design reads this layout (producers/register_order.py copies its slabs,
+consumers/register_a_wgmma.py loads them as wgmma A fragments); the p0 design reads Comfy's
+packing by TMA.
 
 Swap-AB computes D^T = W·x^T, so the weights W [N, K] sit on wgmma's M side as the
 register-sourced A operand of ``wgmma.mma_async.m64nNk16.f32.f16.f16``: per k16 step a warpgroup
@@ -34,12 +36,13 @@ from dataclasses import dataclass
 
 import torch
 
+from configs.arch import K_BLOCK
 from numerics import nvfp4
 
 SLAB_ROWS = nvfp4.PREPACK_SLAB_ROWS  # wgmma M: weight rows per warpgroup fragment
 K_STEP = nvfp4.BLOCK  # wgmma K for f16 is 16 too: one scale block per k16 step
-STEPS = nvfp4.PREPACK_STEPS  # k16 steps per 128-bit load: 4 steps x 4 registers x 1 byte
-K_BLOCK = K_STEP * STEPS
+STEPS = nvfp4.PREPACK_STEPS  # k16 steps per 128-bit load (one k-block): 4 x 4 registers x 1 byte
+assert K_STEP * STEPS == K_BLOCK
 THREADS = nvfp4.PREPACK_THREADS  # one warpgroup
 REGISTERS = 4  # f16x2 registers of A per thread and k16 step
 GROUPS = nvfp4.PREPACK_GROUPS  # quads of threads sharing rows (and so scales)
@@ -132,8 +135,8 @@ def unpack(prepacked: PrepackedWeights) -> tuple[torch.Tensor, torch.Tensor]:
 @dataclass(frozen=True, eq=False)
 class Nvfp4Weight:
     """One NVFP4 weight in every form a kernel may want, prepacked once: Comfy's packed codes
-    [N, K/2], swizzled scales, the fp32 tensor scale g and the register-order prepack.
-    No kernel consumes ``prepacked`` yet."""
+    [N, K/2] and swizzled scales (the p0 design's), the fp32 tensor scale g and the
+    register-order prepack (the swap-AB design's: ``gemm_nvfp4(..., prepacked=)``)."""
 
     packed: torch.Tensor
     scales: torch.Tensor

@@ -6,12 +6,15 @@ result with numerics.rcp's shipped table.
 """
 from __future__ import annotations
 
+import torch
+
 from device.ptx import rcp_approx_ftz
 from device.runtime import (cached_compile, check_cuda_tensor, cute_modules, current_stream,
                                     pointer_args, require_hopper)
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32  # noqa: E402
+from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 
 VEC = 4
 
@@ -41,15 +44,11 @@ PTRS = ((Float32, 4), (Float32, 4))  # x, y
 
 
 def compile_args():
-    from cutlass.cute.runtime import make_fake_stream
-
     return (*pointer_args(PTRS), Int32(0), Int32(1), make_fake_stream())
 
 
 def rcp_approx_device(x):
     """MUFU.RCP of every element of a contiguous fp32 CUDA tensor (returns a new tensor)."""
-    import torch
-
     require_hopper()
     check_cuda_tensor("x", x, dtypes=(torch.float32,), align=4)
     y = torch.empty_like(x)
