@@ -28,7 +28,8 @@ summary then 'incomplete'. A frame takes ~1.2-3 ms (1-128 rows), ~2x that pertur
 
     python3 scripts/stress_fast_loop.py --buckets 1,16,64,128 --frames 300 \\
         --conditions alone,busy,perturbed --seconds 220
-    python3 scripts/stress_fast_loop.py ... --unfixed   # the attention's old read order
+The race it found (v14a: slot 0 read before the wait) was shown with an --unfixed build at
+ae89a58, since removed: git show ae89a58:scripts/stress_fast_loop.py.
 """
 from __future__ import annotations
 
@@ -46,7 +47,6 @@ import torch
 from configs.codepredictor import QWEN3_TTS_1P7B, LoopOutput
 from device.ptx import PERTURB_DEFAULT_NS, PERTURB_ENV
 from experiments._common import need_gpu, parser, progress, run_main
-from kernels.depth import attention
 from models.codepredictor import random_weights
 from models.fast_loop import (FastLoop, FastWeights, describe_difference, frame_difference,
                               frame_difference_mask, frame_fingerprint)
@@ -393,10 +393,6 @@ def _parse(argv):
     p.add_argument("--batch", type=int, default=16, help="frames a host sync")
     p.add_argument("--edges", action="store_true",
                    help="also list each bucket's stream joins and their edge types")
-    p.add_argument("--unfixed", action="store_true",
-                   help="build the attention with the old read order (cache slot 0 before the "
-                        "dependency wait: kernels.depth.attention.SLOT0_AFTER_WAIT) to show "
-                        "the race the fix removes")
     args = p.parse_args(argv)
     if args.quick:
         args.frames = min(args.frames, 50)
@@ -416,8 +412,6 @@ def _parse(argv):
 def _main(argv) -> int:
     args = _parse(argv)
     need_gpu("stress-fast-loop")
-    if args.unfixed:
-        attention.SLOT0_AFTER_WAIT = False
     start = time.time()
     deadline = None if args.seconds is None else start + args.seconds
     w = random_weights(QWEN3_TTS_1P7B, seed=args.seed, dtype=torch.bfloat16).to("cuda")
@@ -512,8 +506,6 @@ def _report(args, rows_out: list, not_run: list, edges: list, seconds: float) ->
         parameters={"frames": args.frames, "buckets": args.buckets, "kinds": args.kinds,
                     "conditions": args.conditions, "seconds": args.seconds,
                     "procs": args.procs, "perturb_ns": args.perturb_ns, "batch": args.batch,
-                    "attention_slot0": "before the wait (--unfixed)" if args.unfixed
-                    else "after the wait",
                     "inputs": "two sets a bucket, alternating; references: the third of three "
                               "frames of an input set in a row"},
         measurements=rows_out + [{"graph_joins": e} for e in edges],

@@ -31,9 +31,6 @@ from cutlass import BFloat16, Float32, Int32, Int64  # noqa: E402
 from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 
 SLOTS = 16
-# slot 0 read after the dependency wait (the fix of notes/fast-loop.md v14a); False builds the
-# old order, slot 0 before the wait, for scripts/stress_fast_loop.py --unfixed to show the race
-SLOT0_AFTER_WAIT = True
 # trace=True builds: thread 0 of each (kv head, row) CTA stamps %globaltimer (ns) at these points
 ATTN_TRACE_POINTS = ("entry", "wait_done", "normed", "rotated", "scored", "softmaxed", "stored")
 
@@ -44,7 +41,7 @@ class DepthAttention:
 
     def __init__(self, M: int, q_heads: int, kv_heads: int, head_dim: int = 128,
                  eps: float = 1e-6, pdl: bool = True, chunk_major: bool = False,
-                 trace: bool = False, slot0_after_wait: bool = True):
+                 trace: bool = False):
         if q_heads % kv_heads or head_dim % 64 or head_dim > 1024 \
                 or (q_heads // kv_heads) * SLOTS != 32:
             raise ValueError(f"unsupported heads {q_heads}/{kv_heads} x {head_dim}: the step "
@@ -55,7 +52,6 @@ class DepthAttention:
         self.chunk_major = chunk_major  # out as [q·D / 8][M][8] (runtime.activation_layout)
         self.warps = head_dim // 32
         self.trace = trace
-        self.slot0_after_wait = slot0_after_wait  # SLOT0_AFTER_WAIT
 
     @cute.jit
     def __call__(self, qkv_ptr: cute.Pointer, qn_ptr: cute.Pointer, kn_ptr: cute.Pointer,
@@ -105,8 +101,7 @@ class DepthAttention:
         gq = mQn[d].to(Float32)
         gk = mKn[d].to(Float32)
         kv_old = [cute.make_rmem_tensor((SLOTS,), Float32) for _ in range(2)]
-        late = 1 if self.slot0_after_wait else 0
-        for t in cutlass.range_constexpr(late, SLOTS):
+        for t in cutlass.range_constexpr(1, SLOTS):
             kv_old[0][t] = mKc[m, h, t, d].to(Float32)
             kv_old[1][t] = mVc[m, h, t, d].to(Float32)
         if cutlass.const_expr(self.pdl):
@@ -116,9 +111,8 @@ class DepthAttention:
         # beside position 1), and position 1's attention may launch once position 0's has
         # released its dependents, before that one's cache store (a stale slot 0: the race
         # of notes/fast-loop.md v14a)
-        for t in cutlass.range_constexpr(late):
-            kv_old[0][t] = mKc[m, h, t, d].to(Float32)
-            kv_old[1][t] = mVc[m, h, t, d].to(Float32)
+        kv_old[0][0] = mKc[m, h, 0, d].to(Float32)
+        kv_old[1][0] = mVc[m, h, 0, d].to(Float32)
         self._stamp(mTr, m, h, d, 1)
         raw = [mQKV[m, (h * rep + r) * D + d].to(Float32) for r in range(rep)]
         raw.append(mQKV[m, (self.qh + h) * D + d].to(Float32))
@@ -241,9 +235,9 @@ def depth_attention(qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, pos: int, o
                trace if trace is not None else k_cache)
     ptrs = pointer_args(PTRS, tensors)
     key = ("depth_attention", M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None,
-           timing_perturbation(), SLOT0_AFTER_WAIT)
+           timing_perturbation())
     compiled = cached_compile(key, lambda: cute.compile(
-        DepthAttention(M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None,
-                       SLOT0_AFTER_WAIT), *ptrs, Int32(pos), current_stream()))
+        DepthAttention(M, q_heads, kv_heads, D, eps, pdl, chunk_major, trace is not None),
+        *ptrs, Int32(pos), current_stream()))
     compiled(*ptrs, Int32(pos), current_stream())
     return out
