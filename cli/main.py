@@ -5,6 +5,7 @@
                                             (p0-compile or p0_compile: either spelling)
     wb results list|show|diff|publish|plot  summaries: published (results/) or a run's (--run)
     wb ladder [--phase p0|p1|p2|frame|numerics] [--quick]   ladder-<phase>.json and .md
+              [--resume RUN_DIR] [--stop-after SECONDS]   resumable; 75: paused
     wb log-header COMMAND...                the provenance line a log starts with
 
 A run writes into its run folder, results/runs/<utc>-<host>/ (git-ignored), or $WB_RESULTS_DIR
@@ -69,7 +70,8 @@ def _cmd_run(args) -> int:
 def _cmd_ladder(args) -> int:
     from validators.runner import run_ladder
 
-    return run_ladder(phase=args.phase, quick=args.quick)
+    return run_ladder(phase=args.phase, quick=args.quick, resume=args.resume,
+                      stop_after=args.stop_after)
 
 
 def _cmd_log_header(args) -> int:
@@ -99,11 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
     results_cli.add_parser(sub)
     lad = sub.add_parser("ladder", help="run the validator ladder in order, stop at the first "
-                         "rung that fails or cannot run")
-    lad.add_argument("--phase", default="numerics",
-                     choices=["numerics", "p0", "p1", "p2", "frame"])
-    lad.add_argument("--quick", action="store_true",
+                         "part that fails; resumable (--resume, --stop-after)")
+    lad.add_argument("--phase", default=None, choices=["numerics", "p0", "p1", "p2", "frame"],
+                     help="default numerics; with --resume, the one ladder in RUN_DIR")
+    lad.add_argument("--quick", action="store_true", default=None,
                      help="fewer cases; rungs 3-8 on the scaled-down synthetic H3")
+    lad.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue the ladder whose state is in RUN_DIR after its last "
+                     "completed part, step or block")
+    lad.add_argument("--stop-after", type=float, metavar="SECONDS",
+                     help="stop before a unit (a part, a block of rungs 5-7) that would end "
+                     "past SECONDS from the start, save the state and exit 75 ('paused')")
     lad.set_defaults(func=_cmd_ladder)
     h = sub.add_parser("log-header", help="print the provenance line a log starts with")
     h.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND")

@@ -2,9 +2,10 @@
 hidden-5376 synthetic H3 (models.h3.FULL, 37,810 tokens), every linear an Nvfp4Linear.
 
 Records the trajectory checksum (sha256 of the final latent's bf16 bytes: the ladder's
-headline, comparable between p0, p1 and p2), wall time per step, peak GPU memory, and the cost
-that keeps the full-size ladder out of one 10-minute run: one block of the exact reference
-backend (the oracle's integer sums) timed at full size (``--reference-block``).
+headline, comparable between p0, p1 and p2), wall time per step, peak GPU memory, and what the
+full-size ladder costs (``--reference-block``): one full-size block's exact reference forward,
+the oracle of its four linears, and the block on the backend, with the estimate of rungs 3-7
+they give (ladder_estimate_s; the ladder resumes over several calls: wb ladder --resume).
 
     python3 -m experiments.h3_trajectory [--backend p0] [--steps 12] [--reference-block]
 
@@ -31,18 +32,44 @@ def _flops_per_step(cfg) -> float:
     return cfg.blocks * (gemm + attention)
 
 
-def _reference_block_seconds(model) -> float:
-    """One full-size block on the exact reference backend (what rungs 3-7 run per block)."""
-    ref = model.derived(backend="reference")
+def _reference_block_seconds(model) -> dict:
+    """One full-size block timed the three ways the ladder's rungs 3-7 pay for it: the exact
+    reference backend's forward (``forward_s``), the oracle of its four linears on their real
+    inputs (``oracle_s``: the legal adversary and the GEMM audit each run one a block), and the
+    block on ``model``'s backend (``backend_s``)."""
     from models.h3 import initial_latent
 
+    ref = model.derived(backend="reference")
     x = ref.embed(initial_latent(ref.cfg, ref.seed).to(ref.device), 0)
-    ref.block(0, x)  # once untimed: quantization and the oracle's one-time integer weights
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    ref.block(0, x)
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    inputs = {}
+
+    def record(block, role, lin):
+        def rec(a, rows=None, **epilogue):
+            inputs[role] = a
+            return lin(a, rows=rows, **epilogue)
+        return rec
+
+    ref.derived(wrap=record).block(0, x)  # untimed: quantization, the inputs of each linear
+    times = {}
+    for name, work in (("forward_s", lambda: ref.block(0, x)),
+                       ("oracle_s", lambda: [lin.oracle(inputs[r])
+                                             for r, lin in ref.linears(0).items()]),
+                       ("backend_s", lambda: model.block(0, x))):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        work()
+        torch.cuda.synchronize()
+        times[name] = time.perf_counter() - t0
+    return times
+
+
+def ladder_estimate_s(cfg, t: dict) -> float:
+    """Rungs 3-7 at full size from one block's times: the trajectory pass (cfg.steps steps of
+    every block: the reference's forward, two oracles, the backend and the audit's plain
+    re-runs of out and fc2, ~half a block) and rungs 3-4 (the reference's step 0 each, and
+    about six blocks of oracles). Rungs 1-2, 8, weight packing and restarts not included."""
+    block = t["forward_s"] + 2 * t["oracle_s"] + 1.5 * t["backend_s"]
+    return cfg.steps * cfg.blocks * block + 2 * cfg.blocks * t["forward_s"] + 6 * t["oracle_s"]
 
 
 def _main(argv) -> int:
@@ -89,11 +116,13 @@ def _main(argv) -> int:
            "final": summary_ck, "flops_per_step": flops,
            "floor_s_per_step": flops / WGMMA_PEAK}
     if args.reference_block:
-        row["reference_block_s"] = _reference_block_seconds(model)
-        ladder = 3 * FULL.blocks * (1 + 2 + FULL.steps) * row["reference_block_s"]
-        row["full_ladder_reference_s_estimate"] = ladder
-        progress(f"reference block: {row['reference_block_s']:.1f} s, so rungs 5-7 at full size "
-                 f"need ~{ladder / 60:.0f} min of reference work (2 oracle models x 15 steps)")
+        t = _reference_block_seconds(model)
+        row["reference_block_s"], row["reference_oracle_block_s"] = t["forward_s"], t["oracle_s"]
+        row[f"{args.backend}_block_s"] = t["backend_s"]
+        row["full_ladder_estimate_s"] = ladder = ladder_estimate_s(FULL, t)
+        progress(f"one block: reference forward {t['forward_s']:.2f} s, the oracle of its 4 "
+                 f"linears {t['oracle_s']:.2f} s, {args.backend} {t['backend_s']:.2f} s; so "
+                 f"rungs 3-7 at full size need ~{ladder / 60:.0f} min")
     import statistics
 
     steady = statistics.median(s["seconds"] for s in steps[1:]) if len(steps) > 1 else total

@@ -4,9 +4,35 @@ D[m, n] = RN_bf16(alpha · Σ_k a[m,k] · b[n,k]),  a = e2m1 · sA, b = e2m1 · 
 
 Exactness: 2·e2m1 is an integer in [-12, 12] and every E4M3 value is an integer multiple of 2^-9
 (at most 448 = 229376·2^-9), so a·2^10 and b·2^10 are integers below 2^22 and the whole sum is
-I · 2^-20 with I an int64 (|I| < K · 2^44 < 2^63 for K < 2^19). :func:`exact_sums` computes I with
-one integer matmul; :func:`round_bf16_exact` rounds alpha · I · 2^-20 to bf16 correctly, using
-exact rational arithmetic for the few elements that sit within float64 error of a tie.
+I · 2^-20 with I an int64 (|I| < K · 2^44 < 2^63 for K < 2^19). :func:`exact_sums` computes I;
+:func:`round_bf16_exact` rounds alpha · I · 2^-20 to bf16 correctly, deciding the few elements
+that sit within float64 error of a tie with exact rational arithmetic.
+
+How I is computed, fast and still exact. Write a_k, b_k for the integer operands and
+T = Σ_k |a_k b_k|; a GEMM is assumed to form every product exactly and to add with IEEE
+operations (round to nearest; any monotone rounding will do: CPU FMA, GPU DMMA), in any order
+and association, and not to be Strassen-like (the split below assumes the same).
+
+1. Every product a_k·b_k is an integer below 2^44, exact in float64 (53-bit significand): a
+   float64 GEMM of the operands (equally of the dequantized values, a power of two apart) rounds
+   only in its K - 1 additions.
+2. So in general |fl64(S) - S| <= γ_{K-1}(u)·T with γ_n(u) = n·u / (1 - n·u), u = 2^-53
+   (Higham, Accuracy and Stability, Lemma 3.1 / Thm 4.8: any order and association): ~K·2^-53
+   relative to T, an error that could be added to the fp32 bound it is checked against.
+3. Sharper, and what the oracle uses: every partial sum, in any association, is an integer of
+   magnitude <= T. If T < 2^53 each one is representable, so no addition rounds and
+   fl64(S) = S exactly: the bound of 2 is zero and nothing needs widening. Rows where T may
+   reach 2^53 take the two-GEMM split (:func:`split_sums`, exact for every K < 2^20).
+   Deciding T < 2^53: with Σ|ab| at hand (:func:`abs_sums`, :func:`oracle_sums`) by T itself,
+   since a float64 sum of non-negative integers is exact while the exact sum is below 2^53 and
+   is >= 2^53 otherwise (rounding is monotone and 2^53 is representable); without it (a plain
+   forward) by Hölder, T <= min(‖a‖₁ · max_n ‖b_n‖∞, ‖a‖∞ · max_n ‖b_n‖₁) per row of A, whose
+   norms are exact integer sums below 2^42 and whose rounded products are >= 2^53 whenever the
+   exact ones are.
+On the synthetic H3 every T stays below 2^45 (all GEMMs of a quick-config step; 511 rows of
+the full-size block 0 QKV) and the Hölder certificate below 2^47, so the split never runs
+there: one float64 GEMM where it took two, Σ|ab| one more, and I, the bound and D bit for bit
+those of the split (tests/test_gemm_oracle.py).
 
 Bound (:func:`fp32_error_bound`): a kernel that forms the products exactly (they are: each has at
 most 12 significant bits) and adds them in fp32 in any order, with any association, satisfies
@@ -17,6 +43,7 @@ epilogue then forms fl32(alpha · acc) (one more u) and rounds to bf16 (half a b
 """
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import torch
@@ -44,8 +71,11 @@ def operand_integers(packed: torch.Tensor, scales: torch.Tensor, rows: int, K: i
     return two_e * s_int
 
 
-def exact_sums(a_int: torch.Tensor, b_int: torch.Tensor) -> torch.Tensor:
-    """I [M, N] int64 with Σ_k a_k b_k = I · 2^-20 exactly, on the operands' device.
+EXACT_F64 = 2.0**53  # integers below this are exact in float64, and so is any sum of them
+
+
+def split_sums(a_int: torch.Tensor, b_int: torch.Tensor) -> torch.Tensor:
+    """I [M, N] int64 with Σ_k a_k b_k = I · 2^-20 exactly, for any operands (two GEMMs).
 
     |a_int|, |b_int| < 2^22. Splitting b = b_hi·2^11 + b_lo (|b_hi|, |b_lo| <= 2^11) keeps every
     partial sum of a·b_hi and a·b_lo an integer below 2^33·K < 2^53 for K < 2^20, so two float64
@@ -61,8 +91,50 @@ def exact_sums(a_int: torch.Tensor, b_int: torch.Tensor) -> torch.Tensor:
     return s_hi * 2048 + s_lo
 
 
+def _split_rows(I: torch.Tensor, rows: torch.Tensor, a_int, b_int) -> torch.Tensor:
+    """I with ``rows`` (the ones one float64 GEMM may have rounded) recomputed by the split."""
+    if rows.numel():
+        I[rows] = split_sums(a_int[rows], b_int)
+    return I
+
+
+def exact_sums(a_int: torch.Tensor, b_int: torch.Tensor) -> torch.Tensor:
+    """I [M, N] int64 with Σ_k a_k b_k = I · 2^-20 exactly, on the operands' device: one
+    float64 GEMM for the rows whose Hölder certificate keeps T below 2^53 (module docstring,
+    3), the split for the rest."""
+    if a_int.shape[1] >= 2**20:
+        raise ValueError("K >= 2^20: the float64 split is no longer exact")
+    if not (a_int.numel() and b_int.numel()):
+        return split_sums(a_int, b_int)
+    a, b = a_int.to(torch.float64), b_int.to(torch.float64)
+    a_abs, b_abs = a.abs(), b.abs()
+    bound = torch.minimum(a_abs.sum(1) * b_abs.amax(), a_abs.amax(1) * b_abs.sum(1).amax())
+    del a_abs, b_abs
+    I = (a @ b.T).to(torch.int64)
+    return _split_rows(I, (bound >= EXACT_F64).nonzero().flatten(), a_int, b_int)
+
+
 def abs_sums(a_int: torch.Tensor, b_int: torch.Tensor) -> torch.Tensor:
-    return exact_sums(a_int.abs(), b_int.abs())
+    """Σ_k |a_k b_k| · 2^20 [M, N] int64, exactly: one float64 GEMM, exact wherever its
+    result is below 2^53 (module docstring, 3); rows with any larger take the split."""
+    return oracle_sums(a_int, b_int, signed=False)[1]
+
+
+def oracle_sums(a_int: torch.Tensor, b_int: torch.Tensor, signed: bool = True):
+    """(I, I_abs): exact_sums and abs_sums of one pair of operands in two float64 GEMMs, T
+    itself deciding which rows need the split (I is None when not ``signed``)."""
+    if a_int.shape[1] >= 2**20:
+        raise ValueError("K >= 2^20: the float64 split is no longer exact")
+    if not (a_int.numel() and b_int.numel()):
+        return (split_sums(a_int, b_int) if signed else None,
+                split_sums(a_int.abs(), b_int.abs()))
+    a, b = a_int.to(torch.float64), b_int.to(torch.float64)
+    T = a.abs() @ b.abs().T
+    rows = (T >= EXACT_F64).any(1).nonzero().flatten()
+    I_abs = _split_rows(T.to(torch.int64), rows, a_int.abs(), b_int.abs())
+    del T
+    I = _split_rows((a @ b.T).to(torch.int64), rows, a_int, b_int) if signed else None
+    return I, I_abs
 
 
 def _round_fraction_bf16(q: Fraction) -> float:
@@ -87,20 +159,41 @@ def _round_fraction_bf16(q: Fraction) -> float:
     return sign * v
 
 
+# float64 keeps 52 mantissa bits, bf16 7: rounding drops the low 45, and a bf16 rounding
+# boundary (a midpoint) is where the dropped bits read exactly 2^44 in r's own binade
+_DROPPED = 52 - BF16.mbits
+_HALF = 1 << (_DROPPED - 1)
+_NEAR_HALF = 8  # float64 ulps: r = alpha·I·2^-20 is within 4 of the exact value (see below)
+
+
 def round_bf16_exact(I: torch.Tensor, alpha: float) -> torch.Tensor:
-    """RN_bf16(alpha · I · 2^-20), correctly rounded for every element (float32 tensor out)."""
+    """RN_bf16(alpha · I · 2^-20), correctly rounded for every element (float32 tensor out).
+
+    r = alpha · I · 2^-20 in float64 rounds at most twice (I's conversion, the product; the
+    power of two is exact), so |r - exact| < 2^-51·|r|: under 4 ulps of r. Rounding r to 8
+    significant bits by its bit pattern (add half an ulp, less one unless the kept lsb is odd,
+    clear the 45 dropped bits; carries into the exponent and overflow to 2^128 -> inf included)
+    is then the correct result unless a bf16 midpoint lies within those 4 ulps of r: every
+    midpoint near r is in r's binade (the binade edges are bf16 values, the nearest midpoints
+    beyond them 2^-9 away), so exactly the elements whose dropped bits are within a few units
+    of 2^44, exact ties among them. Those, and the nonzero r below bf16's normal range (a
+    coarser grid), are rounded from the exact rational alpha · I / 2^20.
+    """
     alpha = float(torch.tensor(alpha, dtype=torch.float32))
-    r = alpha * I.to(torch.float64) * 2.0**-20  # relative error <= ~2^-52
-    out = round_to_format(r, BF16)
-    # elements within float64 error of a bf16 midpoint are decided exactly
-    ulp = torch.exp2(torch.clamp(torch.floor(torch.log2(out.abs().clamp_min(2.0**-126))),
-                                 min=BF16.emin) - BF16.mbits)
-    dist = ((r - out).abs() - ulp / 2).abs()
-    risky = (dist <= r.abs() * 2.0**-48) & torch.isfinite(r)
-    for idx in risky.nonzero().tolist():
-        q = Fraction(alpha) * int(I[tuple(idx)]) / (1 << 20)
-        out[tuple(idx)] = _round_fraction_bf16(q)
-    return out.to(torch.float32)
+    r = alpha * I.to(torch.float64) * 2.0**-20
+    if not math.isfinite(alpha):  # NaN or inf everywhere but where I == 0: nothing to decide
+        return round_to_format(r, BF16).to(torch.float32)
+    bits = r.view(torch.int64)
+    dropped = bits & ((1 << _DROPPED) - 1)
+    odd = (bits >> _DROPPED) & 1
+    out = ((bits + (_HALF - 1) + odd) & -(1 << _DROPPED)).view(torch.float64).to(torch.float32)
+    risky = (dropped - _HALF).abs() <= _NEAR_HALF
+    risky |= (r.abs() < 2.0**BF16.emin) & (r != 0)
+    if bool(risky.any()):
+        for idx in risky.nonzero().tolist():
+            q = Fraction(alpha) * int(I[tuple(idx)]) / (1 << 20)
+            out[tuple(idx)] = _round_fraction_bf16(q)
+    return out
 
 
 def gamma(n: int, u: float = U32) -> float:
@@ -127,9 +220,9 @@ def reference_gemm(a_q, a_s, b_q, b_s, g_a, g_b, M: int, N: int, K: int, row_ids
     only rows ``row_ids`` of A when given. Runs on the operands' device."""
     a_int = operand_integers(a_q, a_s, M, K, row_ids=row_ids)
     b_int = operand_integers(b_q, b_s, N, K)
-    I = exact_sums(a_int, b_int)
+    I, I_abs = oracle_sums(a_int, b_int)
     alpha = float(torch.tensor(float(g_a), dtype=torch.float32)
                   * torch.tensor(float(g_b), dtype=torch.float32))
     d = round_bf16_exact(I, alpha)
     real = float(torch.tensor(alpha, dtype=torch.float32)) * I.to(torch.float64) * 2.0**-20
-    return d, real, fp32_error_bound(I, abs_sums(a_int, b_int), alpha, K)
+    return d, real, fp32_error_bound(I, I_abs, alpha, K)

@@ -7,13 +7,18 @@
 #   depth|nvfp4  one part of the whole GPU suite (-m "gpu or compile" --gpu-part ...)
 #   selected     the GPU and compile tests of $WB_TEST_FILES
 #   ladder-quick the p0 ladder on the scaled H3 (--quick)
+#   ladder-full  the full-size p0 ladder, resumable: each call continues the state in
+#                results/runs/ladder-p0-full (git-ignored, so it stays on a warm machine;
+#                its tensors, ~1-2.5 GB, never travel) for $WB_LADDER_BUDGET s (default 480),
+#                then pauses (exit 75); repeat the call until it exits 0 or 1, at once (the
+#                machine stays warm 30 s). The summary and report come back in $OUT at the end.
 #   p0-ab        scripts/p0_v2_ab.py ($WB_AB_ARGS): P0's designs side by side
 #   h3-trajectory the canonical full-size 12-step H3 trajectory on p0 (+ one reference block)
 #   frame-protocol experiments/frame_protocol.py (the depth frame's synchronisation alone)
 #   frame-tiles-ab scripts/frame_tiles_ab.py ($WB_AB_ARGS): the frame's projection-tile knobs
 #   depth-frame  experiments/depth_frame.py (the whole frame kernel beside the fast loop)
 #   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL)
-#   experiments  depth-loop, p0-baseline, the p0 ladder
+#   experiments  depth-loop, p0-baseline, the quick p0 ladder (the full one: ladder-full)
 # WB_PYTEST_ARGS adds pytest arguments to the test steps (e.g. "-n 4 --dist loadfile": the H200
 # image has pytest-xdist).
 set -uo pipefail
@@ -54,6 +59,19 @@ for what in "$@"; do
     selected) step tests-selected python3 -m pytest -q -m "gpu or compile" -p no:cacheprovider \
                 --durations=15 ${WB_PYTEST_ARGS:-} ${WB_TEST_FILES:?name the test files} ;;
     ladder-quick) step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
+    ladder-full)
+      d=results/runs/ladder-p0-full
+      mkdir -p "$d"
+      if [ -f "$d/ladder-p0.state/state.json" ] || [ -f "$d/ladder-p0.json" ]; then
+        resume=(--resume "$d")  # paused: continue; finished: it says so and changes nothing
+      else  # a fresh machine holds no state: the ladder starts from rung 1a
+        echo "# ladder-full: no state in $d on this machine, starting the ladder"
+        resume=(--phase p0)
+      fi
+      step ladder-p0-full env WB_RESULTS_DIR="$d" python3 -m cli.main ladder "${resume[@]}" \
+        --stop-after "${WB_LADDER_BUDGET:-480}"
+      for f in "$d"/ladder-p0.json "$d"/ladder-p0.md; do [ -f "$f" ] && cp "$f" "$OUT"/; done
+      ;;
     h3-trajectory) step h3-trajectory python3 -m experiments.h3_trajectory --reference-block ;;
     p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
@@ -64,9 +82,9 @@ for what in "$@"; do
     experiments)
       step depth-loop python3 -m experiments.depth_loop
       step p0-baseline python3 -m experiments.p0_baseline
-      step ladder-p0 python3 -m cli.main ladder --phase p0 ;;
+      step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
-            "p0-ab, h3-trajectory, p0-baseline, frame-protocol, depth-frame, frame-tiles-ab," \
-            "experiments)" >&2; exit 2 ;;
+            "ladder-full, p0-ab, h3-trajectory, p0-baseline, frame-protocol, depth-frame," \
+            "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac
 done

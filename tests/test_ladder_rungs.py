@@ -1,14 +1,22 @@
 """Ladder rungs: 1-2 at the ci hypothesis profile (rung 2 tiles drawn by hypothesis); 3-8 on a
-tiny synthetic H3, the reference against itself, a perturbed fake and a legal adversary."""
+tiny synthetic H3, the reference against itself, a perturbed fake and a legal adversary; the
+runner: its parts and highest rung, resume after an interruption, the budget pause."""
+import json
+import time
+import zlib
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from models.h3 import H3Config, H3Model
+from numerics.epilogue import gate_residual
 from validators import (rung1_adversarial, rung2_randomized, rung3_projections, rung4_block,
-                        rung5_step, rung6_two_steps, rung7_checksum, rung8_profile)
+                        rung5_step, rung6_two_steps, rung7_checksum, rung8_profile, runner,
+                        trajectory_pass)
 from validators.tiles import KINDS
+from workbench import results as R
 
 
 def test_rung1_adversarial_passes():
@@ -30,10 +38,11 @@ def test_ladder_runner_writes_summary(tmp_path, monkeypatch):
     monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
     assert run_ladder("numerics", quick=True) == 0
     s = R.load("ladder-numerics", tmp_path)
-    assert s["headline"]["highest_rung_passed"] == 2
+    # rung 1 counts only with its CUDA parts (1b, 1c), which a CPU cannot run
+    assert s["headline"]["highest_rung_passed"] == (2 if HAVE_CUDA else 0)
     assert run_ladder("p0", quick=True) == 0  # what cannot run is reported, not failed
     s = R.load("ladder-p0", tmp_path)
-    if not torch.cuda.is_available():
+    if not HAVE_CUDA:
         assert "needs a CUDA GPU" in " ".join(s["notes"]["not_run"])
     else:  # rungs 3-8 run p0 on the scaled H3
         assert s["headline"]["highest_rung_passed"] == 8, s["measurements"][-1]
@@ -120,52 +129,232 @@ def test_model_rungs_not_run_for_p0_without_cuda(tiny, rung):
     assert "CUDA" in r.detail
 
 
-def test_runner_stops_rungs_3_on_when_p0_cannot_run(tmp_path, monkeypatch):
-    """With rung 2 passing (stubbed), a CPU machine reports rung 3 not-run (p0 needs CUDA)."""
-    from validators import rung2_p0_gemm, runner
+def test_shared_trajectory_pass_equals_rungs_5_to_7_run_apart():
+    """One pass gives rungs 5, 6 and 7 exactly as three separate runs do (the same checks,
+    details, elements, checksums), with a legal backend that is not bit-identical."""
+    ref = H3Model(SHORT, seed=0)
+    shared = trajectory_pass.run_rungs(ref, wrap=rung4_block.edge_wrap(seed=2), log=_quiet)
+    for rung, mod in ((5, rung5_step), (6, rung6_two_steps), (7, rung7_checksum)):
+        alone = mod.run(ref, wrap=rung4_block.edge_wrap(seed=2), log=_quiet)
+        assert shared[rung].to_json() == alone.to_json(), rung
+    assert any("relative deviation" in c["detail"] for c in shared[7].checks.values())
+
+
+# --- the runner: parts, highest rung, resume, budget ---------------------------------------
+def _stub_rungs_1_2(monkeypatch):
+    """Rungs 1-2's parts replaced by passing stubs (they have tests of their own, above)."""
     from validators.base import RungResult
-    from workbench import results as R
 
-    if HAVE_CUDA:
-        pytest.skip("checks what a machine without CUDA reports")
-    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
-    monkeypatch.setattr(rung2_p0_gemm, "run",
-                        lambda quick=False: RungResult(2, "stub", "pass", "stubbed"))
-    assert runner.run_ladder("p0", quick=True) == 0
-    s = R.load("ladder-p0", tmp_path)
-    assert s["verdict"] == "incomplete" and s["headline"]["highest_rung_passed"] == 2
-    assert s["measurements"][-1]["rung"] == 3
-    assert "p0 backend needs a CUDA GPU" in s["measurements"][-1]["detail"]
-    assert "highest rung passed: 2" in (tmp_path / "ladder-p0.md").read_text()
+    real = runner._rungs
+
+    def rungs(phase, quick, device):
+        for item in real(phase, quick, device):
+            if isinstance(item, runner.Part) and item.id[0] in "12":
+                item = runner.Part(item.id, item.title, lambda r=int(item.id[0]): RungResult(
+                    r, "stub", "pass", "stubbed"))
+            yield item
+    monkeypatch.setattr(runner, "_rungs", rungs)
 
 
-def test_runner_runs_model_rungs_in_order_and_stops_at_a_failure(tmp_path, monkeypatch, tiny):
-    """The runner's rungs 3-8 (model rungs run on the tiny reference): all pass but 8 (not run
-    on CPU); with a perturbed backend the ladder stops at rung 3 and fails."""
-    from validators import rung2_p0_gemm, runner
-    from validators.base import RungResult
-    from workbench import results as R
+def _legal_stateless(block, role, lin):
+    """A legal backend without call counters, so a resumed ladder draws what an uninterrupted
+    one does: rung 4's adversary move, its sides seeded by the input's bytes and drawn for
+    every row (a row slice moves as the same rows of the whole output, as rung 3 asks)."""
+    def edge(x, rows=None, *, gate=None, residual=None):
+        d, real, bound = lin.oracle(x, rows=rows)
+        seed = zlib.crc32(x.detach().cpu().contiguous().view(torch.int16).numpy().tobytes())
+        gen = torch.Generator().manual_seed(seed)
+        side = torch.randint(0, 2, (x.shape[0], d.shape[1]), generator=gen) * 2 - 1
+        r0, r1 = rows or (0, x.shape[0])
+        y = rung4_block.legal_move(d, real, bound, side[r0:r1])
+        return y if gate is None else gate_residual(y, gate, residual)
+    return edge
 
-    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
-    monkeypatch.setattr(rung2_p0_gemm, "run",
-                        lambda quick=False: RungResult(2, "stub", "pass", "stubbed"))
+
+@pytest.fixture
+def tiny_ladder(tmp_path, monkeypatch):
+    """The p0 ladder on the 3-step tiny H3 with a legal, not bit-identical backend under test
+    (so rungs 3-7 run on a CPU); rungs 1-2 stubbed. Its run folder."""
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("WB_RESULTS_DIR", str(run_dir))
+    _stub_rungs_1_2(monkeypatch)
+    monkeypatch.setattr(runner, "_reference_config", lambda quick: SHORT)
     monkeypatch.setattr(runner, "_backend_unavailable", lambda backend: None)
-    short = H3Model(SHORT, seed=0)
-    mods = {**MODEL_RUNGS, 8: rung8_profile}
-    monkeypatch.setattr(runner, "_model_rung", lambda rung, backend, quick, device: mods[
-        rung].run(short, log=_quiet))
+    monkeypatch.setattr(runner, "_model_backend", lambda phase: ("reference", _legal_stateless))
+    return run_dir
+
+
+def _pause_after(monkeypatch, units: int):
+    """Each call runs ``units`` units, then pauses as if its budget had run out."""
+    def check(self, kind, where):
+        self.units_run = getattr(self, "units_run", 0) + 1
+        if self.units_run > units:
+            raise runner._Pause(where)
+    monkeypatch.setattr(runner._Ladder, "_check_budget", check)
+
+
+def _comparable(summary: dict) -> dict:
+    """A summary without what differs between calls: provenance, wall times, the calls."""
+    notes = {k: v for k, v in summary["notes"].items() if k != "calls"}
+    return {"measurements": [{k: v for k, v in m.items() if k != "seconds"}
+                             for m in summary["measurements"]],
+            "headline": summary["headline"], "gates": summary["gates"],
+            "verdict": summary["verdict"], "notes": notes}
+
+
+def _resume_until_done(run_dir, first_rc: int) -> tuple[int, int]:
+    rc, calls = first_rc, 1
+    while rc == runner.PAUSED:
+        rc, calls = runner.run_ladder(resume=run_dir, stop_after=600), calls + 1
+    return rc, calls
+
+
+def test_resumed_ladder_continues_where_it_stopped_and_gives_the_same_summary(
+        tiny_ladder, tmp_path, monkeypatch):
     assert runner.run_ladder("p0", quick=True) == 0
-    s = R.load("ladder-p0", tmp_path)
-    expected = 7 if not HAVE_CUDA else 8
-    assert s["headline"]["highest_rung_passed"] == expected
-    assert len(s["headline"]["trajectory_checksum"]) == 64
-    assert s["headline"]["trajectory_checksum"] in (tmp_path / "ladder-p0.md").read_text()
-    monkeypatch.setattr(runner, "_model_rung", lambda rung, backend, quick, device: mods[
-        rung].run(short, wrap=_perturb_fc1_of_block_1, log=_quiet))
+    want = R.load("ladder-p0", tiny_ladder)
+    assert want["headline"]["highest_rung_passed"] == (8 if HAVE_CUDA else 7)
+    assert len(want["headline"]["trajectory_checksum"]) == 64
+    assert [m["part"] for m in want["measurements"]] == [
+        "1a", "1b", "1c", "2a", "2b", "3", "4", "5", "6", "7", "8"]
+    # every call runs one unit (a part, or a block of the trajectory pass), then pauses:
+    # resumed after every part, at every step boundary and in the middle of every step
+    resumed = tmp_path / "resumed"
+    monkeypatch.setenv("WB_RESULTS_DIR", str(resumed))
+    _pause_after(monkeypatch, 1)
+    rc, calls = _resume_until_done(resumed, runner.run_ladder("p0", quick=True, stop_after=600))
+    blocks = SHORT.blocks * SHORT.steps
+    assert rc == 0 and calls == 8 + blocks  # a call per part but 5-7, one per pass block
+    got = R.load("ladder-p0", resumed)
+    assert _comparable(got) == _comparable(want)
+    assert [c["ended"].split()[0] for c in got["notes"]["calls"]] == ["paused"] * (calls - 1) + [
+        "finished"]
+    assert not (resumed / "ladder-p0.state").exists()  # the summary holds what it had
+    assert "completed over" in (resumed / "ladder-p0.md").read_text()
+
+
+def test_resume_after_a_kill_or_lost_tensors_restarts_the_pass(tiny_ladder, monkeypatch,
+                                                               capsys):
+    """Paused in the middle of step 1, its tensors lost (a fresh machine): the pass restarts
+    from step 0, rung 5 is computed again, and the summary is the uninterrupted one."""
+    _pause_after(monkeypatch, 7 + SHORT.blocks + 1)  # parts 1a-4, step 0, step 1's block 0
+    assert runner.run_ladder("p0", quick=True, stop_after=600) == runner.PAUSED
+    state_dir = tiny_ladder / "ladder-p0.state"
+    state = json.loads((state_dir / "state.json").read_text())
+    assert state["status"] == "paused" and state["pass"]["step"] == 1
+    assert [d["part"] for d in state["done"]][-1] == "5"
+    for pt in state_dir.glob("*.pt"):
+        pt.unlink()
+    _pause_after(monkeypatch, 10**6)
+    assert runner.run_ladder(resume=tiny_ladder) == 0
+    assert "restart from step 0" in capsys.readouterr().err
+    s = R.load("ladder-p0", tiny_ladder)
+    assert [m["part"] for m in s["measurements"]].count("5") == 1
+    assert s["headline"]["highest_rung_passed"] == (8 if HAVE_CUDA else 7)
+
+
+def test_budget_pause_resume_and_a_finished_ladder(tiny_ladder, capsys):
+    from cli.main import main
+
+    assert main(["ladder", "--phase", "p0", "--quick", "--stop-after", "0.001"]) == 75
+    out = capsys.readouterr().out
+    assert "rung 1a" in out and "paused before rung 1b" in out  # the first unit always runs
+    assert f"resume with: wb ladder --phase p0 --resume {tiny_ladder} --stop-after 0.001" in out
+    # a fresh ladder never takes over a paused one's folder
+    assert main(["ladder", "--phase", "p0", "--quick"]) == 2
+    assert "unfinished ladder p0" in capsys.readouterr().err
+    assert main(["ladder", "--resume", str(tiny_ladder)]) == 0  # the phase from the folder
+    out = capsys.readouterr().out
+    assert "resuming" in out and "rung 3  real projections" in out
+    before = (tiny_ladder / "ladder-p0.json").read_bytes()
+    assert main(["ladder", "--resume", str(tiny_ladder)]) == 0
+    assert "ladder p0 in" in capsys.readouterr().out.split("finished earlier")[0]
+    assert (tiny_ladder / "ladder-p0.json").read_bytes() == before  # said so, wrote nothing
+    calls = R.load("ladder-p0", tiny_ladder)["notes"]["calls"]
+    assert [c["ended"].split()[0] for c in calls] == ["paused", "finished"]
+
+
+def test_budget_estimates_the_next_unit_by_its_last_time(tmp_path):
+    from validators.ladder_state import LadderState
+
+    state = LadderState.fresh(tmp_path, "p0", True, "cpu")
+    state.unit_time("pass-block", 3.0)
+    state.unit_time("pass-block", 5.0)
+    walk = runner._Ladder("p0", True, "cpu", state, stop_after=4.0, t_start=time.monotonic())
+    walk._check_budget("pass-block", "at step 0")  # a call's first unit runs whatever it costs
+    walk.units = 1
+    walk._check_budget("3", "before rung 3")  # never measured: estimated 0 s
+    with pytest.raises(runner._Pause, match="at step 1"):
+        walk._check_budget("pass-block", "at step 1")  # 5 s would end past 4 s
+
+
+def test_resume_refuses_another_commit_a_live_lock_and_the_wrong_phase(tiny_ladder,
+                                                                       monkeypatch):
+    import os
+    import platform
+    import subprocess
+
+    from workbench import WorkbenchError
+
+    assert runner.run_ladder("p0", quick=True, stop_after=1e-6) == runner.PAUSED
+    with pytest.raises(WorkbenchError, match="no ladder numerics state"):
+        runner.run_ladder("numerics", resume=tiny_ladder)
+    with pytest.raises(WorkbenchError, match="quick True there, False here"):
+        runner.run_ladder(resume=tiny_ladder, quick=False)
+    lock = tiny_ladder / "ladder-p0.state" / "lock"
+    lock.write_text(json.dumps({"host": platform.node(), "pid": os.getpid()}))
+    with pytest.raises(WorkbenchError, match="locked"):
+        runner.run_ladder(resume=tiny_ladder)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock.write_text(json.dumps({"host": platform.node(), "pid": dead.pid}))  # a killed call's
+    assert runner.run_ladder(resume=tiny_ladder, stop_after=1e-6) == runner.PAUSED
+    monkeypatch.setenv("WB_GIT_COMMIT", "0" * 40)
+    with pytest.raises(WorkbenchError, match="commit"):
+        runner.run_ladder(resume=tiny_ladder)
+
+
+def test_a_failing_rung_stops_the_ladder_and_names_the_rest(tiny_ladder, monkeypatch):
+    monkeypatch.setattr(runner, "_model_backend", lambda phase: ("reference",
+                                                                 _perturb_fc1_of_block_1))
     assert runner.run_ladder("p0", quick=True) == 1
-    s = R.load("ladder-p0", tmp_path)
-    assert s["measurements"][-1]["rung"] == 3 and s["measurements"][-1]["status"] == "fail"
+    s = R.load("ladder-p0", tiny_ladder)
+    assert s["measurements"][-1]["part"] == "3" and s["measurements"][-1]["status"] == "fail"
     assert s["headline"]["highest_rung_passed"] == 2
+    assert ("rung 4, 5, 6, 7, 8: not run, the ladder stopped at rung 3's failure"
+            in s["notes"]["not_run"])
+
+
+@pytest.mark.skipif(HAVE_CUDA, reason="checks what a machine without CUDA reports")
+def test_rung_listing_on_a_cpu_names_every_part_and_why(tmp_path, monkeypatch, capsys):
+    """Every part has its own name and line; highest rung passed follows from them and says
+    what stops it; every part not run is named with its reason."""
+    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
+    assert runner.run_ladder("p0", quick=True) == 0
+    out = capsys.readouterr().out
+    s = R.load("ladder-p0", tmp_path)
+    status = {m["part"]: m["status"] for m in s["measurements"]}
+    assert status == {"1a": "pass", "1b": "not-run", "1c": "not-run", "2a": "pass",
+                      "2b": "not-run", **{str(r): "not-run" for r in range(3, 9)}}
+    assert "rung 2a randomized tiles" in out and "rung 2b randomized GEMMs (P0)" in out
+    assert s["headline"]["highest_rung_passed"] == 0
+    assert s["notes"]["highest_rung_why"] == "rung 1: 1b not-run, 1c not-run"
+    assert "highest rung passed 0 (rung 1: 1b not-run, 1c not-run)" in out
+    named = " ".join(s["notes"]["not_run"])
+    for part in ["1b", "1c", "2b", *map(str, range(3, 9))]:
+        assert f"rung {part} (" in named, part
+    assert "rung 3, 4, 5, 6, 7, 8: the p0 backend needs a CUDA GPU" in out
+    assert "| 2b | randomized GEMMs (P0) | not-run |" in (tmp_path / "ladder-p0.md").read_text()
+
+
+def test_frame_phase_says_what_exists():
+    from workbench import WorkbenchError
+
+    with pytest.raises(WorkbenchError) as e:
+        runner.run_ladder("frame")
+    msg = str(e.value)
+    assert "ran no rung" in msg and "kernel exists" in msg
+    assert "FastLoop(depth_kernel=True)" in msg and "rungs are not built yet" in msg
 
 
 @pytest.mark.gpu

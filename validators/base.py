@@ -14,6 +14,21 @@ class RungResult:
     checks: dict = field(default_factory=dict)  # check name -> {"pass": bool, "detail": str}
     elements: int = 0
     headline: dict = field(default_factory=dict)  # values the ladder's headline reports
+    part: str = ""  # the ladder's name for this step of its rung ("1a", "2b", "5"); "" = str(rung)
+
+    @property
+    def label(self) -> str:
+        return self.part or str(self.rung)
+
+    def to_json(self) -> dict:
+        return {"part": self.label, "rung": self.rung, "name": self.name, "status": self.status,
+                "detail": self.detail, "elements": self.elements, "checks": self.checks,
+                "headline": self.headline}
+
+    @classmethod
+    def from_json(cls, d: dict) -> RungResult:
+        return cls(d["rung"], d["name"], d["status"], d["detail"], d["checks"], d["elements"],
+                   d["headline"], d["part"])
 
     @classmethod
     def from_checks(cls, rung: int, name: str, checks: dict, elements: int = 0,

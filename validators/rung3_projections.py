@@ -92,6 +92,15 @@ class GemmAudit:
 
         return audited
 
+    def state(self) -> dict:
+        """What a resumed audit needs (JSON): the calls per linear, first failures, elements."""
+        return {"calls": [[b, r, n] for (b, r), n in self.calls.items()],
+                "failures": self.failures, "elements": self.elements}
+
+    def restore(self, state: dict) -> None:
+        self.calls = {(b, r): n for b, r, n in state["calls"]}
+        self.failures, self.elements = dict(state["failures"]), state["elements"]
+
     def check(self) -> dict:
         n = sum(self.calls.values())
         if not self.failures:

@@ -32,9 +32,11 @@ NAME = "complete block"
 SAFETY = 2.0
 
 
-def edge_wrap(seed: int = 1):
-    """The legal adversary's wrap (apply to the reference model)."""
-    calls: dict = {}  # (block, role, plain) -> calls so far: each step draws fresh sides
+def edge_wrap(seed: int = 1, calls: dict | None = None):
+    """The legal adversary's wrap (apply to the reference model). ``calls`` (block, role,
+    plain) -> calls so far, each step drawing fresh sides: pass a saved one to continue an
+    adversary where it stopped (validators.trajectory_pass)."""
+    calls = {} if calls is None else calls
 
     def wrap(block, role, lin):
         def edge(x, rows=None, *, gate=None, residual=None):
@@ -43,17 +45,22 @@ def edge_wrap(seed: int = 1):
             # each draws the same sides: the adversary is one deterministic legal backend
             kind = (block, role, gate is None)
             n = calls[kind] = calls.get(kind, -1) + 1
-            key = f"{seed}:{block}:{role}:{n}".encode()
-            gen = torch.Generator().manual_seed(zlib.crc32(key))
-            side = (torch.randint(0, 2, d.shape, generator=gen) * 2 - 1).to(d.device)
-            df = d.double()
-            ulp = torch.exp2(torch.floor(torch.log2(df.abs().clamp_min(2.0**-126))) - 7)
-            cand = (df + side * ulp).to(torch.bfloat16)
-            ok = ((cand.double() - real).abs() <= bound) & torch.isfinite(cand)
-            y = torch.where(ok, cand, d)
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{block}:{role}:{n}".encode()))
+            y = legal_move(d, real, bound, torch.randint(0, 2, d.shape, generator=gen) * 2 - 1)
             return y if gate is None else gate_residual(y, gate, residual)
         return edge
     return wrap
+
+
+def legal_move(d, real, bound, side: torch.Tensor) -> torch.Tensor:
+    """The oracle's output ``d`` moved one bf16 step to ``side`` (+-1 per element), wherever
+    that stays within ``bound`` of ``real`` (a legal fp32-accumulating kernel's output)."""
+    side = side.to(d.device)
+    df = d.double()
+    ulp = torch.exp2(torch.floor(torch.log2(df.abs().clamp_min(2.0**-126))) - 7)
+    cand = (df + side * ulp).to(torch.bfloat16)
+    ok = ((cand.double() - real).abs() <= bound) & torch.isfinite(cand)
+    return torch.where(ok, cand, d)
 
 
 def relative_deviation(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -77,17 +84,24 @@ def compare(label: str, y: torch.Tensor, ref: torch.Tensor, adversary: torch.Ten
                  f"({SAFETY:g} x legal adversary){where}")
 
 
-def three_ways(reference: H3Model, backend: str, wrap):
+def three_ways(reference: H3Model, backend: str, wrap, adversary_calls: dict | None = None):
     """(model under test with a GemmAudit, the audit, the legal adversary)."""
     audit = GemmAudit(reference, wrap)
-    return model_under_test(reference, backend, audit), audit, reference.derived(wrap=edge_wrap())
+    adversary = reference.derived(wrap=edge_wrap(calls=adversary_calls))
+    return model_under_test(reference, backend, audit), audit, adversary
 
 
-def block_io(reference: H3Model, step: int = 0) -> dict:
-    """block -> (input, output) of the reference's denoiser step ``step`` from the seed's noise."""
+def block_io(reference: H3Model, blocks, step: int = 0) -> dict:
+    """block -> (input, output) of the reference's denoiser step ``step`` from the seed's noise,
+    for ``blocks`` only (at full size every block's pair would be 20 GB)."""
     io = {}
+
+    def keep(i, x, y):
+        if i in blocks:
+            io[i] = (x, y)
+
     latent = initial_latent(reference.cfg, reference.seed).to(reference.device)
-    reference.denoiser_step(latent, step, on_block=lambda i, x, y: io.__setitem__(i, (x, y)))
+    reference.denoiser_step(latent, step, on_block=keep)
     return io
 
 
@@ -96,9 +110,10 @@ def run(reference: H3Model, backend: str = "reference", wrap=None, log=print) ->
         model, audit, adversary = three_ways(reference, backend, wrap)
     except BackendUnavailable as e:
         return not_run(4, NAME, e)
-    io = block_io(reference)
+    blocks = selected_blocks(reference.cfg.blocks)
+    io = block_io(reference, blocks)
     checks, elements = {}, 0
-    for b in selected_blocks(reference.cfg.blocks):
+    for b in blocks:
         x, y_ref = io[b]
         c = compare(f"block {b} output", model.block(b, x), y_ref, adversary.block(b, x))
         checks[f"block {b} output"] = c
