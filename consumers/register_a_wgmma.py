@@ -264,3 +264,98 @@ class OverlappedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
         if v.lane == 0:
             cute.arch.mbarrier_arrive(v.act_empty + cnt % self.act_tiles.buffers)
         keep_alive([a[i] for i in range(4 * STEPS)], v.k_tiles, v.mailbox.iterator)
+
+
+class InterleavedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
+    """Study (kernels.nvfp4.gemm_shell.V3Study(consumer="interleaved"); notes/p0-gemm.md, P0 v3
+    measurement 1(c)): the conversion of k16 step b + 1 runs while wgmma(b) does.
+
+    Each k16 wgmma is its own commit group. Step b of a k-block converts into A slot b (4
+    registers), which the wgmma of step b of the previous k-block read: 4 groups earlier, so
+    before every conversion ``wgmma.wait_group(in_flight)`` (1 or 2 < 4) has retired it, and at
+    most ``in_flight`` k16 groups stay in flight while the ALUs convert. The retired slot is
+    read once more after that wait (device.wgmma.keep_alive), so ptxas keeps its registers
+    until then; tests/test_p0_v3_studies.py checks in the SASS that no register an HGMMA reads
+    is written before the DEPBAR that retires it. The activation tile of k-block j is released
+    in k-block j + 1 once its last wgmma has retired (after step ``in_flight``'s wait), and at a
+    tile's end after ``wait_group(0)``.
+
+    Role contract as :class:`RegisterAWgmmaConsumer`'s (warpgroups 2-3, 200 registers, 8
+    arrivals each on ``empty`` and ``act_empty``). ``convert`` False is the no-conversion
+    ablation (timing only: the A registers are the raw code words)."""
+
+    IN_FLIGHT = (1, 2)
+
+    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, in_flight: int = 1,
+                 convert: bool = True):
+        super().__init__(tokens, stages, act_tiles)
+        if in_flight not in self.IN_FLIGHT:
+            raise ValueError(f"in_flight = {in_flight!r}: choose from {self.IN_FLIGHT} (k16 "
+                             f"groups; a slot is rewritten {STEPS} groups after it was read)")
+        if not isinstance(convert, bool):
+            raise TypeError(f"convert = {convert!r}: a bool")
+        self.in_flight, self.convert = in_flight, convert
+
+    @cute.jit
+    def mainloop(self, tile, v: TileViews, count: Int32) -> Int32:
+        a, acc = v.a_x, v.acc  # (an assignment through v would make v loop-carried)
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            frag, sc = self._load_fragments(v, count)
+            b, bph = ring_position(count, self.act_tiles.buffers)
+            wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox)
+            tile_addr = v.f16_base + b * self.act_tiles.tile_bytes
+            for st in cutlass.range_constexpr(STEPS):
+                warpgroup.wait_group(self.in_flight)
+                keep_alive([a[4 * st + j] for j in range(4)], v.k_tiles, v.mailbox.iterator)
+                if cutlass.const_expr(st == self.in_flight):
+                    # the previous k-block's last wgmma has retired: its tile is free
+                    if kt > tile.k0 and v.lane == 0:
+                        cute.arch.mbarrier_arrive(
+                            v.act_empty + (count - 1) % self.act_tiles.buffers)
+                self._convert_step(a, frag, sc, st)
+                if cutlass.const_expr(self.mma):
+                    warpgroup.fence()
+                    desc = sw128_kmajor_descriptor(tile_addr + st * 32, SW128_ATOM)
+                    res = wgmma_rs_m64k16([acc[i] for i in range(self.tile_m // 2)],
+                                          [a[4 * st + j] for j in range(4)], desc, "f16")
+                    for i in cutlass.range_constexpr(self.tile_m // 2):
+                        acc[i] = res[i]
+                    warpgroup.commit_group()
+            count = count + 1
+        warpgroup.wait_group(0)
+        keep_alive([a[i] for i in range(4 * STEPS)], v.k_tiles, v.mailbox.iterator)
+        if tile.k1 > tile.k0 and v.lane == 0:  # a K split past the end has no k-block
+            cute.arch.mbarrier_arrive(v.act_empty + (count - 1) % self.act_tiles.buffers)
+        return count
+
+    @cute.jit
+    def _load_fragments(self, v: TileViews, cnt: Int32):
+        """Wait for ring use ``cnt``, load this thread's 16 code bytes and 8 scale bytes of it
+        and release the stage."""
+        s, ph = ring_position(cnt, self.stages)
+        wait_parity(v.full + s, ph, Barrier.FULL, s, v.mailbox)
+        slot = s * 2 + v.wg
+        frag = cute.make_rmem_tensor((4,), Uint32)
+        cute.autovec_copy(v.codes[(None, slot * (SLAB_CODE_BYTES // 16) + v.t)], frag)
+        sc = cute.make_rmem_tensor((2,), Uint32)
+        base = slot * (SLAB_SCALE_BYTES // 4) + (v.t // 4) * 2
+        sc[0] = v.scales[base]
+        sc[1] = v.scales[base + 1]
+        cute.arch.sync_warp()
+        if v.t % 32 == 0:
+            cute.arch.mbarrier_arrive(v.empty + s)
+        return frag, sc
+
+    @cute.jit
+    def _convert_step(self, a: cute.Tensor, frag: cute.Tensor, sc: cute.Tensor,
+                      st: cutlass.Constexpr):
+        """A slot ``st`` (4 f16x2 registers) from the step's code word and scale pair, or, in
+        the no-conversion ablation, from the raw code words (no instruction)."""
+        if cutlass.const_expr(self.convert):
+            pair = sc[st // 2] if st % 2 == 0 else sc[st // 2] >> Uint32(16)
+            words = dequant_a_fragment(frag[st], pair)
+            for j in cutlass.range_constexpr(4):
+                a[4 * st + j] = words[j]
+        else:
+            for j in cutlass.range_constexpr(4):
+                a[4 * st + j] = frag[(st + j) % 4]

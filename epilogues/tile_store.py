@@ -22,12 +22,15 @@ from dataclasses import dataclass
 
 from configs.arch import WARP
 from device.barriers import NamedBarrier
+from device.ptx import _asm_effect, _gaddr
 from device.runtime import cute_modules
 from device.waits import count_split_arrival
 from epilogues.alpha_bf16 import AlphaBf16
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32  # noqa: E402
+from cutlass._mlir.dialects import llvm  # noqa: E402
+from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -116,3 +119,107 @@ class TileStore:
         """One fp32 partial sum, read coherently at gpu scope (another CTA wrote it)."""
         p = work.iterator + (split * M + row) * (N2 * 2) + col
         return cute.arch.load(p.llvm_ptr, Float32, sem="relaxed", scope="gpu")
+
+
+# ---- study (scripts/p0_v3_ab.py and tests build it; never a production choice) ---------------
+SPLIT_FIXUPS = ("vector", "skip")
+PARTIAL_WORDS = 4  # fp32 partial sums per 16-byte store
+
+
+@dataclass(frozen=True)
+class SplitFixupStudy(TileStore):
+    """Split-K fixup ablations (notes/p0-gemm.md, P0 v3 measurement 1(a)); ``splits`` >= 2.
+
+    ``fixup = "vector"``: each thread stores its partials as ``st.global.v4.f32`` in fragment
+    order, warp-interleaved so that one store instruction of a warp fills 512 contiguous bytes:
+    word w of vector v of thread ct of (split, tile) at ((split·tiles + tile)·V + v)·threads·4
+    + ct·4 + w, V = pairs / 2. The last CTA's thread ct holds the same fragment, so it reads the
+    same vectors of every split (``ld.relaxed.gpu.global.v4.f32``) and adds them in split order
+    0, 1, ..., exactly the production order: the output is bit-identical to :class:`TileStore`'s.
+    Synchronisation as TileStore's (fence, named barrier, acq_rel counter the last CTA re-arms).
+    The workspace must hold splits · tiles · tile_m · tile_n floats: gemm_nvfp4's [splits, M, N]
+    does when M and N are multiples of the tile (:meth:`check_shape`).
+
+    ``fixup = "skip"``: no partials, no counter, no reduction; every split CTA stores its own
+    partial through the output rule (the splits race: wrong results by design, timing only)."""
+
+    fixup: str = "vector"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.fixup not in SPLIT_FIXUPS:
+            raise ValueError(f"fixup = {self.fixup!r}: choose from {SPLIT_FIXUPS}")
+        if self.splits < 2:
+            raise ValueError(f"splits = {self.splits}: a split-K fixup study needs >= 2")
+
+    def key(self) -> tuple:
+        return (*super().key(), "fixup", self.fixup)
+
+    @staticmethod
+    def check_shape(M: int, N: int, tile_m: int, tile_n: int) -> None:
+        """The fragment-order workspace fits gemm_nvfp4's [splits, M, N] only for whole tiles."""
+        if M % tile_m or N % tile_n:
+            raise ValueError(f"M = {M}, N = {N}: the vectorised fixup's workspace needs M and N "
+                             f"multiples of the {tile_m} x {tile_n} tile")
+
+    @cute.jit
+    def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
+        if cutlass.const_expr(self.fixup == "skip"):
+            for m, n, x0, x1 in pairs:
+                row = tile.m0 + m
+                pair = (tile.n0 + n) // 2
+                if row < M and pair < N2:
+                    ops.d[row, pair] = self.output.pair(ops, row, pair, x0, x1)
+        else:
+            self._store_split_vector(pairs, ops, tile, M, N2)
+
+    @cute.jit
+    def _store_split_vector(self, pairs, ops, tile, M: Int32, N2: Int32):
+        vectors = len(pairs) // 2
+        tiles = cute.size(ops.count.shape)
+        stride = self.threads * PARTIAL_WORDS  # one vector of every thread of the CTA
+        base = ops.work.iterator + tile.ct * PARTIAL_WORDS
+        own = base + (tile.split * tiles + tile.tile_id) * vectors * stride
+        for v in cutlass.range_constexpr(vectors):
+            (_, _, a0, a1), (_, _, b0, b1) = pairs[2 * v], pairs[2 * v + 1]
+            _st_global_v4_f32(own + v * stride, (a0, a1, b0, b1))
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
+        flag_t = cute.make_tensor(ops.flag, cute.make_layout(1))
+        if tile.ct == 0:
+            count_split_arrival(ops.count, tile.tile_id, self.splits, flag_t)
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
+        if flag_t[0] == Int32(1):
+            cute.arch.fence_acq_rel_gpu()
+            for v in cutlass.range_constexpr(vectors):
+                at = base + tile.tile_id * vectors * stride + v * stride
+                s = _ld_relaxed_gpu_v4_f32(at)
+                for sp in cutlass.range_constexpr(1, self.splits):
+                    p = _ld_relaxed_gpu_v4_f32(at + sp * tiles * vectors * stride)
+                    s = [s[w] + p[w] for w in range(PARTIAL_WORDS)]
+                for h in cutlass.range_constexpr(2):
+                    m, n, _, _ = pairs[2 * v + h]
+                    row = tile.m0 + m
+                    col = tile.n0 + n
+                    if row < M and col < N2 * 2:
+                        ops.d[row, col // 2] = self.output.pair(ops, row, col // 2, s[2 * h],
+                                                                s[2 * h + 1])
+
+
+@dsl_user_op
+def _st_global_v4_f32(ptr, words, *, loc=None, ip=None) -> None:
+    """``st.global.v4.f32`` of four fp32 partials at 16-byte aligned ``ptr`` (a weak store: the
+    fence and the counter's release order it before the last CTA's reads)."""
+    _asm_effect(None, [_gaddr(ptr, loc, ip)] + [Float32(w).ir_value(loc=loc, ip=ip)
+                                                for w in words],
+                "st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", loc, ip)
+
+
+@dsl_user_op
+def _ld_relaxed_gpu_v4_f32(ptr, *, loc=None, ip=None) -> list:
+    """``ld.relaxed.gpu.global.v4.f32``: four partials another CTA wrote in this launch
+    (coherent at L2, never a stale L1 line), read after the counter's acquire."""
+    res = _asm_effect(llvm.StructType.get_literal([T.f32()] * 4), [_gaddr(ptr, loc, ip)],
+                      "ld.relaxed.gpu.global.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l",
+                      loc, ip)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]

@@ -27,9 +27,11 @@ from device.nvfp4 import expand_stage_rows, word_view
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
+from producers.register_order import f16_box_layout
 
 cutlass, cute = cute_modules()
-from cutlass import Int32, Uint16  # noqa: E402
+from cutlass import Float16, Int32, Uint16  # noqa: E402
+from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 ROW_BYTES = K_BLOCK * 2  # one f16 row of a k-block
 WARPS = 4
@@ -122,3 +124,75 @@ class PairedActivationStage(ExpandedActivationStage):
     the pair."""
 
     multicast = 2
+
+
+class F16TmaActivationStage:
+    """Study (kernels.nvfp4.gemm_shell.V3Study(activation="f16_tma"); notes/p0-gemm.md, P0 v3
+    measurement 1(c)): the activation arrives already expanded to exact f16 (e2m1 · scale, the
+    values :func:`device.nvfp4.expand_stage_rows` writes, made once on the host), by TMA
+    straight into the f16 tiles, so the CTA does no activation expansion.
+
+    Role contract: one warpgroup at 24 registers (the CTA keeps its 512 threads, so the
+    consumers' register budget is the production one); its warp 0 works. Owns ``buffers`` f16
+    tiles (:class:`F16Tiles`) and their barriers: ``act_full[b]`` (1 arrive + the tile's bytes,
+    TMA), ``act_empty[b]`` (the consumers' 8 warp arrivals). Reads nothing of the packed ring
+    (``stages`` is the producer's, which the shell checks); the TMA atom is the producer's
+    (producers.register_order.WeightsOnlyRegisterOrderProducer, ``ctx.tma[0]``)."""
+
+    warpgroups, regs = 1, 24
+    multicast = 1
+
+    def __init__(self, tokens: int, stages: int, buffers: int = 2):
+        if tokens != 128:
+            raise ValueError(f"tokens = {tokens}: the study TMAs 128-row tiles")
+        if not isinstance(buffers, int) or buffers < 2:
+            raise ValueError(f"buffers = {buffers!r}: the consumers release a tile one k-block "
+                             "late, so >= 2 f16 tiles")
+        self.tokens, self.stages = tokens, stages
+        self.tiles = F16Tiles(buffers, tokens * ROW_BYTES)
+
+    def barriers(self) -> dict:
+        return {"act_full": self.tiles.buffers, "act_empty": self.tiles.buffers}
+
+    def arrivals(self) -> dict:
+        return {"act_full": 1}
+
+    def waits(self) -> tuple:
+        return ("act_empty",)
+
+    def smem_bytes(self) -> int:
+        return self.tiles.buffers * self.tiles.tile_bytes + 1024
+
+    def allocate(self, alloc) -> dict:
+        raw = alloc.allocate(self.tiles.buffers * self.tiles.tile_bytes, 1024)
+        staged = cute.append(f16_box_layout(self.tokens),
+                             cute.make_layout(self.tiles.buffers, stride=self.tokens * K_BLOCK))
+        return {"act_f16": raw,
+                "act_f16_tma": cute.make_tensor(cute.recast_ptr(raw, dtype=Float16), staged)}
+
+    @cute.jit
+    def run(self, ctx, t: Int32):
+        if t // WARP == 0:
+            atom, tensor = ctx.tma[0]
+            tiles = cute.local_tile(tensor, (self.tokens, K_BLOCK), (None, None))
+            ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                           cute.group_modes(ctx.smem["act_f16_tma"], 0, 2),
+                                           cute.group_modes(tiles, 0, 2))
+            for_each_tile(ctx.tiles, self.fill_tile,
+                          ((atom, tg, ts), ctx.bars["act_full"], ctx.bars["act_empty"],
+                           ctx.mailbox))
+
+    @cute.jit
+    def fill_tile(self, tile, args, count: Int32) -> Int32:
+        """Per k-block of ``tile``: wait for a free f16 tile, announce its bytes and TMA the
+        token tile's k-block into it."""
+        (atom, tg, ts), act_full, act_empty, mailbox = args
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            b, bph = ring_position(count, self.tiles.buffers)
+            wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox)
+            bar = act_full + b
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(bar, self.tiles.tile_bytes)
+            cute.copy(atom, tg[(None, tile.m, kt)], ts[(None, b)], tma_bar_ptr=bar)
+            count = count + 1
+        return count

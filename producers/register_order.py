@@ -18,6 +18,7 @@ this CTA's stage only once both activation stages have read it).
 """
 from __future__ import annotations
 
+from configs.arch import K_BLOCK
 from device.barriers import Barrier
 from device.ptx import bulk_copy_g2s
 from device.runtime import cute_modules
@@ -31,7 +32,8 @@ from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, 
                                      partition_tma)
 
 cutlass, cute = cute_modules()
-from cutlass import Int32, Uint8  # noqa: E402
+from cutlass import Float16, Int32, Uint8  # noqa: E402
+from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 SLAB_CODE_BYTES = THREADS * 16  # one slab's codes of one k-block
 SLAB_SCALE_BYTES = GROUPS * 8
@@ -121,3 +123,81 @@ class PairedRegisterOrderProducer(RegisterOrderProducer):
     tile, each TMA-ing half of the activation box into both CTAs' stage."""
 
     multicast = 2
+
+
+class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):
+    """Study (kernels.nvfp4.gemm_shell.V3Study(activation="f16_tma"); notes/p0-gemm.md, P0 v3
+    measurement 1(c)): the packed ring holds only the two weight slabs; the activation comes
+    already expanded to f16 by its own TMA role
+    (:class:`producers.activation_stage.F16TmaActivationStage`), which reads the TMA atom this
+    producer builds over the f16 activation [M, K] (the ``a`` buffer). ``full[s]``: one arrive
+    + the slabs' bytes; ``empty[s]``: the consumers' 8 warp arrivals."""
+
+    def __init__(self, tile_m: int, tile_n: int, stages: int):
+        super().__init__(tile_m, tile_n, stages)
+        self.act_bytes = 0
+        self.stage_bytes = self.slabs * self.slab_bytes
+
+    def allocate(self, alloc) -> dict:
+        n = self.stages * self.slabs
+        wq = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_CODE_BYTES), 128)
+        ws = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_SCALE_BYTES), 128)
+        return {"w_codes": wq, "w_scales": ws}
+
+    def global_views(self, a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
+        """(the f16 activation's TMA atom and tensor; (prepacked codes, scales, slab count))."""
+        K = k32 * 32
+        gA = cute.make_tensor(cute.recast_ptr(a_ptr, dtype=Float16),
+                              cute.make_layout((M, K), stride=(K, 1)))
+        tma = [cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), gA,
+                                           f16_box_layout(self.tile_m), (self.tile_m, K_BLOCK))]
+        n_slabs = (N + SLAB_ROWS - 1) // SLAB_ROWS
+        k_tiles = (k32 + 1) // 2
+        codes = cute.make_tensor(b_ptr, cute.make_layout(n_slabs * k_tiles * SLAB_CODE_BYTES))
+        scales = cute.make_tensor(sfb_ptr,
+                                  cute.make_layout(n_slabs * k_tiles * SLAB_SCALE_BYTES))
+        return tma, (codes, scales, n_slabs)
+
+    @cute.jit
+    def run(self, ctx, rt: Int32):
+        if rt // 32 == 0:
+            sm = ctx.smem
+            for_each_tile(ctx.tiles, self.fill_weights,
+                          (ctx.globals, sm["w_codes"].iterator, sm["w_scales"].iterator,
+                           ctx.bars["full"], ctx.bars["empty"], ctx.mailbox, ctx.tiles.k_tiles))
+
+    @cute.jit
+    def fill_weights(self, tile, args, count: Int32) -> Int32:
+        """Per k-block of ``tile``: wait for the stage, announce and bulk-copy its weight slabs
+        (those inside N)."""
+        (codes, scales, n_slabs), wq, ws, full, empty, mailbox, k_tiles = args
+        slab0 = tile.n * self.slabs
+        valid = cutlass.min(n_slabs - slab0, self.slabs)
+        tx = valid * self.slab_bytes
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            s, ph = ring_position(count, self.stages)
+            wait_parity(empty + s, ph ^ 1, Barrier.EMPTY, s, mailbox)
+            bar = full + s
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
+                for w in cutlass.range_constexpr(self.slabs):
+                    if w < valid:
+                        blk = (slab0 + w) * k_tiles + kt
+                        dst = s * self.slabs + w
+                        bulk_copy_g2s(wq + dst * SLAB_CODE_BYTES,
+                                      codes.iterator + blk * SLAB_CODE_BYTES,
+                                      SLAB_CODE_BYTES, bar)
+                        bulk_copy_g2s(ws + dst * SLAB_SCALE_BYTES,
+                                      scales.iterator + blk * SLAB_SCALE_BYTES,
+                                      SLAB_SCALE_BYTES, bar)
+            count = count + 1
+        return count
+
+
+def f16_box_layout(rows: int):
+    """The shared-memory image of one f16 activation tile: ``rows`` x 64 (one k-block), K-major
+    in 8-row 128-byte-swizzled atoms (wgmma's SW128 K-major B, what the activation stage's
+    expansion writes)."""
+    atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
+        cute.nvgpu.warpgroup.SmemLayoutAtomKind.K_SW128, Float16)
+    return cute.tile_to_shape(atom, (rows, K_BLOCK), order=(0, 1))

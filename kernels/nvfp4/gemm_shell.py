@@ -63,14 +63,17 @@ from typing import NamedTuple
 
 from configs.arch import K_BLOCK, SMEM_PER_CTA_MAX, WARPGROUP
 from consumers.dequant_wgmma import DequantWgmmaConsumer
-from consumers.register_a_wgmma import OverlappedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer
+from consumers.register_a_wgmma import (InterleavedRegisterAWgmmaConsumer,
+                                        OverlappedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer)
 from device import ffi
 from device.runtime import cute_modules, pointer_args
 from device.tiles import TileLoop, TileSchedule
 from epilogues import EpilogueOperands
-from epilogues.tile_store import TileStore
-from producers.activation_stage import ExpandedActivationStage, PairedActivationStage
-from producers.register_order import PairedRegisterOrderProducer, RegisterOrderProducer
+from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore
+from producers.activation_stage import (ExpandedActivationStage, F16TmaActivationStage,
+                                        PairedActivationStage)
+from producers.register_order import (PairedRegisterOrderProducer, RegisterOrderProducer,
+                                      WeightsOnlyRegisterOrderProducer)
 from producers.tma_prepacked import TmaPrepackedProducer
 
 cutlass, cute = cute_modules()
@@ -487,3 +490,72 @@ class SwapAbStudy:
                                                 splits=self.splits,
                                                 raster_along_m=self.raster_along_m)
         return config if self.variant == PRODUCTION else self.variant.of(config)
+
+
+V3_FIXUPS = ("production", *SPLIT_FIXUPS)
+V3_ACTIVATIONS = ("expand", "f16_tma")
+V3_CONSUMERS = ("serial", "interleaved")
+
+
+@dataclass(frozen=True)
+class V3Study:
+    """P0 v3's measurement builds of the swap-AB design (scripts/p0_v3_ab.py and
+    tests/test_p0_v3_studies.py build them; notes/p0-gemm.md, P0 v3 1(a) and 1(c)).
+
+    ``fixup``: the split-K fixup, "production" (:class:`TileStore`), "vector" (16-byte partials
+    in fragment order, one vectorised fixed-order reduce: bit-identical) or "skip" (no fixup:
+    wrong, timing only) (epilogues.tile_store.SplitFixupStudy).
+    ``activation``: "expand" (the production activation stage) or "f16_tma": the activation
+    given already expanded to f16 [M, K] in the ``a`` buffer and TMA'd into the f16 tiles
+    (producers.register_order.WeightsOnlyRegisterOrderProducer +
+    producers.activation_stage.F16TmaActivationStage; empty[s] then counts the consumers' 8).
+    ``consumer``: "serial" (production) or "interleaved" (per-k16 conversion under the previous
+    k16 wgmma, ``in_flight`` k16 groups: consumers.register_a_wgmma.
+    InterleavedRegisterAWgmmaConsumer); ``convert`` False: no weight conversion (timing only).
+
+    :attr:`exact`: whether the build promises the production bits (same operands; the f16
+    activation being the exact expansion of the packed one)."""
+
+    splits: int = 1
+    fixup: str = "production"
+    activation: str = "expand"
+    consumer: str = "serial"
+    in_flight: int = 1
+    convert: bool = True
+    stages: int = 8
+    buffers: int = 2
+
+    def __post_init__(self):
+        for name, value, allowed in (("fixup", self.fixup, V3_FIXUPS),
+                                     ("activation", self.activation, V3_ACTIVATIONS),
+                                     ("consumer", self.consumer, V3_CONSUMERS)):
+            if value not in allowed:
+                raise ValueError(f"{name} = {value!r}: choose from {allowed}")
+        if self.fixup != "production" and self.splits < 2:
+            raise ValueError(f"fixup = {self.fixup!r} with splits = {self.splits}: the fixup "
+                             "runs only with >= 2 splits")
+        if self.consumer == "serial" and (self.in_flight != 1 or not self.convert):
+            raise ValueError("in_flight and convert are the interleaved consumer's knobs")
+
+    @property
+    def exact(self) -> bool:
+        return self.fixup != "skip" and self.convert
+
+    def build(self) -> BlockscaledGemmSm90:
+        _check_ring(self.stages, self.splits)
+        tokens = RegisterAWgmmaConsumer.TOKENS[0]
+        f16 = self.activation == "f16_tma"
+        activation = (F16TmaActivationStage if f16 else ExpandedActivationStage)(
+            tokens, self.stages, self.buffers)
+        if self.consumer == "interleaved":
+            consumer = InterleavedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles,
+                                                         self.in_flight, self.convert)
+        else:
+            consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
+        producer = (WeightsOnlyRegisterOrderProducer if f16 else RegisterOrderProducer)(
+            tokens, consumer.tile_n, self.stages)
+        epilogue = None if self.fixup == "production" else SplitFixupStudy(
+            consumer.threads, splits=self.splits, fixup=self.fixup)
+        return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
+                                              splits=self.splits, raster_along_m=False,
+                                              epilogue=epilogue)

@@ -1,0 +1,268 @@
+"""P0 v3 measurements 1(a) and 1(c) on the H200, in one run (notes/p0-gemm.md, "P0 v3,
+measurements 1(a) and 1(c)": the predictions were written before it).
+
+    python3 scripts/p0_v3_ab.py [--seconds 170] [--parts c a] [--out DIR]
+
+(a) the split-K fixup at M = 128 (out, fc2, 7168x5376; splits 2 and 3): the production store
+through gemm_nvfp4 (fresh workspace and a zero-filled counter buffer every call), the same
+kernel launched on a persistent, once-zeroed counter buffer (the kernel re-arms its counters,
+so the fill is not needed), the vectorised fixup (``V3Study(fixup="vector")``: bit-identical)
+and no fixup at all (``fixup="skip"``: wrong, timing only); splits 1 beside them.
+fixup_us = a variant's time - the skip build's.
+
+(c) the register-A consumer at M = 128 (qkv, out, fc1, fc2, 7168x5376; the default K split):
+the production build; the activation given already expanded to f16 by TMA
+(``activation="f16_tma"``; the f16 tile made once here by torch: e2m1 · scale, exactly what the
+activation stage writes) with the production consumer, with the per-k16 interleaved consumer
+(1 or 2 k16 groups in flight) and with no weight conversion (timing only); the interleaved
+consumer (2 in flight) on the production activation stage. ns_per_kblock = the time over the
+k-blocks one CTA runs in sequence (ceil(work items / CTAs) x k-blocks per split);
+over_no_conversion = a variant's ns_per_kblock / the no-conversion build's (aim: <= 1.15).
+
+Every exact variant's output (into a NaN-poisoned buffer) must equal the production build's
+bits on the same operands, and a rerun its own. Timing: workbench.timing.bench, CUDA-graph
+replay after warm-up, operand sets rotated past L2. Jobs run in priority order until the
+--seconds budget is spent (those not run are listed). Writes ``p0-v3-ab.json`` under --out or
+$WB_RESULTS_DIR and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from configs.arch import K_BLOCK
+from device.runtime import sm_count
+from device.waits import synchronize
+from epilogues.tile_store import SplitFixupStudy
+from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4
+from kernels.nvfp4.gemm_shell import ENTRY, V3Study
+from kernels.nvfp4.prepack import prepack
+from numerics import nvfp4
+from producers.activation_stage import F16TmaActivationStage
+from validators.gemm_operands import make_operand
+from workbench.timing import bench, rotation_count
+
+PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
+               "fc2": (5376, 14336), "wide": (7168, 5376)}
+M = 128
+# priority order: the decisive (c) rows first, then (a), then the rest of (c)
+JOBS = (("c", "out"), ("c", "qkv"), ("a", "out"), ("c", "fc2"), ("a", "fc2"), ("c", "fc1"),
+        ("a", "wide"), ("c", "wide"))
+FIXUP_SPLITS = (2, 3)
+
+
+def operands(M, N, K, seed):
+    """((a_q, a_s, g_a), (b_q, b_s, g_b), the weight's prepack, the f16 activation e2m1 · s);
+    g as fp32 device tensors (a captured call copies nothing from the host)."""
+    a = make_operand("normal", M, K, seed, "cuda")
+    b = make_operand("normal", N, K, seed + 1, "cuda")
+    g = [torch.tensor([float(x[2])], dtype=torch.float32, device="cuda") for x in (a, b)]
+    x16 = nvfp4.dequantize(a[0], a[1], 1.0, (M, K), dtype=torch.float16).contiguous()
+    return (a[0], a[1], g[0]), (b[0], b[1], g[1]), prepack(b[0], b[1]), x16
+
+
+class StudyLaunch:
+    """A config launched straight through the FFI entry (what gemm_nvfp4 does after its
+    checks), on a persistent split-K workspace and a counter buffer zeroed once (every launch
+    re-arms its counters); an f16-TMA config reads the f16 activation in the ``a`` slot."""
+
+    def __init__(self, cfg, M: int, N: int, K: int):
+        self.cfg, self.key, self.M, self.N, self.K = cfg, cfg.static_key(), M, N, K
+        self.f16 = isinstance(cfg.activation, F16TmaActivationStage)
+        if isinstance(cfg.epilogue, SplitFixupStudy):
+            cfg.epilogue.check_shape(M, N, cfg.tile_m, cfg.tile_n)
+        if cfg.splits > 1:
+            self.work = torch.empty(cfg.splits, M, N, dtype=torch.float32, device="cuda")
+            tiles = -(-M // cfg.tile_m) * -(-N // cfg.tile_n)
+            self.counters = torch.zeros(tiles, dtype=torch.int32, device="cuda")
+        else:
+            self.work = self.counters = None
+
+    def __call__(self, a, b, pre, x16, out):
+        a_q = x16.view(torch.uint8) if self.f16 else a[0]
+        work = out if self.work is None else self.work
+        counters = out if self.counters is None else self.counters
+        ENTRY(self.cfg, self.key, (a_q, a[1], pre.codes, pre.scales, a[2], b[2], out,
+                                   _mailbox_address(), work, counters, out, out),
+              (self.M, self.N, self.K // 32, sm_count()))
+        return out
+
+
+def production(M, N, K, splits):
+    """gemm_nvfp4 with the production swap-AB build at ``splits`` (fresh workspace and
+    zero-filled counters every call)."""
+    cfg = V3Study(splits=splits).build()
+
+    def call(a, b, pre, x16, out):
+        return gemm_nvfp4(*a, *b, out=out, config=cfg, prepacked=pre)
+    return cfg, call
+
+
+def variants(part, M, N, K):
+    """[(label, config, callable, exact)] of one job."""
+    rows = []
+    if part == "a":
+        for sp in (1, *FIXUP_SPLITS):
+            cfg, call = production(M, N, K, sp)
+            rows.append((f"s{sp} production", cfg, call, True))
+            if sp == 1:
+                continue
+            rows.append((f"s{sp} production, counters kept", cfg, StudyLaunch(cfg, M, N, K), True))
+            for fixup in ("vector", "skip"):
+                cfg = V3Study(splits=sp, fixup=fixup).build()
+                rows.append((f"s{sp} fixup {fixup}", cfg, StudyLaunch(cfg, M, N, K),
+                             fixup == "vector"))
+        return rows
+    sp = default_config(M, N, K, prepacked=True).splits
+    cfg, call = production(M, N, K, sp)
+    rows.append((f"s{sp} production", cfg, call, True))
+    for label, study in (("f16 serial", V3Study(splits=sp, activation="f16_tma")),
+                         ("f16 interleaved g1", V3Study(splits=sp, activation="f16_tma",
+                                                        consumer="interleaved", in_flight=1)),
+                         ("f16 interleaved g2", V3Study(splits=sp, activation="f16_tma",
+                                                        consumer="interleaved", in_flight=2)),
+                         ("f16 no conversion", V3Study(splits=sp, activation="f16_tma",
+                                                       consumer="interleaved", in_flight=2,
+                                                       convert=False)),
+                         ("expand interleaved g2", V3Study(splits=sp, consumer="interleaved",
+                                                           in_flight=2))):
+        cfg = study.build()
+        rows.append((f"s{sp} {label}", cfg, StudyLaunch(cfg, M, N, K), study.exact))
+    return rows
+
+
+def kblocks_per_cta(cfg, M, N, K, sms):
+    """k-blocks one CTA runs in sequence: its work items x the k-blocks of a split."""
+    work = -(-M // cfg.tile_m) * -(-N // cfg.tile_n) * cfg.splits
+    k_per_split = -(-(-(-K // K_BLOCK)) // cfg.splits)
+    return -(-work // min(work, sms)) * k_per_split
+
+
+def run_job(part, name, args, rows):
+    N, K = PROJECTIONS[name]
+    per_set = (M + N) * (K // 2 + K // 16) + M * K * 2
+    sets = rotation_count(per_set, factor=2.0, cap=4)
+    ops = [operands(M, N, K, 100 * i + M + N) for i in range(sets)]
+    a, b, pre, x16 = ops[0]
+    ref = {}
+    for label, cfg, call, exact in variants(part, M, N, K):
+        row = {"part": part, "projection": name, "M": M, "N": N, "K": K, "config": label,
+               "splits": cfg.splits, "exact_promised": exact, "describe": cfg.describe()}
+        try:
+            out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            call(a, b, pre, x16, out)
+            again = call(a, b, pre, x16, torch.empty_like(out))
+            synchronize()  # a trapped kernel's mailbox report becomes the error
+            bits, bits2 = out.view(torch.int16), again.view(torch.int16)
+            if exact:
+                row["rerun_identical"] = bool(torch.equal(bits, bits2))
+                row["no_nan_left"] = not bool(out.isnan().any())
+                base = ref.setdefault(cfg.splits, bits) if "production" in label else \
+                    ref.get(cfg.splits)
+                row["equal_to_production"] = None if base is None else bool(
+                    torch.equal(bits, base))
+            res = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+            t = bench(lambda a, b, pre, x16, call=call: call(a, b, pre, x16, res), ops,
+                      graph=True, warmup_ms=5, rep_ms=args.rep_ms).as_dict()
+            row["timing"], row["us"] = t, t["median_us"]
+            row["kblocks_per_cta"] = kblocks_per_cta(cfg, M, N, K, sm_count())
+            row["ns_per_kblock"] = 1e3 * t["median_us"] / row["kblocks_per_cta"]
+        except Exception as e:  # a variant that fails is a row, not a crash
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        rows.append(row)
+        print(f"({part}) {name:>4} {label:<34} " + (
+            f"{row['us']:8.1f} us {row['ns_per_kblock']:7.0f} ns/kblock  "
+            f"equal={row.get('equal_to_production')} rerun={row.get('rerun_identical')} "
+            f"no_nan={row.get('no_nan_left')}" if "us" in row else row["error"]), flush=True)
+    del ops
+    torch.cuda.empty_cache()
+
+
+def derive(rows):
+    """fixup_us (part a: minus the skip build of the same shape and split) and
+    over_no_conversion (part c: ns per k-block over the no-conversion build's)."""
+    for r in rows:
+        if "us" not in r:
+            continue
+        twin = "skip" if r["part"] == "a" else "no conversion"
+        base = next((x for x in rows if x["part"] == r["part"] and "us" in x
+                     and x["projection"] == r["projection"] and x["splits"] == r["splits"]
+                     and twin in x["config"]), None)
+        if base is None:
+            continue
+        if r["part"] == "a" and r["splits"] > 1:
+            r["fixup_us"] = r["us"] - base["us"]
+        elif r["part"] == "c":
+            r["over_no_conversion"] = r["ns_per_kblock"] / base["ns_per_kblock"]
+
+
+def table(rows) -> str:
+    lines = [f"{'part':<4} {'proj':<5} {'config':<34} {'us':>8} {'ns/kblk':>8} "
+             f"{'fixup_us':>8} {'/noconv':>7} {'exact':>6}"]
+    for r in rows:
+        head = f"{r['part']:<4} {r['projection']:<5} {r['config']:<34}"
+        if "us" not in r:
+            lines.append(f"{head} {r.get('error', '')}")
+            continue
+        fixup = f"{r['fixup_us']:8.1f}" if "fixup_us" in r else " " * 8
+        ratio = f"{r['over_no_conversion']:7.2f}" if "over_no_conversion" in r else " " * 7
+        ok = ("-" if not r["exact_promised"] else
+              str(bool(r.get("rerun_identical")) and bool(r.get("no_nan_left"))
+                  and r.get("equal_to_production") is not False))
+        lines.append(f"{head} {r['us']:8.1f} {r['ns_per_kblock']:8.0f} {fixup} {ratio} "
+                     f"{ok:>6}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=170.0,
+                   help="start no job after this many seconds (default 170)")
+    p.add_argument("--parts", nargs="+", choices=("a", "c"), default=["c", "a"])
+    p.add_argument("--rep-ms", type=float, default=40.0, help="timed replay per measurement")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("p0_v3_ab: needs the H200", file=sys.stderr)
+        return 2
+    out_dir = args.out or Path(os.environ.get("WB_RESULTS_DIR", "."))
+    path = out_dir / "p0-v3-ab.json"
+    if path.exists():  # refuse before the run, not after it
+        print(f"p0_v3_ab: {path} exists; not overwritten", file=sys.stderr)
+        return 1
+    t0, rows, done, skipped, per_job = time.time(), [], [], [], 0.0
+    for part, name in JOBS:
+        if part not in args.parts:
+            continue
+        elapsed = time.time() - t0
+        if elapsed + per_job > args.seconds:
+            skipped.append(f"{part}:{name}")
+            continue
+        run_job(part, name, args, rows)
+        done.append(f"{part}:{name}")
+        per_job = max(per_job, (time.time() - t0 - elapsed) * 0.8)
+        print(f"   ({time.time() - t0:.0f} s)", flush=True)
+    derive(rows)
+    print(table(rows))
+    if skipped:
+        print(f"not run (--seconds {args.seconds:.0f}): {', '.join(skipped)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prov = {"commit": os.environ.get("WB_GIT_COMMIT", "unknown")[:7],
+            "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": "python3 scripts/p0_v3_ab.py " + " ".join(argv or sys.argv[1:]),
+            "jobs_run": done, "jobs_skipped": skipped, "seconds": time.time() - t0}
+    path.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1))
+    (out_dir / "p0-v3-ab.txt").write_text(table(rows) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
