@@ -11,13 +11,17 @@ and no fixup at all (``fixup="skip"``: wrong, timing only); splits 1 beside them
 fixup_us = a variant's time - the skip build's.
 
 (c) the register-A consumer at M = 128 (qkv, out, fc1, fc2, 7168x5376; the default K split):
-the production build; the activation given already expanded to f16 by TMA
+the production build, and the activation given already expanded to f16 by TMA
 (``activation="f16_tma"``; the f16 tile made once here by torch: e2m1 · scale, exactly what the
-activation stage writes) with the production consumer, with the per-k16 interleaved consumer
-(1 or 2 k16 groups in flight) and with no weight conversion (timing only); the interleaved
-consumer (2 in flight) on the production activation stage. ns_per_kblock = the time over the
-k-blocks one CTA runs in sequence (ceil(work items / CTAs) x k-blocks per split);
-over_no_conversion = a variant's ns_per_kblock / the no-conversion build's (aim: <= 1.15).
+activation stage writes) with the production (serial) consumer. ns_per_kblock = the time over
+the k-blocks one CTA runs in sequence (ceil(work items / CTAs) x k-blocks per split);
+over_production = a variant's ns_per_kblock / the production build's.
+
+The per-k16 interleaved consumer (InterleavedRegisterAWgmmaConsumer, 1 or 2 k16 groups in
+flight, and its no-conversion ablation) was measured here at 8438956: it lost, 1.4-1.6x slower
+than the serial consumer (the per-k16 commit and wait is the cost; the ablation carries it too,
+so it is no floor), and was removed with its rows: notes/p0-gemm.md, "P0 v3, measurements 1(a)
+and 1(c)", and ``git show 8438956:consumers/register_a_wgmma.py``.
 
 Every exact variant's output (into a NaN-poisoned buffer) must equal the production build's
 bits on the same operands, and a rerun its own. Timing: workbench.timing.bench, CUDA-graph
@@ -122,18 +126,9 @@ def variants(part, M, N, K):
     sp = default_config(M, N, K, prepacked=True).splits
     cfg, call = production(M, N, K, sp)
     rows.append((f"s{sp} production", cfg, call, True))
-    for label, study in (("f16 serial", V3Study(splits=sp, activation="f16_tma")),
-                         ("f16 interleaved g1", V3Study(splits=sp, activation="f16_tma",
-                                                        consumer="interleaved", in_flight=1)),
-                         ("f16 interleaved g2", V3Study(splits=sp, activation="f16_tma",
-                                                        consumer="interleaved", in_flight=2)),
-                         ("f16 no conversion", V3Study(splits=sp, activation="f16_tma",
-                                                       consumer="interleaved", in_flight=2,
-                                                       convert=False)),
-                         ("expand interleaved g2", V3Study(splits=sp, consumer="interleaved",
-                                                           in_flight=2))):
-        cfg = study.build()
-        rows.append((f"s{sp} {label}", cfg, StudyLaunch(cfg, M, N, K), study.exact))
+    study = V3Study(splits=sp, activation="f16_tma")
+    cfg = study.build()
+    rows.append((f"s{sp} f16 serial", cfg, StudyLaunch(cfg, M, N, K), study.exact))
     return rows
 
 
@@ -186,11 +181,11 @@ def run_job(part, name, args, rows):
 
 def derive(rows):
     """fixup_us (part a: minus the skip build of the same shape and split) and
-    over_no_conversion (part c: ns per k-block over the no-conversion build's)."""
+    over_production (part c: ns per k-block over the production build's)."""
     for r in rows:
         if "us" not in r:
             continue
-        twin = "skip" if r["part"] == "a" else "no conversion"
+        twin = "skip" if r["part"] == "a" else "production"
         base = next((x for x in rows if x["part"] == r["part"] and "us" in x
                      and x["projection"] == r["projection"] and x["splits"] == r["splits"]
                      and twin in x["config"]), None)
@@ -199,19 +194,19 @@ def derive(rows):
         if r["part"] == "a" and r["splits"] > 1:
             r["fixup_us"] = r["us"] - base["us"]
         elif r["part"] == "c":
-            r["over_no_conversion"] = r["ns_per_kblock"] / base["ns_per_kblock"]
+            r["over_production"] = r["ns_per_kblock"] / base["ns_per_kblock"]
 
 
 def table(rows) -> str:
     lines = [f"{'part':<4} {'proj':<5} {'config':<34} {'us':>8} {'ns/kblk':>8} "
-             f"{'fixup_us':>8} {'/noconv':>7} {'exact':>6}"]
+             f"{'fixup_us':>8} {'/prod':>7} {'exact':>6}"]
     for r in rows:
         head = f"{r['part']:<4} {r['projection']:<5} {r['config']:<34}"
         if "us" not in r:
             lines.append(f"{head} {r.get('error', '')}")
             continue
         fixup = f"{r['fixup_us']:8.1f}" if "fixup_us" in r else " " * 8
-        ratio = f"{r['over_no_conversion']:7.2f}" if "over_no_conversion" in r else " " * 7
+        ratio = f"{r['over_production']:7.2f}" if "over_production" in r else " " * 7
         ok = ("-" if not r["exact_promised"] else
               str(bool(r.get("rerun_identical")) and bool(r.get("no_nan_left"))
                   and r.get("equal_to_production") is not False))

@@ -1,36 +1,30 @@
 """P0 v3's study builds (kernels.nvfp4.gemm_shell.V3Study; notes/p0-gemm.md, P0 v3 1(a), 1(c)):
 their arguments (CPU), the instructions each build is meant to have (compile), and the exact
-ones' bits against the production build (GPU)."""
+ones' bits against the production build (GPU). The per-k16 interleaved consumer measured
+beside them lost and left with its tests: ``git show 8438956:tests/test_p0_v3_studies.py``."""
 import functools
 import re
 
 import pytest
 import torch
 
-from consumers.register_a_wgmma import InterleavedRegisterAWgmmaConsumer
+from consumers.register_a_wgmma import RegisterAWgmmaConsumer
 from epilogues.tile_store import SplitFixupStudy, TileStore
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, V3Study, compile_args
-from producers.activation_stage import F16Tiles, F16TmaActivationStage
+from producers.activation_stage import F16TmaActivationStage
 from workbench.compile import compile_report
 
 
 # ---- arguments (CPU) --------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,match", [
     (dict(fixup="scalar"), "fixup"), (dict(activation="bf16"), "activation"),
-    (dict(consumer="overlapped"), "consumer"), (dict(fixup="vector", splits=1), "splits"),
-    (dict(consumer="serial", in_flight=2), "interleaved"),
-    (dict(consumer="serial", convert=False), "interleaved")])
+    (dict(fixup="vector", splits=1), "splits"), (dict(fixup="skip", splits=1), "splits")])
 def test_v3_study_refuses_what_it_cannot_build(kw, match):
     with pytest.raises(ValueError, match=match):
         V3Study(**kw)
 
 
 def test_v3_study_parts_refuse_bad_arguments():
-    tiles = F16Tiles(2, 128 * 128)
-    with pytest.raises(ValueError, match="in_flight"):
-        InterleavedRegisterAWgmmaConsumer(128, 8, tiles, in_flight=3)
-    with pytest.raises(TypeError, match="convert"):
-        InterleavedRegisterAWgmmaConsumer(128, 8, tiles, convert=1)
     with pytest.raises(ValueError, match="buffers"):
         F16TmaActivationStage(128, 8, buffers=1)
     with pytest.raises(ValueError, match="tokens"):
@@ -47,23 +41,22 @@ def test_v3_study_parts_refuse_bad_arguments():
 def test_v3_study_barriers_keys_and_exactness():
     """The f16-TMA builds' ring is the weights' alone (empty[s]: the consumers' 8 warps) and
     their f16 tiles complete by TMA bytes (one arrive); every knob changes the compile key;
-    the production build is the swap-AB default; only skip and no-conversion are inexact."""
-    f16 = V3Study(activation="f16_tma", consumer="interleaved", in_flight=2).build()
+    the production build is the swap-AB default; only skip is inexact."""
+    f16 = V3Study(activation="f16_tma").build()
     assert f16.barrier_table["empty"][1] == 8 and f16.barrier_table["act_full"][1] == 1
     assert f16.barrier_table["act_empty"][1] == 8 and f16.barrier_table["full"][1] == 1
-    expand = V3Study(consumer="interleaved").build()
+    assert isinstance(f16.consumer, RegisterAWgmmaConsumer)
+    expand = V3Study().build()
     assert expand.barrier_table["empty"][1] == 12 and expand.barrier_table["act_full"][1] == 4
     assert V3Study().build().static_key() == BlockscaledGemmSm90.swap_ab().static_key()
     assert V3Study(splits=3).build().static_key() == \
         BlockscaledGemmSm90.swap_ab(splits=3).static_key()
     studies = [V3Study(splits=2), V3Study(splits=2, fixup="vector"),
                V3Study(splits=2, fixup="skip"), V3Study(activation="f16_tma"),
-               V3Study(consumer="interleaved"), V3Study(consumer="interleaved", in_flight=2),
-               V3Study(consumer="interleaved", convert=False),
-               V3Study(activation="f16_tma", consumer="interleaved")]
+               V3Study(splits=2, activation="f16_tma")]
     keys = {s.build().static_key() for s in studies}
     assert len(keys) == len(studies)
-    assert [s.exact for s in studies] == [True, True, False, True, True, True, False, True]
+    assert [s.exact for s in studies] == [True, True, False, True, True]
     assert TileStore(256, splits=2).key() == SplitFixupStudy(256, splits=2).key()[:5]
 
 
@@ -72,60 +65,12 @@ BUILDS = {
     "vector-s3": V3Study(splits=3, fixup="vector"),
     "skip-s3": V3Study(splits=3, fixup="skip"),
     "f16-serial": V3Study(activation="f16_tma"),
-    "f16-interleaved-1": V3Study(activation="f16_tma", consumer="interleaved", in_flight=1),
-    "f16-interleaved-2": V3Study(activation="f16_tma", consumer="interleaved", in_flight=2),
-    "f16-no-conversion": V3Study(activation="f16_tma", consumer="interleaved", in_flight=2,
-                                 convert=False),
-    "expand-interleaved-2-s3": V3Study(splits=3, consumer="interleaved", in_flight=2),
 }
 
 
 @functools.cache
 def _build(name):
     return compile_report(BUILDS[name].build(), *compile_args())
-
-
-def _instructions(sass: str) -> list:
-    return [m.group(1) for ln in sass.splitlines()
-            if (m := re.match(r"\s+/\*[0-9a-f]+\*/\s+(.*?)\s*;", ln))]
-
-
-def _k_loop(sass: str) -> list:
-    """The consumer's k-loop: from the target of the branch after the last HGMMA back to it."""
-    lines = sass.splitlines()
-    last = max(i for i, ln in enumerate(lines) if "HGMMA" in ln)
-    j = next(i for i in range(last, len(lines)) if "BRA" in lines[i])
-    label = re.search(r"\(\.(L_x_\d+)\)", lines[j]).group(1)
-    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f".{label}:"))
-    return _instructions("\n".join(lines[start:j + 1]))
-
-
-_NO_REGISTER_DEST = ("ST", "RED", "BRA", "BAR", "SYNCS", "WARPGROUP", "HGMMA", "EXIT", "CCTL",
-                     "BPT", "NOP", "WARPSYNC", "BSSY", "BSYNC", "MEMBAR", "FENCE", "CALL", "RET",
-                     "UTMA", "UBLKCP", "DEPBAR")
-
-
-def _a_register_hazards(loop: list) -> list:
-    """Instructions of the k-loop (run twice, for the wrap-around) that write a register an
-    in-flight HGMMA reads as its A operand: an HGMMA stays in flight until a
-    ``WARPGROUP.DEPBAR.LE gsb0, n`` leaves fewer than its place in the queue."""
-    pending, bad = [], []
-    for ins in loop + loop:
-        ins = re.sub(r"^@!?U?P\w+\s+", "", ins)
-        op = ins.split()[0]
-        m = re.match(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)", ins)
-        if m:
-            n = int(m.group(1))
-            pending = pending[len(pending) - n:] if n else []
-        elif op.startswith("HGMMA"):
-            a = re.match(r"HGMMA\S*\s+R\d+, R(\d+),", ins)
-            if a:
-                pending.append(set(range(int(a.group(1)), int(a.group(1)) + 4)))
-        elif not op.startswith(_NO_REGISTER_DEST) and (d := re.match(r"\S+\s+R(\d+)\b", ins)):
-            width = 4 if ".128" in op else 2 if (".64" in op or "WIDE" in op) else 1
-            if any(set(range(int(d.group(1)), int(d.group(1)) + width)) & p for p in pending):
-                bad.append(ins)
-    return bad
 
 
 @pytest.mark.compile
@@ -161,42 +106,14 @@ def test_skipped_fixup_has_no_partials_and_no_counter():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name", ["f16-serial", "f16-interleaved-1", "f16-interleaved-2",
-                                  "f16-no-conversion"])
-def test_f16_activation_comes_by_tma_unexpanded(name):
+def test_f16_activation_comes_by_tma_unexpanded():
     """One TMA (the f16 tile), two weight slabs by bulk copy, no activation expansion: the only
-    conversions left are the consumer's 4 k16 steps x (4 + 1), none without conversion."""
-    r = _build(name)
+    conversions left are the consumer's 4 k16 steps x (4 + 1)."""
+    r = _build("f16-serial")
     assert r.census["cp.async.bulk.tensor"] == 1
     assert r.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier") == 4
-    assert r.ptx.count("cvt.rn.f16x2.e4m3x2") == (0 if "no-conversion" in name else 20)
+    assert r.ptx.count("cvt.rn.f16x2.e4m3x2") == 20
     assert "st.shared.v4" not in r.ptx
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("name,in_flight", [("f16-interleaved-1", 1), ("f16-interleaved-2", 2),
-                                            ("expand-interleaved-2-s3", 2),
-                                            ("f16-no-conversion", 2)])
-def test_interleaved_consumer_converts_under_the_wgmmas(name, in_flight):
-    """Each k16 wgmma its own group; before each step's conversion the wait leaves
-    ``in_flight`` groups in flight; in the SASS k-loop conversions sit between HGMMAs, and no
-    register an in-flight HGMMA reads is rewritten before the DEPBAR that retires it."""
-    r = _build(name)
-    assert re.search(rf"wgmma\.wait_group\.sync\.aligned\s+{in_flight};", r.ptx)
-    assert r.ptx.count("wgmma.commit_group") == 4
-    if r.sass is None:
-        pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not checked")
-    loop = _k_loop(r.sass)
-    hgmma = [i for i, ins in enumerate(loop) if ins.startswith("HGMMA")]
-    assert len(hgmma) == 4 and all("gsb0" in loop[i] for i in hgmma)
-    depbars = [ins for ins in loop if ins.startswith("WARPGROUP.DEPBAR")]
-    assert depbars == [f"WARPGROUP.DEPBAR.LE gsb0, 0x{in_flight}"] * 4
-    if "no-conversion" in name:
-        return  # raw code words as A, timing only: what ptxas does with copies of them is moot
-    between = [sum(ins.startswith("F2FP") for ins in loop[i + 1:j])
-               for i, j in zip(hgmma, hgmma[1:])]
-    assert any(between), f"no F2FP between the HGMMAs of a k-block: {between}"
-    assert _a_register_hazards(loop) == []
 
 
 @pytest.mark.compile
@@ -215,15 +132,9 @@ def test_v3_exact_studies_equal_production_bits():
     from scripts.p0_v3_ab import StudyLaunch, operands
     M, N, K = 128, 512, 2048
     a, b, pre, x16 = operands(M, N, K, seed=7)
-    for splits, studies in ((1, [V3Study(activation="f16_tma"),
-                                 V3Study(activation="f16_tma", consumer="interleaved"),
-                                 V3Study(activation="f16_tma", consumer="interleaved",
-                                         in_flight=2),
-                                 V3Study(consumer="interleaved", in_flight=2)]),
+    for splits, studies in ((1, [V3Study(activation="f16_tma")]),
                             (2, [V3Study(splits=2, fixup="vector"),
-                                 V3Study(splits=2, consumer="interleaved", in_flight=2),
-                                 V3Study(splits=2, activation="f16_tma",
-                                         consumer="interleaved")])):
+                                 V3Study(splits=2, activation="f16_tma")])):
         base = StudyLaunch(V3Study(splits=splits).build(), M, N, K)(
             a, b, pre, x16, torch.empty(M, N, dtype=torch.bfloat16, device="cuda"))
         for study in studies:

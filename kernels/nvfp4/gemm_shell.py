@@ -63,8 +63,7 @@ from typing import NamedTuple
 
 from configs.arch import K_BLOCK, SMEM_PER_CTA_MAX, WARPGROUP
 from consumers.dequant_wgmma import DequantWgmmaConsumer
-from consumers.register_a_wgmma import (InterleavedRegisterAWgmmaConsumer,
-                                        OverlappedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer)
+from consumers.register_a_wgmma import OverlappedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer
 from device import ffi
 from device.runtime import cute_modules, pointer_args
 from device.tiles import TileLoop, TileSchedule
@@ -494,7 +493,6 @@ class SwapAbStudy:
 
 V3_FIXUPS = ("production", *SPLIT_FIXUPS)
 V3_ACTIVATIONS = ("expand", "f16_tma")
-V3_CONSUMERS = ("serial", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -509,9 +507,9 @@ class V3Study:
     given already expanded to f16 [M, K] in the ``a`` buffer and TMA'd into the f16 tiles
     (producers.register_order.WeightsOnlyRegisterOrderProducer +
     producers.activation_stage.F16TmaActivationStage; empty[s] then counts the consumers' 8).
-    ``consumer``: "serial" (production) or "interleaved" (per-k16 conversion under the previous
-    k16 wgmma, ``in_flight`` k16 groups: consumers.register_a_wgmma.
-    InterleavedRegisterAWgmmaConsumer); ``convert`` False: no weight conversion (timing only).
+    The consumer is the production one (:class:`RegisterAWgmmaConsumer`). The per-k16
+    interleaved consumer studied beside it lost (1.4-1.6x slower on the H200) and was removed:
+    notes/p0-gemm.md, P0 v3 1(a) and 1(c), and ``git show 8438956:consumers/register_a_wgmma.py``.
 
     :attr:`exact`: whether the build promises the production bits (same operands; the f16
     activation being the exact expansion of the packed one)."""
@@ -519,27 +517,21 @@ class V3Study:
     splits: int = 1
     fixup: str = "production"
     activation: str = "expand"
-    consumer: str = "serial"
-    in_flight: int = 1
-    convert: bool = True
     stages: int = 8
     buffers: int = 2
 
     def __post_init__(self):
         for name, value, allowed in (("fixup", self.fixup, V3_FIXUPS),
-                                     ("activation", self.activation, V3_ACTIVATIONS),
-                                     ("consumer", self.consumer, V3_CONSUMERS)):
+                                     ("activation", self.activation, V3_ACTIVATIONS)):
             if value not in allowed:
                 raise ValueError(f"{name} = {value!r}: choose from {allowed}")
         if self.fixup != "production" and self.splits < 2:
             raise ValueError(f"fixup = {self.fixup!r} with splits = {self.splits}: the fixup "
                              "runs only with >= 2 splits")
-        if self.consumer == "serial" and (self.in_flight != 1 or not self.convert):
-            raise ValueError("in_flight and convert are the interleaved consumer's knobs")
 
     @property
     def exact(self) -> bool:
-        return self.fixup != "skip" and self.convert
+        return self.fixup != "skip"
 
     def build(self) -> BlockscaledGemmSm90:
         _check_ring(self.stages, self.splits)
@@ -547,11 +539,7 @@ class V3Study:
         f16 = self.activation == "f16_tma"
         activation = (F16TmaActivationStage if f16 else ExpandedActivationStage)(
             tokens, self.stages, self.buffers)
-        if self.consumer == "interleaved":
-            consumer = InterleavedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles,
-                                                         self.in_flight, self.convert)
-        else:
-            consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
+        consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
         producer = (WeightsOnlyRegisterOrderProducer if f16 else RegisterOrderProducer)(
             tokens, consumer.tile_n, self.stages)
         epilogue = None if self.fixup == "production" else SplitFixupStudy(
