@@ -18,15 +18,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import pkgutil
 import shlex
 import sys
 
+import experiments
+from cli import results as results_cli
 from workbench import WorkbenchError
+from workbench.logs import log_header
 from workbench.results import check_results_dir
 
 
 def _cmd_env(args) -> int:
-    from workbench.env import environment
+    from workbench.env import environment  # here: only `wb env` loads torch (workbench.env)
 
     env = environment()
     if args.json:
@@ -47,10 +51,6 @@ def _cmd_env(args) -> int:
 
 
 def _experiment_names() -> list[str]:
-    import pkgutil
-
-    import experiments
-
     return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(experiments.__path__)
                   if not m.name.startswith("_"))
 
@@ -68,6 +68,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_ladder(args) -> int:
+    # here, not at the top: only `wb ladder` loads the ladder (torch, models, the kernels)
     from validators.runner import run_ladder
 
     return run_ladder(phase=args.phase, quick=args.quick, resume=args.resume,
@@ -75,8 +76,6 @@ def _cmd_ladder(args) -> int:
 
 
 def _cmd_log_header(args) -> int:
-    from workbench.logs import log_header
-
     if not args.command:
         raise WorkbenchError("usage: wb log-header COMMAND... (prints the provenance line for "
                              "a log of COMMAND's output)")
@@ -85,8 +84,6 @@ def _cmd_log_header(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cli import results as results_cli
-
     p = argparse.ArgumentParser(prog="wb", description="CuTe DSL kernel research workbench")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     e = sub.add_parser("env", help="GPU, versions and compile target")

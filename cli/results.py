@@ -11,6 +11,8 @@ from pathlib import Path
 
 from workbench import WorkbenchError
 from workbench import results as R
+from workbench.plots import summary_png
+from workbench.publish import publish
 
 LIST_FIGURES = 4  # headline figures a `list` line names (`show` has them all)
 
@@ -119,8 +121,6 @@ def cmd_diff(args) -> int:
 
 
 def cmd_publish(args) -> int:
-    from workbench.publish import publish
-
     for line in publish([Path(s) for s in args.sources], force=args.force):
         print(R.wrap(line))
     return 0
@@ -141,8 +141,6 @@ def _beside_a_copy(summary: dict, folder: Path) -> Path:
 
 
 def cmd_plot(args) -> int:
-    from workbench.plots import summary_png
-
     folder = _folder(args)
     s = R.load(args.name, folder)
     if args.out:

@@ -79,13 +79,18 @@ class TileStore:
         D[m, n + 1] in tile coordinates (n even)."""
         M, N2 = ops.d.shape
         if cutlass.const_expr(self.splits == 1):
-            for m, n, x0, x1 in pairs:
-                row = tile.m0 + m
-                pair = (tile.n0 + n) // 2
-                if row < M and pair < N2:
-                    ops.d[row, pair] = self.output.pair(ops, row, pair, x0, x1)
+            self._store_direct(pairs, ops, tile, M, N2)
         else:
             self._store_split(pairs, ops, tile, M, N2)
+
+    @cute.jit
+    def _store_direct(self, pairs, ops, tile, M: Int32, N2: Int32):
+        """The output rule's pairs straight into D (inside M and N)."""
+        for m, n, x0, x1 in pairs:
+            row = tile.m0 + m
+            pair = (tile.n0 + n) // 2
+            if row < M and pair < N2:
+                ops.d[row, pair] = self.output.pair(ops, row, pair, x0, x1)
 
     @cute.jit
     def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
@@ -165,11 +170,7 @@ class SplitFixupStudy(TileStore):
     @cute.jit
     def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
         if cutlass.const_expr(self.fixup == "skip"):
-            for m, n, x0, x1 in pairs:
-                row = tile.m0 + m
-                pair = (tile.n0 + n) // 2
-                if row < M and pair < N2:
-                    ops.d[row, pair] = self.output.pair(ops, row, pair, x0, x1)
+            self._store_direct(pairs, ops, tile, M, N2)
         else:
             self._store_split_vector(pairs, ops, tile, M, N2)
 

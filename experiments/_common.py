@@ -6,6 +6,8 @@ import sys
 import time
 
 from workbench import WorkbenchError
+from workbench import results as R
+from workbench.env import require_gpu
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -23,16 +25,12 @@ def progress(msg: str) -> None:
 
 
 def need_gpu(name: str) -> None:
-    from workbench.env import require_gpu
-
     require_gpu(f"experiment '{name}'")
 
 
 def run_main(fn, argv) -> int:
     """Run an experiment's ``fn(argv)``: where it will write is checked before any work, and
     with --quick every summary it makes is marked quick (workbench.results.quick_run)."""
-    from workbench import results as R
-
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         # the shared flags, spelled out (no -h, no abbreviations: a prefix of the experiment's

@@ -20,10 +20,14 @@ to are the H200's).
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from experiments._common import parser, progress, run_main
 from schedules import depth_frame as D
 from schedules import frame_sim as F
+from schedules.depth_frame import topological_order
+from schedules.plan import FRAME_RING
 from workbench import results as R
 
 SEED_MEASURED_US = 2218.0  # 64 rows: the trace calibrate() fits
@@ -143,8 +147,6 @@ def _quick_changes(iterations: int, names) -> list[str]:
 def _frame_schedule(built: dict, options: D.FrameOptions, what: str):
     """(schedule, topological order) for ``options``, built and validated once into ``built``
     (variants that change only the simulation, and the two calibrations, share them)."""
-    from schedules.depth_frame import topological_order
-
     if options not in built:
         progress(f"building {what}")
         s = D.validate(D.build(options=options))
@@ -154,8 +156,6 @@ def _frame_schedule(built: dict, options: D.FrameOptions, what: str):
 
 def _kernel_plan(built: dict, rows: int):
     """_frame_schedule of the frame kernel's plan (schedules.plan.FRAME_RING) at ``rows``."""
-    from schedules.plan import FRAME_RING
-
     return _frame_schedule(built, D.FrameOptions(rows=rows, **FRAME_RING),
                            f"the {rows}-row frame kernel schedule")
 
@@ -166,9 +166,6 @@ KERNEL_FIT_ROWS = 64  # the frame kernel's traced run the costs come from; the r
 def _published_stamps(name: str) -> tuple[dict, str]:
     """({rows: measurement} of the published summary ``results/<name>.json`` whose traced runs
     have per-type tile times, its source line); ({}, "") when there is none."""
-    import json
-    from pathlib import Path
-
     path = Path(__file__).resolve().parents[1] / "results" / f"{name}.json"
     try:
         summary = json.loads(path.read_text())

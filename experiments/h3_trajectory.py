@@ -15,11 +15,13 @@ attention 4·T²·hidden = 30.7 TFLOP) = 2.66 PFLOP a step at T = 37,810; at the
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from models.h3 import FULL, H3Model, checksum, initial_latent
 from workbench import results as R
 
 WGMMA_PEAK = 790e12
@@ -37,8 +39,6 @@ def _reference_block_seconds(model) -> dict:
     reference backend's forward (``forward_s``), the oracle of its four linears on their real
     inputs (``oracle_s``: the legal adversary and the GEMM audit each run one a block), and the
     block on ``model``'s backend (``backend_s``)."""
-    from models.h3 import initial_latent
-
     ref = model.derived(backend="reference")
     x = ref.embed(initial_latent(ref.cfg, ref.seed).to(ref.device), 0)
     inputs = {}
@@ -73,8 +73,6 @@ def ladder_estimate_s(cfg, t: dict) -> float:
 
 
 def _main(argv) -> int:
-    from models.h3 import FULL, H3Model, checksum
-
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--backend", default="p0", choices=("p0", "reference"))
     p.add_argument("--steps", type=int, default=FULL.steps)
@@ -123,8 +121,6 @@ def _main(argv) -> int:
         progress(f"one block: reference forward {t['forward_s']:.2f} s, the oracle of its 4 "
                  f"linears {t['oracle_s']:.2f} s, {args.backend} {t['backend_s']:.2f} s; so "
                  f"rungs 3-7 at full size need ~{ladder / 60:.0f} min")
-    import statistics
-
     steady = statistics.median(s["seconds"] for s in steps[1:]) if len(steps) > 1 else total
     headline = {"trajectory_checksum": summary_ck["sha256"], "steps": args.steps,
                 "trajectory_s": total, "s_per_step": total / len(steps),

@@ -20,7 +20,14 @@ import time
 
 import torch
 
+from device import ffi
 from experiments._common import need_gpu, parser, progress, run_main
+from kernels.nvfp4.amax import AmaxRunner, amax
+from kernels.nvfp4.gemm import gemm_nvfp4
+from kernels.nvfp4.quantize import quantize_nvfp4
+from models.nvfp4_linear import Nvfp4Linear, p0_unavailable_reason
+from numerics import nvfp4
+from validators.gemm_operands import make_operand
 from workbench import WorkbenchError
 from workbench import results as R
 
@@ -57,13 +64,6 @@ def host_us_per_call(fn, calls: int) -> dict:
 def _cases():
     """call name -> make(): the call to time, made under the host path in force (a bound
     launcher such as AmaxRunner's keeps the path it was made under); tensors made once."""
-    from kernels.nvfp4.amax import AmaxRunner, amax
-    from kernels.nvfp4.gemm import gemm_nvfp4
-    from kernels.nvfp4.quantize import quantize_nvfp4
-    from models.nvfp4_linear import Nvfp4Linear
-    from numerics import nvfp4
-    from validators.gemm_operands import make_operand
-
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(M, K, device="cuda", generator=gen) * 3).to(torch.bfloat16)
     g = nvfp4.global_scale(x).reshape(1)
@@ -91,9 +91,6 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     args = parser(__doc__.splitlines()[0]).parse_args(argv)
     need_gpu("host-overhead")
-    from device import ffi
-    from models.nvfp4_linear import p0_unavailable_reason
-
     reason = p0_unavailable_reason()
     if reason:
         raise WorkbenchError(f"experiment 'host-overhead': {reason}")

@@ -26,8 +26,15 @@ from __future__ import annotations
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from kernels.nvfp4.amax import amax
+from kernels.nvfp4.gemm import default_config, gemm_nvfp4
+from kernels.nvfp4.prepack import prepack
+from kernels.nvfp4.quantize import quantize_nvfp4
+from numerics import gemm_oracle as G
+from numerics import nvfp4
 from workbench import WorkbenchError
 from workbench import results as R
+from workbench.plots import p0_ratio_png
 from workbench.timing import COPY_CEILING_BPS, bench, rotation_count
 
 PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
@@ -56,7 +63,7 @@ NOTES = {
 
 
 def _comfy():
-    try:
+    try:  # here, not at the top: comfy_kitchen is optional (the oracle extra, GPU host only)
         import comfy_kitchen as ck
     except Exception as e:
         return None, f"comfy_kitchen not importable: {e}"
@@ -65,9 +72,7 @@ def _comfy():
 
 def _global_scale_from_amax(amax_value: torch.Tensor) -> torch.Tensor:
     """numerics.nvfp4's g (Comfy's rule) as the one-element fp32 tensor the kernels read."""
-    from numerics.nvfp4 import global_scale_from_amax
-
-    return global_scale_from_amax(amax_value).reshape(1)
+    return nvfp4.global_scale_from_amax(amax_value).reshape(1)
 
 
 def _time(fn, arg_sets, quick, graph: bool = True):
@@ -82,12 +87,6 @@ def _time(fn, arg_sets, quick, graph: bool = True):
 
 
 def _case(name, N, K, M, ck, quick, seed):
-    from kernels.nvfp4.amax import amax
-    from kernels.nvfp4.gemm import default_config, gemm_nvfp4
-    from kernels.nvfp4.prepack import prepack
-    from kernels.nvfp4.quantize import quantize_nvfp4
-    from numerics import gemm_oracle as G
-
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
     w_bytes_packed = N * K // 2 + N * K // 16
@@ -143,8 +142,6 @@ def _case(name, N, K, M, ck, quick, seed):
 
     deq = []
     for i in range(sets):  # dequantized operands for cuBLAS (exact values of the NVFP4 codes)
-        from numerics import nvfp4
-
         xa = nvfp4.dequantize(xs[i][1], xs[i][2], xs[i][3], (M, K))
         wb = nvfp4.dequantize(weights[i][0], weights[i][1], weights[i][2], (N, K))
         deq.append((xa, wb))
@@ -230,8 +227,6 @@ def _main(argv) -> int:
         notes=NOTES)
     path = R.write(summary, args.results_dir)
     try:  # the ratio per shape and M as a picture beside the summary (the plots extra)
-        from workbench.plots import p0_ratio_png
-
         progress(f"wrote {p0_ratio_png(summary, path.with_suffix('.png'))}")
     except WorkbenchError as e:
         progress(f"no plot: {e}")

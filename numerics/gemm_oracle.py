@@ -48,7 +48,7 @@ from fractions import Fraction
 
 import torch
 
-from numerics.formats import BF16, round_to_format
+from numerics.formats import BF16, e2m1_decode, round_to_format
 from numerics.nvfp4 import BLOCK, e4m3_decode, from_blocked, unpack_codes
 
 U32 = 2.0**-23
@@ -58,8 +58,6 @@ def operand_integers(packed: torch.Tensor, scales: torch.Tensor, rows: int, K: i
                      hi_first: bool = True, row_ids: torch.Tensor | None = None) -> torch.Tensor:
     """int64 [rows, K] (or [len(row_ids), K]): (e2m1 · s) · 2^10, exact, on the operands'
     device. Raises on NaN scales."""
-    from numerics.formats import e2m1_decode
-
     sel = torch.arange(rows, device=packed.device) if row_ids is None else row_ids.to(packed.device)
     codes = unpack_codes(packed[sel], hi_first)[:, :K]
     two_e = (e2m1_decode(codes, torch.float64) * 2).to(torch.int64)

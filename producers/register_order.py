@@ -103,18 +103,23 @@ class RegisterOrderProducer(PackedRingOwner):
                 cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
             copy_operand(parts, tile.m, kt, s, bar, mask)
             with cute.arch.elect_one():
-                for w in cutlass.range_constexpr(self.slabs):
-                    if w < valid:
-                        blk = (slab0 + w) * k_tiles + kt
-                        dst = s * self.slabs + w
-                        bulk_copy_g2s(wq + dst * SLAB_CODE_BYTES,
-                                      codes.iterator + blk * SLAB_CODE_BYTES,
-                                      SLAB_CODE_BYTES, bar)
-                        bulk_copy_g2s(ws + dst * SLAB_SCALE_BYTES,
-                                      scales.iterator + blk * SLAB_SCALE_BYTES,
-                                      SLAB_SCALE_BYTES, bar)
+                self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
             count = count + 1
         return count
+
+    @cute.jit
+    def copy_slabs(self, codes, scales, wq, ws, slab0: Int32, valid: Int32, kt: Int32,
+                   k_tiles: Int32, s: Int32, bar):
+        """Bulk-copy k-block ``kt``'s weight slabs ``slab0 ..`` (the ``valid`` ones inside N)
+        into stage ``s``, completing on ``bar``. Called by one elected thread."""
+        for w in cutlass.range_constexpr(self.slabs):
+            if w < valid:
+                blk = (slab0 + w) * k_tiles + kt
+                dst = s * self.slabs + w
+                bulk_copy_g2s(wq + dst * SLAB_CODE_BYTES,
+                              codes.iterator + blk * SLAB_CODE_BYTES, SLAB_CODE_BYTES, bar)
+                bulk_copy_g2s(ws + dst * SLAB_SCALE_BYTES,
+                              scales.iterator + blk * SLAB_SCALE_BYTES, SLAB_SCALE_BYTES, bar)
 
 
 class PairedRegisterOrderProducer(RegisterOrderProducer):
@@ -180,16 +185,7 @@ class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):
             bar = full + s
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
-                for w in cutlass.range_constexpr(self.slabs):
-                    if w < valid:
-                        blk = (slab0 + w) * k_tiles + kt
-                        dst = s * self.slabs + w
-                        bulk_copy_g2s(wq + dst * SLAB_CODE_BYTES,
-                                      codes.iterator + blk * SLAB_CODE_BYTES,
-                                      SLAB_CODE_BYTES, bar)
-                        bulk_copy_g2s(ws + dst * SLAB_SCALE_BYTES,
-                                      scales.iterator + blk * SLAB_SCALE_BYTES,
-                                      SLAB_SCALE_BYTES, bar)
+                self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
             count = count + 1
         return count
 

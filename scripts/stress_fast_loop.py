@@ -43,15 +43,21 @@ import time
 from collections import Counter
 
 import torch
+from cuda.bindings import driver as cu
 
 from configs.codepredictor import QWEN3_TTS_1P7B, LoopOutput
 from device.ptx import PERTURB_DEFAULT_NS, PERTURB_ENV
 from experiments._common import need_gpu, parser, progress, run_main
+from kernels.nvfp4.gemm import gemm_nvfp4
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+from kernels.nvfp4.quantize import quantize_nvfp4
 from models.codepredictor import random_weights
 from models.fast_loop import (FastLoop, FastWeights, describe_difference, frame_difference,
                               frame_difference_mask, frame_fingerprint)
 from models.sampler import Sampler
+from numerics import nvfp4
 from schedules.plan import BUCKETS
+from validators.gemm_operands import make_operand
 from workbench import results as R
 
 KINDS = ("sampled", "forced")
@@ -277,12 +283,6 @@ def run_nvfp4_kernels(seed: int = 0) -> None:
     """The NVFP4 quantize kernel and the P0 GEMM (default configs and a split-K one with its
     workspace and counters) on random operands: the GPU suite's nvfp4 tests' kernels, as
     history for the frames after them."""
-    from kernels.nvfp4.gemm import gemm_nvfp4
-    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
-    from kernels.nvfp4.quantize import quantize_nvfp4
-    from numerics import nvfp4
-    from validators.gemm_operands import make_operand
-
     for M, K in ((64, 256), (512, 4096), (2048, 5376)):
         x = torch.randn(M, K, device="cuda", generator=torch.Generator(device="cuda")
                         .manual_seed(seed + M)).bfloat16()
@@ -333,8 +333,6 @@ def graph_joins(fw: FastWeights, rows: int) -> dict:
     last draw, ...) with its sources and their edge types. A programmatic edge from another
     stream's kernel lets the node launch before that kernel completes: it must read nothing
     that kernel writes before its griddepcontrol.wait."""
-    from cuda.bindings import driver as cu
-
     loop = FastLoop(fw, rows, Sampler(rows, seeds=list(range(300, 300 + rows)), device="cuda"),
                     graph=False)
     side = torch.cuda.Stream()

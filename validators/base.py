@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 
 @dataclass
 class RungResult:
@@ -47,8 +49,6 @@ def check(ok: bool, detail: str) -> dict:
 
 
 def mismatch_detail(a, b, what: str) -> str:
-    import torch
-
     diff = (a.view(torch.uint8) != b.view(torch.uint8))
     n = int(diff.sum())
     if n == 0:

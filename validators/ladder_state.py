@@ -31,10 +31,13 @@ import datetime as _dt
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from validators.base import RungResult
 from workbench import WorkbenchError
@@ -224,8 +227,6 @@ class LadderState:
     # --- the trajectory pass's checkpoint -------------------------------------------------
     def save_pass(self, meta: dict, tensors: dict) -> None:
         """Checkpoint the pass: its tensors, then the state naming them, then drop the old."""
-        import torch
-
         if not self._locked:
             self.acquire()
         name = f"pass-{meta['step']}-{meta['block']}.pt"
@@ -243,8 +244,6 @@ class LadderState:
     def load_pass(self) -> tuple[dict, dict] | None:
         """(meta, tensors) of the pass's checkpoint, or None. A checkpoint whose tensors are
         gone (a fresh machine: they never travel) restarts the pass, saying so."""
-        import torch
-
         saved = self.data["pass"]
         if not saved:
             return None
@@ -265,8 +264,6 @@ class LadderState:
 
     def remove(self) -> None:
         """The ladder is finished and its summary written: the folder goes."""
-        import shutil
-
         shutil.rmtree(self.dir)
         self._locked = False
 

@@ -15,6 +15,7 @@ import torch
 
 from numerics import nvfp4, scalar_spec
 from numerics.formats import Format, e2m1_encode, round_to_format
+from numerics.rcp import correction_table
 from validators.base import RungResult, check, mismatch_detail
 
 NAME = "adversarial"
@@ -151,8 +152,6 @@ def mufu_stress(device="cpu", quantize=nvfp4.quantize, n_g=24, seed=0) -> dict:
     mism = 0
     ieee_diff = 0
     total = 0
-    from numerics.rcp import correction_table
-
     corr = correction_table()
     for i in range(n_g):
         bits = int(torch.randint(6, 9, (1,), generator=gen))
@@ -188,14 +187,12 @@ def _scalar_quantize(x: torch.Tensor, g: float) -> torch.Tensor:
 
 
 def _ieee_quantize(x: torch.Tensor, g: float) -> torch.Tensor:
-    import numerics.nvfp4 as m
-
-    orig = m.rcp_approx
+    orig = nvfp4.rcp_approx
     try:
-        m.rcp_approx = lambda t: 1.0 / torch.as_tensor(t, dtype=torch.float32)
-        q, _ = m.quantize(x, g)
+        nvfp4.rcp_approx = lambda t: 1.0 / torch.as_tensor(t, dtype=torch.float32)
+        q, _ = nvfp4.quantize(x, g)
     finally:
-        m.rcp_approx = orig
+        nvfp4.rcp_approx = orig
     return q
 
 

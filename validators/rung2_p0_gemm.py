@@ -10,6 +10,7 @@ import zlib
 
 import torch
 
+from kernels.nvfp4.gemm import gemm_nvfp4
 from numerics import gemm_oracle as G
 from validators.base import RungResult, check
 from validators.gemm_operands import KINDS, make_operand
@@ -18,8 +19,6 @@ SHAPES = [(1, 8, 32), (97, 136, 160), (129, 264, 96), (300, 520, 1056), (640, 38
 
 
 def run(quick: bool = False, seed: int = 0) -> RungResult:
-    from kernels.nvfp4.gemm import gemm_nvfp4
-
     if not torch.cuda.is_available():
         return RungResult(2, "randomized GEMMs (P0)", "not-run", "needs a CUDA GPU")
     checks, elements = {}, 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from numerics import nvfp4
+from numerics import nvfp4, scalar_spec
 from validators.base import RungResult, check, mismatch_detail
 from validators.rung1_adversarial import _scalar_quantize
 from validators.tiles import KINDS, make_tile, tensor_scale_for
@@ -18,8 +18,6 @@ NAME = "randomized"
 
 def compare_to_scalar(kind: str, rows: int, cols: int, dtype, seed: int) -> tuple[int, int]:
     """(packed+scale bytes differing, bytes compared) between reference and scalar spec."""
-    from numerics import scalar_spec
-
     x = make_tile(kind, rows, cols, dtype, seed)
     g = tensor_scale_for(x)
     q, s = nvfp4.quantize(x, g)

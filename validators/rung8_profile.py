@@ -8,6 +8,7 @@ than the reference's. The kernel table and both peaks go into the rung's checks 
 from __future__ import annotations
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from models.h3 import H3Model, initial_latent
 from models.nvfp4_linear import BackendUnavailable
@@ -20,8 +21,6 @@ TOP = 8
 
 def profile_block(model: H3Model, b: int, x) -> tuple[list, int]:
     """([(kernel, calls, cuda us)] top TOP by CUDA time, peak bytes) of model.block(b, x)."""
-    from torch.profiler import ProfilerActivity, profile
-
     model.block(b, x)  # warm: compile and cache outside the measurement
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -31,14 +31,24 @@ sha256, None until it runs).
 """
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
+from models.h3 import FULL, QUICK, H3Model
+from models.nvfp4_linear import BackendUnavailable, resolve_backend
+from validators import rung1_adversarial, rung2_randomized
 from validators.base import RungResult
+from validators.ladder_state import LadderState, finished_summary
+from validators.trajectory_pass import TrajectoryPass
 from workbench import WorkbenchError
+from workbench import results as R
+from workbench.env import gpu_info
 
 PAUSED = 75  # exit code of a call that stopped at its budget (EX_TEMPFAIL: try again later)
 
@@ -91,10 +101,9 @@ class _Pause(Exception):
 def _kernel_quantize():
     """The CuTe DSL quantize kernel when a Hopper GPU is present, else None."""
     try:
-        import torch
-
         if not torch.cuda.is_available() or torch.cuda.get_device_capability(0) != (9, 0):
             return None
+        # here, not at the top: the kernel imports CuTe DSL, which the ladder runs without
         from kernels.nvfp4.quantize import quantize_nvfp4
 
         return lambda x, g: quantize_nvfp4(x, g)
@@ -108,8 +117,6 @@ def _not_run(rung: int, title: str, reason: str) -> Callable[[], RungResult]:
 
 def _rungs(phase: str, quick: bool, device: str):
     """The phase's parts in order: Part objects and, for rungs 5-7, one PassPart."""
-    from validators import rung1_adversarial, rung2_randomized
-
     if phase == "frame":  # its rungs are not the NVFP4 ones: one line says what exists
         yield Part("1", "depth frame rungs", _not_run(1, "depth frame rungs", FRAME_NOT_BUILT))
         return
@@ -138,6 +145,7 @@ def _rungs(phase: str, quick: bool, device: str):
             yield Part("2a", "randomized tiles",
                        lambda: rung2_randomized.run(quick=quick, device=device, kernel=kernel))
             if phase == "p0":
+                # here, not at the top: only the p0 phase loads the CuTe DSL GEMM it checks
                 from validators import rung2_p0_gemm
 
                 yield Part("2b", "randomized GEMMs (P0)", lambda: rung2_p0_gemm.run(quick=quick))
@@ -161,8 +169,6 @@ def _kernel_unavailable(device: str) -> str:
 
 
 def _backend_unavailable(backend: str) -> str | None:
-    from models.nvfp4_linear import BackendUnavailable, resolve_backend
-
     try:
         resolve_backend(backend, "qkv")
     except BackendUnavailable as e:
@@ -176,8 +182,6 @@ def _model_backend(phase: str):
 
 
 def _reference_config(quick: bool):
-    from models.h3 import FULL, QUICK
-
     return QUICK if quick else FULL
 
 
@@ -185,8 +189,6 @@ _REFERENCE: dict = {}  # (quick, device) -> the reference H3 model, shared by ru
 
 
 def _reference(quick: bool, device: str):
-    from models.h3 import H3Model
-
     key = (quick, device)
     if key not in _REFERENCE:
         _REFERENCE.clear()
@@ -199,16 +201,12 @@ def _log(line: str) -> None:
 
 
 def _model_rung(rung: int, phase: str, quick: bool, device: str) -> RungResult:
-    import importlib
-
     mod = importlib.import_module(f"validators.{MODEL_RUNGS[rung]}")
     backend, wrap = _model_backend(phase)
     return mod.run(_reference(quick, device), backend=backend, wrap=wrap, log=_log)
 
 
 def _gtensor(g):
-    import torch
-
     return torch.tensor([float(g)], dtype=torch.float32, device="cuda")
 
 
@@ -324,8 +322,6 @@ class _Ladder:
                     self.state.save()
 
     def _pass(self, item: PassPart) -> None:
-        from validators.trajectory_pass import TrajectoryPass
-
         todo = [i for i in item.ids if i not in self.earlier]
         for i in item.ids:
             if i in self.earlier:
@@ -383,10 +379,6 @@ def run_ladder(phase: str | None = None, quick: bool | None = None, write: bool 
     """Run (or continue, ``resume``) the ladder of ``phase``: 0 when it passes or is
     incomplete, 1 when a part fails, PAUSED when it stopped at ``stop_after`` seconds;
     WorkbenchError when no part can run at all or the state refuses."""
-    from validators.ladder_state import LadderState, finished_summary
-    from workbench import results as R
-    from workbench.env import gpu_info
-
     t_start = time.monotonic()
     if stop_after is not None and not stop_after > 0:
         raise WorkbenchError(f"--stop-after {stop_after}: give a positive number of seconds")
@@ -453,8 +445,6 @@ def run_ladder(phase: str | None = None, quick: bool | None = None, write: bool 
 
 
 def _finish(phase, quick, device, walk: _Ladder, state, write: bool) -> int:
-    from workbench import results as R
-
     done = walk.done
     not_run = [f"rung {r.label} ({r.name}): {r.detail}" for r in done if r.status == "not-run"]
     if all(r.status == "not-run" for r in done):

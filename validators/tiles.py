@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from numerics.nvfp4 import global_scale
+
 KINDS = ("normal", "lognormal", "ties", "special")
 
 
@@ -38,7 +40,5 @@ def make_tile(kind: str, rows: int, cols: int, dtype=torch.bfloat16, seed: int =
 
 def tensor_scale_for(x: torch.Tensor) -> float:
     """g the way a user would compute it, ignoring NaN/inf so special tiles still get a finite g."""
-    from numerics.nvfp4 import global_scale
-
     finite = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
     return float(global_scale(finite))

@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench import WorkbenchError
 from workbench.env import DEFAULT_ARCH, SUPPORTED_ARCHS
 
 # PTX patterns counted by the census (name -> regex over PTX lines).
@@ -184,7 +185,8 @@ def disassemble(cubin: bytes) -> str | None:
     tool = shutil.which("nvdisasm")
     if tool is None:
         try:
-            import nvidia  # namespace package of the pip CUDA wheels
+            # here, not at the top: the pip CUDA wheels' namespace package, an optional fallback
+            import nvidia
 
             for root in nvidia.__path__:
                 for cand in sorted(Path(root).glob("cu*/bin/nvdisasm")) + sorted(
@@ -204,10 +206,8 @@ def disassemble(cubin: bytes) -> str | None:
 def compile_report(fn, *args, arch: str = DEFAULT_ARCH, options: str = "", **kwargs) -> CompileReport:
     """``cute.compile(fn, *args)`` for ``arch`` without a GPU; returns the artifacts and resources."""
     if arch not in SUPPORTED_ARCHS:
-        from workbench import WorkbenchError
-
         raise WorkbenchError(f"unsupported arch '{arch}'; choose one of {', '.join(SUPPORTED_ARCHS)}")
-    import cutlass.cute as cute
+    import cutlass.cute as cute  # here: CuTe DSL fixes its arch (ensure_arch_env) on first import
 
     with tempfile.TemporaryDirectory() as dump:
         opts = f"--gpu-arch={arch} --keep-ptx --keep-cubin --dump-dir={dump} {options}".strip()

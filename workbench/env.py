@@ -8,6 +8,11 @@ import importlib.metadata
 import os
 import platform
 
+import torch
+from cuda.bindings import driver
+
+from workbench import WorkbenchError
+
 DEFAULT_ARCH = "sm_90a"
 SUPPORTED_ARCHS = ("sm_90a", "sm_120a")
 
@@ -48,10 +53,6 @@ def cute_dsl_version() -> str | None:
 
 def gpu_info() -> dict | None:
     """Name, compute capability, SM count, memory and driver of GPU 0, or None without CUDA."""
-    try:
-        import torch
-    except ImportError:
-        return None
     if not torch.cuda.is_available():
         return None
     props = torch.cuda.get_device_properties(0)
@@ -68,8 +69,6 @@ def gpu_info() -> dict | None:
 
 def _driver_version() -> str | None:
     try:
-        from cuda.bindings import driver
-
         err, v = driver.cuDriverGetVersion()
         if int(err) == 0:
             return f"{v // 1000}.{(v % 1000) // 10}"
@@ -80,19 +79,12 @@ def _driver_version() -> str | None:
 
 def environment() -> dict:
     """Everything provenance needs about the machine and software."""
-    try:
-        import torch
-
-        torch_version = torch.__version__
-        cuda_version = torch.version.cuda
-    except ImportError:
-        torch_version = cuda_version = None
     gpu = gpu_info()
     return {
         "host": platform.node(),
         "python": platform.python_version(),
-        "torch": torch_version,
-        "cuda": cuda_version,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
         "cute_dsl": cute_dsl_version(),
         "gpu": gpu if gpu is not None else "none",
         "compile_target": compile_target(),
@@ -101,7 +93,5 @@ def environment() -> dict:
 
 def require_gpu(what: str) -> None:
     """Raise a WorkbenchError naming ``what`` when no CUDA GPU is present."""
-    from workbench import WorkbenchError
-
     if gpu_info() is None:
         raise WorkbenchError(f"{what} needs a CUDA GPU and none is visible (torch.cuda.is_available() is False)")

@@ -19,13 +19,13 @@ from workbench import results as R
 
 
 def _pyplot():
-    try:
+    try:  # here, not at the top: matplotlib is optional (the plots extra)
         import matplotlib
     except ImportError:
         raise WorkbenchError("plotting needs matplotlib, which is not installed "
                              "(pip install -e '.[plots]')") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): the backend is chosen before pyplot loads
 
     return plt
 

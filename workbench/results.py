@@ -37,6 +37,7 @@ import contextvars
 import datetime as _dt
 import json
 import os
+import platform
 import re
 import shlex
 import subprocess
@@ -44,6 +45,8 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+
+import numpy as np
 
 from workbench import WorkbenchError
 
@@ -78,8 +81,6 @@ def run_dir() -> Path:
     first write)."""
     root = published_dir()
     if root not in _RUN_DIRS:
-        import platform
-
         host = re.sub(r"[^A-Za-z0-9._-]", "_", platform.node()) or "host"
         _RUN_DIRS[root] = root / "runs" / f"{_utc_now('%Y%m%dT%H%M%SZ')}-{host}"
     return _RUN_DIRS[root]
@@ -191,7 +192,7 @@ def git_state(repo: Path | None = None) -> tuple[str, bool]:
 def provenance(seeds: dict | None = None, command: str | None = None) -> dict:
     """Provenance block: commit, time, command line (default: this process's), machine and
     versions, seeds."""
-    from workbench.env import environment
+    from workbench.env import environment  # here: env imports torch, which `wb results` never needs
 
     commit, dirty = git_state()
     return {
@@ -424,13 +425,8 @@ def keep_in_history(path: Path, history: Path) -> Path:
 
 
 def _json_default(o):
-    try:
-        import numpy as np
-
-        if isinstance(o, np.generic):
-            return o.item()
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(o, np.generic):
+        return o.item()
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -14,6 +14,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import torch
+
 L2_BYTES_H200 = 60 * 2**20
 COPY_CEILING_BPS = 4.24e12  # measured device-to-device copy on the H200 (bytes read + written)
 
@@ -67,8 +69,6 @@ def _events(torch):
 
 def _measure_once(fn: Callable, arg_sets: Sequence[tuple], warmup_ms: float, rep_ms: float,
                   graph: bool, calls_per_graph: int):
-    import torch
-
     n = len(arg_sets)
     # warm-up: at least one pass over every argument set, then until warmup_ms has elapsed
     for a in arg_sets:
