@@ -2,7 +2,10 @@
 # One device call on the H200: each step's log goes to $OUT/<commit>-<step>.log, led by a
 # provenance line (commit, device, UTC, command, versions); summaries go to $OUT (WB_RESULTS_DIR).
 # Usage (in the device command, from the project root, after `source .gpu/install.sh`):
-#   WB_GIT_COMMIT=<sha> bash scripts/device_call.sh fast|depth|nvfp4|experiments [...]
+#   WB_GIT_COMMIT=<sha> WB_GIT_DIRTY=0|1 bash scripts/device_call.sh fast|depth|nvfp4|... [...]
+# The tree that travels has no .git, so the caller says which commit it is and whether it had
+# uncommitted changes (`git status --porcelain` outside results/ on the machine that sent it);
+# provenance records both.
 #   fast         the fast GPU subset (-m fast): each kernel's core exactness test once
 #   depth|nvfp4  one part of the whole GPU suite (-m "gpu or compile" --gpu-part ...)
 #   selected     the GPU and compile tests of $WB_TEST_FILES
@@ -23,23 +26,12 @@
 # image has pytest-xdist).
 set -uo pipefail
 : "${OUT:?run on the device machine}" "${WB_GIT_COMMIT:?name the commit}"
+: "${WB_GIT_DIRTY:?say whether the tree that travelled had uncommitted changes (0 or 1)}"
+export WB_GIT_DIRTY
 export WB_RESULTS_DIR=$OUT PYTHONUNBUFFERED=1
 sha=${WB_GIT_COMMIT:0:7}
-header() {  # the provenance line every log starts with
-  python3 - "$1" <<'PY'
-import json, sys, time, torch
-try:
-    import cutlass
-    dsl = getattr(cutlass, "__version__", "4.8.1")
-except Exception:
-    dsl = None
-import os
-print("# provenance " + json.dumps({
-    "commit": os.environ["WB_GIT_COMMIT"][:7],
-    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
-    "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": sys.argv[1],
-    "cute_dsl": dsl, "torch": torch.__version__}))
-PY
+header() {  # the provenance line every log starts with (commit and dirty from WB_GIT_*)
+  python3 -m cli.main log-header "$1"
 }
 step() {  # step NAME COMMAND...: run it with its log, report its wall time
   local name=$1; shift
