@@ -93,6 +93,19 @@ class TileStore:
                 ops.d[row, pair] = self.output.pair(ops, row, pair, x0, x1)
 
     @cute.jit
+    def _arrive(self, ops, tile):
+        """After this CTA's partials are stored: publish them (fence), count this split's
+        arrival for the tile (one thread), and return the one-element flag tensor, 1 in the
+        last split to arrive, which then reduces."""
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
+        flag_t = cute.make_tensor(ops.flag, cute.make_layout(1))
+        if tile.ct == 0:
+            count_split_arrival(ops.count, tile.tile_id, self.splits, flag_t)
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
+        return flag_t
+
+    @cute.jit
     def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
         for m, n, x0, x1 in pairs:
             row = tile.m0 + m
@@ -100,12 +113,7 @@ class TileStore:
             if row < M and col < N2 * 2:
                 ops.work[tile.split, row, col] = x0
                 ops.work[tile.split, row, col + 1] = x1
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
-        flag_t = cute.make_tensor(ops.flag, cute.make_layout(1))
-        if tile.ct == 0:
-            count_split_arrival(ops.count, tile.tile_id, self.splits, flag_t)
-        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
+        flag_t = self._arrive(ops, tile)
         if flag_t[0] == Int32(1):
             cute.arch.fence_acq_rel_gpu()
             for m, n, _, _ in pairs:
@@ -184,12 +192,7 @@ class SplitFixupStudy(TileStore):
         for v in cutlass.range_constexpr(vectors):
             (_, _, a0, a1), (_, _, b0, b1) = pairs[2 * v], pairs[2 * v + 1]
             _st_global_v4_f32(own + v * stride, (a0, a1, b0, b1))
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
-        flag_t = cute.make_tensor(ops.flag, cute.make_layout(1))
-        if tile.ct == 0:
-            count_split_arrival(ops.count, tile.tile_id, self.splits, flag_t)
-        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
+        flag_t = self._arrive(ops, tile)
         if flag_t[0] == Int32(1):
             cute.arch.fence_acq_rel_gpu()
             for v in cutlass.range_constexpr(vectors):

@@ -39,6 +39,16 @@ SLAB_CODE_BYTES = THREADS * 16  # one slab's codes of one k-block
 SLAB_SCALE_BYTES = GROUPS * 8
 
 
+
+def weight_slab_views(b_ptr, sfb_ptr, N: Int32, k32: Int32):
+    """(prepacked codes, prepacked scales, slab count): the register-order prepack's slabs of
+    SLAB_ROWS weight rows x one k-block, as flat byte tensors."""
+    n_slabs = (N + SLAB_ROWS - 1) // SLAB_ROWS
+    k_tiles = (k32 + 1) // 2
+    codes = cute.make_tensor(b_ptr, cute.make_layout(n_slabs * k_tiles * SLAB_CODE_BYTES))
+    scales = cute.make_tensor(sfb_ptr, cute.make_layout(n_slabs * k_tiles * SLAB_SCALE_BYTES))
+    return codes, scales, n_slabs
+
 class RegisterOrderProducer(PackedRingOwner):
     """Static config: ``tile_m`` token rows (a multiple of 128), ``tile_n`` weight rows (two
     64-row slabs) and the ring depth ``stages``. ``multicast``: the CTAs (1, or a pair: the
@@ -68,12 +78,7 @@ class RegisterOrderProducer(PackedRingOwner):
         """(TMA atoms: activation codes and scales; (prepacked codes, scales, slab count))."""
         tma = operand_tma(*operand_views(a_ptr, sfa_ptr, M, k32), self.tile_m, self.stages,
                           self.multicast)
-        n_slabs = (N + SLAB_ROWS - 1) // SLAB_ROWS
-        k_tiles = (k32 + 1) // 2
-        codes = cute.make_tensor(b_ptr, cute.make_layout(n_slabs * k_tiles * SLAB_CODE_BYTES))
-        scales = cute.make_tensor(sfb_ptr,
-                                  cute.make_layout(n_slabs * k_tiles * SLAB_SCALE_BYTES))
-        return tma, (codes, scales, n_slabs)
+        return tma, weight_slab_views(b_ptr, sfb_ptr, N, k32)
 
     @cute.jit
     def run(self, ctx, rt: Int32):
@@ -156,12 +161,7 @@ class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):
                               cute.make_layout((M, K), stride=(K, 1)))
         tma = [cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), gA,
                                            f16_box_layout(self.tile_m), (self.tile_m, K_BLOCK))]
-        n_slabs = (N + SLAB_ROWS - 1) // SLAB_ROWS
-        k_tiles = (k32 + 1) // 2
-        codes = cute.make_tensor(b_ptr, cute.make_layout(n_slabs * k_tiles * SLAB_CODE_BYTES))
-        scales = cute.make_tensor(sfb_ptr,
-                                  cute.make_layout(n_slabs * k_tiles * SLAB_SCALE_BYTES))
-        return tma, (codes, scales, n_slabs)
+        return tma, weight_slab_views(b_ptr, sfb_ptr, N, k32)
 
     @cute.jit
     def run(self, ctx, rt: Int32):
