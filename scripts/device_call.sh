@@ -16,6 +16,10 @@
 #                then pauses (exit 75); repeat the call until it exits 0 or 1, at once (the
 #                machine stays warm 30 s). The summary and report come back in $OUT at the end.
 #   p0-ab        scripts/p0_v2_ab.py ($WB_AB_ARGS): P0's designs side by side
+#   p0-v3-ab     scripts/p0_v3_ab.py ($WB_AB_ARGS, e.g. --seconds 170): the split-K fixup studies
+#                and the TMA'd f16 activation against production (notes/p0-gemm.md, P0 v3)
+#   stress       scripts/stress_fast_loop.py ($WB_STRESS_ARGS, e.g. --conditions procs --seconds
+#                200): the fast loop's frames under load, compared bitwise (notes/fast-loop.md v14a)
 #   h3-trajectory the canonical full-size 12-step H3 trajectory on p0 (+ one reference block)
 #   frame-protocol experiments/frame_protocol.py (the depth frame's synchronisation alone)
 #   frame-tiles-ab scripts/frame_tiles_ab.py ($WB_AB_ARGS): the frame's projection-tile knobs
@@ -67,6 +71,10 @@ for what in "$@"; do
     h3-trajectory) step h3-trajectory python3 -m experiments.h3_trajectory --reference-block ;;
     p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
+    p0-v3-ab) step p0-v3-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v3_ab.py \
+                ${WB_AB_ARGS:-} ;;
+    stress) step fast-loop-stress env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
+              python3 scripts/stress_fast_loop.py ${WB_STRESS_ARGS:-} ;;
     frame-protocol) step frame-protocol python3 -m experiments.frame_protocol ;;
     depth-frame) step depth-frame python3 -m experiments.depth_frame ${WB_EXP_ARGS:-} ;;
     frame-tiles-ab) step frame-tiles-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
@@ -76,7 +84,7 @@ for what in "$@"; do
       step p0-baseline python3 -m experiments.p0_baseline
       step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
-            "ladder-full, p0-ab, h3-trajectory, p0-baseline, frame-protocol, depth-frame," \
+            "ladder-full, p0-ab, p0-v3-ab, stress, h3-trajectory, p0-baseline, frame-protocol, depth-frame," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac
 done
