@@ -29,7 +29,7 @@ class EpilogueOperands(NamedTuple):
     """Global tensors an epilogue may touch (views built by the shell)."""
     d: object         # uint32 [M, N/2]: D as bf16 column pairs
     alpha: object     # Float32 value gA·gB
-    work: object      # fp32 [splits, M, N]: split-K partial sums
+    work: object      # fp32 [splits·tiles·tile_m·tile_n]: split-K partials, fragment order
     count: object     # int32 [tiles]: split-K arrival counters (re-armed to 0)
     flag: object      # smem pointer: one int32, "this CTA reduces the tile"
     gate: object      # uint32 [N/2]: a bf16 per-column gate, as pairs (P4)

@@ -5,16 +5,25 @@ stores each pair as one 32-bit word (rows past M and columns past N are not writ
 multiple of 8, so pairs never straddle N).
 
 ``splits > 1``: each of the ``splits`` CTAs of an output tile stores its fp32 partial sums to the
-workspace [splits, M, N]; the last to arrive (an acq_rel counter per tile) adds the partials in
-split order 0, 1, ..., so the result does not depend on arrival order (two runs are
-bit-identical), applies the output rule, and re-arms the counter to 0 for the next launch. Still
-an fp32 accumulation of exact products in some fixed order: the oracle's bound holds unchanged.
+workspace as ``st.global.v4.f32`` in fragment order (two pairs a vector), warp-interleaved so
+that one store instruction of a warp fills 512 contiguous bytes: word w of vector v of thread ct
+of (split, tile) lies at ((split·tiles + tile)·V + v)·threads·4 + ct·4 + w, V = pairs / 2. The
+last CTA to arrive (an acq_rel counter per tile) holds the same fragment in the same thread, so
+it reads the same vectors of every split (``ld.relaxed.gpu.global.v4.f32``, coherent, never a
+stale L1 line) and adds them in split order 0, 1, ..., so the result does not depend on arrival
+order (two runs are bit-identical), applies the output rule, and re-arms the counter to 0 for
+the next launch. Still an fp32 accumulation of exact products in some fixed order: the oracle's
+bound holds unchanged. The workspace holds :func:`workspace_floats` fp32 words (whole tiles:
+rows past M and columns past N are stored and never read into D).
 
 Synchronisation (the consumer's ``threads``, which the shell checks against the consumer):
 stores -> ``fence.acq_rel.gpu`` -> named barrier ``barrier`` -> one thread
 ``atom.add.acq_rel.gpu`` on the tile's counter and publishes "last" in smem -> ``barrier`` ->
-the last CTA fences and reads the partials with ``ld.relaxed.gpu`` (coherent, not served from a
-stale L1). No CTA waits on another, so this cannot deadlock.
+the last CTA fences and reads the partials. No CTA waits on another, so this cannot deadlock.
+
+The scalar fixup this replaced (one 4-byte store and load per partial, 14-33 µs a call at
+M = 128 against 6-13 µs for this one on the H200) is in git: ``git show bccfed9:epilogues/
+tile_store.py``; notes/p0-gemm.md, P0 v3 1(a).
 """
 from __future__ import annotations
 
@@ -26,6 +35,8 @@ from device.ptx import _asm_effect, _gaddr
 from device.runtime import cute_modules
 from device.waits import count_split_arrival
 from epilogues.alpha_bf16 import AlphaBf16
+
+PARTIAL_WORDS = 4  # fp32 partial sums per 16-byte store
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32  # noqa: E402
@@ -107,83 +118,9 @@ class TileStore:
 
     @cute.jit
     def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
-        for m, n, x0, x1 in pairs:
-            row = tile.m0 + m
-            col = tile.n0 + n
-            if row < M and col < N2 * 2:
-                ops.work[tile.split, row, col] = x0
-                ops.work[tile.split, row, col + 1] = x1
-        flag_t = self._arrive(ops, tile)
-        if flag_t[0] == Int32(1):
-            cute.arch.fence_acq_rel_gpu()
-            for m, n, _, _ in pairs:
-                row = tile.m0 + m
-                col = tile.n0 + n
-                if row < M and col < N2 * 2:
-                    lo = self._partial(ops.work, 0, row, col, M, N2)
-                    hi = self._partial(ops.work, 0, row, col + 1, M, N2)
-                    for sp in cutlass.range_constexpr(1, self.splits):
-                        lo = lo + self._partial(ops.work, sp, row, col, M, N2)
-                        hi = hi + self._partial(ops.work, sp, row, col + 1, M, N2)
-                    ops.d[row, col // 2] = self.output.pair(ops, row, col // 2, lo, hi)
-
-    @staticmethod
-    def _partial(work, split, row, col, M, N2) -> Float32:
-        """One fp32 partial sum, read coherently at gpu scope (another CTA wrote it)."""
-        p = work.iterator + (split * M + row) * (N2 * 2) + col
-        return cute.arch.load(p.llvm_ptr, Float32, sem="relaxed", scope="gpu")
-
-
-# ---- study (scripts/p0_v3_ab.py and tests build it; never a production choice) ---------------
-SPLIT_FIXUPS = ("vector", "skip")
-PARTIAL_WORDS = 4  # fp32 partial sums per 16-byte store
-
-
-@dataclass(frozen=True)
-class SplitFixupStudy(TileStore):
-    """Split-K fixup ablations (notes/p0-gemm.md, P0 v3 measurement 1(a)); ``splits`` >= 2.
-
-    ``fixup = "vector"``: each thread stores its partials as ``st.global.v4.f32`` in fragment
-    order, warp-interleaved so that one store instruction of a warp fills 512 contiguous bytes:
-    word w of vector v of thread ct of (split, tile) at ((split·tiles + tile)·V + v)·threads·4
-    + ct·4 + w, V = pairs / 2. The last CTA's thread ct holds the same fragment, so it reads the
-    same vectors of every split (``ld.relaxed.gpu.global.v4.f32``) and adds them in split order
-    0, 1, ..., exactly the production order: the output is bit-identical to :class:`TileStore`'s.
-    Synchronisation as TileStore's (fence, named barrier, acq_rel counter the last CTA re-arms).
-    The workspace must hold splits · tiles · tile_m · tile_n floats: gemm_nvfp4's [splits, M, N]
-    does when M and N are multiples of the tile (:meth:`check_shape`).
-
-    ``fixup = "skip"``: no partials, no counter, no reduction; every split CTA stores its own
-    partial through the output rule (the splits race: wrong results by design, timing only)."""
-
-    fixup: str = "vector"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.fixup not in SPLIT_FIXUPS:
-            raise ValueError(f"fixup = {self.fixup!r}: choose from {SPLIT_FIXUPS}")
-        if self.splits < 2:
-            raise ValueError(f"splits = {self.splits}: a split-K fixup study needs >= 2")
-
-    def key(self) -> tuple:
-        return (*super().key(), "fixup", self.fixup)
-
-    @staticmethod
-    def check_shape(M: int, N: int, tile_m: int, tile_n: int) -> None:
-        """The fragment-order workspace fits gemm_nvfp4's [splits, M, N] only for whole tiles."""
-        if M % tile_m or N % tile_n:
-            raise ValueError(f"M = {M}, N = {N}: the vectorised fixup's workspace needs M and N "
-                             f"multiples of the {tile_m} x {tile_n} tile")
-
-    @cute.jit
-    def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
-        if cutlass.const_expr(self.fixup == "skip"):
-            self._store_direct(pairs, ops, tile, M, N2)
-        else:
-            self._store_split_vector(pairs, ops, tile, M, N2)
-
-    @cute.jit
-    def _store_split_vector(self, pairs, ops, tile, M: Int32, N2: Int32):
+        if cutlass.const_expr(len(pairs) % 2):
+            raise ValueError(f"{len(pairs)} accumulator pairs a thread: the split-K store "
+                             "writes them two to a 16-byte vector")
         vectors = len(pairs) // 2
         tiles = cute.size(ops.count.shape)
         stride = self.threads * PARTIAL_WORDS  # one vector of every thread of the CTA
@@ -208,6 +145,41 @@ class SplitFixupStudy(TileStore):
                     if row < M and col < N2 * 2:
                         ops.d[row, col // 2] = self.output.pair(ops, row, col // 2, s[2 * h],
                                                                 s[2 * h + 1])
+
+
+def workspace_floats(splits: int, tiles: int, tile_m: int, tile_n: int) -> int:
+    """fp32 words of the split-K workspace: every split of every tile, whole tiles."""
+    return splits * tiles * tile_m * tile_n if splits > 1 else 0
+
+
+# ---- study (scripts/p0_v3_ab.py and tests build it; never a production choice) ---------------
+SPLIT_FIXUPS = ("skip",)
+
+
+@dataclass(frozen=True)
+class SplitFixupStudy(TileStore):
+    """Split-K fixup ablation (notes/p0-gemm.md, P0 v3 measurement 1(a)); ``splits`` >= 2.
+
+    ``fixup = "skip"``: no partials, no counter, no reduction; every split CTA stores its own
+    partial through the output rule (the splits race: wrong results by design, timing only), so
+    a build's time minus this one's is its fixup's cost. The vectorised fixup measured beside it
+    won and is :class:`TileStore`'s own."""
+
+    fixup: str = "skip"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.fixup not in SPLIT_FIXUPS:
+            raise ValueError(f"fixup = {self.fixup!r}: choose from {SPLIT_FIXUPS}")
+        if self.splits < 2:
+            raise ValueError(f"splits = {self.splits}: a split-K fixup study needs >= 2")
+
+    def key(self) -> tuple:
+        return (*super().key(), "fixup", self.fixup)
+
+    @cute.jit
+    def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
+        self._store_direct(pairs, ops, tile, M, N2)
 
 
 @dsl_user_op

@@ -18,7 +18,7 @@ from workbench.compile import compile_report
 # ---- arguments (CPU) --------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,match", [
     (dict(fixup="scalar"), "fixup"), (dict(activation="bf16"), "activation"),
-    (dict(fixup="vector", splits=1), "splits"), (dict(fixup="skip", splits=1), "splits")])
+    (dict(fixup="vector"), "fixup"), (dict(fixup="skip", splits=1), "splits")])
 def test_v3_study_refuses_what_it_cannot_build(kw, match):
     with pytest.raises(ValueError, match=match):
         V3Study(**kw)
@@ -33,9 +33,6 @@ def test_v3_study_parts_refuse_bad_arguments():
         SplitFixupStudy(256, splits=2, fixup="dsmem")
     with pytest.raises(ValueError, match="splits"):
         SplitFixupStudy(256, splits=1)
-    SplitFixupStudy.check_shape(128, 5376, 128, 128)
-    with pytest.raises(ValueError, match="multiples"):
-        SplitFixupStudy.check_shape(130, 5376, 128, 128)
 
 
 def test_v3_study_barriers_keys_and_exactness():
@@ -51,18 +48,17 @@ def test_v3_study_barriers_keys_and_exactness():
     assert V3Study().build().static_key() == BlockscaledGemmSm90.swap_ab().static_key()
     assert V3Study(splits=3).build().static_key() == \
         BlockscaledGemmSm90.swap_ab(splits=3).static_key()
-    studies = [V3Study(splits=2), V3Study(splits=2, fixup="vector"),
-               V3Study(splits=2, fixup="skip"), V3Study(activation="f16_tma"),
+    studies = [V3Study(splits=2), V3Study(splits=2, fixup="skip"), V3Study(activation="f16_tma"),
                V3Study(splits=2, activation="f16_tma")]
     keys = {s.build().static_key() for s in studies}
     assert len(keys) == len(studies)
-    assert [s.exact for s in studies] == [True, True, False, True, True]
+    assert [s.exact for s in studies] == [True, False, True, True]
     assert TileStore(256, splits=2).key() == SplitFixupStudy(256, splits=2).key()[:5]
 
 
 # ---- compile (CI) -----------------------------------------------------------------------------
 BUILDS = {
-    "vector-s3": V3Study(splits=3, fixup="vector"),
+    "production-s3": V3Study(splits=3),
     "skip-s3": V3Study(splits=3, fixup="skip"),
     "f16-serial": V3Study(activation="f16_tma"),
 }
@@ -86,10 +82,10 @@ def test_v3_builds_compile_without_spills(name):
 
 
 @pytest.mark.compile
-def test_vector_fixup_stores_and_reads_16_byte_partials():
-    """32 accumulator pairs a thread: 16 vector stores; the last CTA 16 vector loads per split,
-    no scalar partial access, one acq_rel arrival per tile."""
-    r = _build("vector-s3")
+def test_split_fixup_stores_and_reads_16_byte_partials():
+    """The production split-K store: 32 accumulator pairs a thread, 16 vector stores; the last
+    CTA 16 vector loads per split, no scalar partial access, one acq_rel arrival per tile."""
+    r = _build("production-s3")
     assert r.census["st.global.v4"] == 16 and r.census["atom"] == 1
     assert r.ptx.count("ld.relaxed.gpu.global.v4.f32") == 16 * 3
     assert "ld.relaxed.gpu.global.f32" not in r.ptx and "st.global.f32" not in r.ptx
@@ -133,7 +129,7 @@ def test_v3_exact_studies_equal_production_bits():
     M, N, K = 128, 512, 2048
     a, b, pre, x16 = operands(M, N, K, seed=7)
     for splits, studies in ((1, [V3Study(activation="f16_tma")]),
-                            (2, [V3Study(splits=2, fixup="vector"),
+                            (2, [
                                  V3Study(splits=2, activation="f16_tma")])):
         base = StudyLaunch(V3Study(splits=splits).build(), M, N, K)(
             a, b, pre, x16, torch.empty(M, N, dtype=torch.bfloat16, device="cuda"))

@@ -17,6 +17,7 @@ from device.ffi import plain_cuda, require_hopper
 from device.runtime import check_cuda_tensor, sm_count
 from device.waits import diagnostics_mailbox
 from epilogues.gate_residual import GateResidualBf16
+from epilogues.tile_store import workspace_floats
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
 from kernels.nvfp4.prepack import PrepackedWeights
 from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape
@@ -184,12 +185,14 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
                          f"not a multiple of {config.cluster_n}")
     a_rows = a_q if r0 == 0 and r1 == M else a_q[r0:r1]
     a_scales = a_s if r0 == 0 else a_s[r0:]  # whole 128-row tiles from r0 on
-    if config.splits * m * N >= 2**31:
-        raise ValueError(f"split-K workspace of {config.splits} x {m} x {N} exceeds 32-bit "
-                         "indexing; use fewer splits (splits only pay below one wave of tiles)")
+    tiles = -(-m // config.tile_m) * -(-N // config.tile_n)
+    words = workspace_floats(config.splits, tiles, config.tile_m, config.tile_n)
+    if words >= 2**31:
+        raise ValueError(f"split-K workspace of {config.splits} splits x {tiles} tiles of "
+                         f"{config.tile_m} x {config.tile_n} exceeds 32-bit indexing; use fewer "
+                         "splits (splits only pay below one wave of tiles)")
     if config.splits > 1:  # fp32 partials and zeroed per-tile counters (the kernel re-arms them)
-        work = torch.empty(config.splits, m, N, dtype=torch.float32, device=a_q.device)
-        tiles = -(-m // config.tile_m) * -(-N // config.tile_n)
+        work = torch.empty(words, dtype=torch.float32, device=a_q.device)
         counters = torch.zeros(tiles, dtype=torch.int32, device=a_q.device)
     else:  # never dereferenced
         work = counters = out

@@ -312,11 +312,12 @@ class BlockscaledGemmSm90:
         mG = (cute.make_tensor(ga_ptr, cute.make_layout(1)),
               cute.make_tensor(gb_ptr, cute.make_layout(1)))
         mailbox = cute.make_tensor(mailbox_ptr, cute.make_layout(8))
-        # split-K partial sums [splits, M, N] fp32 and one arrival counter per output tile
-        mWork = cute.make_tensor(work_ptr, cute.make_layout((self.splits, M, N),
-                                                            stride=(M * N, N, 1)))
+        # split-K partial sums (fp32, whole tiles in fragment order: epilogues.tile_store) and
+        # one arrival counter per output tile
         m_tiles = (M + self.tile_m - 1) // self.tile_m
         n_tiles = (N + self.tile_n - 1) // self.tile_n
+        mWork = cute.make_tensor(work_ptr, cute.make_layout(
+            self.splits * m_tiles * n_tiles * self.tile_m * self.tile_n))
         mCount = cute.make_tensor(count_ptr, cute.make_layout(m_tiles * n_tiles))
         tiled_mma = self.consumer.tiled_mma()
         schedule = TileSchedule((m_tiles, n_tiles, self.splits), self.cluster_n,
@@ -500,9 +501,9 @@ class V3Study:
     """P0 v3's measurement builds of the swap-AB design (scripts/p0_v3_ab.py and
     tests/test_p0_v3_studies.py build them; notes/p0-gemm.md, P0 v3 1(a) and 1(c)).
 
-    ``fixup``: the split-K fixup, "production" (:class:`TileStore`), "vector" (16-byte partials
-    in fragment order, one vectorised fixed-order reduce: bit-identical) or "skip" (no fixup:
-    wrong, timing only) (epilogues.tile_store.SplitFixupStudy).
+    ``fixup``: the split-K fixup, "production" (:class:`TileStore`'s vectorised fixed-order
+    reduce, which won this study against the scalar one) or "skip" (no fixup: wrong, timing
+    only; epilogues.tile_store.SplitFixupStudy).
     ``activation``: "expand" (the production activation stage) or "f16_tma": the activation
     given already expanded to f16 [M, K] in the ``a`` buffer and TMA'd into the f16 tiles
     (producers.register_order.WeightsOnlyRegisterOrderProducer +
