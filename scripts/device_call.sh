@@ -24,7 +24,10 @@
 #   frame-protocol experiments/frame_protocol.py (the depth frame's synchronisation alone)
 #   frame-tiles-ab scripts/frame_tiles_ab.py ($WB_AB_ARGS): the frame's projection-tile knobs
 #   depth-frame  experiments/depth_frame.py (the whole frame kernel beside the fast loop)
-#   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL)
+#   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL; the
+#                quack column needs .whl installed: pip install --no-index --no-deps --target
+#                /tmp/site .whl/*.whl)
+#   host-overhead experiments/host_overhead.py: host µs per eager call of the NVFP4 entries
 #   experiments  depth-loop, p0-baseline, the quick p0 ladder (the full one: ladder-full)
 # WB_PYTEST_ARGS adds pytest arguments to the test steps (e.g. "-n 4 --dist loadfile": the H200
 # image has pytest-xdist).
@@ -71,6 +74,7 @@ for what in "$@"; do
     h3-trajectory) step h3-trajectory python3 -m experiments.h3_trajectory --reference-block ;;
     p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
+    host-overhead) step host-overhead python3 -m experiments.host_overhead ;;
     p0-v3-ab) step p0-v3-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v3_ab.py \
                 ${WB_AB_ARGS:-} ;;
     stress) step fast-loop-stress env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
@@ -84,7 +88,8 @@ for what in "$@"; do
       step p0-baseline python3 -m experiments.p0_baseline
       step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
-            "ladder-full, p0-ab, p0-v3-ab, stress, h3-trajectory, p0-baseline, frame-protocol, depth-frame," \
+            "ladder-full, p0-ab, p0-v3-ab, stress, h3-trajectory, p0-baseline, host-overhead," \
+            "frame-protocol, depth-frame," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac
 done
