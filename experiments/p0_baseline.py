@@ -1,4 +1,4 @@
-"""P0 baseline: the block-scaled NVFP4 GEMM against cuBLAS and Comfy Kitchen's Hopper path.
+"""P0 baseline: the block-scaled NVFP4 GEMM against cuBLAS, quack's W4A16 and Comfy Kitchen.
 
 Per projection (N x K: qkv 21504x5376, out 5376x5376, fc1 14336x5376, fc2 5376x14336, and a
 7168x5376 projection, "wide") and
@@ -11,15 +11,34 @@ sets rotated beyond L2 where a set is smaller than 3x L2):
 * ``comfy_e2e``: what a Hopper user of Comfy Kitchen 0.2.40 gets: torch amax, quantize_nvfp4
   (pad_16x), dequantize_nvfp4 of activation and weight, bf16 F.linear; graphs and eager;
 * ``cublas_bf16``: F.linear on the dequantized bf16 operands;
-* ``cublas_fp8``: torch._scaled_mm on e4m3 operands with per-tensor scales (context only).
+* ``cublas_fp8``: torch._scaled_mm on e4m3 operands with per-tensor scales (context only);
+* ``quack_w4a16``: quack-kernels 0.6.5's ``gemm_w4a16`` (Tri Dao's SM90 weight-only GEMM:
+  e2m1 codes decoded to bf16 in registers, bf16 wgmma) on the same NVFP4 weight values and the
+  bf16 activation, an anchor from outside this project on the same hardware, same run. Its
+  weights: our quantized weight (hi-first nibbles, 128x4-swizzled e4m3 scales, g) reordered by
+  :func:`quack_nvfp4_weight` into quack's input format (lo-first nibbles, row-major scales),
+  then quack's own ``prepare_w4_weight(..., wformat="nvfp4")`` repack; g rides its epilogue
+  ``tensor_scale``. Checked in the same run on P0's 32 sampled rows against the exact (float64)
+  product of the bf16 activation and the dequantized weight: max |error| / max |reference|
+  below 1e-2 (fp32 accumulation and the bf16 output differ by ~2^-9; other weights, O(1)).
+  quack not importable: the column is not run and the run says why (notes.not_run).
 
 Bytes and FLOPs per case: FLOPs = 2MNK. P0 reads A and B packed (K/2 + K/16 bytes per row) and
 writes 2MN; cuBLAS bf16 reads 2K bytes per row. Floor = max(FLOPs / 790 TFLOP/s (the measured
 dense f16/bf16 wgmma rate), bytes / 4.24 TB/s). At M = 128 the bound is bytes (weights), at
 M = 2048 and 37810 FLOPs.
 
+Headline per M, each the worst shape's speed ratio "p0 over X" = X's time / ours (>= 1: ours
+at least as fast): ``p0_over_cublas_bf16``, ``p0_over_quack_w4a16`` (the GEMMs on the same
+NVFP4 weights, P0 reading the NVFP4 activation, quack the bf16 one; ``ours_e2e_over_quack_w4a16``
+per case puts our whole linear from bf16 beside it), ``e2e_speedup_vs_comfy`` (eager) and
+``e2e_speedup_vs_comfy_graph``.
+
 Correctness in the same run: P0 on 32 sampled rows of every case within the oracle's fp32 bound.
-Needs CuTe DSL and comfy_kitchen importable (GPU host: unpack .gpu, then the comfy archive).
+Needs CuTe DSL; comfy_kitchen for the Comfy columns (GPU host: unpack .gpu, then the comfy
+archive) and quack-kernels for quack's (the quack extra; GPU host: its wheels in .whl/, which
+needs triton, part of the CUDA torch build). A column whose package is missing is not run: the
+verdict is then incomplete, never pass.
 """
 from __future__ import annotations
 
@@ -42,8 +61,13 @@ PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
 M_VALUES = (128, 2048, 37810)
 WGMMA_PEAK = 790e12
 TARGETS = {"p0_over_cublas_bf16": {128: 1.15, 2048: 0.90, 37810: 0.90},
+           "p0_over_quack_w4a16": {128: 1.0, 2048: 1.0, 37810: 1.0},
            "e2e_speedup_vs_comfy": {128: 3.0, 2048: 1.3, 37810: 1.1},  # eager, as a user calls
            "e2e_speedup_vs_comfy_graph": {128: 3.0, 2048: 1.3, 37810: 1.1}}
+HEADLINE_KEYS = ("p0_over_cublas_bf16", "p0_over_quack_w4a16", "e2e_speedup_vs_comfy",
+                 "e2e_speedup_vs_comfy_graph")
+QUACK_VERSION = "0.6.5"  # the pinned quack extra; another version runs, and the summary says so
+QUACK_MAX_REL_ERR = 1e-2
 NOTES = {
     "prediction": "session 17, written before this version's first run (dedfb51's A/B, "
                   "results/logs/dedfb51-p0-v2-ab.json, set the p0 column): 0.44-0.67 of cuBLAS "
@@ -70,6 +94,52 @@ def _comfy():
     return ck, None
 
 
+def _quack():
+    """quack.gemm_w4 (gemm_w4a16, prepare_w4_weight) and its version, or None and why not.
+    Importing quack patches CuTe DSL process-wide (``:``/``...`` tensor indexing, tensor
+    ``to``/``clone``/``contiguous``, ``if const_expr(a) and b`` rewrites); all additive, none
+    a spelling our kernels use: P0's PTX and SASS (p0 and swap-AB) came out identical with and
+    without quack imported (sm_90a, compiled without a GPU)."""
+    try:  # here, not at the top: quack-kernels is optional (the quack extra, GPU host: .whl/)
+        import quack
+        from quack import gemm_w4
+    except Exception as e:  # ImportError, or triton missing under it, or a cutlass mismatch
+        return None, None, f"quack-kernels not importable: {type(e).__name__}: {e}"
+    return gemm_w4, getattr(quack, "__version__", "unknown"), None
+
+
+def quack_nvfp4_weight(bq: torch.Tensor, bs: torch.Tensor, N: int, K: int):
+    """Our NVFP4 weight as quack's nvfp4 format takes it before its repack: (N, K/2) uint8 codes
+    with element 2i in the LOW nibble (ours: high) and (N, K/16) e4m3 scales row-major (ours:
+    the cuBLAS 128x4 swizzle). The same codes and scales, reordered; g stays apart (quack's
+    ``tensor_scale``). quack ships no converter from this layout, hence this one."""
+    rows, cols = bq.shape[0], bq.shape[1] * 2 // nvfp4.BLOCK  # the buffers' 16-padded extents
+    sf = nvfp4.from_blocked(bs.view(torch.uint8), rows, cols)[:N, :K // nvfp4.BLOCK]
+    q = nvfp4.swap_nibbles(bq[:N, :K // 2])
+    return q.contiguous(), sf.contiguous().view(torch.float8_e4m3fn)
+
+
+def _quack_case(qk, xs, weights, out, row_ids, N, K, quick):
+    """quack's gemm_w4a16 on the case's operand sets (the bf16 activations, the weights via
+    :func:`quack_nvfp4_weight` and quack's repack): (its timing, max |error| / max |reference|
+    on the sampled rows of set 0 against the exact product in float64)."""
+    sets = []
+    for (x, *_), (bq, bs, gb, _pre) in zip(xs, weights):
+        blob, sf = qk.prepare_w4_weight(*quack_nvfp4_weight(bq, bs, N, K), wformat="nvfp4")
+        sets.append((x, blob, sf, float(gb)))  # g read on the host once, not in the timed call
+
+    def run(x, blob, sf, g):
+        return qk.gemm_w4a16(x, blob, sf, tensor_scale=g, out=out, wformat="nvfp4")
+
+    x, _, _, g = sets[0]
+    run(*sets[0])
+    w = nvfp4.dequantize_operand(weights[0][0], weights[0][1], (N, K)).double()  # e2m1 * s
+    ref = (x[row_ids].double() @ w.T) * g
+    err = float((out[row_ids].double() - ref).abs().max() / ref.abs().max())
+    del w, ref
+    return _time(run, sets, quick), err
+
+
 def _global_scale_from_amax(amax_value: torch.Tensor) -> torch.Tensor:
     """numerics.nvfp4's g (Comfy's rule) as the one-element fp32 tensor the kernels read."""
     return nvfp4.global_scale_from_amax(amax_value).reshape(1)
@@ -86,7 +156,7 @@ def _time(fn, arg_sets, quick, graph: bool = True):
         return d
 
 
-def _case(name, N, K, M, ck, quick, seed):
+def _case(name, N, K, M, ck, qk, quick, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
     w_bytes_packed = N * K // 2 + N * K // 16
@@ -130,6 +200,13 @@ def _case(name, N, K, M, ck, quick, seed):
     t["p0"] = _time(lambda a, s, g, b, bs_, gb_, pre: gemm_nvfp4(a, s, g, b, bs_, gb_, out=out,
                                                                    prepacked=pre),
                     p0_sets, quick)
+    if qk is not None:  # beside p0, on the same weight values
+        try:
+            t["quack_w4a16"], row["quack_w4a16_max_rel_err"] = _quack_case(
+                qk, xs, weights, out, rows.cuda(), N, K, quick)
+        except Exception as e:  # e.g. its compile failing for a shape: this column, not the run
+            row["quack_w4a16_not_run"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+        row["bytes_quack_w4a16"] = N * (K // 2 + K // 16) + 2 * M * K + 2 * M * N
 
     def ours_e2e(x, b, bs_, gb_, pre):
         g = _global_scale_from_amax(amax(x))
@@ -171,42 +248,34 @@ def _case(name, N, K, M, ck, quick, seed):
     for k, v in t.items():
         v["tflops"] = flops / v["median_us"] / 1e6
     row["timings"] = t
-    row["p0_over_cublas_bf16"] = t["cublas_bf16"]["median_us"] / t["p0"]["median_us"]
+    row.update(speed_ratios(t))
     row["p0_fraction_of_floor"] = row["floor_us_p0"] / t["p0"]["median_us"]
-    if "comfy_e2e" in t:
-        row["e2e_speedup_vs_comfy"] = (t["comfy_e2e_eager"]["median_us"]
-                                       / t["ours_e2e_eager"]["median_us"])
-        row["e2e_speedup_vs_comfy_graph"] = (t["comfy_e2e"]["median_us"]
-                                             / t["ours_e2e"]["median_us"])
     return row
 
 
-def _main(argv) -> int:
-    p = parser(__doc__.splitlines()[0])
-    p.add_argument("--m", type=int, nargs="*", default=list(M_VALUES))
-    p.add_argument("--projections", nargs="*", default=list(PROJECTIONS))
-    args = p.parse_args(argv)
-    need_gpu("p0-baseline")
-    ck, why = _comfy()
-    if ck is None:
-        progress(why + " (comfy_e2e not measured)")
-    rows = []
-    for M in args.m:
-        for name in args.projections:
-            N, K = PROJECTIONS[name]
-            progress(f"{name} M={M} (N={N}, K={K})")
-            rows.append(_case(name, N, K, M, ck, args.quick, seed=args.seed + M + N + K))
-            r = rows[-1]
-            progress(f"  p0 ({r['config']['design']}) {r['timings']['p0']['median_us']:.1f} us, "
-                     f"cuBLAS bf16 {r['timings']['cublas_bf16']['median_us']:.1f} us, ratio "
-                     f"{r['p0_over_cublas_bf16']:.2f}; e2e vs comfy eager "
-                     f"{r.get('e2e_speedup_vs_comfy', float('nan')):.2f}, graph "
-                     f"{r.get('e2e_speedup_vs_comfy_graph', float('nan')):.2f}")
-            torch.cuda.empty_cache()
+def speed_ratios(t: dict) -> dict:
+    """A case's ratios from its timings, each "ours over X" = X's median time / ours (>= 1: ours
+    at least as fast); a column not timed gives none."""
+    us = {k: v["median_us"] for k, v in t.items()}
+    r = {"p0_over_cublas_bf16": us["cublas_bf16"] / us["p0"]}
+    if "quack_w4a16" in us:
+        r["p0_over_quack_w4a16"] = us["quack_w4a16"] / us["p0"]
+        # both take the bf16 activation: our whole linear (amax, quantize, GEMM) against quack's
+        r["ours_e2e_over_quack_w4a16"] = us["quack_w4a16"] / us["ours_e2e"]
+    if "comfy_e2e" in us:
+        r["e2e_speedup_vs_comfy"] = us["comfy_e2e_eager"] / us["ours_e2e_eager"]
+        r["e2e_speedup_vs_comfy_graph"] = us["comfy_e2e"] / us["ours_e2e"]
+    return r
+
+
+def headline_and_gates(rows: list, ms) -> tuple[dict, dict]:
+    """Per HEADLINE_KEYS figure and M, the worst shape's ratio (a key no case measured at that M
+    is left out, so a column not run has no gate), a gate per target; P0's correctness gate,
+    and quack's same-weights gate where quack ran."""
     headline, gates = {}, {}
-    for key in ("p0_over_cublas_bf16", "e2e_speedup_vs_comfy", "e2e_speedup_vs_comfy_graph"):
+    for key in HEADLINE_KEYS:
         per_m = {}
-        for M in args.m:
+        for M in ms:
             vals = [r[key] for r in rows if r["M"] == M and key in r]
             if vals:
                 worst = min(vals)
@@ -218,13 +287,64 @@ def _main(argv) -> int:
         headline[key] = per_m
     gates["p0_within_fp32_bound"] = R.gate(all(r["p0_within_fp32_bound_on_32_rows"] for r in rows),
                                            "32 sampled rows per case vs the exact oracle")
+    errs = [r["quack_w4a16_max_rel_err"] for r in rows if "quack_w4a16_max_rel_err" in r]
+    if errs:
+        gates["quack_w4a16_same_weights"] = R.gate(
+            max(errs) < QUACK_MAX_REL_ERR, f"max |error| / max |reference| {max(errs):.2e} on 32 "
+            f"rows per case vs < {QUACK_MAX_REL_ERR:g} ({len(errs)} of {len(rows)} cases)")
+    return headline, gates
+
+
+def not_run_parts(rows: list, comfy_why: str | None, quack_why: str | None) -> list[str]:
+    """The columns that did not run, each with its reason (the summary's notes.not_run: the
+    verdict is then incomplete at best)."""
+    parts = [f"{col}: {why}" for col, why in (("comfy_e2e", comfy_why),
+                                                ("quack_w4a16", quack_why)) if why]
+    parts += [f"quack_w4a16 {r['projection']} M={r['M']}: {r['quack_w4a16_not_run']}"
+              for r in rows if "quack_w4a16_not_run" in r]
+    return parts
+
+
+def _main(argv) -> int:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--m", type=int, nargs="*", default=list(M_VALUES))
+    p.add_argument("--projections", nargs="*", default=list(PROJECTIONS))
+    args = p.parse_args(argv)
+    need_gpu("p0-baseline")
+    ck, comfy_why = _comfy()
+    if ck is None:
+        progress(comfy_why + " (comfy_e2e not measured)")
+    qk, quack_version, quack_why = _quack()
+    if qk is None:
+        progress(quack_why + " (quack_w4a16 not measured)")
+    elif quack_version != QUACK_VERSION:
+        progress(f"quack-kernels {quack_version}, not the pinned {QUACK_VERSION}")
+    rows = []
+    for M in args.m:
+        for name in args.projections:
+            N, K = PROJECTIONS[name]
+            progress(f"{name} M={M} (N={N}, K={K})")
+            rows.append(_case(name, N, K, M, ck, qk, args.quick, seed=args.seed + M + N + K))
+            r = rows[-1]
+            progress(f"  p0 ({r['config']['design']}) {r['timings']['p0']['median_us']:.1f} us, "
+                     f"cuBLAS bf16 {r['timings']['cublas_bf16']['median_us']:.1f} us, ratio "
+                     f"{r['p0_over_cublas_bf16']:.2f}; quack W4A16 "
+                     f"{r['timings'].get('quack_w4a16', {}).get('median_us', float('nan')):.1f}"
+                     f" us, ratio {r.get('p0_over_quack_w4a16', float('nan')):.2f}; e2e vs comfy "
+                     f"eager {r.get('e2e_speedup_vs_comfy', float('nan')):.2f}, graph "
+                     f"{r.get('e2e_speedup_vs_comfy_graph', float('nan')):.2f}")
+            if "quack_w4a16_not_run" in r:
+                progress(f"  quack_w4a16 not run: {r['quack_w4a16_not_run']}")
+            torch.cuda.empty_cache()
+    headline, gates = headline_and_gates(rows, args.m)
     summary = R.make_summary(
         "p0-baseline",
         parameters={"projections": {k: PROJECTIONS[k] for k in args.projections}, "M": args.m,
                     "quick": args.quick, "wgmma_peak_flops": WGMMA_PEAK,
-                    "copy_ceiling_bps": COPY_CEILING_BPS, "targets": TARGETS},
+                    "copy_ceiling_bps": COPY_CEILING_BPS, "targets": TARGETS,
+                    "quack_kernels": quack_version or "not importable"},
         measurements=rows, headline=headline, gates=gates, seeds={"operands": args.seed},
-        notes=NOTES)
+        notes=NOTES, not_run=not_run_parts(rows, comfy_why, quack_why))
     path = R.write(summary, args.results_dir)
     try:  # the ratio per shape and M as a picture beside the summary (the plots extra)
         progress(f"wrote {p0_ratio_png(summary, path.with_suffix('.png'))}")
@@ -234,12 +354,15 @@ def _main(argv) -> int:
     table = [[r["projection"], r["M"], r["config"]["design"],
               f"{r['timings']['p0']['median_us']:.1f}",
               f"{r['timings']['cublas_bf16']['median_us']:.1f}", f"{r['p0_over_cublas_bf16']:.2f}",
+              f"{r['timings'].get('quack_w4a16', {}).get('median_us', nan):.1f}",
+              f"{r.get('p0_over_quack_w4a16', nan):.2f}",
               f"{r['timings']['ours_e2e_eager']['median_us']:.1f}",
               f"{r['timings'].get('comfy_e2e_eager', {}).get('median_us', nan):.1f}",
               f"{r.get('e2e_speedup_vs_comfy', nan):.2f}",
               f"{r.get('e2e_speedup_vs_comfy_graph', nan):.2f}",
               f"{r['p0_fraction_of_floor']:.2f}"] for r in rows]
     print(R.format_table(table, ["proj", "M", "design", "p0 us", "bf16 us", "p0/bf16",
+                                 "quack us", "p0/quack",
                                  "e2e eager us", "comfy eager us", "e2e x eager",
                                  "e2e x graph", "floor frac"]))
     print(f"wrote {path} (verdict {summary['verdict']})")

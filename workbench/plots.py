@@ -4,8 +4,9 @@
 bars of different units never share an axis), at most MAX_PANELS panels of MAX_BARS bars, the
 headline's shallower figures first; what is left out is counted on the panel (``wb results
 show`` lists everything).
-``p0_ratio_png``: p0-baseline's speed relative to cuBLAS bf16 per projection and M, with the
-targets (results/p0-baseline.png; the experiment can call it after writing its summary).
+``p0_ratio_png``: p0-baseline's speed ratios per projection and M, with the targets, in three
+panels: vs cuBLAS bf16, vs quack's W4A16 GEMM, end to end vs Comfy (results/p0-baseline.png;
+the experiment can call it after writing its summary).
 ``frame_timeline_png``: one traced depth frame, the tasks of every CTA over time coloured by
 type (experiments/frame_protocol.py draws it beside its summary).
 """
@@ -129,25 +130,45 @@ def headline_png(summary: dict, out: Path) -> Path:
         plt.close(fig)
 
 
-def p0_ratio_png(summary: dict, out: Path) -> Path:
-    """p0-baseline: P0 NVFP4 GEMM speed relative to cuBLAS bf16 (cuBLAS time / P0 time, >1:
-    P0 faster) per projection, one bar per M, each M's target a dashed line in its colour."""
-    rows = [r for r in summary["measurements"] if "p0_over_cublas_bf16" in r]
-    if not rows:
-        raise WorkbenchError(f"summary '{summary['name']}' has no p0_over_cublas_bf16 "
-                             "measurements")
-    plt = _pyplot()
-    projections = list(dict.fromkeys(r["projection"] for r in rows))
-    ms = sorted({r["M"] for r in rows})
-    targets = summary["parameters"].get("targets", {}).get("p0_over_cublas_bf16", {})
-    ratio = {(r["projection"], r["M"]): r["p0_over_cublas_bf16"] for r in rows}
+# p0-baseline's panels: (headline key, title, y label); the first must be measured to draw
+P0_PANELS = (
+    ("p0_over_cublas_bf16", "P0 GEMM vs cuBLAS bf16 on the dequantized operands",
+     "cuBLAS bf16 time / P0 time"),
+    ("p0_over_quack_w4a16", "P0 GEMM vs quack W4A16 (gemm_w4a16) on the same NVFP4 weights",
+     "quack time / P0 time"),
+    ("e2e_speedup_vs_comfy", "our NVFP4 linear vs Comfy Kitchen's Hopper path, end to end: "
+     "bars eager, ticks under CUDA graphs", "Comfy time / ours"),
+)
+P0_NOT_RUN_PREFIX = {"p0_over_quack_w4a16": "quack_w4a16", "e2e_speedup_vs_comfy": "comfy_e2e"}
+
+
+def _p0_panel(ax, rows, key, title, ylabel, projections, ms, targets, not_run) -> None:
+    """One p0-baseline ratio per projection, a bar per M, each M's target a dashed line in its
+    colour (one grey line for Ms that share it); a panel without figures says why."""
+    ratio = {(r["projection"], r["M"]): r[key] for r in rows if key in r}
+    ax.set_title(title, fontsize=9, loc="left")
+    ax.set_ylabel(f"{ylabel}\n(> 1: ours faster)", fontsize=8)
+    if not ratio:
+        prefix = P0_NOT_RUN_PREFIX.get(key, key)
+        why = [n for n in not_run if isinstance(n, str) and n.startswith(prefix)]
+        ax.text(0.5, 0.5, R.clip(why[0], 110) if why else "not measured in this summary",
+                transform=ax.transAxes, ha="center", va="center", fontsize=9, color="grey")
+        ax.set_yticks([])
+        return
     width = 0.8 / len(ms)
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    drawn = list(ratio.values())
     for j, m in enumerate(ms):
         xs = [i + (j - (len(ms) - 1) / 2) * width for i in range(len(projections))]
         vals = [ratio.get((p, m), float("nan")) for p in projections]
         bars = ax.bar(xs, vals, width * 0.9, label=f"M = {m}", color=f"C{j}")
-        ax.bar_label(bars, labels=[f"{v:.2f}" for v in vals], fontsize=8, padding=2)
+        ax.bar_label(bars, labels=[f"{v:.2f}" for v in vals], fontsize=7, padding=2)
+        if key == "e2e_speedup_vs_comfy":  # the graph-replay figure on the same bar
+            graph = {(r["projection"], r["M"]): r["e2e_speedup_vs_comfy_graph"] for r in rows
+                     if "e2e_speedup_vs_comfy_graph" in r}
+            ys = [graph.get((p, m), float("nan")) for p in projections]
+            drawn += ys
+            ax.plot(xs, ys, linestyle="none", marker="_", markersize=12, color="black",
+                    label="under CUDA graphs" if j == 0 else None)
     by_target: dict[float, list] = {}  # one dashed line per target value, naming its Ms
     for j, m in enumerate(ms):
         target = targets.get(str(m), targets.get(m))
@@ -158,14 +179,33 @@ def p0_ratio_png(summary: dict, out: Path) -> Path:
                    linewidth=1, label=f"target at M = {', '.join(str(m) for _, m in js)}: "
                    f"{target:g}")
     ax.axhline(1.0, color="black", linewidth=0.8)
+    finite = [v for v in drawn if v == v]  # not NaN
+    ax.set_ylim(0, max(1.3, *finite, *by_target) * 1.12)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no bar hidden
+
+
+def p0_ratio_png(summary: dict, out: Path) -> Path:
+    """p0-baseline's speed ratios per projection and M (X's time / ours, > 1: ours faster), one
+    panel each (:data:`P0_PANELS`): P0 vs cuBLAS bf16, P0 vs quack's W4A16 GEMM, our linear vs
+    Comfy end to end; a bar per M, each M's target a dashed line in its colour. A column the
+    run did not measure keeps its panel, with the reason from notes.not_run."""
+    rows = [r for r in summary["measurements"] if P0_PANELS[0][0] in r]
+    if not rows:
+        raise WorkbenchError(f"summary '{summary['name']}' has no {P0_PANELS[0][0]} "
+                             "measurements")
+    plt = _pyplot()
+    projections = list(dict.fromkeys(r["projection"] for r in rows))
+    ms = sorted({r["M"] for r in rows})
+    targets = summary["parameters"].get("targets", {})
+    not_run = (summary.get("notes") or {}).get("not_run") or []
+    fig, axes = plt.subplots(len(P0_PANELS), 1, figsize=(12, 4 * len(P0_PANELS)), sharex=True,
+                             layout="constrained")
+    for ax, (key, title, ylabel) in zip(axes, P0_PANELS):
+        _p0_panel(ax, rows, key, title, ylabel, projections, ms, targets.get(key, {}), not_run)
     shapes = {r["projection"]: f"N={r['N']} K={r['K']}" for r in rows}
-    ax.set_xticks(range(len(projections)), [f"{p}\n{shapes[p]}" for p in projections],
-                  fontsize=9)
-    ax.set_ylabel("cuBLAS bf16 time / P0 time  (> 1: P0 faster)")
-    ax.set_title(_caption(summary), fontsize=9)
-    ax.legend(fontsize=8, ncol=2, loc="upper left")
-    ax.set_ylim(0, max(1.3, *(v for v in ratio.values()), *map(float, targets.values())) * 1.15)
-    fig.tight_layout()
+    axes[-1].set_xticks(range(len(projections)), [f"{p}\n{shapes[p]}" for p in projections],
+                        fontsize=9)
+    fig.suptitle(_caption(summary), fontsize=9)
     try:
         return _save(fig, out)
     finally:
