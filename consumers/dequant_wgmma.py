@@ -159,7 +159,8 @@ class DequantWgmmaConsumer:
         warpgroup.wait_group(0)
         epilogue.store(self.output_pairs(acc, thr_mma, (self.tile_m, self.tile_n)), epi,
                        OutputTile(m0=tile.m * self.tile_m, n0=tile.n * self.tile_n,
-                                  tile_id=tile.m * n_tiles + tile.n, split=tile.split, ct=ct))
+                                  tile_id=tile.m * n_tiles + tile.n, split=tile.split, ct=ct,
+                                  segments=tile.segments))
         return count
 
     @staticmethod

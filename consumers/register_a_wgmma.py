@@ -147,7 +147,7 @@ class RegisterAWgmmaConsumer:
         v.epilogue.store(self.output_pairs(v.acc, v.wg, v.t), v.epi,
                          OutputTile(m0=tile.m * self.tile_m, n0=tile.n * self.tile_n,
                                     tile_id=tile.m * v.n_tiles + tile.n, split=tile.split,
-                                    ct=v.ct))
+                                    ct=v.ct, segments=tile.segments))
         return count
 
     @cute.jit
@@ -264,3 +264,89 @@ class OverlappedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
         if v.lane == 0:
             cute.arch.mbarrier_arrive(v.act_empty + cnt % self.act_tiles.buffers)
         keep_alive([a[i] for i in range(4 * STEPS)], v.k_tiles, v.mailbox.iterator)
+
+
+class PipelinedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
+    """Study (kernels.nvfp4.gemm_shell.V3Study(consumer="pipelined"); notes/p0-gemm.md,
+    "The pipelined register-A consumer"): the public register-A order (quack's
+    ``mma_rs_interleaved``, CUTLASS's sm90 RS mainloop), two k16 wgmmas in flight across every
+    k-block boundary and no ``wait_group(0)`` inside a tile.
+
+    Per k16 step st of a k-block: convert A slot st + 1 (at st = 3: load the next k-block's
+    fragments and convert its slot 0), then fence, wgmma(st) on slot st, commit, and
+    ``wgmma.wait_group(2)``. A slot is rewritten only after the wait that retired the wgmma
+    that last read it (slot st + 1 was read three groups back; slot 0 at st = 3 by this
+    k-block's step 0, two back), so no register an in-flight wgmma reads is redefined and
+    ptxas has no reason to serialise the wgmmas (its C7513). The activation tile of k-block j
+    is released at step 1 of k-block j + 1 (its last wgmma has retired), and at the tile's end
+    after ``wait_group(0)``. No keep-alive reads: the per-k16 study that had them (removed at
+    8438956) was 1.4-1.6x slower than the serial consumer.
+
+    Role contract as :class:`RegisterAWgmmaConsumer`'s (warpgroups 2-3, 200 registers, 8
+    arrivals each on ``empty`` and ``act_empty``); it holds an activation tile one k16 step
+    longer, so give the activation stage more than two buffers."""
+
+    IN_FLIGHT = 2
+
+    @cute.jit
+    def mainloop(self, tile, v: TileViews, count: Int32) -> Int32:
+        a, acc = v.a_x, v.acc  # (an assignment through v would make v loop-carried)
+        frag = cute.make_rmem_tensor((4,), Uint32)
+        sc = cute.make_rmem_tensor((2,), Uint32)
+        if tile.k1 > tile.k0:  # a K split past the end has no k-block
+            self._load_fragments(frag, sc, v, count)
+            self._convert_slot(a, frag, sc, 0)
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            b, bph = ring_position(count, self.act_tiles.buffers)
+            wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox)
+            tile_addr = v.f16_base + b * self.act_tiles.tile_bytes
+            for st in cutlass.range_constexpr(STEPS):
+                if cutlass.const_expr(st + 1 < STEPS):
+                    self._convert_slot(a, frag, sc, st + 1)
+                else:
+                    if kt + 1 < tile.k1:
+                        self._load_fragments(frag, sc, v, count + 1)
+                        self._convert_slot(a, frag, sc, 0)
+                if cutlass.const_expr(self.mma):
+                    warpgroup.fence()
+                    desc = sw128_kmajor_descriptor(tile_addr + st * 32, SW128_ATOM)
+                    res = wgmma_rs_m64k16([acc[i] for i in range(self.tile_m // 2)],
+                                          [a[4 * st + j] for j in range(4)], desc, "f16")
+                    for i in cutlass.range_constexpr(self.tile_m // 2):
+                        acc[i] = res[i]
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(self.IN_FLIGHT)
+                if cutlass.const_expr(st == 1):
+                    # the previous k-block's last wgmma has retired: its tile is free
+                    if kt > tile.k0 and v.lane == 0:
+                        cute.arch.mbarrier_arrive(
+                            v.act_empty + (count - 1) % self.act_tiles.buffers)
+            count = count + 1
+        warpgroup.wait_group(0)
+        if tile.k1 > tile.k0 and v.lane == 0:
+            cute.arch.mbarrier_arrive(v.act_empty + (count - 1) % self.act_tiles.buffers)
+        return count
+
+    @cute.jit
+    def _load_fragments(self, frag: cute.Tensor, sc: cute.Tensor, v: TileViews, cnt: Int32):
+        """Wait for ring use ``cnt``, load this thread's 16 code bytes and 8 scale bytes of it
+        into ``frag`` and ``sc`` and release the stage."""
+        s, ph = ring_position(cnt, self.stages)
+        wait_parity(v.full + s, ph, Barrier.FULL, s, v.mailbox)
+        slot = s * 2 + v.wg
+        cute.autovec_copy(v.codes[(None, slot * (SLAB_CODE_BYTES // 16) + v.t)], frag)
+        base = slot * (SLAB_SCALE_BYTES // 4) + (v.t // 4) * 2
+        sc[0] = v.scales[base]
+        sc[1] = v.scales[base + 1]
+        cute.arch.sync_warp()
+        if v.t % 32 == 0:
+            cute.arch.mbarrier_arrive(v.empty + s)
+
+    @cute.jit
+    def _convert_slot(self, a: cute.Tensor, frag: cute.Tensor, sc: cute.Tensor,
+                      st: cutlass.Constexpr):
+        """A slot ``st`` (4 f16x2 registers) from k16 step st's code word and scale pair."""
+        pair = sc[st // 2] if st % 2 == 0 else sc[st // 2] >> Uint32(16)
+        words = dequant_a_fragment(frag[st], pair)
+        for j in cutlass.range_constexpr(4):
+            a[4 * st + j] = words[j]

@@ -107,6 +107,51 @@ def plain_cuda(t, dtypes, align: int) -> bool:
             and not t.data_ptr() % align)
 
 
+class PlanCache:
+    """An entry's validated call signatures -> what its launch needs (the fast path's cache).
+    The last hit is compared first with ``==`` (a signature of shapes, dtypes and devices
+    compares in ~0.5 µs but hashes in ~1 µs), then the dict; at ``size`` entries it starts over."""
+
+    __slots__ = ("plans", "size", "last_key", "last_plan")
+
+    def __init__(self, size: int = 256):
+        self.plans: dict = {}
+        self.size = size
+        self.last_key = self.last_plan = None
+
+    def get(self, key):
+        if key == self.last_key:
+            return self.last_plan
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.last_key, self.last_plan = key, plan
+        return plan
+
+    def put(self, key, plan) -> None:
+        if len(self.plans) >= self.size:
+            self.plans.clear()
+        self.plans[key] = plan
+        self.last_key, self.last_plan = key, plan
+
+    def clear(self) -> None:
+        self.plans.clear()
+        self.last_key = self.last_plan = None
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def stream_handle(device_index: int) -> int:
+    """torch's current stream on ``device_index`` as an int (the raw cudaStream_t), cheaply: a
+    key for per-stream scratch buffers (torch.cuda.current_stream builds a Stream object)."""
+    if _raw_stream is not None:
+        return _raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 def pointer(arg, dtype):
     """While tracing: the typed global pointer behind a jit argument, a Pointer or a Tensor (its
     iterator: the declared alignment and address space carry over)."""

@@ -5,9 +5,12 @@ the reference bit for bit, and the quantize kernel's tests check that it does. E
 names the exact PTX so the compile census can see it (``rcp.approx.ftz.f32``,
 ``cvt.rn.satfinite.e4m3x2.f32``). :func:`quantize_block16` is the one device block quantizer
 (the quantize kernel's, and P1's to come); :func:`scale_swizzle_offset` the one device form of
-the 128x4 scale swizzle, derived from :mod:`numerics.nvfp4`'s constants.
+the 128x4 scale swizzle, derived from :mod:`numerics.nvfp4`'s constants;
+:func:`global_scale_bits` the device form of ``numerics.nvfp4.global_scale_from_amax``.
 """
 from __future__ import annotations
+
+import struct
 
 from device.runtime import cute_modules
 
@@ -18,8 +21,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 from device.ptx import (asm, bf16_hi, bf16_lo, f16_hi, f16_lo, fmax_abs,  # noqa: E402
                                 fmin_nan_ignoring, fmul_ftz, prmt, rcp_approx_ftz)
 from numerics.formats import FLT_MAX, RN_ONE_SIXTH  # noqa: E402
-from numerics.nvfp4 import (BLOCK, SCALE_LINE_BYTES, SCALE_LINE_ROWS,  # noqa: E402
-                            SCALE_TILE_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS)
+from numerics.nvfp4 import (BLOCK, F4_E2M1_MAX, F8_E4M3_MAX, SCALE_LINE_BYTES,  # noqa: E402
+                            SCALE_LINE_ROWS, SCALE_TILE_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS)
 
 
 # --- the 128x4 scale swizzle ----------------------------------------------------------------
@@ -78,6 +81,37 @@ def e4m3_satfinite(d: Float32, *, loc=None, ip=None) -> Uint32:
     text = ("{ .reg .b16 h; cvt.rn.satfinite.e4m3x2.f32 h, 0f00000000, $1; "
             "cvt.u32.u16 $0, h; }")
     return Uint32(asm(T.i32(), [Float32(d)], text, "=r,f", loc, ip))
+
+
+# --- the tensor scale g from the tensor amax --------------------------------------------------
+def _rn_f32_hex(v: float) -> str:
+    return struct.pack(">f", v).hex().upper()  # Python's float -> fp32 pack rounds to nearest
+
+
+# RN_fp32(1 / 2688): 2688 = 2^7 · 21 is exact in fp32 and double, and the double quotient's
+# rounding to fp32 cannot double-round here (1/21's binary expansion has period 6)
+_RCP_AMAX_TO_G = _rn_f32_hex(1.0 / (F8_E4M3_MAX * F4_E2M1_MAX))
+
+
+@dsl_user_op
+def global_scale_bits(amax_bits: Uint32, bf16: bool, *, loc=None, ip=None) -> Uint32:
+    """fp32 bits of ``numerics.nvfp4.global_scale_from_amax``: g = fp32(RN_dtype(amax / 2688))
+    for the bf16 (``bf16``) or fp16 amax whose bit pattern is the low half of ``amax_bits``.
+
+    ``mul.rn.f32`` by RN_fp32(1/2688) (what torch does on CUDA for a tensor divided by a
+    scalar), then ``cvt.rn`` to the amax's dtype and back, subnormals kept (no .ftz): for every
+    finite or infinite amax of either dtype this equals the correctly rounded quotient the host
+    rule gives (tests/test_host_fast_path.py checks all 2 x 2^15 patterns on the CPU); a NaN amax
+    gives a NaN (its payload is no part of the rule: the host's differs between CPU paths)."""
+    if bf16:
+        text = ("{ .reg .b32 w; .reg .f32 f, q; .reg .b16 h; shl.b32 w, $1, 16; mov.b32 f, w; "
+                f"mul.rn.f32 q, f, 0f{_RCP_AMAX_TO_G}; cvt.rn.bf16.f32 h, q; "
+                "cvt.u32.u16 w, h; shl.b32 $0, w, 16; }")
+    else:
+        text = ("{ .reg .b16 h; .reg .f32 f, q; cvt.u16.u32 h, $1; cvt.f32.f16 f, h; "
+                f"mul.rn.f32 q, f, 0f{_RCP_AMAX_TO_G}; cvt.rn.f16.f32 h, q; cvt.f32.f16 f, h; "
+                "mov.b32 $0, f; }")
+    return Uint32(asm(T.i32(), [Uint32(amax_bits)], text, "=r,r", loc, ip))
 
 
 @dsl_user_op

@@ -68,6 +68,61 @@ class TileSchedule:
         return TileWalk(self, stride, Int32(bidz), cta)
 
 
+class StreamKSchedule:
+    """Static config: ``tiles`` = (m tiles, n tiles) and the raster order. Stream-K: the tiles'
+    k-blocks form one sequence of T = tiles · k_tiles iterations (tile-major), and CTA c of the
+    G = min(T, CTAs) in the grid takes iterations [⌊cT/G⌋, ⌊(c+1)T/G⌋), so every CTA runs
+    ⌊T/G⌋ or ⌈T/G⌉ k-blocks whatever the tile count (no partial last wave). A tile is cut into
+    ``segments`` consecutive CTAs' shares, indexed 0, 1, ... in CTA order: the epilogue adds the
+    segments' partials in that order, so the bits depend on G (the launch's CTA budget) and
+    never on timing. G <= T keeps every CTA's share non-empty, so every segment of a tile
+    arrives. The host checks T · G < 2^31 (the kernel's 32-bit products)."""
+
+    stream_k = True
+
+    def __init__(self, tiles: tuple, raster_along_m: bool = True):
+        self.tiles, self.raster_along_m = tiles, raster_along_m
+
+    def __extract_mlir_values__(self) -> list:
+        return extract_mlir_values(self.tiles)
+
+    def __new_from_mlir_values__(self, values) -> StreamKSchedule:
+        return StreamKSchedule(new_from_mlir_values(self.tiles, values), self.raster_along_m)
+
+    def grid(self, k_tiles: Int32, max_ctas: Int32) -> tuple:
+        """One CTA per k-block at most, up to ``max_ctas`` (host)."""
+        return (1, 1, cutlass.min(self.tiles[0] * self.tiles[1] * k_tiles, max_ctas))
+
+
+def max_stream_k_segments(tiles: int, k_tiles: int, ctas: int) -> int:
+    """A bound on the CTAs that share one tile (host: the split-K workspace's depth): a tile's
+    k_tiles iterations meet at most ⌈(k_tiles - 1) / ⌊T/G⌋⌉ + 1 of the CTAs' shares."""
+    total = tiles * k_tiles
+    ctas = min(ctas, total)
+    return -(-(k_tiles - 1) // (total // ctas)) + 1
+
+
+def stream_k_units(tiles: int, k_tiles: int, ctas: int) -> list:
+    """The stream-K schedule on the host, the kernel's arithmetic line for line
+    (:func:`_for_each_stream_k_unit`): per CTA its [(tile, segment, segments, k0, k1)]."""
+    total = tiles * k_tiles
+    ctas = min(ctas, total)
+    out = []
+    for cta in range(ctas):
+        i, end, units = cta * total // ctas, (cta + 1) * total // ctas, []
+        while i < end:
+            t = i // k_tiles
+            first = t * k_tiles
+            k0 = i - first
+            k1 = min(k_tiles, k0 + end - i)
+            lead = ((first + 1) * ctas - 1) // total
+            tail = ((first + k_tiles) * ctas - 1) // total
+            units.append((t, cta - lead, tail - lead + 1, k0, k1))
+            i = first + k1
+        out.append(units)
+    return out
+
+
 class TileWalk:
     """Device side: one CTA's position in a :class:`TileSchedule`: its cluster's current work
     item ``work``, the work ``stride`` (clusters in the grid) and the CTA's (m, n, split) offset
@@ -109,12 +164,14 @@ class TileLoop(NamedTuple):
 
 class Tile(NamedTuple):
     """One output tile of a role's loop: its (m, n) tile coordinates, its K split and that
-    split's k-blocks [k0, k1)."""
+    split's k-blocks [k0, k1); under stream-K also how many CTAs' ``segments`` the tile has
+    (``split`` is then this CTA's segment), else None (the config's static split count)."""
     m: Int32
     n: Int32
     split: Int32
     k0: Int32
     k1: Int32
+    segments: object = None
 
 
 @cute.jit
@@ -124,12 +181,45 @@ def for_each_tile(loop: TileLoop, body, args):
     uses, which ``body`` advances per k-block it consumes or fills (its stage and phase:
     :func:`device.waits.ring_position`); ``args`` are the views ``body`` reads, built once
     before the loop."""
-    walk = loop.schedule.start()
-    m, n, split, valid = walk.tile()
-    count = Int32(0)
-    while valid:
-        k0 = split * loop.k_per_split
-        k1 = cutlass.min(k0 + loop.k_per_split, loop.k_tiles)
-        count = body(Tile(m, n, split, k0, k1), args, count)
-        walk.advance()
+    if cutlass.const_expr(getattr(loop.schedule, "stream_k", False)):
+        _for_each_stream_k_unit(loop, body, args)
+    else:
+        walk = loop.schedule.start()
         m, n, split, valid = walk.tile()
+        count = Int32(0)
+        while valid:
+            k0 = split * loop.k_per_split
+            k1 = cutlass.min(k0 + loop.k_per_split, loop.k_tiles)
+            count = body(Tile(m, n, split, k0, k1), args, count)
+            walk.advance()
+            m, n, split, valid = walk.tile()
+
+
+@cute.jit
+def _for_each_stream_k_unit(loop: TileLoop, body, args):
+    """:func:`for_each_tile` under a :class:`StreamKSchedule`: this CTA's iterations, one
+    ``body`` call per tile they touch, with the tile's segment index and segment count."""
+    s = loop.schedule
+    m_tiles, n_tiles = s.tiles
+    k_tiles = loop.k_tiles
+    total = m_tiles * n_tiles * k_tiles
+    _, _, ctas = cute.arch.grid_dim()
+    _, _, cta = cute.arch.block_idx()
+    ctas, cta = Int32(ctas), Int32(cta)
+    i = cta * total // ctas
+    end = (cta + 1) * total // ctas
+    count = Int32(0)
+    while i < end:
+        t = i // k_tiles
+        first = t * k_tiles
+        k0 = i - first
+        k1 = cutlass.min(k_tiles, k0 + end - i)
+        lead = ((first + 1) * ctas - 1) // total  # the CTA that owns the tile's first k-block
+        tail = ((first + k_tiles) * ctas - 1) // total  # and its last
+        major = m_tiles if cutlass.const_expr(s.raster_along_m) else n_tiles
+        slow = t // major
+        fast = t - slow * major
+        m, n = (fast, slow) if cutlass.const_expr(s.raster_along_m) else (slow, fast)
+        count = body(Tile(*(cute.arch.make_warp_uniform(Int32(x))
+                            for x in (m, n, cta - lead, k0, k1, tail - lead + 1))), args, count)
+        i = first + k1

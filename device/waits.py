@@ -139,10 +139,11 @@ def ring_position(count: Int32, stages: int):
 
 
 @cute.jit
-def count_split_arrival(mCount: cute.Tensor, tile_id: Int32, splits: cutlass.Constexpr[int],
+def count_split_arrival(mCount: cute.Tensor, tile_id: Int32, splits,
                         flag: cute.Tensor):
     """Split-K arrival, by one thread per CTA after the CTA's partials are stored and fenced:
-    bump the tile's counter (``atom.add.acq_rel.gpu``); the last of ``splits`` CTAs re-arms it to
+    bump the tile's counter (``atom.add.acq_rel.gpu``); the last of ``splits`` CTAs (an int, or
+    the tile's Int32 segment count under stream-K) re-arms it to
     0 for the next launch. ``flag[0]`` (shared with the CTA) becomes 1 in the last CTA, else 0.
     Nobody waits on anybody, so this cannot deadlock."""
     arrived = cute.arch.atomic_add((mCount.iterator + tile_id).llvm_ptr, Int32(1),

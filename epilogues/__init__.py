@@ -37,9 +37,11 @@ class EpilogueOperands(NamedTuple):
 
 
 class OutputTile(NamedTuple):
-    """Where the tile lies: its first row and column, its index and K split, the thread."""
+    """Where the tile lies: its first row and column, its index and K split, the thread, and
+    under stream-K the tile's segment count (``split`` is then this CTA's segment)."""
     m0: object
     n0: object
     tile_id: object
     split: object
     ct: object  # consumer thread index, 0 .. the epilogue's threads - 1
+    segments: object = None  # Int32 under stream-K (device.tiles.StreamKSchedule), else None

@@ -16,6 +16,11 @@ the next launch. Still an fp32 accumulation of exact products in some fixed orde
 bound holds unchanged. The workspace holds :func:`workspace_floats` fp32 words (whole tiles:
 rows past M and columns past N are stored and never read into D).
 
+Under stream-K (``stream_k``: device.tiles.StreamKSchedule) a tile's split count is its
+``segments``, a launch-time value: a tile inside one CTA's share (1 segment) stores directly,
+the others go through the same store with the segments as the counter's target and the bound of
+the reduce loop (segment 0, 1, ... in K order).
+
 Synchronisation (the consumer's ``threads``, which the shell checks against the consumer):
 stores -> ``fence.acq_rel.gpu`` -> named barrier ``barrier`` -> one thread
 ``atom.add.acq_rel.gpu`` on the tile's counter and publishes "last" in smem -> ``barrier`` ->
@@ -55,12 +60,16 @@ class TileStore:
     output: object = None
     splits: int = 1
     barrier: NamedBarrier = NamedBarrier.EPILOGUE
+    stream_k: bool = False  # segments per tile from the schedule (``tile.segments``)
 
     def __post_init__(self):
         if not isinstance(self.threads, int) or self.threads <= 0 or self.threads % WARP:
             raise ValueError(f"threads = {self.threads!r}: a named barrier takes whole warps")
         if not isinstance(self.splits, int) or self.splits < 1:
             raise ValueError(f"splits = {self.splits!r}: need an int >= 1")
+        if self.stream_k and self.splits != 1:
+            raise ValueError(f"splits = {self.splits} with stream_k: the stream-K schedule cuts "
+                             "the tiles itself (splits must be 1)")
         if not isinstance(self.barrier, NamedBarrier) or \
                 self.barrier == NamedBarrier.SYNC_THREADS:
             raise ValueError(f"barrier = {self.barrier!r}: a NamedBarrier other than "
@@ -76,23 +85,29 @@ class TileStore:
 
     def named_barriers(self) -> dict:
         """{id: threads} of the named barriers :meth:`store` syncs on."""
-        return {self.barrier: self.threads} if self.splits > 1 else {}
+        return {self.barrier: self.threads} if self.splits > 1 or self.stream_k else {}
 
     def key(self) -> tuple:
         """Identity for the compile cache: the rule's class, the splits, the threads and the
-        barrier."""
+        barrier (and stream-K, where set)."""
         cls = type(self.output)
-        return (cls.__module__, cls.__qualname__, self.splits, self.threads, int(self.barrier))
+        key = (cls.__module__, cls.__qualname__, self.splits, self.threads, int(self.barrier))
+        return (*key, "stream_k") if self.stream_k else key
 
     @cute.jit
     def store(self, pairs, ops, tile):
         """Write one tile. ``pairs``: the consumer's [(m, n, x0, x1)], fp32 sums of D[m, n] and
         D[m, n + 1] in tile coordinates (n even)."""
         M, N2 = ops.d.shape
-        if cutlass.const_expr(self.splits == 1):
+        if cutlass.const_expr(self.stream_k):
+            if tile.segments == Int32(1):  # the tile lies inside this CTA's share
+                self._store_direct(pairs, ops, tile, M, N2)
+            else:
+                self._store_split(pairs, ops, tile, M, N2, tile.segments)
+        elif cutlass.const_expr(self.splits == 1):
             self._store_direct(pairs, ops, tile, M, N2)
         else:
-            self._store_split(pairs, ops, tile, M, N2)
+            self._store_split(pairs, ops, tile, M, N2, self.splits)
 
     @cute.jit
     def _store_direct(self, pairs, ops, tile, M: Int32, N2: Int32):
@@ -104,20 +119,22 @@ class TileStore:
                 ops.d[row, pair] = self.output.pair(ops, row, pair, x0, x1)
 
     @cute.jit
-    def _arrive(self, ops, tile):
+    def _arrive(self, ops, tile, splits):
         """After this CTA's partials are stored: publish them (fence), count this split's
         arrival for the tile (one thread), and return the one-element flag tensor, 1 in the
-        last split to arrive, which then reduces."""
+        last of the tile's ``splits`` to arrive, which then reduces."""
         cute.arch.fence_acq_rel_gpu()
         cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
         flag_t = cute.make_tensor(ops.flag, cute.make_layout(1))
         if tile.ct == 0:
-            count_split_arrival(ops.count, tile.tile_id, self.splits, flag_t)
+            count_split_arrival(ops.count, tile.tile_id, splits, flag_t)
         cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
         return flag_t
 
     @cute.jit
-    def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
+    def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32, splits):
+        """``splits``: the tile's split count, an int (static splits) or an Int32 (stream-K
+        segments, added by a loop the count bounds)."""
         if cutlass.const_expr(len(pairs) % 2):
             raise ValueError(f"{len(pairs)} accumulator pairs a thread: the split-K store "
                              "writes them two to a 16-byte vector")
@@ -129,15 +146,22 @@ class TileStore:
         for v in cutlass.range_constexpr(vectors):
             (_, _, a0, a1), (_, _, b0, b1) = pairs[2 * v], pairs[2 * v + 1]
             _st_global_v4_f32(own + v * stride, (a0, a1, b0, b1))
-        flag_t = self._arrive(ops, tile)
+        flag_t = self._arrive(ops, tile, splits)
         if flag_t[0] == Int32(1):
             cute.arch.fence_acq_rel_gpu()
             for v in cutlass.range_constexpr(vectors):
                 at = base + tile.tile_id * vectors * stride + v * stride
                 s = _ld_relaxed_gpu_v4_f32(at)
-                for sp in cutlass.range_constexpr(1, self.splits):
-                    p = _ld_relaxed_gpu_v4_f32(at + sp * tiles * vectors * stride)
-                    s = [s[w] + p[w] for w in range(PARTIAL_WORDS)]
+                if cutlass.const_expr(isinstance(splits, int)):
+                    for sp in cutlass.range_constexpr(1, splits):
+                        p = _ld_relaxed_gpu_v4_f32(at + sp * tiles * vectors * stride)
+                        s = [s[w] + p[w] for w in range(PARTIAL_WORDS)]
+                else:
+                    s0, s1, s2, s3 = s
+                    for sp in cutlass.range(1, splits, unroll=1):
+                        p = _ld_relaxed_gpu_v4_f32(at + sp * tiles * vectors * stride)
+                        s0, s1, s2, s3 = s0 + p[0], s1 + p[1], s2 + p[2], s3 + p[3]
+                    s = [s0, s1, s2, s3]
                 for h in cutlass.range_constexpr(2):
                     m, n, _, _ = pairs[2 * v + h]
                     row = tile.m0 + m
@@ -148,7 +172,8 @@ class TileStore:
 
 
 def workspace_floats(splits: int, tiles: int, tile_m: int, tile_n: int) -> int:
-    """fp32 words of the split-K workspace: every split of every tile, whole tiles."""
+    """fp32 words of the split-K workspace: every split of every tile, whole tiles (under
+    stream-K ``splits`` is the bound on a tile's segments, device.tiles.max_stream_k_segments)."""
     return splits * tiles * tile_m * tile_n if splits > 1 else 0
 
 
@@ -178,7 +203,7 @@ class SplitFixupStudy(TileStore):
         return (*super().key(), "fixup", self.fixup)
 
     @cute.jit
-    def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32):
+    def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32, splits):
         self._store_direct(pairs, ops, tile, M, N2)
 
 

@@ -1,5 +1,15 @@
-"""P0 v3 measurements 1(a) and 1(c) on the H200, in one run (notes/p0-gemm.md, "P0 v3,
-measurements 1(a) and 1(c)": the predictions were written before it).
+"""P0 v3 measurements 1(a), 1(c), the pipelined consumer and stream-K on the H200, in one run
+(notes/p0-gemm.md, "P0 v3, measurements 1(a) and 1(c)" and "Stream-K and the pipelined
+consumer": the predictions were written before each run).
+
+(p) the mainloop and the schedule at M = 128 (qkv, fc1, out, wide, fc2): the production build
+through gemm_nvfp4 (its default K split); the same design on device.tiles.StreamKSchedule
+(every CTA the same share of all tiles' k-blocks; its own bits, checked against the oracle's
+bound by the tests); the TMA'd f16 activation with the serial consumer and 4 f16 buffers (the
+control for the buffers); the pipelined consumer (PipelinedRegisterAWgmmaConsumer: convert
+step b + 1 under wgmma(b), two k16 groups in flight) on the expanded activation with 4 buffers,
+on the f16 one with 2 and with 4 buffers; and the f16 pipelined build on stream-K.
+over_production = time / production's (whole calls: the schedules differ).
 
     python3 scripts/p0_v3_ab.py [--seconds 170] [--parts c a] [--out DIR]
 
@@ -43,7 +53,6 @@ import torch
 from configs.arch import K_BLOCK
 from device.runtime import sm_count
 from device.waits import synchronize
-from epilogues.tile_store import workspace_floats
 from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4
 from kernels.nvfp4.gemm_shell import ENTRY, V3Study
 from kernels.nvfp4.prepack import prepack
@@ -55,8 +64,9 @@ from workbench.timing import bench, rotation_count
 PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
                "fc2": (5376, 14336), "wide": (7168, 5376)}
 M = 128
-# priority order: the decisive (c) rows first, then (a), then the rest of (c)
-JOBS = (("c", "out"), ("c", "qkv"), ("a", "out"), ("c", "fc2"), ("a", "fc2"), ("c", "fc1"),
+# priority order: session 21's rows (p) first, then 8438956's (c) and (a)
+JOBS = (("p", "qkv"), ("p", "fc1"), ("p", "out"), ("p", "wide"), ("p", "fc2"),
+        ("c", "out"), ("c", "qkv"), ("a", "out"), ("c", "fc2"), ("a", "fc2"), ("c", "fc1"),
         ("a", "wide"), ("c", "wide"))
 FIXUP_SPLITS = (2, 3)
 
@@ -79,10 +89,9 @@ class StudyLaunch:
     def __init__(self, cfg, M: int, N: int, K: int):
         self.cfg, self.key, self.M, self.N, self.K = cfg, cfg.static_key(), M, N, K
         self.f16 = isinstance(cfg.activation, F16TmaActivationStage)
-        if cfg.splits > 1:
-            tiles = -(-M // cfg.tile_m) * -(-N // cfg.tile_n)
-            self.work = torch.empty(workspace_floats(cfg.splits, tiles, cfg.tile_m, cfg.tile_n),
-                                    dtype=torch.float32, device="cuda")
+        words, tiles = cfg.workspace_floats(M, N, K, sm_count())
+        if words:
+            self.work = torch.empty(words, dtype=torch.float32, device="cuda")
             self.counters = torch.zeros(tiles, dtype=torch.int32, device="cuda")
         else:
             self.work = self.counters = None
@@ -120,6 +129,25 @@ def variants(part, M, N, K):
             cfg = V3Study(splits=sp, fixup="skip").build()
             rows.append((f"s{sp} fixup skip", cfg, StudyLaunch(cfg, M, N, K), False))
         return rows
+    if part == "p":
+        sp = default_config(M, N, K, prepacked=True).splits
+        cfg, call = production(M, N, K, sp)
+        rows.append((f"s{sp} production", cfg, call, True))
+        pipe = dict(consumer="pipelined")
+        for study, label in (
+                (V3Study(stream_k=True), "stream-k"),
+                (V3Study(splits=sp, activation="f16_tma", buffers=4), f"s{sp} f16 serial b4"),
+                (V3Study(splits=sp, buffers=4, **pipe), f"s{sp} pipelined b4"),
+                (V3Study(splits=sp, activation="f16_tma", buffers=2, **pipe),
+                 f"s{sp} f16 pipelined b2"),
+                (V3Study(splits=sp, activation="f16_tma", buffers=4, **pipe),
+                 f"s{sp} f16 pipelined b4"),
+                (V3Study(stream_k=True, activation="f16_tma", buffers=4, **pipe),
+                 "stream-k f16 pipelined b4")):
+            cfg = study.build()
+            # stream-K has its own bits (its own summation order); the rest the production ones
+            rows.append((label, cfg, StudyLaunch(cfg, M, N, K), not study.stream_k))
+        return rows
     sp = default_config(M, N, K, prepacked=True).splits
     cfg, call = production(M, N, K, sp)
     rows.append((f"s{sp} production", cfg, call, True))
@@ -130,7 +158,11 @@ def variants(part, M, N, K):
 
 
 def kblocks_per_cta(cfg, M, N, K, sms):
-    """k-blocks one CTA runs in sequence: its work items x the k-blocks of a split."""
+    """k-blocks one CTA runs in sequence: its work items x the k-blocks of a split (stream-K:
+    its share of all tiles' k-blocks)."""
+    if cfg.stream_k:
+        total = -(-M // cfg.tile_m) * -(-N // cfg.tile_n) * -(-K // K_BLOCK)
+        return -(-total // min(total, sms))
     work = -(-M // cfg.tile_m) * -(-N // cfg.tile_n) * cfg.splits
     k_per_split = -(-(-(-K // K_BLOCK)) // cfg.splits)
     return -(-work // min(work, sms)) * k_per_split
@@ -184,7 +216,8 @@ def derive(rows):
             continue
         twin = "skip" if r["part"] == "a" else "production"
         base = next((x for x in rows if x["part"] == r["part"] and "us" in x
-                     and x["projection"] == r["projection"] and x["splits"] == r["splits"]
+                     and x["projection"] == r["projection"]
+                     and (x["splits"] == r["splits"] or r["part"] == "p")
                      and twin in x["config"]), None)
         if base is None:
             continue
@@ -192,6 +225,8 @@ def derive(rows):
             r["fixup_us"] = r["us"] - base["us"]
         elif r["part"] == "c":
             r["over_production"] = r["ns_per_kblock"] / base["ns_per_kblock"]
+        elif r["part"] == "p":  # whole calls: the schedules differ in k-blocks a CTA
+            r["over_production"] = r["us"] / base["us"]
 
 
 def table(rows) -> str:
@@ -216,7 +251,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=170.0,
                    help="start no job after this many seconds (default 170)")
-    p.add_argument("--parts", nargs="+", choices=("a", "c"), default=["c", "a"])
+    p.add_argument("--parts", nargs="+", choices=("p", "a", "c"), default=["p", "c", "a"])
     p.add_argument("--rep-ms", type=float, default=40.0, help="timed replay per measurement")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)

@@ -97,7 +97,7 @@ def test_an_address_slot_is_a_pointer_argument_with_the_same_ptx():
     from kernels.nvfp4 import amax as A
     from workbench.compile import compile_report
 
-    entry = ffi.Entry("amax-address-probe", A.PTRS, scalars=2, addresses=(1,))
+    entry = ffi.Entry("amax-address-probe", A.PTRS, scalars=3, addresses=(1,))
     config = A.TensorAbsMax()
     fast = compile_report(config, *entry.compile_args([(cutlass.BFloat16, 2), None]),
                           options="--enable-tvm-ffi")
@@ -105,7 +105,7 @@ def test_an_address_slot_is_a_pointer_argument_with_the_same_ptx():
     x = torch.zeros(4, 8, dtype=torch.bfloat16)
     fn = entry.function(config, config.key, (x, 1 << 20))
     with pytest.raises(ValueError, match=r"out: DataPointer.*device_type=cuda"):
-        fn(x, 1 << 20, 32, 1)
+        fn(x, 1 << 20, 32, 1, 1)
 
 
 def test_dispatch_retries_once_with_the_right_variant(monkeypatch):

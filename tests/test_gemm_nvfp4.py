@@ -600,10 +600,10 @@ def test_p0_drawn_shapes(M, n8, k32, kinds, seed):
 
 
 def _swap_ab_within_bound(M, N, K, seed, tokens=128, splits=1, kinds=("normal", "lognormal"),
-                          **study):
+                          cfg=None, **study):
     """Poisoned output, every element within the oracle's bound, a rerun bit-identical, P4's
     fused output bit-identical to the reference order on this design too."""
-    cfg = SwapAbStudy(tokens=tokens, splits=splits, **study).build()
+    cfg = cfg or SwapAbStudy(tokens=tokens, splits=splits, **study).build()
     a, b = _operands(*kinds, M, N, K, seed=seed)
     pre = prepack(b[0], b[1])
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -641,6 +641,26 @@ def test_swap_ab_within_fp32_bound_and_deterministic(shape, splits, overlap, buf
        seed=st.integers(0, 2**31 - 1))
 def test_swap_ab_drawn_shapes(M, n8, k32, kinds, seed):
     _swap_ab_within_bound(M, 8 * n8, 32 * k32, seed, kinds=kinds)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8, 32), (128, 512, 2048), (300, 520, 1056),
+                                   (256, 1024, 5376), (128, 5376, 5376), (700, 384, 160)])
+def test_swap_ab_stream_k_within_fp32_bound_and_deterministic(shape):
+    """Stream-K (device.tiles.StreamKSchedule): one CTA for the single k-block of (1, 8, 32);
+    32 CTAs' segments a tile at (128, 512, 2048) (4 tiles x 32 k-blocks over 128 CTAs); ragged
+    M, N and K; partial tiles under the whole-tile workspace."""
+    _swap_ab_within_bound(*shape, seed=sum(shape) + 11,
+                          cfg=BlockscaledGemmSm90.swap_ab(stream_k=True))
+
+
+@pytest.mark.gpu
+@settings(max_examples=10, deadline=None)
+@given(M=st.integers(1, 400), n8=st.integers(1, 90), k32=st.integers(1, 40),
+       seed=st.integers(0, 2**31 - 1))
+def test_swap_ab_stream_k_drawn_shapes(M, n8, k32, seed):
+    _swap_ab_within_bound(M, 8 * n8, 32 * k32, seed, kinds=("lognormal", "cancel"),
+                          cfg=BlockscaledGemmSm90.swap_ab(stream_k=True))
 
 
 @pytest.mark.gpu

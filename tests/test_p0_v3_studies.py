@@ -18,7 +18,9 @@ from workbench.compile import compile_report
 # ---- arguments (CPU) --------------------------------------------------------------------------
 @pytest.mark.parametrize("kw,match", [
     (dict(fixup="scalar"), "fixup"), (dict(activation="bf16"), "activation"),
-    (dict(fixup="vector"), "fixup"), (dict(fixup="skip", splits=1), "splits")])
+    (dict(fixup="vector"), "fixup"), (dict(fixup="skip", splits=1), "splits"),
+    (dict(stream_k=True, splits=2), "stream_k"), (dict(stream_k=True, fixup="skip"), "stream_k"),
+    (dict(consumer="interleaved"), "consumer")])
 def test_v3_study_refuses_what_it_cannot_build(kw, match):
     with pytest.raises(ValueError, match=match):
         V3Study(**kw)
@@ -49,10 +51,11 @@ def test_v3_study_barriers_keys_and_exactness():
     assert V3Study(splits=3).build().static_key() == \
         BlockscaledGemmSm90.swap_ab(splits=3).static_key()
     studies = [V3Study(splits=2), V3Study(splits=2, fixup="skip"), V3Study(activation="f16_tma"),
+               V3Study(stream_k=True), V3Study(consumer="pipelined", buffers=4),
                V3Study(splits=2, activation="f16_tma")]
     keys = {s.build().static_key() for s in studies}
     assert len(keys) == len(studies)
-    assert [s.exact for s in studies] == [True, False, True, True]
+    assert [s.exact for s in studies] == [True, False, True, True, True, True]
     assert TileStore(256, splits=2).key() == SplitFixupStudy(256, splits=2).key()[:5]
 
 
@@ -61,6 +64,9 @@ BUILDS = {
     "production-s3": V3Study(splits=3),
     "skip-s3": V3Study(splits=3, fixup="skip"),
     "f16-serial": V3Study(activation="f16_tma"),
+    "stream-k": V3Study(stream_k=True),
+    "pipelined": V3Study(consumer="pipelined", buffers=4),
+    "f16-pipelined": V3Study(consumer="pipelined", activation="f16_tma", buffers=4),
 }
 
 
@@ -92,6 +98,89 @@ def test_split_fixup_stores_and_reads_16_byte_partials():
     if r.sass is not None:
         assert r.sass.count("STG.E.128") == 16
         assert len(re.findall(r"LDG\.E\.128\.STRONG\.GPU", r.sass)) == 48
+
+
+@pytest.mark.compile
+def test_stream_k_reduces_a_counted_number_of_segments():
+    """Stream-K: the same 16-byte partial stores and one arrival; the reduce reads segment 0's
+    16 vectors, then each further segment's 16 in a loop the tile's segment count bounds (not
+    unrolled: 32 vector loads in the PTX); a tile inside one CTA's share stores directly."""
+    r = _build("stream-k")
+    assert r.census["st.global.v4"] == 16 and r.census["atom"] == 1
+    assert r.ptx.count("ld.relaxed.gpu.global.v4.f32") == 32
+    assert "ld.relaxed.gpu.global.f32" not in r.ptx and "st.global.f32" not in r.ptx
+
+
+def _instructions(text: str) -> list:
+    """SASS instruction texts (no addresses, no trailing ';')."""
+    out = []
+    for ln in text.splitlines():
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", ln)
+        if m:
+            out.append(m.group(1))
+    return out
+
+
+def _k_loop(sass: str) -> list:
+    """The consumer's k-block loop: from the label the branch after the last HGMMA jumps back
+    to, through that branch."""
+    lines = sass.splitlines()
+    last = max(i for i, ln in enumerate(lines) if "HGMMA" in ln)
+    j = next(i for i in range(last, len(lines)) if "BRA" in lines[i])
+    label = re.search(r"\(\.(L_x_\d+)\)", lines[j]).group(1)
+    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f".{label}:"))
+    return _instructions("\n".join(lines[start:j + 1]))
+
+
+_NO_REGISTER_DEST = ("ST", "RED", "BRA", "BAR", "SYNCS", "WARPGROUP", "HGMMA", "EXIT", "CCTL",
+                     "BPT", "NOP", "WARPSYNC", "BSSY", "BSYNC", "MEMBAR", "FENCE", "CALL", "RET",
+                     "UTMA", "UBLKCP", "DEPBAR")
+
+
+def _a_register_hazards(loop: list) -> list:
+    """Instructions of the k-loop (run twice, for the wrap-around) that write a register an
+    in-flight HGMMA reads as its A operand: an HGMMA stays in flight until a
+    ``WARPGROUP.DEPBAR.LE gsb0, n`` leaves fewer than its place in the queue."""
+    pending, bad = [], []
+    for ins in loop + loop:
+        ins = re.sub(r"^@!?U?P\w+\s+", "", ins)
+        op = ins.split()[0]
+        m = re.match(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)", ins)
+        if m:
+            n = int(m.group(1))
+            pending = pending[len(pending) - n:] if n else []
+        elif op.startswith("HGMMA"):
+            a = re.match(r"HGMMA\S*\s+R\d+, R(\d+),", ins)
+            if a:
+                pending.append(set(range(int(a.group(1)), int(a.group(1)) + 4)))
+        elif not op.startswith(_NO_REGISTER_DEST) and (d := re.match(r"\S+\s+R(\d+)\b", ins)):
+            width = 4 if ".128" in op else 2 if (".64" in op or "WIDE" in op) else 1
+            if any(set(range(int(d.group(1)), int(d.group(1)) + width)) & p for p in pending):
+                bad.append(ins)
+    return bad
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["pipelined", "f16-pipelined"])
+def test_pipelined_consumer_keeps_two_wgmmas_in_flight(name):
+    """Each k16 wgmma its own group followed by ``wait_group(2)``; in the SASS k-loop four
+    HGMMAs each followed by ``DEPBAR.LE gsb0, 0x2`` (no 0x0: ptxas did not serialise them),
+    conversions between them, and no register an in-flight HGMMA reads rewritten before the
+    DEPBAR that retires it."""
+    r = _build(name)
+    assert r.ptx.count("wgmma.commit_group") == 4
+    assert len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+2;", r.ptx)) == 4
+    if r.sass is None:
+        pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not checked")
+    loop = _k_loop(r.sass)
+    hgmma = [i for i, ins in enumerate(loop) if ins.startswith("HGMMA")]
+    assert len(hgmma) == 4 and all("gsb0" in loop[i] for i in hgmma)
+    depbars = [ins for ins in loop if ins.startswith("WARPGROUP.DEPBAR")]
+    assert depbars == ["WARPGROUP.DEPBAR.LE gsb0, 0x2"] * 4
+    between = [sum(ins.startswith("F2FP") for ins in loop[i + 1:j])
+               for i, j in zip(hgmma, hgmma[1:])]
+    assert all(between), f"an HGMMA pair with no F2FP between them: {between}"
+    assert _a_register_hazards(loop) == []
 
 
 @pytest.mark.compile
@@ -128,9 +217,11 @@ def test_v3_exact_studies_equal_production_bits():
     from scripts.p0_v3_ab import StudyLaunch, operands
     M, N, K = 128, 512, 2048
     a, b, pre, x16 = operands(M, N, K, seed=7)
-    for splits, studies in ((1, [V3Study(activation="f16_tma")]),
-                            (2, [
-                                 V3Study(splits=2, activation="f16_tma")])):
+    pipelined = dict(consumer="pipelined", buffers=4)
+    for splits, studies in ((1, [V3Study(activation="f16_tma"), V3Study(**pipelined),
+                                 V3Study(activation="f16_tma", **pipelined)]),
+                            (2, [V3Study(splits=2, activation="f16_tma"),
+                                 V3Study(splits=2, **pipelined)])):
         base = StudyLaunch(V3Study(splits=splits).build(), M, N, K)(
             a, b, pre, x16, torch.empty(M, N, dtype=torch.bfloat16, device="cuda"))
         for study in studies:
@@ -142,3 +233,16 @@ def test_v3_exact_studies_equal_production_bits():
             assert not out.isnan().any(), study
             assert torch.equal(out.view(torch.int16), base.view(torch.int16)), study
             assert torch.equal(again.view(torch.int16), out.view(torch.int16)), study
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8, 32), (128, 512, 2048), (300, 520, 1056),
+                                   (700, 384, 160)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_pipelined_consumer_within_bound_on_ragged_shapes(shape, splits):
+    """One k-block (the prologue alone), splits with one k-block each or none (700 x 384 x 160:
+    3 k-blocks over 3 splits), ragged M, N and K: every element within the oracle's bound,
+    reruns identical, P4's fused output exact."""
+    from tests.test_gemm_nvfp4 import _swap_ab_within_bound
+    cfg = V3Study(consumer="pipelined", buffers=4, splits=splits).build()
+    _swap_ab_within_bound(*shape, seed=sum(shape) + splits + 5, cfg=cfg)

@@ -9,15 +9,16 @@ With ``gate`` and ``residual`` the store is P4's exact gated residual add
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
 from configs.arch import K_BLOCK
+from device import ffi
 from device.ffi import plain_cuda, require_hopper
 from device.runtime import check_cuda_tensor, sm_count
 from device.waits import diagnostics_mailbox
 from epilogues.gate_residual import GateResidualBf16
-from epilogues.tile_store import workspace_floats
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
 from kernels.nvfp4.prepack import PrepackedWeights
 from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape
@@ -159,7 +160,16 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     in-place update) D is RN_bf16(residual + gate · that), bit-identical to
     numerics.epilogue.gate_residual of the plain output. ``prepacked``: the weight's
     register-order prepack (kernels.nvfp4.prepack), required by swap-AB configs. Compiled kernels
-    are cached per static config (``BlockscaledGemmSm90.static_key``)."""
+    are cached per static config (``BlockscaledGemmSm90.static_key``). A call whose
+    :func:`signature` passed every check before skips them but the alignment checks."""
+    try:
+        key = signature(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, config, gate, residual,
+                        prepacked)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):  # a float g, a list rows, not tensors: the slow path
+        key = p = None
+    if p is not None and _aligned(a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked):
+        return launch(p, a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked)
     if config is not None and not isinstance(config, BlockscaledGemmSm90):
         raise TypeError(f"config must be a BlockscaledGemmSm90, got {type(config).__name__}")
     M, N, K, r0, r1, g_a, g_b = validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate,
@@ -185,13 +195,8 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
                          f"not a multiple of {config.cluster_n}")
     a_rows = a_q if r0 == 0 and r1 == M else a_q[r0:r1]
     a_scales = a_s if r0 == 0 else a_s[r0:]  # whole 128-row tiles from r0 on
-    tiles = -(-m // config.tile_m) * -(-N // config.tile_n)
-    words = workspace_floats(config.splits, tiles, config.tile_m, config.tile_n)
-    if words >= 2**31:
-        raise ValueError(f"split-K workspace of {config.splits} splits x {tiles} tiles of "
-                         f"{config.tile_m} x {config.tile_n} exceeds 32-bit indexing; use fewer "
-                         "splits (splits only pay below one wave of tiles)")
-    if config.splits > 1:  # fp32 partials and zeroed per-tile counters (the kernel re-arms them)
+    words, tiles = config.workspace_floats(m, N, K, sm_count())
+    if words:  # fp32 partials and zeroed per-tile counters (the kernel re-arms them)
         work = torch.empty(words, dtype=torch.float32, device=a_q.device)
         counters = torch.zeros(tiles, dtype=torch.int32, device=a_q.device)
     else:  # never dereferenced
@@ -200,6 +205,86 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
           (a_rows, a_scales, *b_ptrs, g_a, g_b, out, _mailbox_address(), work, counters,
            out if gate is None else gate, out if residual is None else residual),
           (m, N, K // 32, sm_count()))
+    if key is not None:
+        _PLANS.put(key, Plan(config, config.static_key(), (m, N, K // 32, sm_count()), M, r0,
+                             r1, words, tiles, config.needs_prepacked_weights))
+    return out
+
+
+# --- the fast path: a signature that passed every check before ----------------------------------
+class Plan(NamedTuple):
+    """What a launch needs besides the tensors, from a call that passed every check."""
+
+    config: BlockscaledGemmSm90
+    static_key: tuple
+    scalars: tuple
+    M: int
+    r0: int
+    r1: int
+    words: int  # the split-K / stream-K workspace's fp32 words (0: none)
+    tiles: int
+    prepacked: bool  # B comes from the register-order prepack
+
+
+_PLANS = ffi.PlanCache()  # signature -> Plan
+
+
+def _tensor_key(t):
+    return (type(t), t.shape, t.dtype, t.device, t.is_contiguous())
+
+
+def signature(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, config, gate, residual, prepacked):
+    """The cache key of a call: everything the checks read but the buffers' addresses (every
+    tensor's type, shape, dtype, device and contiguity; rows with their types; the config and
+    the prepack objects themselves). Raises AttributeError or TypeError for arguments that have
+    no key (a float g, a list rows, a non-tensor): those always take the checks."""
+    if rows is not None:
+        if type(rows) is not tuple or len(rows) != 2:
+            raise TypeError
+        rows = (rows[0], rows[1], type(rows[0]), type(rows[1]))
+    return (_tensor_key(a_q), _tensor_key(a_s), _tensor_key(g_a), _tensor_key(b_q),
+            _tensor_key(b_s), _tensor_key(g_b), None if out is None else _tensor_key(out),
+            rows, config,
+            None if gate is None else _tensor_key(gate),
+            None if residual is None else _tensor_key(residual),
+            None if prepacked is None else (prepacked, _tensor_key(prepacked.codes),
+                                            _tensor_key(prepacked.scales)))
+
+
+def _aligned(a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked) -> bool:
+    """The alignment checks (16 bytes for codes, scales and out, 4 for the rest)."""
+    p16 = a_q.data_ptr() | a_s.data_ptr() | b_q.data_ptr() | b_s.data_ptr()
+    if out is not None:
+        p16 |= out.data_ptr()
+    if prepacked is not None:
+        p16 |= prepacked.codes.data_ptr() | prepacked.scales.data_ptr()
+    p4 = g_a.data_ptr() | g_b.data_ptr()
+    if gate is not None:
+        p4 |= gate.data_ptr() | residual.data_ptr()
+    return not (p16 % 16 or p4 % 4)
+
+
+def launch(p: Plan, a_q, a_s, g_a, b_q, b_s, g_b, out=None, gate=None, residual=None,
+           prepacked=None, work=None, counters=None):
+    """Launch ``p`` on tensors that passed its checks (same signature, aligned): what
+    gemm_nvfp4 does after validating, with nothing re-derived. ``work`` and ``counters``: a
+    split-K workspace to reuse (counters zeroed once: the kernel re-arms them), else fresh."""
+    m = p.r1 - p.r0
+    if out is None:
+        out = torch.empty(m, p.scalars[1], dtype=torch.bfloat16, device=a_q.device)
+    if p.words:  # as gemm_nvfp4's split-K block allocates them
+        if work is None:
+            work = torch.empty(p.words, dtype=torch.float32, device=a_q.device)
+            counters = torch.zeros(p.tiles, dtype=torch.int32, device=a_q.device)
+    else:  # never dereferenced
+        work = counters = out
+    if p.prepacked:
+        b_q, b_s = prepacked.codes, prepacked.scales
+    if p.r0 or p.r1 != p.M:
+        a_q, a_s = a_q[p.r0:p.r1], a_s[p.r0:]
+    ENTRY(p.config, p.static_key,
+          (a_q, a_s, b_q, b_s, g_a, g_b, out, _mailbox_address(), work, counters,
+           out if gate is None else gate, out if residual is None else residual), p.scalars)
     return out
 
 

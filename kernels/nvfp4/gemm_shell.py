@@ -50,6 +50,10 @@ activation multicast, where clusters of 2 CTAs along N share the token tile, eac
 TMA-ing half of the packed activation to both, and empty[s] counts 16: 4 + 4 activation warps
 of the pair, 8 consumer warps). schedules/plan.py says which config runs per problem.
 
+Schedules (:mod:`device.tiles`): ``splits`` equal K splits a tile, or stream-K (``stream_k``,
+swap-AB: every CTA the same share of all tiles' k-blocks, a cut tile's segments reduced in K
+order by the epilogue).
+
 No CTA waits on a CTA outside its cluster (split-K's last CTA only counts arrivals; a cluster's
 CTAs are co-scheduled by the hardware), so the persistent grid needs no co-residency guarantee.
 Every mbarrier wait is bounded (:mod:`device.waits`): a stalled barrier traps with a report
@@ -63,12 +67,13 @@ from typing import NamedTuple
 
 from configs.arch import K_BLOCK, SMEM_PER_CTA_MAX, WARPGROUP
 from consumers.dequant_wgmma import DequantWgmmaConsumer
-from consumers.register_a_wgmma import OverlappedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer
+from consumers.register_a_wgmma import (OverlappedRegisterAWgmmaConsumer,
+                                         PipelinedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer)
 from device import ffi
 from device.runtime import cute_modules, pointer_args
-from device.tiles import TileLoop, TileSchedule
+from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_segments
 from epilogues import EpilogueOperands
-from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore
+from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore, workspace_floats
 from producers.activation_stage import (ExpandedActivationStage, F16TmaActivationStage,
                                         PairedActivationStage)
 from producers.register_order import (PairedRegisterOrderProducer, RegisterOrderProducer,
@@ -200,30 +205,38 @@ class BlockscaledGemmSm90:
                         consumer or DequantWgmmaConsumer(tile_m, tile_n, stages), epilogue)
 
     @classmethod
-    def swap_ab(cls, *, stages: int = 8, splits: int = 1) -> BlockscaledGemmSm90:
+    def swap_ab(cls, *, stages: int = 8, splits: int = 1,
+                stream_k: bool = False) -> BlockscaledGemmSm90:
         """The swap-AB design (the module docstring): 128 tokens x 128 weight rows a CTA,
         weights from the register-order prepack (kernels.nvfp4.prepack), two f16 activation
-        tiles, each k-block's wgmmas retired before the next conversion."""
+        tiles, each k-block's wgmmas retired before the next conversion. ``stream_k``: the
+        tiles' k-blocks shared evenly by the CTAs (device.tiles.StreamKSchedule) instead of
+        ``splits`` equal K splits a tile."""
         _check_ring(stages, splits)
         tokens = RegisterAWgmmaConsumer.TOKENS[0]
         activation = ExpandedActivationStage(tokens, stages)
         consumer = RegisterAWgmmaConsumer(tokens, stages, activation.tiles)
         return cls.from_roles("swap_ab", RegisterOrderProducer(tokens, consumer.tile_n, stages),
-                              consumer, activation, splits=splits, raster_along_m=False)
+                              consumer, activation, splits=splits, raster_along_m=False,
+                              stream_k=stream_k)
 
     @classmethod
     def from_roles(cls, design: str, producer, consumer, activation=None, *, splits: int = 1,
-                   raster_along_m: bool = True, epilogue=None) -> BlockscaledGemmSm90:
+                   raster_along_m: bool = True, epilogue=None,
+                   stream_k: bool = False) -> BlockscaledGemmSm90:
         """A config of the given role modules (checked as the constructors' are)."""
         _check_ring(producer.stages, splits)
         self = object.__new__(cls)
         self._configure(design, splits, raster_along_m, producer, activation, consumer,
-                        epilogue)
+                        epilogue, stream_k)
         return self
 
     def _configure(self, design, splits, raster_along_m, producer, activation, consumer,
-                   epilogue):
-        self.design = design
+                   epilogue, stream_k=False):
+        if stream_k and (splits != 1 or producer.multicast != 1):
+            raise ValueError(f"stream_k with splits = {splits}, cluster of "
+                             f"{producer.multicast}: stream-K cuts K itself, one CTA a cluster")
+        self.design, self.stream_k = design, bool(stream_k)
         self.tile_m, self.tile_n = consumer.tile_m, consumer.tile_n
         self.stages, self.splits = producer.stages, splits
         self.cluster_n = producer.multicast  # CTAs of a cluster, along N (one token tile)
@@ -231,10 +244,13 @@ class BlockscaledGemmSm90:
         if (producer.tile_m, producer.tile_n) != (self.tile_m, self.tile_n):
             raise ValueError(f"producer tile ({producer.tile_m}, {producer.tile_n}) differs "
                              f"from the consumer's ({self.tile_m}, {self.tile_n})")
-        self.epilogue = epilogue or TileStore(consumer.threads, splits=splits)
-        if not isinstance(self.epilogue, TileStore) or self.epilogue.splits != splits:
-            raise ValueError(f"epilogue must be a TileStore with splits = {splits} (the "
-                             f"epilogue contract, epilogues/__init__.py)")
+        self.epilogue = epilogue or TileStore(consumer.threads, splits=splits,
+                                              stream_k=self.stream_k)
+        if not isinstance(self.epilogue, TileStore) or self.epilogue.splits != splits or \
+                self.epilogue.stream_k != self.stream_k:
+            raise ValueError(f"epilogue must be a TileStore with splits = {splits} and "
+                             f"stream_k = {self.stream_k} (the epilogue contract, "
+                             "epilogues/__init__.py)")
         check_links(producer, activation, consumer, self.epilogue)
         self.raster_along_m = raster_along_m
         self.roles = tuple(r for r in (producer, activation, consumer) if r is not None)
@@ -260,6 +276,26 @@ class BlockscaledGemmSm90:
             cache[output] = new
         return new
 
+    def workspace_floats(self, M: int, N: int, K: int, ctas: int) -> tuple:
+        """(fp32 words of the split-K workspace, tiles: the counters) for an M x N x K call on
+        ``ctas`` CTAs (host; 0 words when no tile is split). Raises where the kernel's 32-bit
+        arithmetic would overflow."""
+        tiles = -(-M // self.tile_m) * -(-N // self.tile_n)
+        depth = self.splits
+        if self.stream_k:  # at most this many CTAs' shares meet in one tile
+            k_tiles = -(-K // K_BLOCK)
+            if tiles * k_tiles * ctas >= 2**31:
+                raise ValueError(f"stream-K over {tiles} tiles x {k_tiles} k-blocks x {ctas} "
+                                 "CTAs exceeds the kernel's 32-bit iteration products; use K "
+                                 "splits")
+            depth = max_stream_k_segments(tiles, k_tiles, ctas)
+        words = workspace_floats(depth, tiles, self.tile_m, self.tile_n)
+        if words >= 2**31:
+            raise ValueError(f"split-K workspace of {depth} splits x {tiles} tiles of "
+                             f"{self.tile_m} x {self.tile_n} exceeds 32-bit indexing; use fewer "
+                             "splits (splits only pay below one wave of tiles)")
+        return words, tiles
+
     @property
     def needs_prepacked_weights(self) -> bool:
         return self.design == "swap_ab"
@@ -272,13 +308,15 @@ class BlockscaledGemmSm90:
             key = self._static_key = (
                 self.design, self.tile_m, self.tile_n, self.stages, self.splits,
                 self.raster_along_m, self.cluster_n,
-                *(_module_key(r) for r in self.roles), self.epilogue.key())
+                *(_module_key(r) for r in self.roles), self.epilogue.key(),
+                *(("stream_k",) if self.stream_k else ()))
         return key
 
     def describe(self) -> dict:
         return {"design": self.design, "tile": [self.tile_m, self.tile_n, K_BLOCK],
                 "stages": self.stages, "threads": self.threads, "smem_bytes": self.smem_bytes,
                 "raster_along_m": self.raster_along_m, "splits": self.splits,
+                "stream_k": self.stream_k,
                 "cluster_n": self.cluster_n, "epilogue": type(self.epilogue.output).__name__,
                 "roles": {type(r).__name__: {"warpgroups": r.warpgroups, "regs": r.regs}
                           for r in self.roles},
@@ -320,11 +358,15 @@ class BlockscaledGemmSm90:
             self.splits * m_tiles * n_tiles * self.tile_m * self.tile_n))
         mCount = cute.make_tensor(count_ptr, cute.make_layout(m_tiles * n_tiles))
         tiled_mma = self.consumer.tiled_mma()
-        schedule = TileSchedule((m_tiles, n_tiles, self.splits), self.cluster_n,
-                                self.raster_along_m)
-        grid = schedule.grid(max_ctas // self.cluster_n)
-        cluster = {} if self.cluster_n == 1 else {"cluster": [1, self.cluster_n, 1]}
         k_tiles = (k32 + 1) // 2
+        if cutlass.const_expr(self.stream_k):
+            schedule = StreamKSchedule((m_tiles, n_tiles), self.raster_along_m)
+            grid = schedule.grid(k_tiles, max_ctas)
+        else:
+            schedule = TileSchedule((m_tiles, n_tiles, self.splits), self.cluster_n,
+                                    self.raster_along_m)
+            grid = schedule.grid(max_ctas // self.cluster_n)
+        cluster = {} if self.cluster_n == 1 else {"cluster": [1, self.cluster_n, 1]}
         k_per_split = (k_tiles + self.splits - 1) // self.splits
         self.kernel(tma, glob, tiled_mma, (mD, mWork, mCount, mGate, mRes), mG, mailbox,
                     schedule, k_tiles, k_per_split).launch(
@@ -494,6 +536,7 @@ class SwapAbStudy:
 
 V3_FIXUPS = ("production", *SPLIT_FIXUPS)
 V3_ACTIVATIONS = ("expand", "f16_tma")
+V3_CONSUMERS = ("serial", "pipelined")
 
 
 @dataclass(frozen=True)
@@ -512,6 +555,14 @@ class V3Study:
     interleaved consumer studied beside it lost (1.4-1.6x slower on the H200) and was removed:
     notes/p0-gemm.md, P0 v3 1(a) and 1(c), and ``git show 8438956:consumers/register_a_wgmma.py``.
 
+    ``consumer``: "serial" (the production :class:`RegisterAWgmmaConsumer`: a k-block converted,
+    then its 4 wgmmas as one group, retired before the next) or "pipelined"
+    (:class:`consumers.register_a_wgmma.PipelinedRegisterAWgmmaConsumer`: convert step b + 1
+    under wgmma(b), two k16 groups in flight; exact, the production bits: same operands, same
+    wgmmas in the same order on the same accumulators).
+    ``stream_k``: the stream-K schedule (device.tiles.StreamKSchedule: every CTA the same
+    share of all tiles' k-blocks, a tile's segments added in CTA order) instead of K splits;
+    exact (the oracle's bound; its bits are its own, fixed for a given CTA budget).
     :attr:`exact`: whether the build promises the production bits (same operands; the f16
     activation being the exact expansion of the packed one)."""
 
@@ -520,12 +571,17 @@ class V3Study:
     activation: str = "expand"
     stages: int = 8
     buffers: int = 2
+    stream_k: bool = False
+    consumer: str = "serial"
 
     def __post_init__(self):
         for name, value, allowed in (("fixup", self.fixup, V3_FIXUPS),
-                                     ("activation", self.activation, V3_ACTIVATIONS)):
+                                     ("activation", self.activation, V3_ACTIVATIONS),
+                                     ("consumer", self.consumer, V3_CONSUMERS)):
             if value not in allowed:
                 raise ValueError(f"{name} = {value!r}: choose from {allowed}")
+        if self.stream_k and (self.splits != 1 or self.fixup != "production"):
+            raise ValueError("stream_k cuts K itself: splits 1 and the production fixup")
         if self.fixup != "production" and self.splits < 2:
             raise ValueError(f"fixup = {self.fixup!r} with splits = {self.splits}: the fixup "
                              "runs only with >= 2 splits")
@@ -540,11 +596,12 @@ class V3Study:
         f16 = self.activation == "f16_tma"
         activation = (F16TmaActivationStage if f16 else ExpandedActivationStage)(
             tokens, self.stages, self.buffers)
-        consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
+        consumer = (PipelinedRegisterAWgmmaConsumer if self.consumer == "pipelined" else
+                    RegisterAWgmmaConsumer)(tokens, self.stages, activation.tiles)
         producer = (WeightsOnlyRegisterOrderProducer if f16 else RegisterOrderProducer)(
             tokens, consumer.tile_n, self.stages)
         epilogue = None if self.fixup == "production" else SplitFixupStudy(
             consumer.threads, splits=self.splits, fixup=self.fixup)
         return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
                                               splits=self.splits, raster_along_m=False,
-                                              epilogue=epilogue)
+                                              epilogue=epilogue, stream_k=self.stream_k)

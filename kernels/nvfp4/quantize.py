@@ -152,31 +152,39 @@ def _validate(x, g, out, row_offset):
 
 
 _DEFAULT: dict = {}  # dtype name -> the default config
+# validated signatures (:func:`signature`) -> the launch plan (config, key, scalars, q rows);
+# what is not in the key, the buffers' addresses, is checked for alignment on every call
+_PLANS = ffi.PlanCache()
 
 
-def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0,
-                   config: QuantizeNvfp4Kernel | None = None):
-    """Quantize x [M, K] with the device tensor scale ``g`` (fp32, one element).
+def _tensor_key(t):
+    return (type(t), t.shape, t.dtype, t.device, t.is_contiguous())
 
-    Returns (packed uint8 [Mp, K/2], float8_e4m3fn scales [roundup(Mp,128), roundup(K/16,4)]),
-    as numerics.nvfp4.quantize(x, g, pad_16x=pad_16x). With ``out=(packed, scales)`` it writes
-    rows [row_offset, row_offset + M) of those caller-owned buffers instead (their padding is
-    left as it is: allocate them zeroed).
-    """
+
+def signature(x, g, out, row_offset, pad_16x, config):
+    """The cache key of a call: every property the slow checks read but the addresses."""
+    if out is None:
+        o = None
+    elif type(out) is tuple and len(out) == 2:
+        o = (_tensor_key(out[0]), _tensor_key(out[1]))
+    else:
+        raise TypeError  # a list or a malformed out: the slow path names the problem
+    return (_tensor_key(x), _tensor_key(g), o, type(row_offset), row_offset, pad_16x, config)
+
+
+def _aligned(x, g, out) -> bool:
+    if (x.data_ptr() | g.data_ptr()) % 16:
+        return False
+    return out is None or not (out[0].data_ptr() % 8 or out[1].data_ptr() % 4)
+
+
+def plan(x, g, out, row_offset, pad_16x, config):
+    """The slow path: every check, then what the launch needs but the tensors (cached)."""
     _validate(x, g, out, row_offset)
     M, K = x.shape
     kb = K // BLOCK
-    if out is None:
-        Mp = -(-M // BLOCK) * BLOCK if pad_16x else M
-        if not pad_16x and M % BLOCK:
-            raise ValueError(f"M = {M} is not a multiple of 16; pass pad_16x=True")
-        # the kernel writes every byte but the padding: zero only buffers that have some
-        q = (torch.empty if Mp == M else torch.zeros)(Mp, K // 2, dtype=torch.uint8,
-                                                      device=x.device)
-        s = (torch.empty if M % 128 == 0 and kb % SCALE_TILE_COLS == 0 else torch.zeros)(
-            scale_shape(Mp, K), dtype=torch.uint8, device=x.device)
-    else:
-        q, s = out
+    if out is None and not pad_16x and M % BLOCK:
+        raise ValueError(f"M = {M} is not a multiple of 16; pass pad_16x=True")
     dtype_name = "bfloat16" if x.dtype == torch.bfloat16 else "float16"
     if config is None:
         config = _DEFAULT.get(dtype_name) or _DEFAULT.setdefault(
@@ -188,6 +196,46 @@ def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0
     if gy > 65535:
         raise ValueError(f"M = {M} needs {gy} CTAs along grid y (> 65535); quantize in row "
                          "chunks with out= and row_offset=")
-    q_rows = q if row_offset == 0 else q[row_offset:row_offset + M]  # the kernel reads no shape
-    ENTRY(config, config.key, (x, q_rows, s, g), (M, kb, row_offset, s.numel(), gx, gy))
+    if out is None:
+        Mp = -(-M // BLOCK) * BLOCK if pad_16x else M
+        s_shape = scale_shape(Mp, K)
+        s_bytes = s_shape[0] * s_shape[1]
+    else:
+        Mp, s_shape, s_bytes = None, None, out[1].numel()
+    return config, config.key, (M, kb, row_offset, s_bytes, gx, gy), Mp, s_shape
+
+
+def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0,
+                   config: QuantizeNvfp4Kernel | None = None):
+    """Quantize x [M, K] with the device tensor scale ``g`` (fp32, one element).
+
+    Returns (packed uint8 [Mp, K/2], float8_e4m3fn scales [roundup(Mp,128), roundup(K/16,4)]),
+    as numerics.nvfp4.quantize(x, g, pad_16x=pad_16x). With ``out=(packed, scales)`` it writes
+    rows [row_offset, row_offset + M) of those caller-owned buffers instead (their padding is
+    left as it is: allocate them zeroed). ``g`` may be an amax workspace's ``g``
+    (kernels.nvfp4.amax.AmaxWorkspace: the tensor scale the amax kernel wrote on the device).
+    A call whose signature (every tensor's type, shape, dtype, device and contiguity, the
+    scalars, the config) passed the checks before skips them but the alignment checks.
+    """
+    try:
+        key = signature(x, g, out, row_offset, pad_16x, config)
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors, a malformed out, an unhashable value
+        key = p = None
+    if p is None or not _aligned(x, g, out):
+        p = plan(x, g, out, row_offset, pad_16x, config)
+        if key is not None:
+            _PLANS.put(key, p)
+    config, ckey, scalars, Mp, s_shape = p
+    if out is None:
+        M, kb = scalars[0], scalars[1]
+        # the kernel writes every byte but the padding: zero only buffers that have some
+        q = (torch.empty if Mp == M else torch.zeros)(Mp, x.shape[1] // 2, dtype=torch.uint8,
+                                                      device=x.device)
+        s = (torch.empty if M % 128 == 0 and kb % SCALE_TILE_COLS == 0 else torch.zeros)(
+            s_shape, dtype=torch.uint8, device=x.device)
+    else:
+        q, s = out
+    q_rows = q if row_offset == 0 else q[row_offset:row_offset + scalars[0]]  # no shape read
+    ENTRY(config, ckey, (x, q_rows, s, g), scalars)
     return q, s if s.dtype == torch.float8_e4m3fn else s.view(torch.float8_e4m3fn)
