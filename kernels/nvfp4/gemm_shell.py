@@ -354,6 +354,8 @@ class BlockscaledGemmSm90:
         # one arrival counter per output tile
         m_tiles = (M + self.tile_m - 1) // self.tile_m
         n_tiles = (N + self.tile_n - 1) // self.tile_n
+        # (its extent is nominal: the store indexes through the iterator; under stream-K the
+        # host sizes it by the segment bound, device.tiles.max_stream_k_segments)
         mWork = cute.make_tensor(work_ptr, cute.make_layout(
             self.splits * m_tiles * n_tiles * self.tile_m * self.tile_n))
         mCount = cute.make_tensor(count_ptr, cute.make_layout(m_tiles * n_tiles))
