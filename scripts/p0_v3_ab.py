@@ -11,6 +11,12 @@ step b + 1 under wgmma(b), two k16 groups in flight) on the expanded activation 
 on the f16 one with 2 and with 4 buffers; and the f16 pipelined build on stream-K.
 over_production = time / production's (whole calls: the schedules differ).
 
+(L) M = 2048 (qkv, fc1, out, fc2, wide): the production default there (the P0 design,
+128 x 256 tiles, both operands expanded to f16 in shared memory) against the large-M candidate:
+three warpgroups (the f16 activation's TMA in the producer's warpgroup,
+producers.activation_stage.WeightsAndF16Producer), the pipelined register-A consumer, 128 or
+256 tokens a CTA (m64n128k16 / m64n256k16 at up to 232 registers); own bits, within the bound.
+
     python3 scripts/p0_v3_ab.py [--seconds 170] [--parts c a] [--out DIR]
 
 (a) the split-K fixup at M = 128 (out, fc2, 7168x5376; splits 2 and 3): the production store
@@ -63,9 +69,10 @@ from workbench.timing import bench, rotation_count
 
 PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
                "fc2": (5376, 14336), "wide": (7168, 5376)}
-M = 128
+SMALL_M, LARGE_M = 128, 2048
 # priority order: session 21's rows (p) first, then 8438956's (c) and (a)
 JOBS = (("p", "qkv"), ("p", "fc1"), ("p", "out"), ("p", "wide"), ("p", "fc2"),
+        ("L", "qkv"), ("L", "fc1"), ("L", "out"), ("L", "fc2"), ("L", "wide"),
         ("c", "out"), ("c", "qkv"), ("a", "out"), ("c", "fc2"), ("a", "fc2"), ("c", "fc1"),
         ("a", "wide"), ("c", "wide"))
 FIXUP_SPLITS = (2, 3)
@@ -129,6 +136,19 @@ def variants(part, M, N, K):
             cfg = V3Study(splits=sp, fixup="skip").build()
             rows.append((f"s{sp} fixup skip", cfg, StudyLaunch(cfg, M, N, K), False))
         return rows
+    if part == "L":  # M = 2048: the production default there is the P0 design
+        cfg = default_config(M, N, K, prepacked=True)
+
+        def call(a, b, pre, x16, out):
+            return gemm_nvfp4(*a, *b, out=out, prepacked=pre)
+        rows.append((f"{cfg.design} production", cfg, call, True))
+        for tokens in (128, 256):
+            study = V3Study(activation="f16_tma_3wg", consumer="pipelined", buffers=4,
+                            tokens=tokens)
+            cfg = study.build()
+            # another design (and at 256 another wgmma shape): its own bits, within the bound
+            rows.append((f"3wg f16 pipelined t{tokens}", cfg, StudyLaunch(cfg, M, N, K), False))
+        return rows
     if part == "p":
         sp = default_config(M, N, K, prepacked=True).splits
         cfg, call = production(M, N, K, sp)
@@ -170,6 +190,7 @@ def kblocks_per_cta(cfg, M, N, K, sms):
 
 def run_job(part, name, args, rows):
     N, K = PROJECTIONS[name]
+    M = LARGE_M if part == "L" else SMALL_M
     per_set = (M + N) * (K // 2 + K // 16) + M * K * 2
     sets = rotation_count(per_set, factor=2.0, cap=4)
     ops = [operands(M, N, K, 100 * i + M + N) for i in range(sets)]
@@ -225,7 +246,7 @@ def derive(rows):
             r["fixup_us"] = r["us"] - base["us"]
         elif r["part"] == "c":
             r["over_production"] = r["ns_per_kblock"] / base["ns_per_kblock"]
-        elif r["part"] == "p":  # whole calls: the schedules differ in k-blocks a CTA
+        elif r["part"] in ("p", "L"):  # whole calls: the schedules differ in k-blocks a CTA
             r["over_production"] = r["us"] / base["us"]
 
 
@@ -251,7 +272,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=170.0,
                    help="start no job after this many seconds (default 170)")
-    p.add_argument("--parts", nargs="+", choices=("p", "a", "c"), default=["p", "c", "a"])
+    p.add_argument("--parts", nargs="+", choices=("p", "L", "a", "c"), default=["p", "L", "c", "a"])
     p.add_argument("--rep-ms", type=float, default=40.0, help="timed replay per measurement")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
