@@ -8,7 +8,8 @@ through gemm_nvfp4 (its default K split); the same design on device.tiles.Stream
 bound by the tests); the TMA'd f16 activation with the serial consumer and 4 f16 buffers (the
 control for the buffers); the pipelined consumer (PipelinedRegisterAWgmmaConsumer: convert
 step b + 1 under wgmma(b), two k16 groups in flight) on the expanded activation with 4 buffers,
-on the f16 one with 2 and with 4 buffers; and the f16 pipelined build on stream-K.
+on the f16 one with 2 and with 4 buffers; the f16 pipelined build on stream-K; and the
+three-warpgroup f16 build (the TMAs in the producer's warpgroup, as part L) on both schedules.
 over_production = time / production's (whole calls: the schedules differ).
 
 (L) M = 2048 (qkv, fc1, out, fc2, wide): the production default there (the P0 design,
@@ -163,7 +164,11 @@ def variants(part, M, N, K):
                 (V3Study(splits=sp, activation="f16_tma", buffers=4, **pipe),
                  f"s{sp} f16 pipelined b4"),
                 (V3Study(stream_k=True, activation="f16_tma", buffers=4, **pipe),
-                 "stream-k f16 pipelined b4")):
+                 "stream-k f16 pipelined b4"),
+                (V3Study(splits=sp, activation="f16_tma_3wg", buffers=4, **pipe),
+                 f"s{sp} 3wg f16 pipelined b4"),
+                (V3Study(stream_k=True, activation="f16_tma_3wg", buffers=4, **pipe),
+                 "stream-k 3wg f16 pipelined b4")):
             cfg = study.build()
             # stream-K has its own bits (its own summation order); the rest the production ones
             rows.append((label, cfg, StudyLaunch(cfg, M, N, K), not study.stream_k))
