@@ -82,13 +82,21 @@ class RegisterAWgmmaConsumer:
     ``mma``: off only in the measurement build that times the rest without the wgmmas
     (kernels.nvfp4.gemm_shell.P0Variant)."""
 
-    TOKENS = (128,)  # 256 needs 128 accumulators a thread: over the 512-thread CTA's 128 registers
+    # 256 tokens hold 128 accumulators a thread: 232 registers, which the 512-thread CTA's
+    # register file allows only beside 24-register producer and activation roles (the f16
+    # activation by TMA, V3Study(activation="f16_tma"); the shell checks the sum)
+    TOKENS = (128, 256)
+    REGS = {128: 200, 256: 232}
     warpgroups, regs = 2, 200
     mma = True
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
         if tokens not in self.TOKENS:
             raise ValueError(f"tokens = {tokens}: choose from {self.TOKENS}")
+        self.regs = self.REGS[tokens]
+        # what ptxas must be allowed for the whole kernel (its cap is 65536 / the CTA's
+        # threads): 256 tokens' 128 accumulators, 16 A registers and the addresses need > 128
+        self.compile_regs = 160 if tokens == 256 else 0
         self.tile_m, self.tile_n = tokens, 2 * SLAB_ROWS
         self.stages, self.act_tiles = stages, act_tiles
         self.threads = self.warpgroups * WARPGROUP

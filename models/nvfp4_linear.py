@@ -182,7 +182,8 @@ class Nvfp4Linear:
         checked before skips the checks but x's alignment and reuses that signature's scratch
         (amax workspace, packed activation, split-K workspace): calls on one stream run in
         order, so a later call never overwrites what an earlier one still reads."""
-        if self.backend == "p0":
+        capturing = self.backend == "p0" and torch.cuda.is_current_stream_capturing()
+        if self.backend == "p0" and not capturing:  # a capture takes the checked path below
             try:
                 key = _p0_key(x, rows, gate, residual)
                 p = self._last[1] if key == self._last[0] else self._plans.get(key)
@@ -196,7 +197,7 @@ class Nvfp4Linear:
         r0, r1 = _check_rows(rows, x.shape[0])
         self._check_epilogue(gate, residual, r1 - r0)
         if self.backend == "p0":
-            return self._p0(x, r0, r1, gate, residual, key)
+            return self._p0(x, r0, r1, gate, residual, None if capturing else key)
         y = self._exact(x, r0, r1)[0].to(torch.bfloat16)
         return y if gate is None else gate_residual(y, gate, residual)
 
@@ -262,7 +263,15 @@ class Nvfp4Linear:
         if residual is not None:
             residual = residual.contiguous()
         pre = None
-        if G.default_config(r1 - r0, self.N, self.K, prepacked=True).needs_prepacked_weights:
+        swap_ab = G.default_config(r1 - r0, self.N, self.K, prepacked=True).needs_prepacked_weights
+        if ((swap_ab and self._w_pre is None) or self._g_w_dev is None) and \
+                torch.cuda.is_current_stream_capturing():
+            # made once and kept: made inside a capture, they would hold data only after a
+            # replay (and the scale's host copy cannot be captured at all)
+            raise RuntimeError("Nvfp4Linear (p0) prepares its weight's device scale and, for "
+                               "small M, its prepack on the first call at such a shape: call it "
+                               "once outside CUDA-graph capture before capturing it")
+        if swap_ab:
             if self._w_pre is None:  # made once, and only where the chooser reads it
                 self._w_pre = prepack(self.w_q, self.w_s)
             pre = self._w_pre

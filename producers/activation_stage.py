@@ -27,7 +27,7 @@ from device.nvfp4 import expand_stage_rows, word_view
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
-from producers.register_order import f16_box_layout
+from producers.register_order import WeightsOnlyRegisterOrderProducer, f16_box_layout
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Int32, Uint16  # noqa: E402
@@ -143,8 +143,9 @@ class F16TmaActivationStage:
     multicast = 1
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2):
-        if tokens != 128:
-            raise ValueError(f"tokens = {tokens}: the study TMAs 128-row tiles")
+        if tokens not in (128, 256):
+            raise ValueError(f"tokens = {tokens}: the study TMAs 128- or 256-row tiles (a TMA "
+                             "box has at most 256 rows)")
         if not isinstance(buffers, int) or buffers < 2:
             raise ValueError(f"buffers = {buffers!r}: the consumers release a tile one k-block "
                              "late, so >= 2 f16 tiles")
@@ -196,3 +197,64 @@ class F16TmaActivationStage:
             cute.copy(atom, tg[(None, tile.m, kt)], ts[(None, b)], tma_bar_ptr=bar)
             count = count + 1
         return count
+
+
+class WeightsAndF16Producer:
+    """Study (kernels.nvfp4.gemm_shell.V3Study(activation="f16_tma_3wg"); notes/p0-gemm.md,
+    "The large-M candidate"): the weights' ring producer and the f16 activation's TMA in one
+    warpgroup, so the CTA is three warpgroups (384 threads) and ptxas may give the consumers up
+    to 168 registers a thread at compile time (65536 / 384), what 256 tokens' 128 accumulators
+    need; at 512 threads the cap is 128 and the m64n256 wgmma does not fit.
+
+    Role contract: one warpgroup at 40 registers; warp 0 is
+    :class:`producers.register_order.WeightsOnlyRegisterOrderProducer` (the packed ring of
+    weight slabs: ``full[s]`` one arrive + bytes, ``empty[s]`` the consumers' 8), warp 1 is
+    :class:`F16TmaActivationStage` (``buffers`` f16 tiles: ``act_full[b]`` one arrive + bytes,
+    ``act_empty[b]`` the consumers' 8). Both are built from this role's static config, so the
+    compile key is its four integers."""
+
+    warpgroups, regs = 1, 40
+    multicast = 1
+    extra_tx_bytes = 0
+
+    def __init__(self, tile_m: int, tile_n: int, stages: int, buffers: int = 2):
+        self.tile_m, self.tile_n, self.stages, self.buffers = tile_m, tile_n, stages, buffers
+        self.tiles = self.activation.tiles
+        self.weights  # noqa: B018  (its checks, now)
+
+    @property
+    def weights(self):
+        return WeightsOnlyRegisterOrderProducer(self.tile_m, self.tile_n, self.stages)
+
+    @property
+    def activation(self):
+        return F16TmaActivationStage(self.tile_m, self.stages, self.buffers)
+
+    def barriers(self) -> dict:
+        return {**self.weights.barriers(), **self.activation.barriers()}
+
+    def arrivals(self) -> dict:
+        return {**self.weights.arrivals(), **self.activation.arrivals()}
+
+    def waits(self) -> tuple:
+        return (*self.weights.waits(), *self.activation.waits())
+
+    def named_barriers(self) -> dict:
+        return {}
+
+    def smem_bytes(self) -> int:
+        return self.weights.smem_bytes() + self.activation.smem_bytes()
+
+    def allocate(self, alloc) -> dict:
+        return {**self.weights.allocate(alloc), **self.activation.allocate(alloc)}
+
+    def global_views(self, a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
+        return self.weights.global_views(a_ptr, sfa_ptr, b_ptr, sfb_ptr, M, N, k32)
+
+    @cute.jit
+    def run(self, ctx, rt: Int32):
+        warp = rt // WARP
+        if warp == 0:
+            self.weights.run(ctx, rt)
+        elif warp == 1:
+            self.activation.run(ctx, rt - WARP)

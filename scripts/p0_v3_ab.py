@@ -8,8 +8,15 @@ through gemm_nvfp4 (its default K split); the same design on device.tiles.Stream
 bound by the tests); the TMA'd f16 activation with the serial consumer and 4 f16 buffers (the
 control for the buffers); the pipelined consumer (PipelinedRegisterAWgmmaConsumer: convert
 step b + 1 under wgmma(b), two k16 groups in flight) on the expanded activation with 4 buffers,
-on the f16 one with 2 and with 4 buffers; and the f16 pipelined build on stream-K.
+on the f16 one with 2 and with 4 buffers; the f16 pipelined build on stream-K; and the
+three-warpgroup f16 build (the TMAs in the producer's warpgroup, as part L) on both schedules.
 over_production = time / production's (whole calls: the schedules differ).
+
+(L) M = 2048 (qkv, fc1, out, fc2, wide): the production default there (the P0 design,
+128 x 256 tiles, both operands expanded to f16 in shared memory) against the large-M candidate:
+three warpgroups (the f16 activation's TMA in the producer's warpgroup,
+producers.activation_stage.WeightsAndF16Producer), the pipelined register-A consumer, 128 or
+256 tokens a CTA (m64n128k16 / m64n256k16 at up to 232 registers); own bits, within the bound.
 
     python3 scripts/p0_v3_ab.py [--seconds 170] [--parts c a] [--out DIR]
 
@@ -63,9 +70,10 @@ from workbench.timing import bench, rotation_count
 
 PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
                "fc2": (5376, 14336), "wide": (7168, 5376)}
-M = 128
+SMALL_M, LARGE_M = 128, 2048
 # priority order: session 21's rows (p) first, then 8438956's (c) and (a)
 JOBS = (("p", "qkv"), ("p", "fc1"), ("p", "out"), ("p", "wide"), ("p", "fc2"),
+        ("L", "qkv"), ("L", "fc1"), ("L", "out"), ("L", "fc2"), ("L", "wide"),
         ("c", "out"), ("c", "qkv"), ("a", "out"), ("c", "fc2"), ("a", "fc2"), ("c", "fc1"),
         ("a", "wide"), ("c", "wide"))
 FIXUP_SPLITS = (2, 3)
@@ -129,6 +137,19 @@ def variants(part, M, N, K):
             cfg = V3Study(splits=sp, fixup="skip").build()
             rows.append((f"s{sp} fixup skip", cfg, StudyLaunch(cfg, M, N, K), False))
         return rows
+    if part == "L":  # M = 2048: the production default there is the P0 design
+        cfg = default_config(M, N, K, prepacked=True)
+
+        def call(a, b, pre, x16, out):
+            return gemm_nvfp4(*a, *b, out=out, prepacked=pre)
+        rows.append((f"{cfg.design} production", cfg, call, True))
+        for tokens in (128, 256):
+            study = V3Study(activation="f16_tma_3wg", consumer="pipelined", buffers=4,
+                            tokens=tokens)
+            cfg = study.build()
+            # another design (and at 256 another wgmma shape): its own bits, within the bound
+            rows.append((f"3wg f16 pipelined t{tokens}", cfg, StudyLaunch(cfg, M, N, K), False))
+        return rows
     if part == "p":
         sp = default_config(M, N, K, prepacked=True).splits
         cfg, call = production(M, N, K, sp)
@@ -143,7 +164,11 @@ def variants(part, M, N, K):
                 (V3Study(splits=sp, activation="f16_tma", buffers=4, **pipe),
                  f"s{sp} f16 pipelined b4"),
                 (V3Study(stream_k=True, activation="f16_tma", buffers=4, **pipe),
-                 "stream-k f16 pipelined b4")):
+                 "stream-k f16 pipelined b4"),
+                (V3Study(splits=sp, activation="f16_tma_3wg", buffers=4, **pipe),
+                 f"s{sp} 3wg f16 pipelined b4"),
+                (V3Study(stream_k=True, activation="f16_tma_3wg", buffers=4, **pipe),
+                 "stream-k 3wg f16 pipelined b4")):
             cfg = study.build()
             # stream-K has its own bits (its own summation order); the rest the production ones
             rows.append((label, cfg, StudyLaunch(cfg, M, N, K), not study.stream_k))
@@ -170,6 +195,7 @@ def kblocks_per_cta(cfg, M, N, K, sms):
 
 def run_job(part, name, args, rows):
     N, K = PROJECTIONS[name]
+    M = LARGE_M if part == "L" else SMALL_M
     per_set = (M + N) * (K // 2 + K // 16) + M * K * 2
     sets = rotation_count(per_set, factor=2.0, cap=4)
     ops = [operands(M, N, K, 100 * i + M + N) for i in range(sets)]
@@ -225,7 +251,7 @@ def derive(rows):
             r["fixup_us"] = r["us"] - base["us"]
         elif r["part"] == "c":
             r["over_production"] = r["ns_per_kblock"] / base["ns_per_kblock"]
-        elif r["part"] == "p":  # whole calls: the schedules differ in k-blocks a CTA
+        elif r["part"] in ("p", "L"):  # whole calls: the schedules differ in k-blocks a CTA
             r["over_production"] = r["us"] / base["us"]
 
 
@@ -251,7 +277,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=170.0,
                    help="start no job after this many seconds (default 170)")
-    p.add_argument("--parts", nargs="+", choices=("p", "a", "c"), default=["p", "c", "a"])
+    p.add_argument("--parts", nargs="+", choices=("p", "L", "a", "c"), default=["p", "L", "c", "a"])
     p.add_argument("--rep-ms", type=float, default=40.0, help="timed replay per measurement")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)

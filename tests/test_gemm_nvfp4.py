@@ -281,8 +281,8 @@ def test_swap_ab_roles_and_barriers_are_checked_before_compiling():
         check_roles((cfg.producer, cfg.consumer))
     with pytest.raises(ValueError, match=r"tokens = 64: choose"):
         SwapAbStudy(tokens=64).build()
-    with pytest.raises(ValueError, match=r"tokens = 256: choose from \(128,\)"):
-        SwapAbStudy(tokens=256).build()
+    with pytest.raises(ValueError, match=r"roles ask for 72704 registers"):
+        SwapAbStudy(tokens=256).build()  # 256 tokens need the three-warpgroup f16 build
     with pytest.raises(ValueError, match=r"buffers = 1: the activation stage needs >= 2"):
         SwapAbStudy(buffers=1, overlap=True).build()
     # the production build is the study's default setting

@@ -304,3 +304,29 @@ def test_p0_linear_bit_identical_to_the_composition_it_replaced(M, rows):
         for _ in range(2):
             got = lin(x, rows)
             assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_p0_linear_under_cuda_graph_capture():
+    """A capture after an eager call at the shape takes the checked path with its own buffers
+    (no cached scratch inside a graph): replays give the eager bits, also after eager calls in
+    between; a first call inside a capture is refused with a clear error, not recorded."""
+    from models.nvfp4_linear import Nvfp4Linear
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    w = (torch.randn(256, 512, device="cuda", generator=gen) / 16).to(torch.bfloat16)
+    x = torch.randn(128, 512, device="cuda", generator=gen).to(torch.bfloat16)
+    lin = Nvfp4Linear(w, backend="p0")
+    want = lin(x).clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = lin(x)
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+        assert torch.equal(lin(x).view(torch.int16), want.view(torch.int16))
+    fresh = Nvfp4Linear(w, backend="p0")
+    with pytest.raises(RuntimeError, match="outside CUDA-graph capture"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            fresh(x)

@@ -22,6 +22,41 @@ def test_quantize_compiles_with_the_instructions_we_meant(dtype):
 
 
 @pytest.mark.compile
+def test_quantize_expand_compiles_with_the_f16_stores():
+    """The expanding variant: the same quantizer, plus per block one scale convert, 8 code
+    converts and two 16-byte f16 stores (2 rows a thread: 4); no spill, <= 64 registers."""
+    from kernels.nvfp4 import quantize as Q
+    from workbench.compile import compile_report
+
+    r = compile_report(Q.QuantizeExpandNvfp4Kernel(), *Q.ENTRY_F16.compile_args(ffi=False),
+                       arch="sm_90a")
+    assert r.census["st.global.v4"] == 4
+    assert r.ptx.count("cvt.rn.f16x2.e4m3x2") == 2 * (1 + 1 + 8)
+    assert r.spill_bytes == 0 and r.registers <= 64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["normal", "lognormal", "ties", "special"])
+@pytest.mark.parametrize("shape", [(16, 16), (48, 16 * 37), (300, 512), (2048, 5376)])
+def test_quantize_expand_writes_the_exact_f16_expansion(kind, shape):
+    """Packed bytes and scales as quantize_nvfp4's; the f16 tensor equals
+    numerics.nvfp4.dequantize(q, s, 1.0, dtype=float16) bit for bit (NaN where it has NaN)."""
+    from kernels.nvfp4.quantize import quantize_expand_nvfp4, quantize_nvfp4
+    from validators.tiles import make_tile, tensor_scale_for
+
+    M, K = shape
+    x = make_tile(kind, M, K, torch.bfloat16, seed=M + K + 1, device="cuda")
+    g = torch.tensor([tensor_scale_for(x)], device="cuda")
+    q, s, f16 = quantize_expand_nvfp4(x, g, pad_16x=True)
+    q0, s0 = quantize_nvfp4(x, g, pad_16x=True)
+    assert torch.equal(q, q0) and torch.equal(s.view(torch.uint8), s0.view(torch.uint8))
+    want = nvfp4.dequantize(q, s, 1.0, (M, K), dtype=torch.float16)
+    nan = want.isnan()
+    assert torch.equal(f16.isnan(), nan)
+    assert torch.equal(f16[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
+@pytest.mark.compile
 def test_rcp_probe_compiles():
     from kernels.nvfp4 import rcp_probe
     from workbench.compile import compile_report

@@ -75,7 +75,7 @@ from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_s
 from epilogues import EpilogueOperands
 from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore, workspace_floats
 from producers.activation_stage import (ExpandedActivationStage, F16TmaActivationStage,
-                                        PairedActivationStage)
+                                        PairedActivationStage, WeightsAndF16Producer)
 from producers.register_order import (PairedRegisterOrderProducer, RegisterOrderProducer,
                                       WeightsOnlyRegisterOrderProducer)
 from producers.tma_prepacked import TmaPrepackedProducer
@@ -170,6 +170,10 @@ def check_links(producer, activation, consumer, epilogue) -> None:
             raise ValueError(f"{type(activation).__name__} releases stages in "
                              f"{activation.multicast} CTAs; {type(producer).__name__} "
                              f"multicasts to {producer.multicast}")
+    tiles = getattr(producer, "tiles", None)  # a producer that also owns the f16 tiles
+    if activation is None and tiles is not None and consumer.act_tiles != tiles:
+        raise ValueError(f"{type(consumer).__name__} reads f16 tiles {consumer.act_tiles}; "
+                         f"{type(producer).__name__} writes {tiles}")
     if epilogue.threads != consumer.threads:
         raise ValueError(f"the epilogue syncs {epilogue.threads} threads; "
                          f"{type(consumer).__name__} calls it from {consumer.threads}")
@@ -256,6 +260,13 @@ class BlockscaledGemmSm90:
         self.roles = tuple(r for r in (producer, activation, consumer) if r is not None)
         self.barrier_table = check_roles(self.roles)
         self.threads = sum(r.warpgroups for r in self.roles) * WARPGROUP
+        cap = REGISTER_FILE // self.threads // 8 * 8  # ptxas's per-thread cap for the kernel
+        for r in self.roles:
+            if getattr(r, "compile_regs", 0) > cap:
+                raise ValueError(f"{type(r).__name__} needs {r.compile_regs} registers a "
+                                 f"thread where ptxas compiles it; a CTA of {self.threads} "
+                                 f"threads caps every thread at {cap} (setmaxnreg moves "
+                                 "registers at run time only): use fewer warpgroups")
         self.smem_bytes = sum(r.smem_bytes() for r in self.roles) + 8 * sum(
             n for n, *_ in self.barrier_table.values()) + 1024
         if self.smem_bytes > SMEM_PER_CTA_MAX:
@@ -354,6 +365,8 @@ class BlockscaledGemmSm90:
         # one arrival counter per output tile
         m_tiles = (M + self.tile_m - 1) // self.tile_m
         n_tiles = (N + self.tile_n - 1) // self.tile_n
+        # (its extent is nominal: the store indexes through the iterator; under stream-K the
+        # host sizes it by the segment bound, device.tiles.max_stream_k_segments)
         mWork = cute.make_tensor(work_ptr, cute.make_layout(
             self.splits * m_tiles * n_tiles * self.tile_m * self.tile_n))
         mCount = cute.make_tensor(count_ptr, cute.make_layout(m_tiles * n_tiles))
@@ -535,7 +548,7 @@ class SwapAbStudy:
 
 
 V3_FIXUPS = ("production", *SPLIT_FIXUPS)
-V3_ACTIVATIONS = ("expand", "f16_tma")
+V3_ACTIVATIONS = ("expand", "f16_tma", "f16_tma_3wg")
 V3_CONSUMERS = ("serial", "pipelined")
 
 
@@ -560,6 +573,8 @@ class V3Study:
     (:class:`consumers.register_a_wgmma.PipelinedRegisterAWgmmaConsumer`: convert step b + 1
     under wgmma(b), two k16 groups in flight; exact, the production bits: same operands, same
     wgmmas in the same order on the same accumulators).
+    ``tokens``: 128 or 256 token rows a CTA tile (wgmma N; 256: 128 accumulators a thread at 232
+    registers, so only with the 24-register f16 TMA activation stage; the large-M candidate).
     ``stream_k``: the stream-K schedule (device.tiles.StreamKSchedule: every CTA the same
     share of all tiles' k-blocks, a tile's segments added in CTA order) instead of K splits;
     exact (the oracle's bound; its bits are its own, fixed for a given CTA budget).
@@ -573,6 +588,7 @@ class V3Study:
     buffers: int = 2
     stream_k: bool = False
     consumer: str = "serial"
+    tokens: int = 128
 
     def __post_init__(self):
         for name, value, allowed in (("fixup", self.fixup, V3_FIXUPS),
@@ -592,7 +608,16 @@ class V3Study:
 
     def build(self) -> BlockscaledGemmSm90:
         _check_ring(self.stages, self.splits)
-        tokens = RegisterAWgmmaConsumer.TOKENS[0]
+        tokens = self.tokens
+        if self.activation == "f16_tma_3wg":  # three warpgroups: the TMAs in the producer's
+            producer = WeightsAndF16Producer(tokens, 128, self.stages, self.buffers)  # 2 slabs
+            consumer = (PipelinedRegisterAWgmmaConsumer if self.consumer == "pipelined" else
+                        RegisterAWgmmaConsumer)(tokens, self.stages, producer.tiles)
+            epilogue = None if self.fixup == "production" else SplitFixupStudy(
+                consumer.threads, splits=self.splits, fixup=self.fixup)
+            return BlockscaledGemmSm90.from_roles(
+                "swap_ab", producer, consumer, None, splits=self.splits, raster_along_m=False,
+                epilogue=epilogue, stream_k=self.stream_k)
         f16 = self.activation == "f16_tma"
         activation = (F16TmaActivationStage if f16 else ExpandedActivationStage)(
             tokens, self.stages, self.buffers)

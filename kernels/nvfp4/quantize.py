@@ -19,7 +19,8 @@ import torch
 
 from device import ffi
 from device.ffi import plain_cuda, require_hopper
-from device.nvfp4 import quantize_block16, scale_swizzle_offset
+from device.nvfp4 import (dequant_e2m1_word, e4m3x2_scales_x64, quantize_block16,
+                          scale_swizzle_offset)
 from device.ptx import rcp_approx_ftz
 from device.runtime import check_cuda_tensor, cute_modules
 from numerics.nvfp4 import BLOCK, SCALE_TILE_COLS, scale_shape
@@ -39,6 +40,7 @@ class QuantizeNvfp4Kernel:
     """
 
     COLS = 32  # block columns per CTA: one warp-wide run of a row
+    emit_f16 = False  # QuantizeExpandNvfp4Kernel: also the exact f16 expansion
 
     def __init__(self, dtype_name: str = "bfloat16", rows_per_cta: int = 8,
                  rows_per_thread: int = 2):
@@ -62,16 +64,17 @@ class QuantizeNvfp4Kernel:
         mQ = cute.make_tensor(ffi.pointer(q, Uint32), cute.make_layout(n_blocks * 2))
         mS = cute.make_tensor(ffi.pointer(s, Uint8), cute.make_layout(s_bytes))
         mG = cute.make_tensor(ffi.pointer(g, Float32), cute.make_layout(1))
-        self.kernel(mX, mQ, mS, mG, rows, k_blocks, row_offset).launch(
+        self.kernel(mX, mQ, mS, mG, mX, rows, k_blocks, row_offset).launch(
             grid=[grid_x, grid_y, 1], block=[self.COLS, self.rows_per_cta, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mQ: cute.Tensor, mS: cute.Tensor, mG: cute.Tensor,
-               rows: Int32, k_blocks: Int32, row_offset: Int32):
+               mF: cute.Tensor, rows: Int32, k_blocks: Int32, row_offset: Int32):
         tx, ty, _ = cute.arch.thread_idx()
         bx, by, _ = cute.arch.block_idx()
         gX = cute.zipped_divide(mX, (8,))  # ((8 words = 16 elements), n_blocks)
         gQ = cute.zipped_divide(mQ, (2,))  # ((2 words = 8 bytes), n_blocks)
+        gF = cute.zipped_divide(mF, (8,))  # ((8 words = 16 f16), n_blocks): emit_f16 only
         g = mG[0]
         rcp_g = rcp_approx_ftz(g)
         scale_col_groups = (k_blocks + (SCALE_TILE_COLS - 1)) // SCALE_TILE_COLS  # per 128 rows
@@ -93,11 +96,51 @@ class QuantizeNvfp4Kernel:
                 off = scale_swizzle_offset(Uint32(r + row_offset), Uint32(c),
                                            scale_col_groups)
                 mS[Int32(off)] = Uint8(s8)
+                if cutlass.const_expr(self.emit_f16):
+                    # e2m1 · s as exact f16 (the values P0's activation stage expands)
+                    scale = e4m3x2_scales_x64(s8 | (s8 << Uint32(8)))
+                    f16 = cute.make_rmem_tensor((8,), Uint32)
+                    for h in cutlass.range_constexpr(2):
+                        ws = dequant_e2m1_word(words[h], scale)
+                        for e in cutlass.range_constexpr(4):
+                            f16[4 * h + e] = ws[e]
+                    cute.autovec_copy(f16, gF[(None, b)])
+
+
+class QuantizeExpandNvfp4Kernel(QuantizeNvfp4Kernel):
+    """The quantize kernel that also writes each block's exact f16 expansion e2m1 · s (16
+    halves, 32 bytes) to an [M, K] f16 tensor: the wgmma B operand of the register-A designs
+    that take the activation by TMA (kernels.nvfp4.gemm_shell.V3Study(activation="f16_tma*"),
+    notes/p0-gemm.md), made in the same pass as the packed bytes (M x K x 2 bytes more
+    written)."""
+
+    emit_f16 = True
+
+    def __init__(self, dtype_name: str = "bfloat16", rows_per_cta: int = 8,
+                 rows_per_thread: int = 2):
+        super().__init__(dtype_name, rows_per_cta, rows_per_thread)
+        self.key = (*self.key, "f16")
+
+    @cute.jit
+    def __call__(self, x, q, s, g, f, rows: Int32, k_blocks: Int32, row_offset: Int32,
+                 s_bytes: Int32, grid_x: Int32, grid_y: Int32, stream):  # see ffi.pointer
+        n_blocks = rows * k_blocks
+        mX = cute.make_tensor(ffi.pointer(x, Uint32), cute.make_layout(n_blocks * 8))
+        mQ = cute.make_tensor(ffi.pointer(q, Uint32), cute.make_layout(n_blocks * 2))
+        mS = cute.make_tensor(ffi.pointer(s, Uint8), cute.make_layout(s_bytes))
+        mG = cute.make_tensor(ffi.pointer(g, Float32), cute.make_layout(1))
+        mF = cute.make_tensor(ffi.pointer(f, Uint32), cute.make_layout(n_blocks * 8))
+        self.kernel(mX, mQ, mS, mG, mF, rows, k_blocks, row_offset).launch(
+            grid=[grid_x, grid_y, 1], block=[self.COLS, self.rows_per_cta, 1], stream=stream)
 
 
 PTRS = ((Uint32, 16), (Uint32, 8), (Uint8, 4), (Float32, 4))  # x words, packed, scales, g
 # (x, q rows, s, g), (rows, k_blocks, row_offset, s_bytes, grid_x, grid_y)
 ENTRY = ffi.Entry("quantize_nvfp4", PTRS, scalars=6)
+
+
+PTRS_F16 = (*PTRS, (Uint32, 16))  # ... and the f16 expansion
+ENTRY_F16 = ffi.Entry("quantize_expand_nvfp4", PTRS_F16, scalars=6)
 
 
 def compile_args(dtype=None):
@@ -239,3 +282,19 @@ def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0
     q_rows = q if row_offset == 0 else q[row_offset:row_offset + scalars[0]]  # no shape read
     ENTRY(config, ckey, (x, q_rows, s, g), scalars)
     return q, s if s.dtype == torch.float8_e4m3fn else s.view(torch.float8_e4m3fn)
+
+
+def quantize_expand_nvfp4(x, g, *, pad_16x: bool = False):
+    """As :func:`quantize_nvfp4` (allocating), plus the exact f16 expansion e2m1 · s of every
+    block, [M, K] float16 (numerics.nvfp4.dequantize(q, s, 1.0, dtype=float16) of the result,
+    written in the same pass): (packed, scales, f16)."""
+    config, ckey, scalars, Mp, s_shape = plan(x, g, None, 0, pad_16x, None)
+    config = QuantizeExpandNvfp4Kernel("bfloat16" if config.is_bf16 else "float16")
+    M, kb = scalars[0], scalars[1]
+    q = (torch.empty if Mp == M else torch.zeros)(Mp, x.shape[1] // 2, dtype=torch.uint8,
+                                                  device=x.device)
+    s = (torch.empty if M % 128 == 0 and kb % SCALE_TILE_COLS == 0 else torch.zeros)(
+        s_shape, dtype=torch.uint8, device=x.device)
+    f16 = torch.empty(M, x.shape[1], dtype=torch.float16, device=x.device)
+    ENTRY_F16(config, config.key, (x, q, s, g, f16), scalars)
+    return q, s.view(torch.float8_e4m3fn), f16
