@@ -408,6 +408,51 @@ def expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int], rows: cutlass.C
             cute.autovec_copy(out, f16_words[(None, out_row + chunk)])
 
 
+@cute.jit
+def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
+                               rows: cutlass.Constexpr[int], x_words: cute.Tensor,
+                               f16_words: cute.Tensor, stage: Int32, buf: Int32, g: Float32,
+                               rcp_g: Float32):
+    """P1's activation stage: ``rows`` x 64 bf16 of ring stage ``stage`` (a [rows, 64]
+    128-byte-swizzled K-major tile, as the producer's TMA wrote it) quantized block by block
+    with :func:`quantize_block16` (Comfy's rule, tensor scale ``g``, ``rcp_g`` its rcp.approx)
+    and expanded to exact f16 (:func:`dequant_e2m1_word`: e2m1 · scale, the values
+    :func:`expand_stage_rows` writes from the quantize kernel's packed output) into buffer
+    ``buf`` of the f16 tiles, same swizzle. ``threads`` threads share the rows, one row a thread
+    a pass; a 16-element block is two 16-byte chunks, read and written at the same swizzled
+    chunk positions (conflict-free: the 8 lanes of a phase hit 8 different chunk columns).
+
+    ``x_words`` / ``f16_words``: (4 words, 16-byte chunk) views of the bf16 ring and the f16
+    tiles (:func:`word_view`)."""
+    if cutlass.const_expr(rows % threads):
+        raise ValueError(f"{threads} threads cannot share {rows} rows evenly")
+    for i in cutlass.range_constexpr(rows // threads):
+        r = i * threads + t
+        phase = r & 7
+        src_row = (stage * rows + r) * ROW_CHUNKS
+        dst_row = (buf * rows + r) * ROW_CHUNKS
+        for j in cutlass.range_constexpr(ROW_CHUNKS // 2):  # the row's four 16-element blocks
+            lo_chunk = (2 * j) ^ phase
+            hi_chunk = (2 * j + 1) ^ phase
+            w = cute.make_rmem_tensor((8,), Uint32)
+            lo = cute.make_rmem_tensor((4,), Uint32)
+            hi = cute.make_rmem_tensor((4,), Uint32)
+            cute.autovec_copy(x_words[(None, src_row + lo_chunk)], lo)
+            cute.autovec_copy(x_words[(None, src_row + hi_chunk)], hi)
+            for e in cutlass.range_constexpr(4):
+                w[e] = lo[e]
+                w[4 + e] = hi[e]
+            codes = cute.make_rmem_tensor((2,), Uint32)
+            s8 = quantize_block16(w, g, rcp_g, codes, True)
+            scale = e4m3x2_scales_x64(s8 | (s8 << Uint32(8)))
+            for h, chunk in ((0, lo_chunk), (1, hi_chunk)):
+                words = dequant_e2m1_word(codes[h], scale)
+                out = cute.make_rmem_tensor((4,), Uint32)
+                for e in cutlass.range_constexpr(4):
+                    out[e] = words[e]
+                cute.autovec_copy(out, f16_words[(None, dst_row + chunk)])
+
+
 def word_view(byte_ptr, nbytes: int):
     """(4 words, 16-byte chunk) view of a 16-byte-aligned smem byte range."""
     words = cute.recast_ptr(byte_ptr, dtype=Uint32)

@@ -23,7 +23,8 @@ from typing import NamedTuple
 
 from configs.arch import K_BLOCK, WARP
 from device.barriers import Barrier
-from device.nvfp4 import expand_stage_rows, word_view
+from device.nvfp4 import expand_stage_rows, quantize_expand_stage_rows, word_view
+from device.ptx import rcp_approx_ftz
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
@@ -258,3 +259,55 @@ class WeightsAndF16Producer:
             self.weights.run(ctx, rt)
         elif warp == 1:
             self.activation.run(ctx, rt - WARP)
+
+
+class QuantizingActivationStage(ExpandedActivationStage):
+    """P1's activation stage (kernels.nvfp4.gemm_shell.P1Study; notes/p1.md): fills the same
+    f16 tiles from the **bf16** token tile that
+    :class:`producers.register_order.Bf16RegisterOrderProducer` TMA'd into ring stage ``s``,
+    quantizing each 16-element block with the tensor scale g (the shell's ``g_a``, computed
+    beforehand: amax on the device) by :func:`device.nvfp4.quantize_block16` (the quantize
+    kernel's rule, so the bits are P0's on the packed activation that kernel writes) and
+    expanding it to exact f16 (:func:`device.nvfp4.quantize_expand_stage_rows`). No packed
+    activation or activation scale is written anywhere. Role contract as
+    :class:`ExpandedActivationStage`'s (one warpgroup, ``act_full`` 4 arrivals, ``act_empty``
+    the consumers' 8, 4 arrivals on ``empty[s]``), at ``regs`` registers."""
+
+    regs = 80
+
+    def __init__(self, tokens: int, stages: int, buffers: int = 2):
+        if tokens != 128:
+            raise ValueError(f"tokens = {tokens}: P1's stage quantizes 128-row tiles")
+        super().__init__(tokens, stages, buffers)
+
+    @cute.jit
+    def run(self, ctx, t: Int32):
+        sm = ctx.smem
+        x_words = word_view(sm["x_bf16"], self.stages * self.tokens * ROW_BYTES)
+        f16_words = word_view(sm["act_f16"], self.tiles.buffers * self.tiles.tile_bytes)
+        g = ctx.scales[0][0]
+        for_each_tile(ctx.tiles, self.quantize_tile,
+                      (x_words, f16_words, g, rcp_approx_ftz(g), ctx.bars["full"],
+                       ctx.bars["empty"], ctx.bars["act_full"], ctx.bars["act_empty"],
+                       ctx.mailbox, t, t % WARP))
+
+    @cute.jit
+    def quantize_tile(self, tile, args, count: Int32) -> Int32:
+        """Per k-block of ``tile``: wait for the bf16 stage and a free f16 tile, quantize and
+        expand the stage's rows into it, release the stage and publish the tile."""
+        x_words, f16_words, g, rcp_g, full, empty, act_full, act_empty, mailbox, t, lane = args
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            s, ph = ring_position(count, self.stages)
+            b, bph = ring_position(count, self.tiles.buffers)
+            wait_parity(full + s, ph, Barrier.FULL, s, mailbox)
+            wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox)
+            quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words, s, b,
+                                       g, rcp_g)
+            # our f16 stores -> wgmma (async proxy); our bf16 reads -> the next TMA
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.sync_warp()
+            if lane == 0:
+                cute.arch.mbarrier_arrive(empty + s)
+                cute.arch.mbarrier_arrive(act_full + b)
+            count = count + 1
+        return count

@@ -32,7 +32,7 @@ from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, 
                                      partition_tma)
 
 cutlass, cute = cute_modules()
-from cutlass import Float16, Int32, Uint8  # noqa: E402
+from cutlass import BFloat16, Float16, Int32, Uint8  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 SLAB_CODE_BYTES = THREADS * 16  # one slab's codes of one k-block
@@ -190,10 +190,83 @@ class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):
         return count
 
 
-def f16_box_layout(rows: int):
+def f16_box_layout(rows: int, dtype=Float16):
     """The shared-memory image of one f16 activation tile: ``rows`` x 64 (one k-block), K-major
     in 8-row 128-byte-swizzled atoms (wgmma's SW128 K-major B, what the activation stage's
-    expansion writes)."""
+    expansion writes); with ``dtype`` BFloat16 the same bytes for a bf16 tile (P1's ring)."""
     atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
-        cute.nvgpu.warpgroup.SmemLayoutAtomKind.K_SW128, Float16)
+        cute.nvgpu.warpgroup.SmemLayoutAtomKind.K_SW128, dtype)
     return cute.tile_to_shape(atom, (rows, K_BLOCK), order=(0, 1))
+
+
+class Bf16RegisterOrderProducer(RegisterOrderProducer):
+    """P1's producer (kernels.nvfp4.gemm_shell.P1Study; notes/p1.md): as
+    :class:`RegisterOrderProducer`, but stage ``s`` holds the token tile's k-block as **bf16**
+    (``tile_m`` x 64, 128-byte-swizzled K-major, one TMA over the bf16 activation [M, K] in the
+    ``a`` buffer) beside the two weight slabs; no packed activation or activation scale exists
+    anywhere. ``full[s]``: one arrive + the bf16 tile's bytes + the slabs'; ``empty[s]``: the
+    quantizing activation stage's 4 warps and the consumers' 8
+    (producers.activation_stage.QuantizingActivationStage)."""
+
+    def __init__(self, tile_m: int, tile_n: int, stages: int):
+        super().__init__(tile_m, tile_n, stages)
+        self.act_bytes = tile_m * K_BLOCK * 2
+        self.stage_bytes = self.act_bytes + self.slabs * self.slab_bytes
+
+    def allocate(self, alloc) -> dict:
+        raw = alloc.allocate(self.stages * self.act_bytes, 1024)
+        staged = cute.append(f16_box_layout(self.tile_m, BFloat16),
+                             cute.make_layout(self.stages, stride=self.tile_m * K_BLOCK))
+        n = self.stages * self.slabs
+        wq = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_CODE_BYTES), 128)
+        ws = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_SCALE_BYTES), 128)
+        return {"x_bf16": raw,
+                "x_bf16_tma": cute.make_tensor(cute.recast_ptr(raw, dtype=BFloat16), staged),
+                "w_codes": wq, "w_scales": ws}
+
+    def smem_bytes(self) -> int:
+        return super().smem_bytes() + 1024  # the bf16 ring's 1024-byte alignment
+
+    def global_views(self, a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
+        """(the bf16 activation's TMA atom and tensor; (prepacked codes, scales, slab count))."""
+        K = k32 * 32
+        gX = cute.make_tensor(cute.recast_ptr(a_ptr, dtype=BFloat16),
+                              cute.make_layout((M, K), stride=(K, 1)))
+        tma = [cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), gX,
+                                           f16_box_layout(self.tile_m, BFloat16),
+                                           (self.tile_m, K_BLOCK))]
+        return tma, weight_slab_views(b_ptr, sfb_ptr, N, k32)
+
+    @cute.jit
+    def run(self, ctx, rt: Int32):
+        if rt // 32 == 0:
+            sm = ctx.smem
+            atom, tensor = ctx.tma[0]
+            tiles = cute.local_tile(tensor, (self.tile_m, K_BLOCK), (None, None))
+            ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1),
+                                           cute.group_modes(sm["x_bf16_tma"], 0, 2),
+                                           cute.group_modes(tiles, 0, 2))
+            for_each_tile(ctx.tiles, self.fill_bf16_tile,
+                          ((atom, tg, ts), ctx.globals, sm["w_codes"].iterator,
+                           sm["w_scales"].iterator, ctx.bars["full"], ctx.bars["empty"],
+                           ctx.mailbox, ctx.tiles.k_tiles))
+
+    @cute.jit
+    def fill_bf16_tile(self, tile, args, count: Int32) -> Int32:
+        """Per k-block of ``tile``: wait for the stage to be free, announce its bytes, TMA the
+        bf16 token tile's k-block and bulk-copy the weight slabs (those inside N)."""
+        (atom, tg, ts), (codes, scales, n_slabs), wq, ws, full, empty, mailbox, k_tiles = args
+        slab0 = tile.n * self.slabs
+        valid = cutlass.min(n_slabs - slab0, self.slabs)
+        tx = self.act_bytes + valid * self.slab_bytes + self.extra_tx_bytes
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            s, ph = ring_position(count, self.stages)
+            wait_parity(empty + s, ph ^ 1, Barrier.EMPTY, s, mailbox)
+            bar = full + s
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
+            cute.copy(atom, tg[(None, tile.m, kt)], ts[(None, s)], tma_bar_ptr=bar)
+            with cute.arch.elect_one():
+                self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
+            count = count + 1
+        return count

@@ -18,6 +18,7 @@
 #   p0-ab        scripts/p0_v2_ab.py ($WB_AB_ARGS): P0's designs side by side
 #   p0-v3-ab     scripts/p0_v3_ab.py ($WB_AB_ARGS, e.g. --seconds 170): the split-K fixup studies
 #                and the TMA'd f16 activation against production (notes/p0-gemm.md, P0 v3)
+#   p1-ab        scripts/p1_ab.py ($WB_AB_ARGS): P1 (quantized inside the GEMM) against P0
 #   stress       scripts/stress_fast_loop.py ($WB_STRESS_ARGS, e.g. --conditions procs --seconds
 #                200): the fast loop's frames under load, compared bitwise (notes/fast-loop.md v14a)
 #   h3-trajectory the canonical full-size 12-step H3 trajectory on p0 (+ one reference block)
@@ -75,6 +76,8 @@ for what in "$@"; do
     p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
     host-overhead) step host-overhead python3 -m experiments.host_overhead ;;
+    p1-ab) step p1-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p1_ab.py \
+             ${WB_AB_ARGS:-} ;;
     p0-v3-ab) step p0-v3-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v3_ab.py \
                 ${WB_AB_ARGS:-} ;;
     stress) step fast-loop-stress env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
@@ -88,7 +91,7 @@ for what in "$@"; do
       step p0-baseline python3 -m experiments.p0_baseline
       step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
-            "ladder-full, p0-ab, p0-v3-ab, stress, h3-trajectory, p0-baseline, host-overhead," \
+            "ladder-full, p0-ab, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline, host-overhead," \
             "frame-protocol, depth-frame," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac

@@ -75,9 +75,10 @@ from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_s
 from epilogues import EpilogueOperands
 from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore, workspace_floats
 from producers.activation_stage import (ExpandedActivationStage, F16TmaActivationStage,
-                                        PairedActivationStage, WeightsAndF16Producer)
-from producers.register_order import (PairedRegisterOrderProducer, RegisterOrderProducer,
-                                      WeightsOnlyRegisterOrderProducer)
+                                        PairedActivationStage, QuantizingActivationStage,
+                                        WeightsAndF16Producer)
+from producers.register_order import (Bf16RegisterOrderProducer, PairedRegisterOrderProducer,
+                                      RegisterOrderProducer, WeightsOnlyRegisterOrderProducer)
 from producers.tma_prepacked import TmaPrepackedProducer
 
 cutlass, cute = cute_modules()
@@ -104,6 +105,7 @@ class ShellContext(NamedTuple):
     epi: object       # EpilogueOperands
     mailbox: object
     tiles: object     # device.tiles.TileLoop: the schedule and the K blocking
+    scales: object = None  # (g_a, g_b): the tensor scales, one-element fp32 tensors
 
 
 def _module_key(module) -> tuple:
@@ -417,7 +419,7 @@ class BlockscaledGemmSm90:
                                flag=smem["split_flag"].iterator, gate=mGate, residual=mRes)
         ctx = ShellContext(smem=smem, bars=bars, tma=tma, globals=glob, tiled_mma=tiled_mma,
                            epilogue=self.epilogue, epi=epi, mailbox=mailbox,
-                           tiles=TileLoop(schedule, k_tiles, k_per_split))
+                           tiles=TileLoop(schedule, k_tiles, k_per_split), scales=mG)
         self._dispatch(ctx, warp // 4, tidx, 0, 0)
         if cutlass.const_expr(self.cluster_n > 1):
             # no CTA leaves while its peer may still multicast into it or arrive on its barriers
@@ -630,3 +632,29 @@ class V3Study:
         return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
                                               splits=self.splits, raster_along_m=False,
                                               epilogue=epilogue, stream_k=self.stream_k)
+
+
+@dataclass(frozen=True)
+class P1Study:
+    """P1 (notes/p1.md; issue #36): the activation quantized inside the GEMM. The swap-AB shell
+    with :class:`producers.register_order.Bf16RegisterOrderProducer` (the bf16 token tile by
+    TMA beside the weight slabs in each ring stage) and
+    :class:`producers.activation_stage.QuantizingActivationStage` (quantize each 16-block with
+    the given tensor scale g_a, expand to exact f16 into the consumer's tiles); the consumer and
+    the epilogue are the production ones. The ``a`` buffer is the bf16 activation [M, K]; the
+    ``sfa`` slot is never read; ``g_a`` is g = global_scale_from_amax(amax(x)). Exact: the
+    production swap-AB bits on the packed activation the quantize kernel writes with that g.
+    Sharing knobs (cluster size C, N-group reuse G) come after this C = G = 1 baseline."""
+
+    splits: int = 1
+    stages: int = 6
+    buffers: int = 2
+
+    def build(self) -> BlockscaledGemmSm90:
+        _check_ring(self.stages, self.splits)
+        tokens = RegisterAWgmmaConsumer.TOKENS[0]
+        activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
+        consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
+        producer = Bf16RegisterOrderProducer(tokens, consumer.tile_n, self.stages)
+        return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
+                                              splits=self.splits, raster_along_m=False)

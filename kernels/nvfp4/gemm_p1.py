@@ -1,0 +1,96 @@
+"""``gemm_nvfp4_p1``: P1 from torch, the activation quantized inside the GEMM (notes/p1.md).
+
+D = RN_bf16(g_x·g_w · Σ_k q(x)_k w_k) where q(x) is Comfy Kitchen's NVFP4 quantization of the
+bf16 activation ``x`` with tensor scale ``g_x`` (numerics.nvfp4; on the device
+device.nvfp4.quantize_block16), done per CTA tile and k-block inside the GEMM
+(kernels.nvfp4.gemm_shell.P1Study): no packed activation or activation scale tensor exists in
+global memory. Bit-identical to gemm_nvfp4 on quantize_nvfp4(x, g_x)'s output with the same
+swap-AB config. The weight comes as its register-order prepack (kernels.nvfp4.prepack) with
+its tensor scale ``g_w``. Every input is checked before the launch.
+"""
+from __future__ import annotations
+
+import torch
+
+from device.ffi import require_hopper
+from device.runtime import check_cuda_tensor, sm_count
+from epilogues.tile_store import workspace_floats
+from kernels.nvfp4.gemm import _mailbox_address
+from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, P1Study
+from kernels.nvfp4.prepack import PrepackedWeights
+from producers.register_order import Bf16RegisterOrderProducer
+from numerics.nvfp4 import BLOCK
+
+_DEFAULT = {}
+
+
+def default_config(splits: int = 1) -> BlockscaledGemmSm90:
+    """The P1 baseline build (C = G = 1) at ``splits`` K splits, one object per split count."""
+    if splits not in _DEFAULT:
+        _DEFAULT[splits] = P1Study(splits=splits).build()
+    return _DEFAULT[splits]
+
+
+def validate(x, g_x, prepacked, g_w, out):
+    """All checks, in order; returns (M, N, K). Raises before any launch."""
+    require_hopper()
+    check_cuda_tensor("x", x, dtypes=(torch.bfloat16,))
+    if x.dim() != 2 or not x.is_contiguous():
+        raise ValueError(f"x must be a contiguous 2-D bf16 [M, K]; got shape {tuple(x.shape)}, "
+                         f"contiguous={x.is_contiguous()}")
+    M, K = x.shape
+    if M == 0 or K == 0 or K % 32:
+        raise ValueError(f"x is [{M}, {K}]: need M >= 1 and K a positive multiple of 32 "
+                         f"(NVFP4 blocks of {BLOCK}, TMA rows of 16-byte units)")
+    if not isinstance(prepacked, PrepackedWeights):
+        raise TypeError("prepacked must be the weight's register-order prepack "
+                        f"(kernels.nvfp4.prepack.prepack), got {type(prepacked).__name__}")
+    N = prepacked.rows
+    if prepacked.cols != K:
+        raise ValueError(f"prepacked holds a [{N}, {prepacked.cols}] weight; x has K = {K}")
+    if N % 8:
+        raise ValueError(f"N = {N} must be a multiple of 8 (16-byte output rows)")
+    for name, g in (("g_x", g_x), ("g_w", g_w)):
+        check_cuda_tensor(name, g, dtypes=(torch.float32,), align=4)
+        if g.numel() != 1:
+            raise ValueError(f"{name} must hold one fp32 value; it has {g.numel()}")
+    for name, t in (("g_x", g_x), ("g_w", g_w), ("prepacked.codes", prepacked.codes),
+                    ("prepacked.scales", prepacked.scales)):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}; x is on {x.device}")
+    if out is not None:
+        check_cuda_tensor("out", out, dtypes=(torch.bfloat16,))
+        if tuple(out.shape) != (M, N) or out.device != x.device:
+            raise ValueError(f"out must be bf16 [{M}, {N}] on {x.device}; got "
+                             f"{tuple(out.shape)} on {out.device}")
+    if M * N >= 2**31:
+        raise ValueError("problem too large for the kernel's 32-bit output indexing")
+    return M, N, K
+
+
+def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm90 | None = None):
+    """bf16 [M, N] = x·Wᵀ with x quantized inside the GEMM (module docstring). ``g_x``: fp32 [1]
+    on the device, g = global_scale_from_amax(amax(x)) (kernels.nvfp4.amax, numerics.nvfp4);
+    ``prepacked``: the weight's register-order prepack; ``g_w``: its fp32 [1] tensor scale."""
+    M, N, K = validate(x, g_x, prepacked, g_w, out)
+    config = config or default_config()
+    if not isinstance(config.producer, Bf16RegisterOrderProducer):
+        raise TypeError("config must be a P1 build (kernels.nvfp4.gemm_shell.P1Study)")
+    if out is None:
+        out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
+    tiles = -(-M // config.tile_m) * -(-N // config.tile_n)
+    words = workspace_floats(config.splits, tiles, config.tile_m, config.tile_n)
+    if words:
+        if words >= 2**31:
+            raise ValueError(f"split-K workspace of {config.splits} splits exceeds 32-bit "
+                             "indexing; use fewer splits")
+        work = torch.empty(words, dtype=torch.float32, device=x.device)
+        counters = torch.zeros(tiles, dtype=torch.int32, device=x.device)
+    else:  # never dereferenced
+        work = counters = out
+    xb = x.view(torch.uint8)  # the kernel reads it as bf16 [M, K] (its TMA view)
+    ENTRY(config, config.static_key(),
+          (xb, xb, prepacked.codes, prepacked.scales, g_x, g_w, out, _mailbox_address(), work,
+           counters, out, out),
+          (M, N, K // 32, sm_count()))
+    return out

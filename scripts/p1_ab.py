@@ -1,0 +1,147 @@
+"""P1's first H200 measurement (notes/p1.md; the prediction was written before it): the
+activation quantized inside the GEMM (kernels.nvfp4.gemm_shell.P1Study, C = G = 1) against P0
+on the quantize kernel's output, in one run.
+
+    python3 scripts/p1_ab.py [--seconds 150] [--out DIR]
+
+Per projection (qkv, out, fc1; N x K as in experiments/p0_baseline.py) and M in (128, 2048),
+the same bf16 activation x and the same weight:
+* ``p0_gemm``: gemm_nvfp4 on quantize_nvfp4(x, g)'s packed activation (the swap-AB build at 6
+  stages and the split P1 uses, so the bits must be equal);
+* ``p0_e2e``: quantize_nvfp4 + that GEMM (g given: the amax is the same launch on both paths);
+* ``p1``: gemm_nvfp4_p1(x, g): the GEMM that quantizes inside.
+Rows report µs (CUDA-graph replay, operand sets rotated past L2), ns per k-block a CTA runs in
+sequence, p1 over p0_gemm and over p0_e2e, and whether P1's output equals P0's bits (into a
+NaN-poisoned buffer) and reruns identically. Jobs run in order until --seconds is spent; those
+left out are listed. Writes ``p1-ab.json`` under --out or $WB_RESULTS_DIR (never overwriting).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from configs.arch import K_BLOCK
+from device.runtime import sm_count
+from device.waits import synchronize
+from kernels.nvfp4.amax import amax
+from kernels.nvfp4.gemm import gemm_nvfp4
+from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P1Study
+from kernels.nvfp4.prepack import prepack
+from kernels.nvfp4.quantize import quantize_nvfp4
+from numerics import nvfp4
+from workbench.timing import bench, rotation_count
+
+PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376)}
+JOBS = tuple((name, M) for M in (128, 2048) for name in ("qkv", "fc1", "out"))
+
+
+def splits_for(M: int, N: int, K: int, sms: int) -> int:
+    """The K split gemm_nvfp4's chooser would give the swap-AB design (schedules/plan.py)."""
+    from kernels.nvfp4.gemm import default_config
+    return default_config(M, N, K, sms, prepacked=True).splits
+
+
+def operands(M, N, K, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    w = torch.randn(N, K, generator=gen, device="cuda").to(torch.bfloat16)
+    g_w = float(nvfp4.global_scale_from_amax(w.abs().max()))
+    w_q, w_s = nvfp4.quantize(w, g_w)
+    g_x = nvfp4.global_scale_from_amax(amax(x)).reshape(1)
+    return x, g_x, w_q, w_s, prepack(w_q, w_s), torch.tensor([g_w], device="cuda")
+
+
+def run_job(name, M, args, rows):
+    N, K = PROJECTIONS[name]
+    sms = sm_count()
+    splits = splits_for(M, N, K, sms)
+    p0_cfg = BlockscaledGemmSm90.swap_ab(stages=6, splits=splits)
+    p1_cfg = P1Study(splits=splits).build()
+    per_set = M * K * 2 + N * (K // 2 + K // 16)
+    sets = [operands(M, N, K, 1000 * i + M + N) for i in range(rotation_count(per_set, factor=2.0, cap=4))]
+    packed = [quantize_nvfp4(x, g, pad_16x=True) for x, g, *_ in sets]
+    out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+
+    def p0_gemm(x, g, w_q, w_s, pre, g_w, q, s):
+        return gemm_nvfp4(q, s, g, w_q, w_s, g_w, prepacked=pre, rows=(0, M), config=p0_cfg,
+                          out=out)
+
+    def p0_e2e(x, g, w_q, w_s, pre, g_w, q, s):
+        quantize_nvfp4(x, g, pad_16x=True, out=(q, s))
+        return p0_gemm(x, g, w_q, w_s, pre, g_w, q, s)
+
+    def p1(x, g, w_q, w_s, pre, g_w, q, s):
+        return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=p1_cfg)
+
+    arg_sets = [(*o, q, s) for o, (q, s) in zip(sets, packed)]
+    row = {"projection": name, "M": M, "N": N, "K": K, "splits": splits,
+           "p1_config": p1_cfg.describe()}
+    want = p0_gemm(*arg_sets[0]).clone()
+    got = torch.full_like(out, float("nan"))
+    gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=got, config=p1_cfg)
+    again = gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], config=p1_cfg)
+    synchronize()
+    row["bits_equal_p0"] = bool(torch.equal(got.view(torch.int16), want.view(torch.int16)))
+    row["rerun_identical"] = bool(torch.equal(again.view(torch.int16), got.view(torch.int16)))
+    row["no_nan_left"] = not bool(got.isnan().any())
+    tiles = -(-M // 128) * -(-N // 128) * splits
+    kblocks = -(-tiles // min(tiles, sms)) * -(-(-(-K // K_BLOCK)) // splits)
+    for label, fn in (("p0_gemm", p0_gemm), ("p0_e2e", p0_e2e), ("p1", p1)):
+        t = bench(fn, arg_sets, graph=True, warmup_ms=5, rep_ms=args.rep_ms).as_dict()
+        row[label] = {"timing": t, "us": t["median_us"],
+                      "ns_per_kblock": 1e3 * t["median_us"] / kblocks}
+    row["p1_over_p0_gemm"] = row["p1"]["us"] / row["p0_gemm"]["us"]
+    row["p1_over_p0_e2e"] = row["p1"]["us"] / row["p0_e2e"]["us"]
+    rows.append(row)
+    print(f"{name:>4} M={M:<5} s{splits} p0_gemm {row['p0_gemm']['us']:8.1f} us  p0_e2e "
+          f"{row['p0_e2e']['us']:8.1f}  p1 {row['p1']['us']:8.1f} ({row['p1']['ns_per_kblock']:.0f}"
+          f" ns/kblock)  p1/p0_gemm {row['p1_over_p0_gemm']:.2f}  p1/p0_e2e "
+          f"{row['p1_over_p0_e2e']:.2f}  bits_equal={row['bits_equal_p0']} "
+          f"rerun={row['rerun_identical']} no_nan={row['no_nan_left']}", flush=True)
+    del sets, packed
+    torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=150.0)
+    p.add_argument("--rep-ms", type=float, default=40.0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("p1_ab: needs the H200", file=sys.stderr)
+        return 2
+    out_dir = args.out or Path(os.environ.get("WB_RESULTS_DIR", "."))
+    path = out_dir / "p1-ab.json"
+    if path.exists():
+        print(f"p1_ab: {path} exists; not overwritten", file=sys.stderr)
+        return 1
+    t0, rows, done, skipped = time.time(), [], [], []
+    for name, M in JOBS:
+        if time.time() - t0 > args.seconds:
+            skipped.append(f"{name}@{M}")
+            continue
+        run_job(name, M, args, rows)
+        done.append(f"{name}@{M}")
+    if skipped:
+        print(f"not run (--seconds {args.seconds:.0f}): {', '.join(skipped)}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prov = {"commit": os.environ.get("WB_GIT_COMMIT", "unknown")[:7],
+            "dirty": os.environ.get("WB_GIT_DIRTY"), "device": torch.cuda.get_device_name(0),
+            "torch": torch.__version__, "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": "python3 scripts/p1_ab.py " + " ".join(argv or sys.argv[1:]),
+            "jobs_run": done, "jobs_skipped": skipped, "seconds": time.time() - t0}
+    path.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

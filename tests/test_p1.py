@@ -1,0 +1,116 @@
+"""P1, the activation quantized inside the GEMM (kernels.nvfp4.gemm_shell.P1Study,
+kernels.nvfp4.gemm_p1): its build (CPU), the instructions it was meant to have (compile), and
+its bits against P0 on the quantize kernel's packed activation (GPU), with no packed
+activation or scale tensor allocated on its path."""
+import functools
+
+import pytest
+import torch
+
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P1Study, compile_args
+from producers.activation_stage import QuantizingActivationStage
+from workbench.compile import compile_report
+
+
+def test_p1_build_rings_and_barriers():
+    """The ring stage holds the bf16 token tile and the weight slabs; ``empty[s]`` counts the
+    quantizing stage's 4 warps and the consumers' 8; the f16 tiles are the production ones."""
+    cfg = P1Study().build()
+    assert cfg.barrier_table["full"][1] == 1 and cfg.barrier_table["empty"][1] == 12
+    assert cfg.barrier_table["act_full"][1] == 4 and cfg.barrier_table["act_empty"][1] == 8
+    assert cfg.producer.act_bytes == 128 * 64 * 2
+    assert cfg.static_key() != BlockscaledGemmSm90.swap_ab(stages=6).static_key()
+    assert P1Study(splits=3).build().splits == 3
+    with pytest.raises(ValueError, match="tokens"):
+        QuantizingActivationStage(256, 6)
+
+
+@functools.cache
+def _report():
+    return compile_report(P1Study().build(), *compile_args())
+
+
+@pytest.mark.compile
+def test_p1_compiles_with_one_bf16_tma_and_the_quantizer():
+    """One TMA (the bf16 tile) and the weight slabs' bulk copies; e4m3x2 converts: the
+    consumer's 20, and per block of the stage's row pass 10 (the quantizer's scale read back
+    as fp32, the scale as f16x2, 8 for the two code words' expansion); no spill, no local
+    memory."""
+    r = _report()
+    assert r.frame_bytes == 0 and r.registers <= 128
+    assert r.census["wgmma.mma_async"] == 4 and r.census["setmaxnreg"] == 3
+    assert r.census["cp.async.bulk.tensor"] == 1
+    assert r.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier") == 4
+    assert r.ptx.count("cvt.rn.f16x2.e4m3x2") == 20 + 4 * (1 + 1 + 2 * 4)
+    assert r.ptx.count("rcp.approx.ftz.f32") >= 2  # rcp(g) once, enc per block
+    if r.sass is not None:
+        assert r.spill_bytes == 0 and "CALL.ABS" not in r.sass
+
+
+# ---- exactness (GPU) ----------------------------------------------------------------------------
+def _operands(M, N, K, seed, kind="normal"):
+    from kernels.nvfp4.amax import amax
+    from kernels.nvfp4.prepack import prepack
+    from numerics import nvfp4
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(M, K, generator=gen, device="cuda")
+    if kind == "lognormal":
+        x = x.sign() * torch.exp(2.0 * torch.randn(M, K, generator=gen, device="cuda"))
+    x = x.to(torch.bfloat16)
+    w = torch.randn(N, K, generator=gen, device="cuda").to(torch.bfloat16)
+    g_w = float(nvfp4.global_scale_from_amax(w.abs().max()))
+    w_q, w_s = nvfp4.quantize(w, g_w)
+    g_x = nvfp4.global_scale_from_amax(amax(x)).reshape(1)
+    return x, g_x, prepack(w_q, w_s), w_q, w_s, torch.tensor([g_w], device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8, 32), (128, 512, 2048), (300, 520, 1056),
+                                   (700, 384, 160)])
+@pytest.mark.parametrize("kind", ["normal", "lognormal"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_p1_bits_equal_p0_on_the_quantize_kernels_output(shape, kind, splits):
+    """P1 on bf16 x equals the production swap-AB GEMM (same splits and stages) on
+    quantize_nvfp4(x, g)'s packed activation, bit for bit, into a NaN-poisoned output; a rerun
+    equal; and the P1 call allocates no [M, K/2] codes or swizzled scale tensor (it allocates
+    nothing but its output, given one)."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
+    from kernels.nvfp4.quantize import quantize_nvfp4
+    M, N, K = shape
+    x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + splits, kind=kind)
+    q, s = quantize_nvfp4(x, g_x, pad_16x=True)
+    want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),  # q is 16-padded
+                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
+    cfg = P1Study(splits=splits).build()
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)  # compiles; allocations counted next
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    again = torch.empty_like(out)
+    gemm_nvfp4_p1(x, g_x, pre, g_w, out=again, config=cfg)
+    torch.cuda.synchronize()
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - before
+    assert allocs <= (2 if splits > 1 else 0), allocs  # the split-K workspace and counters
+    assert not out.isnan().any()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_p1_entry_refuses_bad_input_before_launch():
+    """Each bad argument named before any launch."""
+    from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
+    x, g_x, pre, _, _, g_w = _operands(128, 256, 512, seed=3)
+    bad = [((x.float(), g_x, pre, g_w), "x"), ((x[:, :500], g_x, pre, g_w), "x"),
+           ((x.t(), g_x, pre, g_w), "x"), ((x, g_x.double(), pre, g_w), "g_x"),
+           ((x, g_x, (pre.codes, pre.scales), g_w), "prepack"),
+           ((x[:, :256].contiguous(), g_x, pre, g_w), "K"),
+           ((x, torch.ones(2, device="cuda"), pre, g_w), "g_x"),
+           ((x.cpu(), g_x, pre, g_w), "x")]
+    for args, match in bad:
+        with pytest.raises((TypeError, ValueError), match=match):
+            gemm_nvfp4_p1(*args)
+    with pytest.raises(ValueError, match="out"):
+        gemm_nvfp4_p1(x, g_x, pre, g_w, out=torch.empty(128, 255, dtype=torch.bfloat16,
+                                                        device="cuda"))
