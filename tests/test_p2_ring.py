@@ -286,20 +286,22 @@ def _first_bad_chunk(y, want, r0, r1, cap):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K, rows, cap", [
-    (1000, 1024, 512, None, 128),          # 8 chunks, the last 104 rows
-    (1000, 1024, 512, None, 512),          # 2 chunks, the last 488 rows
-    (2500, 5376, 5376, (128, 2500), 512),  # H3 width, rows from r0 = 128, a 324-row last chunk
-    (300, 2048, 1056, None, 128),          # K/16 = 66: scale padding columns in the ring
-    (700, 21504, 5376, None, 512),         # qkv width at swap-AB's M: the prepack is read
+@pytest.mark.parametrize("M, N, K, rows, cap, with_prepack", [
+    (1000, 1024, 512, None, 128, True),          # 8 chunks, the last 104 rows
+    (1000, 1024, 512, None, 512, True),          # 2 chunks, the last 488 rows
+    (2500, 5376, 5376, (128, 2500), 512, True),  # H3 width, rows from r0 = 128, 324-row last
+    (300, 2048, 1056, None, 128, True),          # K/16 = 66: scale padding columns in the ring
+    (300, 5376, 5376, None, 128, True),          # whole call swap-AB: chunks read the prepack
+    (200, 2048, 2048, None, 128, True),          # swap-AB, K split 2: per-chunk workspace
+    (300, 1024, 2048, None, 128, False),         # the p0 design, 128 x 128, K split 2
 ])
-def test_every_chunk_bit_identical_to_p0_whole_call(M, N, K, rows, cap):
+def test_every_chunk_bit_identical_to_p0_whole_call(M, N, K, rows, cap, with_prepack):
     from kernels.nvfp4.gemm import default_config
     from kernels.nvfp4.ring import ring_gemm
 
     x, g, w_q, w_s, g_w, pre = _gpu_case(M, N, K, seed=M + N + cap)
     r0, r1 = rows or (0, M)
-    config = default_config(r1 - r0, N, K, prepacked=True)
+    config = default_config(r1 - r0, N, K, prepacked=with_prepack)
     want = _p0_whole(x, g, w_q, w_s, g_w, pre, (r0, r1), config)
     out = torch.full((r1 - r0, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     y = ring_gemm(x, g, w_q, w_s, g_w, rows=rows, capacity=cap, config=config, prepacked=pre,
@@ -347,9 +349,8 @@ def test_two_overlapping_requests_on_two_streams():
             st.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(st):
                 x, g, w_q, w_s, g_w, pre = c
-                y = ring_gemm(x, g, w_q, w_s, g_w, capacity=cap, config=config, prepacked=pre)
-                y.record_stream(torch.cuda.current_stream())
-                outs.append(y)
+                outs.append(ring_gemm(x, g, w_q, w_s, g_w, capacity=cap, config=config,
+                                      prepacked=pre))
     torch.cuda.synchronize()
     for i, y in enumerate(outs):
         bad = _first_bad_chunk(y, wants[i % 2], 0, M, cap)
