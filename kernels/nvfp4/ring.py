@@ -31,7 +31,7 @@ from device.runtime import check_cuda_tensor
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
 from kernels.nvfp4.quantize import quantize_nvfp4
 from numerics.nvfp4 import BLOCK, SCALE_TILE_COLS, scale_shape
-from schedules.p2_ring import DEFAULT_CAPACITY, Chunk, check_capacity, chunk_plan, ring_bytes
+from schedules.p2_ring import DEFAULT_CAPACITY, check_capacity, chunk_plan, ring_bytes
 
 X_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -175,11 +175,12 @@ def plan_ring(x, w_q, w_s, g_w, *, rows=None, capacity=None, config=None, prepac
     _check_shape("out", out, (r1 - r0, N))
     _check_shape("residual", residual, (r1 - r0, N))
     _check_shape("gate", gate, (N,))
-    # the device checks: CUDA, Hopper, dtypes, alignment, devices; the ring on this stream
+    if chunks[0].rows * K >= 2**31:  # the quantize kernel's int32 indexing, per chunk
+        raise ValueError(f"a chunk of {chunks[0].rows} rows x K = {K} has 2^31 or more "
+                         "elements; use a smaller capacity")
+    # the device checks: CUDA, Hopper, dtypes, alignment, devices (the stream: at run)
     require_hopper()
     check_cuda_tensor("x", x, dtypes=X_DTYPES)
-    if M * K >= 2**40:
-        raise ValueError("x too large for the GEMM's 40-bit indexing")
     if ring is None:  # allocated here (no launch): the GEMM's checks then see its real shapes
         ring = PackedRing(capacity, K, x.device)
     elif ring.device != x.device:
@@ -202,4 +203,4 @@ def ring_gemm(x, g, w_q, w_s, g_w, **kw) -> torch.Tensor:
     return plan_ring(x, w_q, w_s, g_w, **kw).run(g)
 
 
-__all__ = ["PackedRing", "RingPlan", "Chunk", "plan_ring", "ring_gemm"]
+__all__ = ["PackedRing", "RingPlan", "plan_ring", "ring_gemm"]
