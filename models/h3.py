@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.nvfp4_linear import ROLES, Nvfp4Linear, resolve_backend
+from models.nvfp4_linear import GPU_BACKENDS, ROLES, Nvfp4Linear, resolve_backend
 
 
 def _is_int(v) -> bool:
@@ -170,7 +170,7 @@ class H3Model:
             raise TypeError(f"cache must be True or False, got {cache!r}")
         _check_callback("wrap", wrap)
         self.cfg, self.seed, self.backend = cfg, seed, resolve_backend(backend, None)
-        self.device = torch.device("cuda" if self.backend == "p0" else device)
+        self.device = torch.device("cuda" if self.backend in GPU_BACKENDS else device)
         self.cache, self.wrap = cache, wrap
         self._linears: dict = {}
         self._vectors: dict = {}

@@ -9,10 +9,14 @@ Backends (all consume the same packed weight, so they differ only in the GEMM):
   alpha, one correct bf16 rounding (numerics.gemm_oracle); :meth:`Nvfp4Linear.oracle` also
   returns the proven per-element bound any fp32-accumulating kernel must meet.
 * ``p0``: kernels.nvfp4 amax + quantize_nvfp4 + gemm_nvfp4 on an sm_90 GPU.
-* ``p1`` / ``p2``: the streamed producers, refused until issues #4 (P1) and P2's issue land.
+* ``p2``: P2's bounded ring (kernels/nvfp4/ring.py): the same amax and g, then the rows in
+  chunks of ``ring_capacity`` rows, each quantized into the ring and multiplied there with the
+  whole call's GEMM config (p0's, from the same helper), so its output is bit-identical to p0's.
+* ``p1``: the streamed in-GEMM producer, refused until issue #4 lands.
 With ``gate`` and ``residual`` a call returns H3's gated residual add of its output,
 numerics.epilogue.gate_residual(y, gate, residual): ``reference`` computes it after the exact
-GEMM, ``p0`` fuses it into the GEMM's store (P4, epilogues/gate_residual.py), bit-identical.
+GEMM, ``p0`` and ``p2`` fuse it into the GEMM's store (P4, epilogues/gate_residual.py),
+bit-identical.
 FC2 is pinned to p0 whatever streamed backend is asked for: the seed keeps FC2 off the streamed
 producers (its K = 14336 reduction contract), so only QKV, out and FC1 would stream.
 A backend this machine cannot run is refused at construction, never replaced by another.
@@ -24,12 +28,14 @@ import torch
 from numerics import gemm_oracle as G
 from numerics import nvfp4
 from numerics.epilogue import gate_residual
+from schedules.p2_ring import DEFAULT_CAPACITY, check_capacity
 from workbench import WorkbenchError
 
 BACKENDS = ("reference", "p0", "p1", "p2")
 ROLES = ("qkv", "out", "fc1", "fc2")  # H3's projections; a linear's role is one of them or None
-NOT_BUILT = {"p1": "the P1 software A producer is not built yet (issue #4)",
-             "p2": "the P2 ring producer is not built yet (it follows P1, issue #4)"}
+NOT_BUILT = {"p1": "the P1 software A producer is not built yet (issue #4)"}
+STREAMED = ("p1", "p2")  # backends that change the A producer: FC2 never takes them
+GPU_BACKENDS = ("p0", "p2")  # backends that run the CuTe DSL kernels (their weights on CUDA)
 PINNED_TO_P0 = ("fc2",)  # roles that never stream (seed: "FC2 remains explicitly on ... P0")
 ROW_TILE = 128  # a row slice starts on a 128-row scale tile, as gemm_nvfp4's ``rows``
 # the oracle's int64 weight (8 bytes an element) is kept only for weights up to this size: a
@@ -65,14 +71,14 @@ def resolve_backend(backend: str, role: str | None) -> str:
         raise ValueError(f"role must be None or one of {ROLES}, got {role!r}")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend in NOT_BUILT and role in PINNED_TO_P0:
+    if backend in STREAMED and role in PINNED_TO_P0:
         backend = "p0"
     if backend in NOT_BUILT:
         raise BackendUnavailable(f"backend {backend!r} refused: {NOT_BUILT[backend]}")
-    if backend == "p0":
+    if backend in GPU_BACKENDS:
         reason = p0_unavailable_reason()
-        if reason:
-            raise BackendUnavailable(reason)
+        if reason:  # p2 runs p0's kernels: the same needs, said in p2's name
+            raise BackendUnavailable(reason.replace("the p0 backend", f"the {backend} backend"))
     return backend
 
 
@@ -94,7 +100,7 @@ class Nvfp4Linear:
     """A bias-free NVFP4 linear layer: weight bf16 [N, K] (N a multiple of 16, K of 32)."""
 
     def __init__(self, weight: torch.Tensor, *, backend: str = "reference",
-                 role: str | None = None):
+                 role: str | None = None, ring_capacity: int = DEFAULT_CAPACITY):
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
         if weight.dtype != torch.bfloat16:
@@ -106,10 +112,11 @@ class Nvfp4Linear:
             raise ValueError(f"weight is on {weight.device}; expected a CPU or CUDA tensor")
         if not bool(torch.isfinite(weight).all()):
             raise ValueError("weight holds NaN or inf; its tensor scale would not be finite")
+        check_capacity(ring_capacity)  # p2's ring rows; kept by every backend (with_backend)
         self.backend = resolve_backend(backend, role)
-        self.role = role
+        self.role, self.ring_capacity = role, ring_capacity
         self.N, self.K = weight.shape
-        device = "cuda" if self.backend == "p0" else weight.device
+        device = "cuda" if self.backend in GPU_BACKENDS else weight.device
         w = weight.to(device)
         self.g_w = float(nvfp4.global_scale(w))
         self.w_q, self.w_s = nvfp4.quantize(w, self.g_w)
@@ -128,7 +135,7 @@ class Nvfp4Linear:
         new = object.__new__(Nvfp4Linear)
         new.__dict__.update(self.__dict__)
         new.backend = resolve_backend(backend, self.role)
-        if new.backend == "p0" and self.device.type != "cuda":
+        if new.backend in GPU_BACKENDS and self.device.type != "cuda":
             new.w_q, new.w_s, new._w_int = self.w_q.cuda(), self.w_s.cuda(), None
             new._w_pre = new._g_w_dev = None
         new._plans, new._last = {}, (None, None)  # its scratch buffers are its own
@@ -174,7 +181,7 @@ class Nvfp4Linear:
         """bf16 [r1 - r0, N]: rows [r0, r1) of x·Wᵀ, x quantized as a whole (its global amax);
         with ``gate`` [N] and ``residual`` [r1 - r0, N], residual + gate · that (H3's order).
         x must be finite: ``reference`` refuses NaN or ±inf (ValueError, before the GEMM);
-        ``p0`` never reads x on the host (no synchronisation), so it does not check.
+        ``p0`` and ``p2`` never read x on the host (no synchronisation), so they do not check.
 
         ``p0`` per call: three launches (amax, which also writes the tensor scale g on the
         device; quantize; GEMM) and one allocation (the output). A call whose signature (x's
@@ -198,6 +205,8 @@ class Nvfp4Linear:
         self._check_epilogue(gate, residual, r1 - r0)
         if self.backend == "p0":
             return self._p0(x, r0, r1, gate, residual, None if capturing else key)
+        if self.backend == "p2":
+            return self._p2(x, r0, r1, gate, residual)
         y = self._exact(x, r0, r1)[0].to(torch.bfloat16)
         return y if gate is None else gate_residual(y, gate, residual)
 
@@ -237,6 +246,22 @@ class Nvfp4Linear:
                 bound[c0 - r0:c1 - r0] = G.fp32_error_bound(I, G.abs_sums(a_int, w_int),
                                                             alpha, self.K)
         return d, real, bound
+
+    def _p0_config(self, m: int):
+        """(config, prepack) of p0's GEMM over m rows: default_config with the prepack at hand,
+        the prepack made once and only where that config reads it. p2 passes the whole call's
+        to every chunk (a chunk's own default could differ: its K split, its design)."""
+        # here, not at the top: the kernels import CuTe DSL, which the oracle backend runs
+        # without (p0_unavailable_reason says when it is missing)
+        from kernels.nvfp4.gemm import default_config
+        from kernels.nvfp4.prepack import prepack
+
+        config = default_config(m, self.N, self.K, prepacked=True)
+        if not config.needs_prepacked_weights:
+            return config, None
+        if self._w_pre is None:
+            self._w_pre = prepack(self.w_q, self.w_s)
+        return config, self._w_pre
 
     def _p0(self, x, r0, r1, gate=None, residual=None, key=None):
         """The checked path: every kernel entry's own checks, then (for a ``key``) the plan
@@ -289,6 +314,21 @@ class Nvfp4Linear:
                 self._plans[key] = p = _P0Plan(x, ws, q, s, gp)
                 self._last = (key, p)
         return y
+
+
+    def _p2(self, x, r0, r1, gate=None, residual=None):
+        from kernels.nvfp4.amax import amax
+        from kernels.nvfp4.ring import plan_ring
+
+        x = x.contiguous()
+        if residual is not None:
+            residual = residual.contiguous()
+        config, pre = self._p0_config(r1 - r0)  # the whole call's: every chunk runs it
+        plan = plan_ring(x, self.w_q, self.w_s, self.g_w, rows=(r0, r1),
+                         capacity=self.ring_capacity, config=config, prepacked=pre, gate=gate,
+                         residual=residual)  # every check before the first launch (amax)
+        g = nvfp4.global_scale_from_amax(amax(x)).reshape(1)  # the WHOLE x, as p0
+        return plan.run(g)
 
 
 P0_PLANS_MAX = 16  # signatures (each with its scratch) a p0 linear keeps

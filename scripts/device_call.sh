@@ -10,6 +10,7 @@
 #   depth|nvfp4  one part of the whole GPU suite (-m "gpu or compile" --gpu-part ...)
 #   selected     the GPU and compile tests of $WB_TEST_FILES
 #   ladder-quick the p0 ladder on the scaled H3 (--quick)
+#   ladder-p2-quick the p2 ladder on the scaled H3 (--quick): P2's ring behind the same rungs
 #   ladder-full  the full-size p0 ladder, resumable: each call continues the state in
 #                results/runs/ladder-p0-full (git-ignored, so it stays on a warm machine;
 #                its tensors, ~1-2.5 GB, never travel) for $WB_LADDER_BUDGET s (default 480),
@@ -29,6 +30,7 @@
 #                quack column needs .whl installed: pip install --no-index --no-deps --target
 #                /tmp/site .whl/*.whl)
 #   host-overhead experiments/host_overhead.py: host µs per eager call of the NVFP4 entries
+#   p2-ring-capacity experiments/p2_ring_capacity.py ($WB_EXP_ARGS): the ring against capacity
 #   experiments  depth-loop, p0-baseline, the quick p0 ladder (the full one: ladder-full)
 # WB_PYTEST_ARGS adds pytest arguments to the test steps (e.g. "-n 4 --dist loadfile": the H200
 # image has pytest-xdist).
@@ -59,6 +61,7 @@ for what in "$@"; do
     selected) step tests-selected python3 -m pytest -q -m "gpu or compile" -p no:cacheprovider \
                 --durations=15 ${WB_PYTEST_ARGS:-} ${WB_TEST_FILES:?name the test files} ;;
     ladder-quick) step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
+    ladder-p2-quick) step ladder-p2-quick python3 -m cli.main ladder --phase p2 --quick ;;
     ladder-full)
       d=results/runs/ladder-p0-full
       mkdir -p "$d"
@@ -78,6 +81,8 @@ for what in "$@"; do
     host-overhead) step host-overhead python3 -m experiments.host_overhead ;;
     p1-ab) step p1-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p1_ab.py \
              ${WB_AB_ARGS:-} ;;
+    p2-ring-capacity) step p2-ring-capacity python3 -m experiments.p2_ring_capacity \
+                        ${WB_EXP_ARGS:-} ;;
     p0-v3-ab) step p0-v3-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v3_ab.py \
                 ${WB_AB_ARGS:-} ;;
     stress) step fast-loop-stress env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
@@ -91,8 +96,8 @@ for what in "$@"; do
       step p0-baseline python3 -m experiments.p0_baseline
       step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
-            "ladder-full, p0-ab, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline, host-overhead," \
-            "frame-protocol, depth-frame," \
+            "ladder-full, p0-ab, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
+            "host-overhead, frame-protocol, depth-frame, ladder-p2-quick, p2-ring-capacity," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac
 done

@@ -49,6 +49,36 @@ def test_ladder_runner_writes_summary(tmp_path, monkeypatch):
         assert len(s["headline"]["trajectory_checksum"]) == 64
 
 
+def test_ladder_p2_phase_runs_p0s_rungs_with_the_ring(tmp_path, monkeypatch):
+    """The p2 phase is P0's ladder with the ring behind Nvfp4Linear (backend p2) and part 2c;
+    without a GPU its CPU parts run and every other part is named not-run with its reason."""
+    from validators.runner import PassPart, _rungs, run_ladder
+
+    parts = []  # rungs 5-7 are one PassPart where the backend can run, else a part each
+    for p in _rungs("p2", True, "cpu"):
+        parts += list(p.ids) if isinstance(p, PassPart) else [p.id]
+    assert parts == ["1a", "1b", "1c", "2a", "2b", "2c", "3", "4", "5", "6", "7", "8"]
+    # the scaled H3's 256 tokens cross a chunk boundary: its ring holds 128 rows
+    assert runner._model_backend("p0", True) == ("p0", None)
+    for quick, rows in ((True, runner.P2_QUICK_CAPACITY), (False, 2048)):
+        backend, wrap = runner._model_backend("p2", quick)
+        lin = type("Lin", (), {"ring_capacity": 4096})()
+        assert backend == "p2" and wrap(0, "qkv", lin) is lin and lin.ring_capacity == rows
+    from models.h3 import QUICK
+
+    assert runner.P2_QUICK_CAPACITY < QUICK.tokens and runner.P2_QUICK_CAPACITY % 128 == 0
+    if HAVE_CUDA:
+        return  # the GPU run is the ladder-p2-quick device step
+    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
+    assert run_ladder("p2", quick=True) == 0  # incomplete, not failed
+    s = R.load("ladder-p2", tmp_path)
+    assert s["verdict"] == "incomplete" and s["headline"]["highest_rung_passed"] == 0
+    not_run = " ".join(s["notes"]["not_run"])
+    assert "rung 2c (randomized ring chunks (P2)): needs a CUDA GPU" in not_run
+    assert "the p2 backend needs a CUDA GPU" in not_run  # rungs 3-8
+    assert {m["part"] for m in s["measurements"] if m["status"] == "pass"} == {"1a", "2a"}
+
+
 # --- rungs 3-8 on the synthetic H3 (tiny config: every rung's machinery in seconds) ---------
 TINY = H3Config(blocks=2, hidden=128, mlp=256, head_dim=64, video_tokens=160, audio_tokens=32)
 SHORT = H3Config(**{**TINY.__dict__, "steps": 3})  # rung 7's machinery on a 3-step trajectory
@@ -180,7 +210,8 @@ def tiny_ladder(tmp_path, monkeypatch):
     _stub_rungs_1_2(monkeypatch)
     monkeypatch.setattr(runner, "_reference_config", lambda quick: SHORT)
     monkeypatch.setattr(runner, "_backend_unavailable", lambda backend: None)
-    monkeypatch.setattr(runner, "_model_backend", lambda phase: ("reference", _legal_stateless))
+    monkeypatch.setattr(runner, "_model_backend",
+                        lambda phase, quick=False: ("reference", _legal_stateless))
     return run_dir
 
 
@@ -315,8 +346,8 @@ def test_resume_refuses_another_commit_a_live_lock_and_the_wrong_phase(tiny_ladd
 
 
 def test_a_failing_rung_stops_the_ladder_and_names_the_rest(tiny_ladder, monkeypatch):
-    monkeypatch.setattr(runner, "_model_backend", lambda phase: ("reference",
-                                                                 _perturb_fc1_of_block_1))
+    monkeypatch.setattr(runner, "_model_backend",
+                        lambda phase, quick=False: ("reference", _perturb_fc1_of_block_1))
     assert runner.run_ladder("p0", quick=True) == 1
     s = R.load("ladder-p0", tiny_ladder)
     assert s["measurements"][-1]["part"] == "3" and s["measurements"][-1]["status"] == "fail"

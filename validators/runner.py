@@ -7,7 +7,8 @@ The 8 rungs of the NVFP4 design (seeds/nvfp4-streaming-design.md), per phase:
 A rung made of several parts names them by letter, each with its own line and gate:
  1a the reference quantizer on the CPU, 1b the same on CUDA, 1c the CuTe DSL quantize kernel;
  2a randomized tiles (the reference against the scalar spec; with a GPU also CUDA against CPU
-    and the kernel against the reference), 2b randomized P0 GEMMs against the oracle (p0).
+    and the kernel against the reference), 2b randomized P0 GEMMs against the oracle (p0, p2),
+ 2c randomized projections through P2's ring, bit for bit against P0's whole call (p2).
 Rungs 3-8 run the synthetic H3 (models.h3; --quick: its scaled config) on the phase's backend
 against the reference backend on the same device, printing a line per block or step; rungs 5-7
 are one trajectory pass (validators.trajectory_pass: 12 steps where separate rungs took 15).
@@ -42,6 +43,7 @@ import torch
 
 from models.h3 import FULL, QUICK, H3Model
 from models.nvfp4_linear import BackendUnavailable, resolve_backend
+from schedules.p2_ring import DEFAULT_CAPACITY
 from validators import rung1_adversarial, rung2_randomized
 from validators.base import RungResult
 from validators.ladder_state import LadderState, finished_summary
@@ -70,7 +72,7 @@ PENDING = {
     "p0": {},
     # every P1/P2 rung, the adversarial cases first, runs through the phase's producer
     "p1": {1: "P1 software A producer not built yet (depends on P0, issue #4)"},
-    "p2": {1: "P2 ring producer not built yet (depends on P0/P1)"},
+    "p2": {},  # P0's rungs with the ring behind Nvfp4Linear (backend p2), and part 2c
     "frame": {1: FRAME_NOT_BUILT},
 }
 PHASES = tuple(PENDING)
@@ -144,11 +146,19 @@ def _rungs(phase: str, quick: bool, device: str):
         elif rung == 2:
             yield Part("2a", "randomized tiles",
                        lambda: rung2_randomized.run(quick=quick, device=device, kernel=kernel))
-            if phase == "p0":
-                # here, not at the top: only the p0 phase loads the CuTe DSL GEMM it checks
+            if phase in ("p0", "p2"):
+                # here, not at the top: only the GEMM phases load the CuTe DSL GEMM they check
                 from validators import rung2_p0_gemm
 
                 yield Part("2b", "randomized GEMMs (P0)", lambda: rung2_p0_gemm.run(quick=quick))
+            if phase == "p2":
+                t = "randomized ring chunks (P2)"
+                if device == "cuda":
+                    from validators import rung2_p2_ring
+
+                    yield Part("2c", t, lambda: rung2_p2_ring.run(quick=quick))
+                else:
+                    yield Part("2c", t, _not_run(2, t, "needs a CUDA GPU"))
         else:
             if unavailable is None:
                 unavailable = _backend_unavailable(phase) or ""
@@ -176,9 +186,23 @@ def _backend_unavailable(backend: str) -> str | None:
     return None
 
 
-def _model_backend(phase: str):
-    """(backend, wrap) of the model under test in rungs 3-8: the phase's backend, as is."""
-    return phase, None
+# the p2 ladder's ring rows: the scaled H3's 256 tokens in two chunks, so the quick ladder
+# crosses a chunk boundary; full size the backend's default (37,810 rows in 19 chunks)
+P2_QUICK_CAPACITY = 128
+
+
+def _model_backend(phase: str, quick: bool = False):
+    """(backend, wrap) of the model under test in rungs 3-8: the phase's backend; for p2 a wrap
+    that sets the ring's capacity (P2_QUICK_CAPACITY on the scaled H3)."""
+    if phase != "p2":
+        return phase, None
+    capacity = P2_QUICK_CAPACITY if quick else DEFAULT_CAPACITY
+
+    def ring_rows(block, role, lin):
+        lin.ring_capacity = capacity  # the p2 model's own linears (fc2's, on p0, ignore it)
+        return lin
+
+    return phase, ring_rows
 
 
 def _reference_config(quick: bool):
@@ -202,7 +226,7 @@ def _log(line: str) -> None:
 
 def _model_rung(rung: int, phase: str, quick: bool, device: str) -> RungResult:
     mod = importlib.import_module(f"validators.{MODEL_RUNGS[rung]}")
-    backend, wrap = _model_backend(phase)
+    backend, wrap = _model_backend(phase, quick)
     return mod.run(_reference(quick, device), backend=backend, wrap=wrap, log=_log)
 
 
@@ -336,7 +360,7 @@ class _Ladder:
         if state is not None and saved is None and state.data["pass"]:
             self._forget_pass_results()  # its tensors are gone: the pass restarts
         reference = _reference(self.quick, self.device)
-        backend, wrap = _model_backend(self.phase)
+        backend, wrap = _model_backend(self.phase, self.quick)
         if saved is not None:
             p = TrajectoryPass.restore(reference, backend, wrap, *saved, log=_log)
             print(f"  rungs 5-7: the trajectory pass continues at {p.where()}", flush=True)

@@ -7,6 +7,8 @@ show`` lists everything).
 ``p0_ratio_png``: p0-baseline's speed ratios per projection and M, with the targets, in three
 panels: vs cuBLAS bf16, vs quack's W4A16 GEMM, end to end vs Comfy (results/p0-baseline.png;
 the experiment can call it after writing its summary).
+``p2_capacity_png``: p2-ring-capacity's latency against ring capacity per projection (the ring's
+total over the complete path, and one chunk's latency).
 ``frame_timeline_png``: one traced depth frame, the tasks of every CTA over time coloured by
 type (experiments/frame_protocol.py draws it beside its summary).
 """
@@ -212,6 +214,48 @@ def p0_ratio_png(summary: dict, out: Path) -> Path:
         plt.close(fig)
 
 
+def p2_capacity_series(summary: dict) -> dict:
+    """p2-ring-capacity's curves: per streamed projection, (capacity, total / complete) and
+    (capacity, chunk µs) points in capacity order, from its ring measurements."""
+    series: dict = {"relative": {}, "chunk_us": {}}
+    for r in sorted((r for r in summary["measurements"] if r.get("path") == "ring"),
+                    key=lambda r: (r["projection"], r["capacity"])):
+        series["relative"].setdefault(r["projection"], []).append(
+            (r["capacity"], r["total_us"] / r["complete_us"]))
+        series["chunk_us"].setdefault(r["projection"], []).append((r["capacity"], r["chunk_us"]))
+    if not series["relative"]:
+        raise WorkbenchError(f"summary '{summary['name']}' has no ring measurements")
+    return series
+
+
+def p2_capacity_png(summary: dict, out: Path) -> Path:
+    """p2-ring-capacity: latency against ring capacity, two panels: the ring's total over the
+    complete quantize + P0 path (1.0 dashed: below it the ring is faster), and one chunk's
+    latency in µs; a line per streamed projection, capacities on a log2 axis."""
+    series = p2_capacity_series(summary)
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
+    panels = (("relative", "ring total / complete path (lower is faster)"),
+              ("chunk_us", "one full chunk: quantize + GEMM (µs)"))
+    for ax, (key, ylabel) in zip(axes, panels):
+        for name, pts in series[key].items():
+            ax.plot([c for c, _ in pts], [v for _, v in pts], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        caps = sorted({c for pts in series[key].values() for c, _ in pts})
+        ax.set_xticks(caps, [str(c) for c in caps])
+        ax.set_xlabel("ring capacity (rows)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    axes[1].set_yscale("log")
+    fig.suptitle(_caption(summary), fontsize=9)
+    try:
+        return _save(fig, out)
+    finally:
+        plt.close(fig)
+
+
 # summaries with a plot of their own (``wb results plot NAME``; ``--headline`` for the generic one)
 def frame_timeline_png(timeline: list, title: str, out: Path) -> Path:
     """``timeline``: per CTA, its tasks as (type name, start µs, end µs) from the frame's
@@ -236,7 +280,7 @@ def frame_timeline_png(timeline: list, title: str, out: Path) -> Path:
     return _save(fig, out)
 
 
-OWN_PLOTS = {"p0-baseline": p0_ratio_png}
+OWN_PLOTS = {"p0-baseline": p0_ratio_png, "p2-ring-capacity": p2_capacity_png}
 
 
 def summary_png(summary: dict, out: Path, headline: bool = False) -> Path:

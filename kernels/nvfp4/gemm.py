@@ -175,27 +175,17 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     M, N, K, r0, r1, g_a, g_b = validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate,
                                          residual)
     m = r1 - r0
+    config = launch_config(config, m, N, K, a_q.device, gate, prepacked)
     if out is None:
         out = torch.empty(m, N, dtype=torch.bfloat16, device=a_q.device)
-    config = config or default_config(m, N, K, prepacked=prepacked is not None)
-    if gate is not None and not isinstance(config.epilogue.output, GateResidualBf16):
-        config = config.with_output(GATE_RESIDUAL)
-    elif gate is None and config.epilogue.operands:
-        raise ValueError(f"config's epilogue {type(config.epilogue.output).__name__} reads "
-                         f"{config.epilogue.operands}: pass gate and residual")
     # scales go as they are (fp8 or uint8: each a variant of the FFI entry, the same kernel);
     # no view or slice unless rows asks for one (each costs host time)
     b_ptrs = (b_q, b_s)
     if config.needs_prepacked_weights:
-        _check_prepacked(prepacked, N, K, a_q.device)
         b_ptrs = (prepacked.codes, prepacked.scales)
-    if config.cluster_n > 1 and -(-N // config.tile_n) % config.cluster_n:
-        raise ValueError(f"config pairs CTAs on neighbouring {config.tile_n}-row weight tiles "
-                         f"(activation multicast); N = {N} gives {-(-N // config.tile_n)} tiles, "
-                         f"not a multiple of {config.cluster_n}")
     a_rows = a_q if r0 == 0 and r1 == M else a_q[r0:r1]
     a_scales = a_s if r0 == 0 else a_s[r0:]  # whole 128-row tiles from r0 on
-    words, tiles = config.workspace_floats(m, N, K, sm_count())
+    words, tiles = config.workspace_floats(m, N, K, sm_count())  # checked in launch_config
     if words:  # fp32 partials and zeroed per-tile counters (the kernel re-arms them)
         work = torch.empty(words, dtype=torch.float32, device=a_q.device)
         counters = torch.zeros(tiles, dtype=torch.int32, device=a_q.device)
@@ -286,6 +276,27 @@ def launch(p: Plan, a_q, a_s, g_a, b_q, b_s, g_b, out=None, gate=None, residual=
           (a_q, a_s, b_q, b_s, g_a, g_b, out, _mailbox_address(), work, counters,
            out if gate is None else gate, out if residual is None else residual), p.scalars)
     return out
+
+
+def launch_config(config, m: int, N: int, K: int, device, gate=None, prepacked=None):
+    """The config a launch over m rows runs (``config``, or default_config(m, ...) when None),
+    with the gated residual rule when ``gate`` is given; raises for what that config cannot
+    run (epilogue operands missing, prepack missing or wrong, cluster pairing, workspace
+    indexing). P2's ring calls it once for its largest chunk before any launch."""
+    config = config or default_config(m, N, K, prepacked=prepacked is not None)
+    if gate is not None and not isinstance(config.epilogue.output, GateResidualBf16):
+        config = config.with_output(GATE_RESIDUAL)
+    elif gate is None and config.epilogue.operands:
+        raise ValueError(f"config's epilogue {type(config.epilogue.output).__name__} reads "
+                         f"{config.epilogue.operands}: pass gate and residual")
+    if config.needs_prepacked_weights:
+        _check_prepacked(prepacked, N, K, device)
+    if config.cluster_n > 1 and -(-N // config.tile_n) % config.cluster_n:
+        raise ValueError(f"config pairs CTAs on neighbouring {config.tile_n}-row weight tiles "
+                         f"(activation multicast); N = {N} gives {-(-N // config.tile_n)} tiles, "
+                         f"not a multiple of {config.cluster_n}")
+    config.workspace_floats(m, N, K, sm_count())  # raises where the indexing would overflow
+    return config
 
 
 @functools.cache
