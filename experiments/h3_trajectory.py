@@ -21,6 +21,7 @@ import time
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from models import weight_cache
 from models.h3 import FULL, H3Model, checksum, initial_latent
 from workbench import results as R
 
@@ -82,7 +83,9 @@ def _main(argv) -> int:
     need_gpu("h3-trajectory")
     if not 1 <= args.steps <= FULL.steps:
         raise SystemExit(f"--steps must be 1..{FULL.steps}")
-    model = H3Model(FULL, seed=args.seed, backend=args.backend, device="cuda")
+    cache = weight_cache.from_env()  # $WB_WEIGHT_CACHE: load what an earlier run packed
+    model = H3Model(FULL, seed=args.seed, backend=args.backend, device="cuda",
+                    weight_cache=cache)
     torch.cuda.reset_peak_memory_stats()
     t_build = time.perf_counter()
     for b in range(FULL.blocks):  # quantize every block's weights once (kept packed)
@@ -91,6 +94,9 @@ def _main(argv) -> int:
             progress(f"weights of block {b + 1}/{FULL.blocks} packed "
                      f"({time.perf_counter() - t_build:.0f} s)")
     build_s = time.perf_counter() - t_build
+    if cache is not None:
+        progress(f"weight cache {cache.root}: {cache.loaded} linears loaded, {cache.packed} "
+                 f"packed and stored ({build_s:.0f} s)")
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()  # the trajectory's own peak, packed weights included
     steps = []
@@ -110,7 +116,8 @@ def _main(argv) -> int:
     peak = torch.cuda.max_memory_allocated()
     flops = _flops_per_step(FULL)
     row = {"backend": args.backend, "steps": args.steps, "per_step": steps,
-           "weights_pack_s": build_s, "trajectory_s": total, "peak_bytes": peak,
+           "weights_pack_s": build_s,
+           "weights_from_cache": cache.loaded if cache is not None else 0, "trajectory_s": total, "peak_bytes": peak,
            "final": summary_ck, "flops_per_step": flops,
            "floor_s_per_step": flops / WGMMA_PEAK}
     if args.reference_block:

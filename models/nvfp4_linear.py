@@ -120,6 +120,46 @@ class Nvfp4Linear:
     def device(self) -> torch.device:
         return self.w_q.device
 
+    def packed(self) -> dict:
+        """What the constructor made from the weight, all a linear needs (models.weight_cache
+        stores it): {"w_q", "w_s", "g_w"}."""
+        return {"w_q": self.w_q, "w_s": self.w_s, "g_w": self.g_w}
+
+    @classmethod
+    def from_packed(cls, w_q: torch.Tensor, w_s: torch.Tensor, g_w: float, *,
+                    backend: str = "reference", role: str | None = None) -> Nvfp4Linear:
+        """The linear whose :meth:`packed` is (w_q, w_s, g_w): the constructor without the
+        quantization, on the tensors' device (p0's: CUDA). ValueError for a pair that is
+        not an NVFP4 weight (uint8 [N, K/2] codes, float8_e4m3fn swizzled scales)."""
+        N, K = (w_q.shape[0], 2 * w_q.shape[1]) if w_q.dim() == 2 else (0, 0)
+        if (w_q.dtype != torch.uint8 or not N or N % 16 or not K or K % 32
+                or w_s.dtype != torch.float8_e4m3fn
+                or tuple(w_s.shape) != nvfp4.scale_shape(N, K)):
+            raise ValueError(f"not a packed NVFP4 weight: codes {w_q.dtype} "
+                             f"{tuple(w_q.shape)}, scales {w_s.dtype} {tuple(w_s.shape)}")
+        new = object.__new__(cls)
+        new.backend = resolve_backend(backend, role)
+        new.role, new.N, new.K, new.g_w = role, N, K, float(g_w)
+        if new.backend == "p0" and w_q.device.type != "cuda":
+            w_q, w_s = w_q.cuda(), w_s.cuda()
+        new.w_q, new.w_s = w_q, w_s
+        new._w_int = new._w_pre = None
+        return new
+
+    def to(self, device) -> Nvfp4Linear:
+        """The same packed weight on ``device`` (self when it is there already); what is made
+        lazily from it (the oracle's integers, the prepack) is made again there."""
+        device = torch.device(device)
+        if self.device == device or (device.index is None and self.device.type == device.type):
+            return self
+        if self.backend == "p0" and device.type != "cuda":
+            raise ValueError(f"a p0 linear lives on a CUDA device, not {device}")
+        new = object.__new__(Nvfp4Linear)
+        new.__dict__.update(self.__dict__)
+        new.w_q, new.w_s = self.w_q.to(device), self.w_s.to(device)
+        new._w_int = new._w_pre = None
+        return new
+
     def with_backend(self, backend: str) -> Nvfp4Linear:
         """The same packed weight behind another backend (moved to its device if needed)."""
         new = object.__new__(Nvfp4Linear)

@@ -40,6 +40,7 @@ from typing import Callable
 
 import torch
 
+from models import weight_cache
 from models.h3 import FULL, QUICK, H3Model
 from models.nvfp4_linear import BackendUnavailable, resolve_backend
 from validators import rung1_adversarial, rung2_randomized
@@ -192,7 +193,9 @@ def _reference(quick: bool, device: str):
     key = (quick, device)
     if key not in _REFERENCE:
         _REFERENCE.clear()
-        _REFERENCE[key] = H3Model(_reference_config(quick), seed=0, device=device)
+        # $WB_WEIGHT_CACHE: packed weights from the device's disk, not drawn again each call
+        _REFERENCE[key] = H3Model(_reference_config(quick), seed=0, device=device,
+                                  weight_cache=weight_cache.from_env())
     return _REFERENCE[key]
 
 
