@@ -71,8 +71,9 @@ def _cmd_ladder(args) -> int:
     # here, not at the top: only `wb ladder` loads the ladder (torch, models, the kernels)
     from validators.runner import run_ladder
 
+    devices = args.devices.split(",") if args.devices else None
     return run_ladder(phase=args.phase, quick=args.quick, resume=args.resume,
-                      stop_after=args.stop_after)
+                      stop_after=args.stop_after, devices=devices)
 
 
 def _cmd_log_header(args) -> int:
@@ -109,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     lad.add_argument("--stop-after", type=float, metavar="SECONDS",
                      help="stop before a unit (a part, a block of rungs 5-7) that would end "
                      "past SECONDS from the start, save the state and exit 75 ('paused')")
+    lad.add_argument("--devices", metavar="REF,ADV,MODEL",
+                     help="rungs 5-7: the reference, the legal adversary and the model under "
+                     "test each on its own device, side by side (e.g. cuda:1,cuda:2,cuda:0); "
+                     "default: all on one, in turn")
     lad.set_defaults(func=_cmd_ladder)
     h = sub.add_parser("log-header", help="print the provenance line a log starts with")
     h.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND")

@@ -21,6 +21,7 @@ import time
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
+from models import weight_cache
 from models.h3 import FULL, H3Model, checksum, initial_latent
 from workbench import results as R
 
@@ -35,10 +36,12 @@ def _flops_per_step(cfg) -> float:
 
 
 def _reference_block_seconds(model) -> dict:
-    """One full-size block timed the three ways the ladder's rungs 3-7 pay for it: the exact
-    reference backend's forward (``forward_s``), the oracle of its four linears on their real
-    inputs (``oracle_s``: the legal adversary and the GEMM audit each run one a block), and the
-    block on ``model``'s backend (``backend_s``)."""
+    """One full-size block timed the ways the ladder's rungs 3-7 pay for it: the exact
+    reference backend's forward (``forward_s``, the reference chain), the oracle of its four
+    linears on their real inputs (``oracle_s``, with the bound: the legal adversary's chain),
+    the GEMM audit of ``model``'s outputs for the same inputs (``audit_s``: one exact GEMM,
+    Σ|ab| only where an output is not the correctly rounded one) and the block on ``model``'s
+    backend (``backend_s``)."""
     ref = model.derived(backend="reference")
     x = ref.embed(initial_latent(ref.cfg, ref.seed).to(ref.device), 0)
     inputs = {}
@@ -50,10 +53,13 @@ def _reference_block_seconds(model) -> dict:
         return rec
 
     ref.derived(wrap=record).block(0, x)  # untimed: quantization, the inputs of each linear
+    outputs = {r: lin(inputs[r]) for r, lin in model.linears(0).items()}  # what is audited
     times = {}
     for name, work in (("forward_s", lambda: ref.block(0, x)),
                        ("oracle_s", lambda: [lin.oracle(inputs[r])
                                              for r, lin in ref.linears(0).items()]),
+                       ("audit_s", lambda: [lin.audit(inputs[r], outputs[r])
+                                            for r, lin in ref.linears(0).items()]),
                        ("backend_s", lambda: model.block(0, x))):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -63,13 +69,19 @@ def _reference_block_seconds(model) -> dict:
     return times
 
 
-def ladder_estimate_s(cfg, t: dict) -> float:
-    """Rungs 3-7 at full size from one block's times: the trajectory pass (cfg.steps steps of
-    every block: the reference's forward, two oracles, the backend and the audit's plain
-    re-runs of out and fc2, ~half a block) and rungs 3-4 (the reference's step 0 each, and
-    about six blocks of oracles). Rungs 1-2, 8, weight packing and restarts not included."""
-    block = t["forward_s"] + 2 * t["oracle_s"] + 1.5 * t["backend_s"]
-    return cfg.steps * cfg.blocks * block + 2 * cfg.blocks * t["forward_s"] + 6 * t["oracle_s"]
+def ladder_estimate_s(cfg, t: dict, chains: int = 1) -> float:
+    """Rungs 3-7 at full size from one block's times, the trajectory pass's three chains on
+    ``chains`` GPUs (1: in turn; 2: the adversary alone, the reference and the model on the
+    other; 3: one each): a block-step of the pass takes the reference's forward, the
+    adversary's oracle and the model's block plus its audit (and the audit's plain re-runs of
+    out and fc2, ~half a block), summed per GPU, the slowest GPU counting. Rungs 3-4: the
+    reference's step 0 each, ~6 blocks of oracles and audits. Rungs 1-2, 8, weight packing,
+    checkpoints and restarts not included."""
+    ref, adv = t["forward_s"], t["oracle_s"]
+    got = t.get("audit_s", t["oracle_s"]) + 1.5 * t["backend_s"]
+    block = {1: ref + adv + got, 2: max(adv, ref + got), 3: max(ref, adv, got)}[chains]
+    return (cfg.steps * cfg.blocks * block + 2 * cfg.blocks * ref
+            + 3 * t["oracle_s"] + 3 * t.get("audit_s", t["oracle_s"]))
 
 
 def _main(argv) -> int:
@@ -82,7 +94,9 @@ def _main(argv) -> int:
     need_gpu("h3-trajectory")
     if not 1 <= args.steps <= FULL.steps:
         raise SystemExit(f"--steps must be 1..{FULL.steps}")
-    model = H3Model(FULL, seed=args.seed, backend=args.backend, device="cuda")
+    cache = weight_cache.from_env()  # $WB_WEIGHT_CACHE: load what an earlier run packed
+    model = H3Model(FULL, seed=args.seed, backend=args.backend, device="cuda",
+                    weight_cache=cache)
     torch.cuda.reset_peak_memory_stats()
     t_build = time.perf_counter()
     for b in range(FULL.blocks):  # quantize every block's weights once (kept packed)
@@ -91,6 +105,9 @@ def _main(argv) -> int:
             progress(f"weights of block {b + 1}/{FULL.blocks} packed "
                      f"({time.perf_counter() - t_build:.0f} s)")
     build_s = time.perf_counter() - t_build
+    if cache is not None:
+        progress(f"weight cache {cache.root}: {cache.loaded} linears loaded, {cache.packed} "
+                 f"packed and stored ({build_s:.0f} s)")
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()  # the trajectory's own peak, packed weights included
     steps = []
@@ -110,17 +127,23 @@ def _main(argv) -> int:
     peak = torch.cuda.max_memory_allocated()
     flops = _flops_per_step(FULL)
     row = {"backend": args.backend, "steps": args.steps, "per_step": steps,
-           "weights_pack_s": build_s, "trajectory_s": total, "peak_bytes": peak,
+           "weights_pack_s": build_s,
+           "weights_from_cache": cache.loaded if cache is not None else 0, "trajectory_s": total, "peak_bytes": peak,
            "final": summary_ck, "flops_per_step": flops,
            "floor_s_per_step": flops / WGMMA_PEAK}
     if args.reference_block:
         t = _reference_block_seconds(model)
         row["reference_block_s"], row["reference_oracle_block_s"] = t["forward_s"], t["oracle_s"]
+        row["audit_block_s"] = t["audit_s"]
         row[f"{args.backend}_block_s"] = t["backend_s"]
-        row["full_ladder_estimate_s"] = ladder = ladder_estimate_s(FULL, t)
+        est = {n: ladder_estimate_s(FULL, t, n) for n in (1, 2, 3)}
+        row["full_ladder_estimate_s"] = est[1]
+        row["full_ladder_estimate_s_by_gpus"] = est
         progress(f"one block: reference forward {t['forward_s']:.2f} s, the oracle of its 4 "
-                 f"linears {t['oracle_s']:.2f} s, {args.backend} {t['backend_s']:.2f} s; so "
-                 f"rungs 3-7 at full size need ~{ladder / 60:.0f} min")
+                 f"linears {t['oracle_s']:.2f} s, their audit of {args.backend}'s outputs "
+                 f"{t['audit_s']:.2f} s, {args.backend} {t['backend_s']:.2f} s; so rungs 3-7 "
+                 f"at full size need ~{est[1] / 60:.0f} min on one GPU, ~{est[2] / 60:.0f} on "
+                 f"two, ~{est[3] / 60:.0f} on three (wb ladder --devices)")
     steady = statistics.median(s["seconds"] for s in steps[1:]) if len(steps) > 1 else total
     headline = {"trajectory_checksum": summary_ck["sha256"], "steps": args.steps,
                 "trajectory_s": total, "s_per_step": total / len(steps),

@@ -11,12 +11,21 @@ machine), std 1/sqrt(K) with log-normal per-row gains and a few 8x rows, so acti
 heavy-tailed channels real DiTs show (fc2's input most of all). Memory: the full config's weights
 are ~0.6 GB a block in bf16, so a block's bf16 weights exist only while that block's linears are
 quantized; with ``cache=True`` the packed NVFP4 weights (~0.17 GB a block) are kept, else every
-call regenerates them. All 50 blocks are never held in bf16 at once.
+call regenerates them. All 50 blocks are never held in bf16 at once. With ``weight_cache`` (a
+models.weight_cache.WeightCache) the packed weights also go to disk, and a later process loads
+them instead of drawing and quantizing them again (the same bytes).
+
+Models made by :meth:`H3Model.derived` pack nothing themselves: they take the packed weights of
+the model they derive from, moved to their device (a device index, ``cuda:1``, is a device of
+its own) and put behind their backend, so a model, its legal adversary and its backend under
+test pack every weight once between them (the ladder's trajectory pass runs them on up to three
+GPUs at once: :meth:`linears` may be called from several threads).
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import threading
 import zlib
 from dataclasses import dataclass
 
@@ -104,6 +113,24 @@ def _check_step(name: str, step, first: int, last: int) -> None:
         raise ValueError(f"{name} = {step}; expected {first}..{last} (the schedule's steps)")
 
 
+def _device(device) -> torch.device:
+    """``device`` ('cpu', 'cuda', 'cuda:N' or a torch.device) checked: ValueError otherwise,
+    or for a CUDA device that is not visible."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        d = None
+    if d is None or d.type not in ("cpu", "cuda") or (d.type == "cpu" and d.index):
+        raise ValueError(f"device must be 'cpu' or 'cuda' (or 'cuda:N'), got {device!r}")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} requested but no CUDA GPU is visible")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA GPUs "
+                             "are visible")
+    return torch.device("cpu") if d.type == "cpu" else d
+
+
 def _check_callback(name: str, fn) -> None:
     if fn is not None and not callable(fn):
         raise TypeError(f"{name} must be a callable or None, got {type(fn).__name__}")
@@ -157,37 +184,71 @@ class H3Model:
     """
 
     def __init__(self, cfg: H3Config = QUICK, seed: int = 0, backend: str = "reference",
-                 device: str = "cpu", cache: bool = True, wrap=None):
+                 device="cpu", cache: bool = True, wrap=None, weight_cache=None):
         if not isinstance(cfg, H3Config):
             raise TypeError(f"cfg must be an H3Config, got {type(cfg).__name__}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {seed!r}")
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        if device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but no CUDA GPU is visible")
+        device = _device(device)
         if not isinstance(cache, bool):
             raise TypeError(f"cache must be True or False, got {cache!r}")
         _check_callback("wrap", wrap)
         self.cfg, self.seed, self.backend = cfg, seed, resolve_backend(backend, None)
-        self.device = torch.device("cuda" if self.backend in GPU_BACKENDS else device)
-        self.cache, self.wrap = cache, wrap
+        self.device = torch.device("cuda") if self.backend in GPU_BACKENDS and \
+            device.type == "cpu" else device
+        self.cache, self.wrap, self.weight_cache = cache, wrap, weight_cache
         self._linears: dict = {}
         self._vectors: dict = {}
+        self._lock = threading.RLock()  # guards _linears (shared by derived models)
+        self._source: H3Model | None = None  # where a derived model takes its weights
 
-    def derived(self, backend: str | None = None, wrap=None) -> H3Model:
-        """A model sharing this one's packed weights, on another backend and/or wrap."""
-        m = H3Model(self.cfg, self.seed, backend or self.backend, self.device.type, self.cache,
-                    wrap)
-        if m.device != self.device:
+    def derived(self, backend: str | None = None, wrap=None, device=None) -> H3Model:
+        """A model sharing this one's packed weights, on another backend, wrap and/or device
+        (by default this one's). Weights are taken from this model as each block is first
+        used (this model packs them if it has not), moved to ``device`` and put behind
+        ``backend``; a model on the other device type (CPU vs CUDA, p0 from a CPU model)
+        packs its own."""
+        m = H3Model(self.cfg, self.seed, backend or self.backend,
+                    self.device if device is None else device, self.cache, wrap,
+                    self.weight_cache)
+        if m.device.type != self.device.type:
             return m
-        m._vectors = self._vectors
-        if m.backend == self.backend:  # one shared cache: what either quantizes, both keep
-            m._linears = self._linears
+        if m.device == self.device:
+            m._vectors = self._vectors
+        if m.backend == self.backend and m.device == self.device:
+            # one shared cache: what either quantizes, both keep
+            m._linears, m._lock = self._linears, self._lock
         else:
-            m._linears = {i: {r: lin.with_backend(m.backend) for r, lin in d.items()}
-                          for i, d in self._linears.items()}
+            m._source = self
         return m
+
+    def _packed(self, block: int) -> dict:
+        """role -> the unwrapped Nvfp4Linear of ``block``, packed (or taken from the source
+        model, or loaded from the weight cache) once however many threads ask."""
+        lin = self._linears.get(block)
+        if lin is not None:
+            return lin
+        with self._lock:
+            lin = self._linears.get(block)
+            if lin is None:
+                lin = self._pack(block)
+                if self.cache:
+                    self._linears[block] = lin
+        return lin
+
+    def _pack(self, block: int) -> dict:
+        if self._source is not None:
+            return {r: l.to(self.device).with_backend(self.backend)
+                    for r, l in self._source._packed(block).items()}
+
+        def make(r):
+            return Nvfp4Linear(weight(self.cfg, self.seed, block, r).to(self.device),
+                               backend=self.backend, role=r)
+
+        if self.weight_cache is None:
+            return {r: make(r) for r in ROLES}
+        return {r: self.weight_cache.linear(self.cfg, self.seed, block, r, self.device,
+                                            self.backend, lambda r=r: make(r)) for r in ROLES}
 
     def _check_latent(self, name: str, x) -> None:
         if not isinstance(x, torch.Tensor):
@@ -198,18 +259,14 @@ class H3Model:
         if tuple(x.shape) != want:
             raise ValueError(f"{name} has shape {tuple(x.shape)}; expected [tokens, hidden] = "
                              f"{list(want)}")
-        if x.device.type != self.device.type:
+        if x.device.type != self.device.type or (
+                self.device.index is not None and x.device.index != self.device.index):
             raise ValueError(f"{name} is on {x.device}; the model is on {self.device}")
 
     def linears(self, block: int) -> dict:
         """role -> Nvfp4Linear of ``block``; its bf16 weights live only while quantizing."""
         _check_block(self.cfg, block)
-        lin = self._linears.get(block)
-        if lin is None:
-            lin = {r: Nvfp4Linear(weight(self.cfg, self.seed, block, r).to(self.device),
-                                  backend=self.backend, role=r) for r in ROLES}
-            if self.cache:
-                self._linears[block] = lin
+        lin = self._packed(block)
         if self.wrap is None:
             return lin
         return {r: self.wrap(block, r, lin[r]) for r in ROLES}

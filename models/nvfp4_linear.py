@@ -23,6 +23,8 @@ A backend this machine cannot run is refused at construction, never replaced by 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from numerics import gemm_oracle as G
@@ -42,6 +44,17 @@ ROW_TILE = 128  # a row slice starts on a 128-row scale tile, as gemm_nvfp4's ``
 # full H3 block's would be 2.4 GB, recomputed per call instead (cheap beside its matmuls)
 W_INT_CACHE_MAX = 1 << 22
 CHUNK_ELEMENTS = 1 << 26  # the oracle's rows a chunk: this many over max(N, K)
+
+
+class Audit(NamedTuple):
+    """What :meth:`Nvfp4Linear.audit` gives a check: ``d`` the correctly rounded output (bf16
+    [M, N]); ``at`` the flat indices (ascending, row-major) where the output checked is not d
+    bit for bit or d is not finite, and there ``real`` the exact result alpha·S and ``bound``
+    the oracle's proven bound (float64, the values :meth:`Nvfp4Linear.oracle` has there)."""
+    d: torch.Tensor
+    at: torch.Tensor
+    real: torch.Tensor
+    bound: torch.Tensor
 
 
 class BackendUnavailable(WorkbenchError):
@@ -129,6 +142,47 @@ class Nvfp4Linear:
     @property
     def device(self) -> torch.device:
         return self.w_q.device
+
+    def packed(self) -> dict:
+        """What the constructor made from the weight, all a linear needs (models.weight_cache
+        stores it): {"w_q", "w_s", "g_w"}."""
+        return {"w_q": self.w_q, "w_s": self.w_s, "g_w": self.g_w}
+
+    @classmethod
+    def from_packed(cls, w_q: torch.Tensor, w_s: torch.Tensor, g_w: float, *,
+                    backend: str = "reference", role: str | None = None) -> Nvfp4Linear:
+        """The linear whose :meth:`packed` is (w_q, w_s, g_w): the constructor without the
+        quantization, on the tensors' device (p0's: CUDA). ValueError for a pair that is
+        not an NVFP4 weight (uint8 [N, K/2] codes, float8_e4m3fn swizzled scales)."""
+        N, K = (w_q.shape[0], 2 * w_q.shape[1]) if w_q.dim() == 2 else (0, 0)
+        if (w_q.dtype != torch.uint8 or not N or N % 16 or not K or K % 32
+                or w_s.dtype != torch.float8_e4m3fn
+                or tuple(w_s.shape) != nvfp4.scale_shape(N, K)):
+            raise ValueError(f"not a packed NVFP4 weight: codes {w_q.dtype} "
+                             f"{tuple(w_q.shape)}, scales {w_s.dtype} {tuple(w_s.shape)}")
+        new = object.__new__(cls)
+        new.backend = resolve_backend(backend, role)
+        new.role, new.N, new.K, new.g_w = role, N, K, float(g_w)
+        if new.backend == "p0" and w_q.device.type != "cuda":
+            w_q, w_s = w_q.cuda(), w_s.cuda()
+        new.w_q, new.w_s = w_q, w_s
+        new._w_int = new._w_pre = None
+        return new
+
+    def to(self, device) -> Nvfp4Linear:
+        """The same packed weight on ``device`` (self when it is there already); what is made
+        lazily from it (the oracle's integers, the prepack) is made again there."""
+        device = torch.device(device)
+        if self.device == device or (device.index is None and self.device.type == device.type):
+            return self
+        if self.backend in GPU_BACKENDS and device.type != "cuda":
+            raise ValueError(f"a {self.backend} linear lives on a CUDA device, not {device}")
+        new = object.__new__(Nvfp4Linear)
+        new.__dict__.update(self.__dict__)
+        new.w_q, new.w_s = self.w_q.to(device), self.w_s.to(device)
+        new._w_int = new._w_pre = new._g_w_dev = None
+        new._plans, new._last = {}, (None, None)  # p0's scratch lives on the old device
+        return new
 
     def with_backend(self, backend: str) -> Nvfp4Linear:
         """The same packed weight behind another backend (moved to its device if needed)."""
@@ -218,9 +272,42 @@ class Nvfp4Linear:
         d, real, bound = self._exact(x, r0, r1, with_bound=True)
         return d.to(torch.bfloat16), real, bound
 
-    def _exact(self, x, r0, r1, with_bound: bool = False):
-        """The oracle over rows [r0, r1), in row chunks so that its int64/float64 temporaries
-        stay near CHUNK_ELEMENTS a chunk (a full H3 QKV at once would need ~100 GB)."""
+    def audit(self, x: torch.Tensor, y: torch.Tensor, rows=None) -> Audit:
+        """The oracle a backend's output ``y`` (bf16 [r1 - r0, N], rows [r0, r1) of x·Wᵀ) is
+        checked by, with the bound (its Σ|ab| GEMM) only where y is not the correctly rounded
+        result: :class:`Audit`. Where y equals a finite D bit for bit the check passes whatever
+        the bound (numerics.gemm_oracle.may_leave_bound), so checking the rest by the bound
+        gives every verdict and figure of a check against :meth:`oracle`: one float64 GEMM a
+        call where :meth:`oracle` takes two."""
+        self._check_input(x)
+        r0, r1 = _check_rows(rows, x.shape[0])
+        if (not isinstance(y, torch.Tensor) or y.dtype != torch.bfloat16
+                or tuple(y.shape) != (r1 - r0, self.N)):
+            raise ValueError(f"y must be a bf16 tensor of shape {[r1 - r0, self.N]}, got "
+                             f"{getattr(y, 'dtype', type(y).__name__)} "
+                             f"{tuple(getattr(y, 'shape', ()))}")
+        q, s, w_int, alpha = self._operands(x)
+        d = torch.empty(r1 - r0, self.N, dtype=torch.bfloat16, device=x.device)
+        at, real, bound = [], [], []
+        for c0, c1, a_int in self._row_chunks(q, s, r0, r1):
+            I = G.exact_sums(a_int, w_int)
+            dc = d[c0 - r0:c1 - r0] = G.round_bf16_exact(I, alpha).to(torch.bfloat16)
+            loc = G.may_leave_bound(y[c0 - r0:c1 - r0].to(x.device), dc).flatten()
+            loc = loc.nonzero().flatten()
+            if loc.numel():
+                m, n = loc // self.N, loc % self.N
+                I_at = I[m, n]
+                at.append(loc + (c0 - r0) * self.N)
+                real.append(alpha * I_at.to(torch.float64) * 2.0**-20)  # oracle()'s real
+                bound.append(G.fp32_error_bound(I_at, G.abs_sums_at(a_int, w_int, m, n),
+                                                alpha, self.K))
+        if not at:
+            none = torch.zeros(0, dtype=torch.float64, device=x.device)
+            return Audit(d, torch.zeros(0, dtype=torch.int64, device=x.device), none, none)
+        return Audit(d, torch.cat(at), torch.cat(real), torch.cat(bound))
+
+    def _operands(self, x):
+        """(q, s, w_int, alpha): x quantized, the weight's integers, the GEMM's fp32 alpha."""
         q, s, g = self.quantize_input(x)
         w_int = self._w_int
         if w_int is None:
@@ -229,16 +316,27 @@ class Nvfp4Linear:
                 self._w_int = w_int
         alpha = float(torch.tensor(g, dtype=torch.float32) * torch.tensor(self.g_w,
                                                                            dtype=torch.float32))
+        return q, s, w_int, alpha
+
+    def _row_chunks(self, q, s, r0, r1):
+        """(c0, c1, the integers of x's rows [c0, c1)) over [r0, r1), in chunks that keep the
+        oracle's int64/float64 temporaries near CHUNK_ELEMENTS (a full H3 QKV at once would
+        need ~100 GB)."""
+        step = max(ROW_TILE, CHUNK_ELEMENTS // max(self.N, self.K))
+        for c0 in range(r0, r1, step):
+            c1 = min(c0 + step, r1)
+            ids = torch.arange(c0, c1, device=q.device)
+            yield c0, c1, G.operand_integers(q, s, q.shape[0], self.K, row_ids=ids)
+
+    def _exact(self, x, r0, r1, with_bound: bool = False):
+        """The oracle over rows [r0, r1), chunk by chunk (_row_chunks)."""
+        q, s, w_int, alpha = self._operands(x)
         d = torch.empty(r1 - r0, self.N, dtype=torch.float32, device=x.device)
         real = bound = None
         if with_bound:
             real, bound = (torch.empty(r1 - r0, self.N, dtype=torch.float64, device=x.device)
                            for _ in range(2))
-        step = max(ROW_TILE, CHUNK_ELEMENTS // max(self.N, self.K))
-        for c0 in range(r0, r1, step):
-            c1 = min(c0 + step, r1)
-            ids = torch.arange(c0, c1, device=x.device)
-            a_int = G.operand_integers(q, s, q.shape[0], self.K, row_ids=ids)
+        for c0, c1, a_int in self._row_chunks(q, s, r0, r1):
             I = G.exact_sums(a_int, w_int)
             d[c0 - r0:c1 - r0] = G.round_bf16_exact(I, alpha)
             if with_bound:

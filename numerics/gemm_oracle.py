@@ -135,6 +135,34 @@ def oracle_sums(a_int: torch.Tensor, b_int: torch.Tensor, signed: bool = True):
     return I, I_abs
 
 
+# Σ|ab| of chosen elements: per element (gathered rows, int64) while they are sparse, by a GEMM
+# of their rows once more than 1/DENSE_AT of those rows' elements are chosen (a row costs N
+# gathered dot products one by one, one row of a GEMM at once)
+DENSE_AT = 64
+GATHER_ELEMENTS = 1 << 25  # int64 operands gathered a pass: this many over K pairs
+
+
+def abs_sums_at(a_int: torch.Tensor, b_int: torch.Tensor, rows: torch.Tensor,
+                cols: torch.Tensor) -> torch.Tensor:
+    """Σ_k |a[rows_i, k] · b[cols_i, k]| · 2^20 (int64 [len(rows)]), exactly: abs_sums's
+    elements at (rows_i, cols_i) only. Each product is below 2^43 ((12 · 229376)^2), so K < 2^20
+    of them sum in int64 without overflow; many elements of few rows take abs_sums of those rows
+    instead (exact too), so the result never depends on which way ran."""
+    if a_int.shape[1] >= 2**20:
+        raise ValueError("K >= 2^20: the float64 split is no longer exact")
+    if not rows.numel():
+        return torch.zeros(0, dtype=torch.int64, device=a_int.device)
+    used, where = torch.unique(rows, return_inverse=True)
+    if rows.numel() * DENSE_AT > used.numel() * b_int.shape[0]:
+        return abs_sums(a_int[used], b_int)[where, cols]
+    out = torch.empty(rows.numel(), dtype=torch.int64, device=a_int.device)
+    step = max(1, GATHER_ELEMENTS // a_int.shape[1])
+    for i in range(0, rows.numel(), step):
+        j = min(i + step, rows.numel())
+        out[i:j] = (a_int[rows[i:j]].abs() * b_int[cols[i:j]].abs()).sum(1)
+    return out
+
+
 def _round_fraction_bf16(q: Fraction) -> float:
     """Correct RNE of an exact rational onto bf16 (8 significant bits, overflow to inf)."""
     if q == 0:
@@ -211,6 +239,29 @@ def fp32_error_bound(I: torch.Tensor, I_abs: torch.Tensor, alpha: float, K: int)
     ulp = torch.exp2(torch.clamp(torch.floor(torch.log2(mag.clamp_min(2.0**-126))),
                                  min=BF16.emin) - BF16.mbits)
     return pre_round + ulp / 2 + exact * 2.0**-50  # last term: float64 slack of `exact`
+
+
+def may_leave_bound(y: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """bool mask: where an output ``y`` (bf16) can fail the check |y - alpha·S| <= bound, in
+    the float64 the checks evaluate it in (validators.rung3_projections.gemm_check), with
+    ``d`` = round_bf16_exact(I, alpha) and the bound = fp32_error_bound(I, Σ|ab|, alpha, K):
+    wherever y is not d bit for bit, or d is not finite. So Σ|ab| is needed only there.
+
+    Why a finite d passes, whatever Σ|ab| >= |I| is. Let v = alpha·I·2^-20 exactly (alpha the
+    fp32 value) and w = 2^(max(floor(log2|v|), -126) - 7) its bf16 spacing (subnormals
+    included). d finite is v rounded to nearest on that grid: |d - v| <= w/2, and = w/2 only
+    at a tie, where |v| >= w/2. The check's ``real`` = fl(fl(alpha·fl(I))·2^-20) is within
+    2·2^-53·|v| of v (the power of two is exact: no underflow, |v| >= 2^-169), and |real| >= 2^k
+    whenever |v| >= 2^k (rounding is monotone, 2^k representable). In fp32_error_bound,
+    ``exact`` = |real| and ``pre_round`` >= u·exact with u = 2^-23 (I != 0; at I = 0 d = v = 0
+    and 0 <= bound), ``mag`` >= exact, so floor(log2 mag) >= floor(log2|v|) (a faithful log2
+    never returns below k for an argument >= 2^k) and its ulp term is >= w: bound >= u·|real| +
+    w/2 less one float64 rounding per addition. The left side, fl(|d - real|), is <= (w/2 +
+    2^-52·|v|)(1 + 2^-53). What is left, u·|v| = 2^-23·|v| against float64 slop of a few
+    2^-53·max(|v|, w) (w <= 2^-7·|v| for a normal v; at a subnormal tie w <= 2|v|), keeps the
+    inequality with 2^27-fold room. An infinite or NaN d (overflow, a NaN alpha) is never
+    skipped: there the check fails, and must still be counted (tests/test_gemm_oracle.py)."""
+    return (y.view(torch.int16) != d.to(torch.bfloat16).view(torch.int16)) | ~torch.isfinite(d)
 
 
 def reference_gemm(a_q, a_s, b_q, b_s, g_a, g_b, M: int, N: int, K: int, row_ids=None):

@@ -16,13 +16,22 @@
 #                its tensors, ~1-2.5 GB, never travel) for $WB_LADDER_BUDGET s (default 480),
 #                then pauses (exit 75); repeat the call until it exits 0 or 1, at once (the
 #                machine stays warm 30 s). The summary and report come back in $OUT at the end.
+#                Packed weights go to $WB_WEIGHT_CACHE (default /tmp/wb-weights, ~8.4 GB on
+#                the machine's disk): the first call packs and stores them, later calls load
+#                them. With 3+ GPUs visible rungs 5-7 run their chains side by side
+#                (--devices cuda:1,cuda:2,cuda:0: the reference, the adversary, and the p0
+#                model on cuda:0, where its kernels were verified), with 2 the adversary alone
+#                (cuda:0,cuda:1,cuda:0); $WB_LADDER_DEVICES overrides ("none": one device).
 #   p0-ab        scripts/p0_v2_ab.py ($WB_AB_ARGS): P0's designs side by side
 #   p0-v3-ab     scripts/p0_v3_ab.py ($WB_AB_ARGS, e.g. --seconds 170): the split-K fixup studies
 #                and the TMA'd f16 activation against production (notes/p0-gemm.md, P0 v3)
 #   p1-ab        scripts/p1_ab.py ($WB_AB_ARGS): P1 (quantized inside the GEMM) against P0
 #   stress       scripts/stress_fast_loop.py ($WB_STRESS_ARGS, e.g. --conditions procs --seconds
 #                200): the fast loop's frames under load, compared bitwise (notes/fast-loop.md v14a)
-#   h3-trajectory the canonical full-size 12-step H3 trajectory on p0 (+ one reference block)
+#   h3-trajectory the canonical full-size 12-step H3 trajectory on p0 (+ one reference block:
+#                forward, oracle, audit, p0; the ladder's estimate on 1, 2 and 3 GPUs); it
+#                fills the same weight cache the ladder loads (the packed bytes are the same
+#                whichever backend packs them on CUDA)
 #   frame-protocol experiments/frame_protocol.py (the depth frame's synchronisation alone)
 #   frame-tiles-ab scripts/frame_tiles_ab.py ($WB_AB_ARGS): the frame's projection-tile knobs
 #   depth-frame  experiments/depth_frame.py (the whole frame kernel beside the fast loop)
@@ -71,11 +80,24 @@ for what in "$@"; do
         echo "# ladder-full: no state in $d on this machine, starting the ladder"
         resume=(--phase p0)
       fi
-      step ladder-p0-full env WB_RESULTS_DIR="$d" python3 -m cli.main ladder "${resume[@]}" \
-        --stop-after "${WB_LADDER_BUDGET:-480}"
+      gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 1)
+      devices=${WB_LADDER_DEVICES:-}
+      if [ -z "$devices" ]; then
+        if [ "$gpus" -ge 3 ]; then devices=cuda:1,cuda:2,cuda:0
+        elif [ "$gpus" -eq 2 ]; then devices=cuda:0,cuda:1,cuda:0
+        else devices=none; fi
+      fi
+      extra=()
+      [ "$devices" != none ] && extra=(--devices "$devices")
+      echo "# ladder-full: $gpus GPU(s) visible, devices $devices, weight cache" \
+           "${WB_WEIGHT_CACHE:-/tmp/wb-weights}"
+      step ladder-p0-full env WB_RESULTS_DIR="$d" \
+        WB_WEIGHT_CACHE="${WB_WEIGHT_CACHE:-/tmp/wb-weights}" python3 -m cli.main ladder \
+        "${resume[@]}" --stop-after "${WB_LADDER_BUDGET:-480}" ${extra[@]+"${extra[@]}"}
       for f in "$d"/ladder-p0.json "$d"/ladder-p0.md; do [ -f "$f" ] && cp "$f" "$OUT"/; done
       ;;
-    h3-trajectory) step h3-trajectory python3 -m experiments.h3_trajectory --reference-block ;;
+    h3-trajectory) step h3-trajectory env WB_WEIGHT_CACHE="${WB_WEIGHT_CACHE:-/tmp/wb-weights}" \
+                     python3 -m experiments.h3_trajectory --reference-block ;;
     p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
     host-overhead) step host-overhead python3 -m experiments.host_overhead ;;

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from models.h3 import H3Config, H3Model
+from models.h3 import QUICK, H3Config, H3Model
 from numerics.epilogue import gate_residual
 from validators import (rung1_adversarial, rung2_randomized, rung3_projections, rung4_block,
                         rung5_step, rung6_two_steps, rung7_checksum, rung8_profile, runner,
@@ -343,6 +343,95 @@ def test_resume_refuses_another_commit_a_live_lock_and_the_wrong_phase(tiny_ladd
     monkeypatch.setenv("WB_GIT_COMMIT", "0" * 40)
     with pytest.raises(WorkbenchError, match="commit"):
         runner.run_ladder(resume=tiny_ladder)
+
+
+# --- the trajectory pass's chains side by side (devices): the one-device pass's results ----
+QUICK_2 = H3Config(**{**QUICK.__dict__, "steps": 2})  # QUICK's sizes; rung 7 over 2 steps
+CPU3 = ["cpu", "cpu", "cpu"]
+
+
+def test_pass_on_three_devices_equals_the_one_device_pass():
+    """QUICK (two steps, so rungs 5, 6 and 7 all end), a legal backend that is not
+    bit-identical: the three chains in three threads give every result, check, figure and the
+    checksum of the one-device pass, to the byte."""
+    ref = H3Model(QUICK_2, seed=0)
+    one = trajectory_pass.run_rungs(ref, wrap=rung4_block.edge_wrap(seed=2), log=_quiet)
+    lines = []
+    three = trajectory_pass.run_rungs(ref, wrap=rung4_block.edge_wrap(seed=2), log=lines.append,
+                                      devices=CPU3)
+    assert {r: v.to_json() for r, v in three.items()} == {r: v.to_json() for r, v in one.items()}
+    assert three[7].headline["trajectory_checksum"] == one[7].headline["trajectory_checksum"]
+    assert any("relative deviation" in c["detail"] for c in three[7].checks.values())
+    assert all("reference" in line and "adversary" in line for line in lines if "[" in line)
+
+
+def test_pass_state_moves_between_one_device_and_three():
+    """Saved mid-step by a one-device pass, continued on three devices, saved again mid-step
+    and finished on one: the uninterrupted pass's results."""
+    wrap = _legal_stateless
+    want = trajectory_pass.run_rungs(H3Model(SHORT, seed=0), wrap=wrap, log=_quiet)
+    p = trajectory_pass.TrajectoryPass(H3Model(SHORT, seed=0), "reference", wrap, log=_quiet)
+    p.advance()  # step 0, block 0: x mid-step
+    for devices, blocks in ((CPU3, 2), (None, 10**6)):
+        meta, tensors = p.state()
+        meta = json.loads(json.dumps(meta))  # as the state file holds it
+        p.close()
+        p = trajectory_pass.TrajectoryPass.restore(H3Model(SHORT, seed=0), "reference", wrap,
+                                                   meta, tensors, log=_quiet, devices=devices)
+        assert [m.device.type for m in p.models] == ["cpu"] * 3
+        while blocks and not p.finished:
+            p.advance()
+            blocks -= 1
+    assert {r: v.to_json() for r, v in p.results.items()} == {
+        r: v.to_json() for r, v in want.items()}
+
+
+def test_resumed_ladder_alternating_devices_gives_the_same_summary(tiny_ladder, tmp_path,
+                                                                   monkeypatch):
+    """Every call one unit, the calls alternating between one device and three: the summary
+    of an uninterrupted one-device ladder; each call records its devices."""
+    assert runner.run_ladder("p0", quick=True) == 0
+    want = R.load("ladder-p0", tiny_ladder)
+    resumed = tmp_path / "devices"
+    monkeypatch.setenv("WB_RESULTS_DIR", str(resumed))
+    _pause_after(monkeypatch, 1)
+    rc, calls = runner.run_ladder("p0", quick=True, stop_after=600, devices=CPU3), 1
+    while rc == runner.PAUSED:
+        devices = CPU3 if calls % 2 == 0 else None
+        rc, calls = runner.run_ladder(resume=resumed, stop_after=600, devices=devices), calls + 1
+    assert rc == 0 and calls == 8 + SHORT.blocks * SHORT.steps
+    got = R.load("ladder-p0", resumed)
+    assert _comparable(got) == _comparable(want)
+    assert [c.get("devices") for c in got["notes"]["calls"][:3]] == [CPU3, None, CPU3]
+
+
+def test_devices_refused_unless_three_of_this_machines_kind(tiny_ladder):
+    from workbench import WorkbenchError
+
+    with pytest.raises(WorkbenchError, match="name three"):
+        runner.run_ladder("p0", quick=True, devices=["cpu", "cpu"])
+    with pytest.raises(WorkbenchError, match="not a device"):
+        runner.run_ladder("p0", quick=True, devices=["cpu", "gpu0", "cpu"])
+    if not HAVE_CUDA:
+        with pytest.raises(WorkbenchError, match="is not a cpu device"):
+            runner.run_ladder("p0", quick=True, devices=["cuda:0", "cuda:1", "cuda:2"])
+    assert not (tiny_ladder / "ladder-p0.state").exists()  # refused before any work
+
+
+@pytest.mark.gpu
+def test_pass_on_several_gpus_equals_one_gpu():
+    """p0 on CUDA: the chains on cuda:1, cuda:2 (or cuda:1 twice), cuda:0, side by side,
+    against all on cuda:0: the same results and checksum (run on a host with 2+ GPUs)."""
+    n = torch.cuda.device_count()
+    if n < 2 or torch.cuda.get_device_capability(0) != (9, 0):
+        pytest.skip("needs two or more sm_90 GPUs")
+    ref = H3Model(SHORT, seed=0, device="cuda:0")
+    one = trajectory_pass.run_rungs(ref, backend="p0", log=_quiet)
+    devices = ["cuda:1", f"cuda:{min(2, n - 1)}", "cuda:0"]
+    many = trajectory_pass.run_rungs(H3Model(SHORT, seed=0, device="cuda:0"), backend="p0",
+                                     log=_quiet, devices=devices)
+    assert {r: v.to_json() for r, v in many.items()} == {r: v.to_json() for r, v in one.items()}
+    assert many[7].status == "pass"
 
 
 def test_a_failing_rung_stops_the_ladder_and_names_the_rest(tiny_ladder, monkeypatch):

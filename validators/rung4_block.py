@@ -84,11 +84,17 @@ def compare(label: str, y: torch.Tensor, ref: torch.Tensor, adversary: torch.Ten
                  f"({SAFETY:g} x legal adversary){where}")
 
 
-def three_ways(reference: H3Model, backend: str, wrap, adversary_calls: dict | None = None):
-    """(model under test with a GemmAudit, the audit, the legal adversary)."""
-    audit = GemmAudit(reference, wrap)
-    adversary = reference.derived(wrap=edge_wrap(calls=adversary_calls))
-    return model_under_test(reference, backend, audit), audit, adversary
+def three_ways(reference: H3Model, backend: str, wrap, adversary_calls: dict | None = None,
+               adversary_device=None, model_device=None):
+    """(model under test with a GemmAudit, the audit, the legal adversary), by default on the
+    reference's device. With ``model_device`` the model and its audit (the reference's oracle
+    of every GEMM it makes) go there, with ``adversary_device`` the adversary: each takes the
+    reference's packed weights, moved (validators.trajectory_pass runs them side by side)."""
+    here = reference.derived(device=model_device) if model_device is not None else reference
+    audit = GemmAudit(here, wrap)
+    adversary = reference.derived(wrap=edge_wrap(calls=adversary_calls),
+                                  device=adversary_device)
+    return model_under_test(here, backend, audit), audit, adversary
 
 
 def block_io(reference: H3Model, blocks, step: int = 0) -> dict:

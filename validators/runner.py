@@ -41,6 +41,7 @@ from typing import Callable
 
 import torch
 
+from models import weight_cache
 from models.h3 import FULL, QUICK, H3Model
 from models.nvfp4_linear import BackendUnavailable, resolve_backend
 from schedules.p2_ring import DEFAULT_CAPACITY
@@ -216,7 +217,9 @@ def _reference(quick: bool, device: str):
     key = (quick, device)
     if key not in _REFERENCE:
         _REFERENCE.clear()
-        _REFERENCE[key] = H3Model(_reference_config(quick), seed=0, device=device)
+        # $WB_WEIGHT_CACHE: packed weights from the device's disk, not drawn again each call
+        _REFERENCE[key] = H3Model(_reference_config(quick), seed=0, device=device,
+                                  weight_cache=weight_cache.from_env())
     return _REFERENCE[key]
 
 
@@ -285,9 +288,10 @@ def _print_result(r: RungResult, seconds: float, earlier: bool = False) -> None:
 class _Ladder:
     """One call's walk over the parts: runs, records, pauses."""
 
-    def __init__(self, phase, quick, device, state, stop_after, t_start):
+    def __init__(self, phase, quick, device, state, stop_after, t_start, devices=None):
         self.phase, self.quick, self.device = phase, quick, device
         self.state, self.stop_after, self.t_start = state, stop_after, t_start
+        self.devices = devices  # the trajectory pass's chains, or None: one device
         self.done: list[RungResult] = state.done() if state else []
         self.earlier = {r.label: r for r in self.done}
         self.failed: RungResult | None = None
@@ -362,10 +366,24 @@ class _Ladder:
         reference = _reference(self.quick, self.device)
         backend, wrap = _model_backend(self.phase, self.quick)
         if saved is not None:
-            p = TrajectoryPass.restore(reference, backend, wrap, *saved, log=_log)
+            p = TrajectoryPass.restore(reference, backend, wrap, *saved, log=_log,
+                                       devices=self.devices)
             print(f"  rungs 5-7: the trajectory pass continues at {p.where()}", flush=True)
         else:
-            p = TrajectoryPass(reference, backend, wrap, PASS_RUNGS, log=_log)
+            p = TrajectoryPass(reference, backend, wrap, PASS_RUNGS, log=_log,
+                               devices=self.devices)
+        if self.devices is not None:
+            print(f"  rungs 5-7: reference on {self.devices[0]}, adversary on "
+                  f"{self.devices[1]}, model on {self.devices[2]}, side by side", flush=True)
+        try:
+            self._advance(p, item)
+        finally:
+            p.close()
+        if state is not None:
+            state.drop_pass()
+
+    def _advance(self, p: TrajectoryPass, item: PassPart) -> None:
+        state = self.state
         while not p.finished:
             try:
                 self._check_budget("pass-block", f"in the trajectory pass at {p.where()}")
@@ -387,8 +405,6 @@ class _Ladder:
                 break
             if state is not None and p.block == 0 and not p.finished:
                 state.save_pass(*p.state())  # every step: a killed call loses one step at most
-        if state is not None:
-            state.drop_pass()
 
     def _forget_pass_results(self) -> None:
         ids = set(PassPart.ids)
@@ -398,17 +414,42 @@ class _Ladder:
         self.state.drop_pass()
 
 
+def _check_devices(devices, device: str) -> list[str] | None:
+    """--devices: three devices of this machine's kind (repeats allowed), or None."""
+    if devices is None:
+        return None
+    devices = [d.strip() for d in devices]
+    if len(devices) != 3:
+        raise WorkbenchError(f"--devices {','.join(devices)}: name three (the reference, the "
+                             "adversary, the model under test), e.g. cuda:1,cuda:2,cuda:0")
+    for d in devices:
+        try:
+            t = torch.device(d)
+        except RuntimeError:
+            raise WorkbenchError(f"--devices: {d!r} is not a device") from None
+        if t.type != device:
+            raise WorkbenchError(f"--devices: {d} is not a {device} device (this ladder runs "
+                                 f"on {device})")
+        if t.type == "cuda" and (t.index or 0) >= torch.cuda.device_count():
+            raise WorkbenchError(f"--devices: {d}, but {torch.cuda.device_count()} CUDA GPUs "
+                                 "are visible")
+    return devices
+
+
 def run_ladder(phase: str | None = None, quick: bool | None = None, write: bool = True,
-               resume: str | Path | None = None, stop_after: float | None = None) -> int:
+               resume: str | Path | None = None, stop_after: float | None = None,
+               devices=None) -> int:
     """Run (or continue, ``resume``) the ladder of ``phase``: 0 when it passes or is
     incomplete, 1 when a part fails, PAUSED when it stopped at ``stop_after`` seconds;
-    WorkbenchError when no part can run at all or the state refuses."""
+    WorkbenchError when no part can run at all or the state refuses. ``devices``: the
+    trajectory pass's chains side by side (validators.trajectory_pass), this call only."""
     t_start = time.monotonic()
     if stop_after is not None and not stop_after > 0:
         raise WorkbenchError(f"--stop-after {stop_after}: give a positive number of seconds")
     if phase is not None and phase not in PHASES:
         raise WorkbenchError(f"unknown phase {phase!r}; choose from {', '.join(PHASES)}")
     device = "cuda" if gpu_info() is not None else "cpu"
+    devices = _check_devices(devices, device)
     state = None
     if resume is not None:
         finished = finished_summary(Path(resume), phase)
@@ -439,7 +480,9 @@ def run_ladder(phase: str | None = None, quick: bool | None = None, write: bool 
             print(f"  resuming {state.dir}: {n} part{'s' * (n != 1)} done in {calls} earlier "
                   f"call{'s' * (calls != 1)}", flush=True)
         state.begin_call()
-    walk = _Ladder(phase, quick, device, state, stop_after, t_start)
+        if devices is not None:
+            state.calls()[-1]["devices"] = devices
+    walk = _Ladder(phase, quick, device, state, stop_after, t_start, devices)
     try:
         walk.walk()
     except _Pause as p:
