@@ -92,6 +92,29 @@ def test_p1_bits_equal_p0_on_the_quantize_kernels_output(shape, kind, splits):
     torch.cuda.synchronize()
     allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - before
     assert allocs <= (2 if splits > 1 else 0), allocs  # the split-K workspace and counters
+    # and no pointer the kernel is given is a packed activation or its scales: every tensor
+    # argument is x, the weight's prepack, a tensor scale, the output or the split-K workspace
+    from kernels.nvfp4 import gemm_p1
+    seen = []
+    entry = gemm_p1.ENTRY
+    real = entry.__call__
+
+    class Spy:
+        def __call__(self, config, key, tensors, scalars):
+            seen.extend(t.data_ptr() for t in tensors if isinstance(t, torch.Tensor))
+            return real(config, key, tensors, scalars)
+
+    gemm_p1.ENTRY = Spy()
+    try:
+        gemm_nvfp4_p1(x, g_x, pre, g_w, out=again, config=cfg)
+    finally:
+        gemm_p1.ENTRY = entry
+    torch.cuda.synchronize()
+    allowed = {x.data_ptr(), pre.codes.data_ptr(), pre.scales.data_ptr(), g_x.data_ptr(),
+               g_w.data_ptr(), again.data_ptr()}
+    extra = set(seen) - allowed
+    assert len(extra) <= (2 if splits > 1 else 0), extra  # the workspace and counters only
+    assert q.data_ptr() not in seen and s.data_ptr() not in seen
     assert not out.isnan().any()
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     assert torch.equal(again.view(torch.int16), out.view(torch.int16))

@@ -18,8 +18,8 @@ from epilogues.tile_store import workspace_floats
 from kernels.nvfp4.gemm import _mailbox_address
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, P1Study
 from kernels.nvfp4.prepack import PrepackedWeights
-from producers.register_order import Bf16RegisterOrderProducer
 from numerics.nvfp4 import BLOCK
+from producers.register_order import Bf16RegisterOrderProducer
 
 _DEFAULT = {}
 
