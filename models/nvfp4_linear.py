@@ -231,20 +231,37 @@ class Nvfp4Linear:
                 raise ValueError(f"{name} is on {t.device}; this linear's weight is on "
                                  f"{self.device}")
 
-    def __call__(self, x: torch.Tensor, rows=None, *, gate=None, residual=None) -> torch.Tensor:
+    def _check_out(self, out, m: int) -> None:
+        if out is None:
+            return
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bfloat16:
+            raise TypeError(f"out must be a bf16 torch.Tensor, got "
+                            f"{getattr(out, 'dtype', type(out).__name__)}")
+        if tuple(out.shape) != (m, self.N):
+            raise ValueError(f"out has shape {tuple(out.shape)}; need {[m, self.N]}")
+        if out.device != self.device:
+            raise ValueError(f"out is on {out.device}; this linear's weight is on {self.device}")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous (the GEMM stores rows of N elements)")
+
+    def __call__(self, x: torch.Tensor, rows=None, *, gate=None, residual=None,
+                 out=None) -> torch.Tensor:
         """bf16 [r1 - r0, N]: rows [r0, r1) of x·Wᵀ, x quantized as a whole (its global amax);
         with ``gate`` [N] and ``residual`` [r1 - r0, N], residual + gate · that (H3's order).
+        ``out`` (bf16 [r1 - r0, N], contiguous, on the weight's device) receives it and is
+        returned: p0 and p2 store into it directly (a caller can poison it first and see that
+        every element was written: experiments/p2_parity.py), reference copies into it.
         x must be finite: ``reference`` refuses NaN or ±inf (ValueError, before the GEMM);
         ``p0`` and ``p2`` never read x on the host (no synchronisation), so they do not check.
 
         ``p0`` per call: three launches (amax, which also writes the tensor scale g on the
-        device; quantize; GEMM) and one allocation (the output). A call whose signature (x's
-        shape, dtype, device and contiguity, rows, gate and residual likewise, the stream) was
-        checked before skips the checks but x's alignment and reuses that signature's scratch
+        device; quantize; GEMM) and one allocation (the output). A call without ``out`` whose
+        signature (x's shape, dtype, device and contiguity, rows, gate and residual likewise,
+        the stream) was checked before skips the checks but x's alignment and reuses its scratch
         (amax workspace, packed activation, split-K workspace): calls on one stream run in
         order, so a later call never overwrites what an earlier one still reads."""
         capturing = self.backend == "p0" and torch.cuda.is_current_stream_capturing()
-        if self.backend == "p0" and not capturing:  # a capture takes the checked path below
+        if self.backend == "p0" and not capturing and out is None:  # else the checked path
             try:
                 key = _p0_key(x, rows, gate, residual)
                 p = self._last[1] if key == self._last[0] else self._plans.get(key)
@@ -257,12 +274,14 @@ class Nvfp4Linear:
         self._check_input(x)
         r0, r1 = _check_rows(rows, x.shape[0])
         self._check_epilogue(gate, residual, r1 - r0)
+        self._check_out(out, r1 - r0)
         if self.backend == "p0":
-            return self._p0(x, r0, r1, gate, residual, None if capturing else key)
+            return self._p0(x, r0, r1, gate, residual, None if capturing else key, out)
         if self.backend == "p2":
-            return self._p2(x, r0, r1, gate, residual)
+            return self._p2(x, r0, r1, gate, residual, out)
         y = self._exact(x, r0, r1)[0].to(torch.bfloat16)
-        return y if gate is None else gate_residual(y, gate, residual)
+        y = y if gate is None else gate_residual(y, gate, residual)
+        return y if out is None else out.copy_(y)
 
     def oracle(self, x: torch.Tensor, rows=None):
         """(D bf16, alpha·S float64, bound float64) for rows [r0, r1): the correctly rounded
@@ -361,7 +380,7 @@ class Nvfp4Linear:
             self._w_pre = prepack(self.w_q, self.w_s)
         return config, self._w_pre
 
-    def _p0(self, x, r0, r1, gate=None, residual=None, key=None):
+    def _p0(self, x, r0, r1, gate=None, residual=None, key=None, out=None):
         """The checked path: every kernel entry's own checks, then (for a ``key``) the plan
         that later calls of the same signature launch directly."""
         # here, not at the top: the kernels import CuTe DSL, which the oracle backend runs
@@ -402,8 +421,8 @@ class Nvfp4Linear:
             self._g_w_dev = torch.tensor([self.g_w], dtype=torch.float32, device=x.device)
         rows = (r0, r1)
         y = G.gemm_nvfp4(q, s, ws.g, self.w_q, self.w_s, self._g_w_dev, rows=rows, gate=gate,
-                         residual=residual, prepacked=pre)
-        if plannable:
+                         residual=residual, prepacked=pre, out=out)
+        if plannable and out is None:  # a plan allocates its own outputs
             gp = G._PLANS.get(G.signature(q, s, ws.g, self.w_q, self.w_s, self._g_w_dev, None,
                                           rows, None, gate, residual, pre))
             if gp is not None:
@@ -414,7 +433,7 @@ class Nvfp4Linear:
         return y
 
 
-    def _p2(self, x, r0, r1, gate=None, residual=None):
+    def _p2(self, x, r0, r1, gate=None, residual=None, out=None):
         from kernels.nvfp4.amax import amax
         from kernels.nvfp4.ring import plan_ring
 
@@ -424,7 +443,7 @@ class Nvfp4Linear:
         config, pre = self._p0_config(r1 - r0)  # the whole call's: every chunk runs it
         plan = plan_ring(x, self.w_q, self.w_s, self.g_w, rows=(r0, r1),
                          capacity=self.ring_capacity, config=config, prepacked=pre, gate=gate,
-                         residual=residual)  # every check before the first launch (amax)
+                         residual=residual, out=out)  # every check before the first launch
         g = nvfp4.global_scale_from_amax(amax(x)).reshape(1)  # the WHOLE x, as p0
         return plan.run(g)
 

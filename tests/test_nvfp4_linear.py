@@ -61,6 +61,29 @@ def test_row_slice_equals_slice_of_output(M, r1, seed):
         assert torch.equal(part.view(torch.int16), y[rows[0]:rows[1]].view(torch.int16)), rows
 
 
+def test_out_receives_the_output_and_is_checked():
+    """``out=``: the result is stored there and returned (p0 and p2 store into it directly: a
+    caller that poisoned it sees every element written; the reference copies), with gate and
+    residual and on a row slice; a wrong dtype, shape or a non-contiguous out is refused."""
+    x, w = _data(300, 32, 64, 4)
+    lin = Nvfp4Linear(w)
+    gate = torch.randn(32).to(torch.bfloat16)
+    res = torch.randn(300, 32).to(torch.bfloat16)
+    out = torch.full((300, 32), float("nan"), dtype=torch.bfloat16)
+    y = lin(x, gate=gate, residual=res, out=out)
+    assert y is out and torch.equal(out.view(torch.int16),
+                                    lin(x, gate=gate, residual=res).view(torch.int16))
+    part = torch.empty(172, 32, dtype=torch.bfloat16)
+    assert lin(x, rows=(128, 300), out=part) is part
+    assert torch.equal(part.view(torch.int16), lin(x)[128:].view(torch.int16))
+    with pytest.raises(TypeError, match="out must be a bf16"):
+        lin(x, out=out.float())
+    with pytest.raises(ValueError, match=r"out has shape \(300, 32\); need \[172, 32\]"):
+        lin(x, rows=(128, 300), out=out)
+    with pytest.raises(ValueError, match="contiguous"):
+        lin(x, out=torch.empty(32, 300, dtype=torch.bfloat16).T)
+
+
 def test_refusals():
     x, w = _data(32, 64, 64, 1)
     lin = Nvfp4Linear(w)

@@ -378,3 +378,12 @@ def test_nvfp4_linear_p2_equals_p0_on_the_scaled_h3(role):
     res = torch.randn(x.shape[0], p0.N, generator=gen, device="cuda").to(torch.bfloat16)
     a, b = p0(x, gate=gate, residual=res), p2(x, gate=gate, residual=res)
     assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    # out=: both store every element into a caller's NaN-poisoned buffer (two patterns), as
+    # experiments/p2_parity.py runs them
+    o0, o2 = (torch.empty_like(a) for _ in range(2))
+    o0.view(torch.int16).fill_(-1)
+    o2.view(torch.int16).fill_(0x7FC1)
+    assert p0(x, gate=gate, residual=res, out=o0) is o0
+    assert p2(x, gate=gate, residual=res, out=o2) is o2
+    assert torch.equal(o0.view(torch.int16), a.view(torch.int16))
+    assert torch.equal(o2.view(torch.int16), a.view(torch.int16))
