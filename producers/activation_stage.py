@@ -27,7 +27,7 @@ from device.nvfp4 import expand_stage_rows, quantize_expand_stage_rows, word_vie
 from device.ptx import rcp_approx_ftz
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
-from device.waits import ring_position, wait_parity
+from device.waits import acquire_stage, ring_position, wait_parity
 from producers.register_order import WeightsOnlyRegisterOrderProducer, f16_box_layout
 
 cutlass, cute = cute_modules()
@@ -190,11 +190,8 @@ class F16TmaActivationStage:
         token tile's k-block into it."""
         (atom, tg, ts), act_full, act_empty, mailbox = args
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            b, bph = ring_position(count, self.tiles.buffers)
-            wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox)
-            bar = act_full + b
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(bar, self.tiles.tile_bytes)
+            b, bar = acquire_stage(count, self.tiles.buffers, act_empty, act_full,
+                                   self.tiles.tile_bytes, Barrier.ACT_EMPTY, mailbox)
             cute.copy(atom, tg[(None, tile.m, kt)], ts[(None, b)], tma_bar_ptr=bar)
             count = count + 1
         return count

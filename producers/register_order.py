@@ -23,7 +23,7 @@ from device.barriers import Barrier
 from device.ptx import bulk_copy_g2s
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
-from device.waits import ring_position, wait_parity
+from device.waits import acquire_stage
 from numerics.nvfp4 import PREPACK_GROUPS as GROUPS
 from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS
 from numerics.nvfp4 import PREPACK_THREADS as THREADS
@@ -101,11 +101,7 @@ class RegisterOrderProducer(PackedRingOwner):
         valid = cutlass.min(n_slabs - slab0, self.slabs)
         tx = self.act_bytes + valid * self.slab_bytes + self.extra_tx_bytes
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            s, ph = ring_position(count, self.stages)
-            wait_parity(empty + s, ph ^ 1, Barrier.EMPTY, s, mailbox)
-            bar = full + s
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
+            s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY, mailbox)
             copy_operand(parts, tile.m, kt, s, bar, mask)
             with cute.arch.elect_one():
                 self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
@@ -180,11 +176,8 @@ class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):
         valid = cutlass.min(n_slabs - slab0, self.slabs)
         tx = valid * self.slab_bytes
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            s, ph = ring_position(count, self.stages)
-            wait_parity(empty + s, ph ^ 1, Barrier.EMPTY, s, mailbox)
-            bar = full + s
+            s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY, mailbox)
             with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
                 self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
             count = count + 1
         return count
@@ -260,11 +253,7 @@ class Bf16RegisterOrderProducer(RegisterOrderProducer):
         valid = cutlass.min(n_slabs - slab0, self.slabs)
         tx = self.act_bytes + valid * self.slab_bytes + self.extra_tx_bytes
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            s, ph = ring_position(count, self.stages)
-            wait_parity(empty + s, ph ^ 1, Barrier.EMPTY, s, mailbox)
-            bar = full + s
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(bar, tx)
+            s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY, mailbox)
             cute.copy(atom, tg[(None, tile.m, kt)], ts[(None, s)], tma_bar_ptr=bar)
             with cute.arch.elect_one():
                 self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)

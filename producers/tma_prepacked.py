@@ -20,7 +20,7 @@ from configs.arch import K_BLOCK
 from device.barriers import Barrier
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
-from device.waits import ring_position, wait_parity
+from device.waits import acquire_stage
 from numerics.nvfp4 import SCALE_TILE_BYTES, SCALE_TILE_ROWS
 
 cutlass, cute = cute_modules()
@@ -195,12 +195,8 @@ class TmaPrepackedProducer(PackedRingOwner):
         A's and B's codes and scales into it."""
         parts, full, empty, mailbox = args
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            s, ph = ring_position(count, self.stages)
-            wait_parity(empty + s, ph ^ 1, Barrier.EMPTY, s, mailbox)
-            bar = full + s
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(bar,
-                                                        self.stage_bytes + self.extra_tx_bytes)
+            s, bar = acquire_stage(count, self.stages, empty, full,
+                                   self.stage_bytes + self.extra_tx_bytes, Barrier.EMPTY, mailbox)
             copy_operand(parts[0:2], tile.m, kt, s, bar)
             copy_operand(parts[2:4], tile.n, kt, s, bar)
             count = count + 1
