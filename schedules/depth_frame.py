@@ -8,7 +8,9 @@ Phases, in dependency order (432 for the 1.7B shapes with pre-projected embeddin
 ``proj`` (P·h, position 0), then for each position p: ``embed`` (p >= 1: draw g_{p-1} from
 head p-1's logits unless p == 1, and gather the pre-projected embedding as x_p), 5 layers of
 ``qkv, attn, o, gateup, down``, and ``head`` (p >= 1); finally ``embed`` 16 draws g15 and adds
-its embedding to the Talker sum. 1 + 16·25 + 15 + 16 = 432.
+its embedding to the Talker sum. 1 + 16·25 + 15 + 16 = 432. With ``norm_once`` (a study switch)
+a ``norm`` phase precedes each qkv, gate/up and head phase (175 more: 607): one task an 8-row
+group writes its rows' RMS-normalised input once, and the projection waits on it.
 
 Tiles (weights stream through a shared-memory ring of ``ring_pages`` pages of ``page_bytes``):
 qkv 32 output features x K 1024 (128 tiles, 16 per kv head: its 2 q heads, k, v); attn one q head
@@ -29,6 +31,7 @@ attn               every attn task                o tasks (both ranks); at posit
                                                   (``wait2``: the K and V they read)
 o, down, proj      rank 0 of each split tile      next phase                          tiles
 gateup, head       every task                     next phase                          tasks
+norm               every norm task                its projection (qkv, gateup, head)  tasks
 embed p            every embed task               qkv of layer 0 at p                 tasks
 =================  =============================  ==================================  ===========
 
@@ -45,8 +48,10 @@ import numpy as np
 from configs.arch import SMEM_PER_CTA_MAX
 from configs.codepredictor import QWEN3_TTS_1P7B, CodePredictorConfig
 
-PROJ, QKV, ATTN, O, GATEUP, DOWN, HEAD, EMBED = range(8)
-TYPE_NAMES = ("proj", "qkv", "attn", "o", "gateup", "down", "head", "embed")
+PROJ, QKV, ATTN, O, GATEUP, DOWN, HEAD, EMBED, NORM = range(9)
+TYPE_NAMES = ("proj", "qkv", "attn", "o", "gateup", "down", "head", "embed", "norm")
+# the projections whose input is RMS-normalised (``norm_once``: a NORM phase before each)
+NORMALISED = (QKV, GATEUP, HEAD)
 SPLIT_TYPES = (PROJ, O, DOWN)
 LOCAL_NONE, LOCAL_PARTIAL, LOCAL_SLOT = 0, 1, 2
 MAX_COLOCATED = 132  # H200: 132 SMs, one ~213 KB CTA per SM
@@ -68,6 +73,11 @@ class FrameOptions:
     combine_slots: int = 2
     max_tasks_per_cta: int = 512  # capacity of the encoded table the kernel reads
     max_coresident: int = MAX_COLOCATED
+    # a study switch (issue #37 item 1, off until measured on the H200): a NORM phase of one
+    # task per 8-row group before every normalised projection (qkv, gate/up, head) publishes
+    # its normalised input once, and the projection's tiles copy it instead of each
+    # normalising all of it again (notes/depth-frame.md, session 21)
+    norm_once: bool = False
 
 
 @dataclass
@@ -81,10 +91,12 @@ class Phase:
     k: int
     split: bool
     counters: list[int] = field(default_factory=list)
+    feeds: int = -1  # NORM: the projection type whose input it normalises (the next phase)
 
     @property
     def name(self) -> str:
-        return f"{TYPE_NAMES[self.type]}[l{self.layer},p{self.pos}]"
+        kind = TYPE_NAMES[self.type] + (f">{TYPE_NAMES[self.feeds]}" if self.type == NORM else "")
+        return f"{kind}[l{self.layer},p{self.pos}]"
 
 
 @dataclass
@@ -137,10 +149,14 @@ def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
         DOWN: (h // 16, h, cfg.intermediate, opt.split_o_down),
         HEAD: (cfg.vocab // 16, cfg.vocab, h, False),
         EMBED: (rg, h, 0, False),
+        NORM: (rg, h, 0, False),  # one task an 8-row group: all 1024 features of its rows
     }
     phases = []
 
     def add(t, layer=-1, pos=-1):
+        if opt.norm_once and t in NORMALISED:
+            n, out, k, split = specs[NORM]
+            phases.append(Phase(len(phases), NORM, layer, pos, n, out, k, split, feeds=t))
         n, out, k, split = specs[t]
         phases.append(Phase(len(phases), t, layer, pos, n, out, k, split))
 
@@ -158,7 +174,7 @@ def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
 
 
 def _weight_bytes(ph: Phase, half: int) -> int:
-    if ph.type in (ATTN, EMBED):
+    if ph.type in (ATTN, EMBED, NORM):
         return 0
     per_tile = ph.out_features // ph.n_tiles * ph.k * 2
     return per_tile // 2 if half >= 0 else per_tile
@@ -202,6 +218,9 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
         """The phase whose completion this phase waits on (None: host inputs only)."""
         if ph.type == PROJ or (ph.type == EMBED and ph.pos == 1):
             return None
+        if opt.norm_once and (ph.type == NORM or ph.type in NORMALISED):
+            # a NORM phase waits on what its projection would have; the projection on it
+            return _h_writer(ph) if ph.type == NORM else phases[ph.index - 1]
         if ph.type == QKV and ph.layer == 0:
             return next(q for q in phases if q.pos == ph.pos and
                         (q.type == EMBED if ph.pos >= 1 else q.type == PROJ))
@@ -211,6 +230,14 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
             return next(q for q in phases if q.type == DOWN and q.pos == ph.pos and
                         q.layer == cfg.layers - 1)
         return phases[ph.index - 1]
+
+    def _h_writer(norm: Phase) -> Phase:
+        """What the NORM phase's projection would have waited on (the last writer of h)."""
+        q = phases[norm.index + 1]
+        if q.type == QKV and q.layer == 0:
+            return next(x for x in phases if x.pos == q.pos and
+                        (x.type == EMBED if q.pos >= 1 else x.type == PROJ))
+        return phases[norm.index - 1]  # o (gate/up), down (qkv l >= 1, head)
 
     cursor = 0
     for ph in phases:
@@ -335,6 +362,24 @@ def violations(s: Schedule) -> list[str]:
             if t.type == ATTN and ph.pos == 1 and t.wait2 != attn0.get(ph.layer):
                 out.append(f"CTA {c} task {i}: {ph.name} does not wait for position 0's "
                            "attention of its layer, whose K and V it reads")
+    # 1c. norm_once: every normalised projection waits on the NORM phase just before it, and
+    # that NORM phase on the writer of h its projection would have waited on
+    if opt.norm_once:
+        for ph in s.phases:
+            if ph.type not in NORMALISED:
+                continue
+            norm = s.phases[ph.index - 1] if ph.index else None
+            if norm is None or norm.type != NORM or norm.feeds != ph.type or (
+                    norm.layer, norm.pos) != (ph.layer, ph.pos):
+                out.append(f"{ph.name} has no NORM phase before it (norm_once)")
+                continue
+            for c, lst in enumerate(s.ctas):
+                for i, t in enumerate(lst):
+                    if t.phase == ph.index and t.wait != norm.counters[0]:
+                        out.append(f"CTA {c} task {i}: {ph.name} does not wait for "
+                                   f"{norm.name}, which writes its normalised input")
+    elif any(ph.type == NORM for ph in s.phases):
+        out.append("NORM phases in a schedule built without norm_once")
     # 2. weight copies never land on pages a running or waiting task still reads
     for c, lst in enumerate(s.ctas):
         last_user = {}

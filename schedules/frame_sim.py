@@ -25,6 +25,12 @@ from schedules.depth_frame import (ATTN, EMBED, LOCAL_NONE, TYPE_NAMES, Schedule
                                    topological_order)
 
 
+# a norm task's body (``FrameOptions.norm_once``: one 8-row group's RMSNorm, written once), a
+# prediction until the H200 measures it (notes/depth-frame.md, session 21): one round of L2
+# loads (the rows' 64 ssq partials, the x words, gamma), the rsqrt, one round of stores
+NORM_BODY_US = 3.0
+
+
 @dataclass(frozen=True)
 class Costs:
     # counter signal -> spinning waiter sees it -> task begins (1.15 µs: the frame kernel's
@@ -35,7 +41,7 @@ class Costs:
     tma_latency_us: float = 0.6
     fixed_us: dict = field(default_factory=lambda: {
         "proj": 1.75, "qkv": 1.75, "o": 1.75, "gateup": 1.75, "down": 1.75, "head": 1.75,
-        "attn": 3.9, "embed": 3.9})
+        "attn": 3.9, "embed": 3.9, "norm": NORM_BODY_US})
 
 
 SEED_COSTS = Costs()
@@ -214,4 +220,34 @@ def costs_from_stamps(measurement: dict, base: Costs = SEED_COSTS) -> Costs:
     signal = chain["signal_us"] / chain.get("signal_tasks", chain["tasks"])
     fixed = {k: v["landing_us"] + v["compute_us"] + v["epilogue_us"] + signal
              for k, v in measurement["tile_times"].items()}
+    fixed.setdefault("norm", base.fixed_us["norm"] + signal)  # no norm tasks measured yet
     return dataclasses.replace(base, fixed_us=fixed, dsmem_us=0.0)
+
+
+# The in-tile normalisation's cost a task (µs; landing + compute), measured as the whole frame
+# (69d87e0, fused) minus the projection study (657793b, unfused) per type, at 1 and 64 rows:
+# "high" takes all of the difference (the issue's attribution: +7.8 / +8.2 / +3.1 µs compute
+# at 64 rows), "low" first removes what the unnormalised o and down also gained in the whole
+# frame (their mean, 1.3 µs at 1 row and 4.2 at 64: the larger code, not the norm).
+NORM_SHARE_US = {
+    "high": {1: {"qkv": 3.1, "gateup": 3.6, "head": 0.1},
+             64: {"qkv": 8.3, "gateup": 8.8, "head": 3.8}},
+    "low": {1: {"qkv": 1.8, "gateup": 2.3, "head": 0.0},
+            64: {"qkv": 4.1, "gateup": 4.6, "head": 0.0}},
+}
+
+
+def norm_once_costs(costs: Costs, rows: int, share: str = "high",
+                    norm_task_us: float | None = None) -> Costs:
+    """``costs`` (a calibration of the in-tile build) for a ``FrameOptions(norm_once=True)``
+    schedule: the qkv / gate-up / head tasks lose their normalisation (NORM_SHARE_US[share],
+    linear in rows between 1 and 64) and a norm task costs ``norm_task_us`` (default: the
+    calibration's "norm", NORM_BODY_US plus the chain's signal)."""
+    lo, hi = NORM_SHARE_US[share][1], NORM_SHARE_US[share][64]
+    t = (rows - 1) / 63
+    fixed = dict(costs.fixed_us)
+    for k in lo:
+        fixed[k] = max(0.0, fixed[k] - (lo[k] + t * (hi[k] - lo[k])))
+    if norm_task_us is not None:
+        fixed["norm"] = norm_task_us
+    return dataclasses.replace(costs, fixed_us=fixed)

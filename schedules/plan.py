@@ -65,6 +65,10 @@ FRAME_RING = {"ring_pages": 8, "page_bytes": 16384}
 # the frame kernel's activation stage buffers: 2 beat as many as fit (up to 6) in the 9621aa2 /
 # d7ed49d A/B (notes/depth-frame.md, session 18)
 FRAME_ACT_BUFFERS = 2
+# the frame kernel's normalised inputs published once by a norm phase
+# (schedules.depth_frame.FrameOptions.norm_once, issue #37 item 1): off until its H200 A/B
+# (scripts/ab_depth_frame.py; notes/depth-frame.md, session 21) measures it
+FRAME_NORM_ONCE = False
 # the frame kernel's activation stage (K elements) by the step's rows: (up to rows, K). 512
 # beat 256 at 1-32 rows in the projection study (notes/depth-frame.md, session 19); at 64 rows
 # two stages of 512 do not fit beside the ring

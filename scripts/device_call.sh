@@ -35,6 +35,9 @@
 #   frame-protocol experiments/frame_protocol.py (the depth frame's synchronisation alone)
 #   frame-tiles-ab scripts/frame_tiles_ab.py ($WB_AB_ARGS): the frame's projection-tile knobs
 #   depth-frame  experiments/depth_frame.py (the whole frame kernel beside the fast loop)
+#   frame-norm-ab scripts/ab_depth_frame.py ($WB_AB_ARGS): the frame's norm phase (norm_once)
+#                against in-tile normalisation, same run, bits compared (notes/depth-frame.md,
+#                session 21)
 #   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL; the
 #                quack column needs .whl installed: pip install --no-index --no-deps --target
 #                /tmp/site .whl/*.whl)
@@ -115,6 +118,8 @@ for what in "$@"; do
               python3 scripts/stress_fast_loop.py ${WB_STRESS_ARGS:-} ;;
     frame-protocol) step frame-protocol python3 -m experiments.frame_protocol ;;
     depth-frame) step depth-frame python3 -m experiments.depth_frame ${WB_EXP_ARGS:-} ;;
+    frame-norm-ab) step frame-norm-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
+                     python3 scripts/ab_depth_frame.py ${WB_AB_ARGS:-} ;;
     frame-tiles-ab) step frame-tiles-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
                       python3 scripts/frame_tiles_ab.py ${WB_AB_ARGS:-} ;;
     experiments)
@@ -123,8 +128,8 @@ for what in "$@"; do
       step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
             "ladder-full, p0-ab, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
-            "host-overhead, frame-protocol, depth-frame, ladder-p2-quick, p2-ring-capacity," \
-            "p2-parity," \
+            "host-overhead, frame-protocol, depth-frame, frame-norm-ab, ladder-p2-quick," \
+            "p2-ring-capacity, p2-parity," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac
 done

@@ -36,7 +36,7 @@ from kernels.depth.frame_table import phase_row
 from kernels.depth.frame_tiles import (MAX_ROWS, SSQ_TILES, from_chunk_major,
                                        pack_frame_weights, rows8)
 from schedules import depth_frame as F
-from schedules.plan import FRAME_RING
+from schedules.plan import FRAME_NORM_ONCE, FRAME_RING
 
 POISON = 0x7FC07FC0  # a bf16 NaN pair (and an fp32 NaN)
 
@@ -80,8 +80,11 @@ class Regions:
         return self.at[key]
 
 
-def frame_layout(cfg, rows: int) -> Regions:
-    """The arena's regions for a step of ``rows`` rows (the module docstring's table)."""
+def frame_layout(cfg, rows: int, norm_once: bool = False) -> Regions:
+    """The arena's regions for a step of ``rows`` rows (the module docstring's table);
+    ``norm_once`` (schedules.depth_frame.FrameOptions) adds ("xn", type, layer, pos), the
+    normalised input of every qkv, gate/up (layer, pos) and head (-1, pos) phase, chunk-major
+    [1024], written once by its norm phase."""
     r8 = rows8(rows)
     a = Regions()
     a.add("x_t", cfg.talker_hidden * r8 // 2)
@@ -98,6 +101,13 @@ def frame_layout(cfg, rows: int) -> Regions:
     for p in range(1, cfg.positions):
         a.add(("logits", p), cfg.vocab * r8 // 2)
     a.add("sum", r8 * cfg.talker_hidden // 2)
+    if norm_once:
+        for p in range(cfg.positions):
+            for l in range(cfg.layers):
+                a.add(("xn", F.QKV, l, p), cfg.hidden * r8 // 2)
+                a.add(("xn", F.GATEUP, l, p), cfg.hidden * r8 // 2)
+            if p >= 1:
+                a.add(("xn", F.HEAD, -1, p), cfg.hidden * r8 // 2)
     a.outputs_end = a.words
     for l in range(cfg.layers):
         a.add(("in", l), cfg.hidden // 2)
@@ -125,17 +135,23 @@ class DepthFrame:
     counts, and with kernels.depth.frame_protocol.FrameRefused where the grid cannot be
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
-    def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False):
+    def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
+                 norm_once: bool | None = None):
+        """``norm_once``: normalise each qkv / gate-up / head input once in a norm phase
+        (schedules.depth_frame.FrameOptions; None: the plan's FRAME_NORM_ONCE). The same bits
+        either way."""
         check_frame_inputs(fw, rows)
+        norm_once = FRAME_NORM_ONCE if norm_once is None else norm_once
         cfg = fw.config
         self.fw, self.cfg, self.rows, self.r8 = fw, cfg, rows, rows8(rows)
         self.teacher_forced = teacher_forced
-        self.schedule = F.build(cfg, F.FrameOptions(rows=rows, **FRAME_RING))
-        self.regions = frame_layout(cfg, rows)
+        self.schedule = F.build(cfg, F.FrameOptions(rows=rows, norm_once=norm_once,
+                                                    **FRAME_RING))
+        self.regions = frame_layout(cfg, rows, norm_once)
         dev = fw.final_norm.device
         self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)
         self._put_constants()
-        self.phases = torch.tensor([phase_row(ph, self.regions.at, cfg)
+        self.phases = torch.tensor([phase_row(ph, self.regions.at, cfg, norm_once)
                                     for ph in self.schedule.phases],
                                    dtype=torch.int32, device=dev)
         order = torch.tensor(qkv_rows_by_kv_head(cfg), device=dev)

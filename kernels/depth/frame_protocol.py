@@ -100,7 +100,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
                  page_bytes: int = 0, rows: int = 0, fused: bool = False, draw: str = "greedy",
-                 config=None):
+                 config=None, norm_once: bool = False):
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
         cfg = config or QWEN3_TTS_1P7B
@@ -112,6 +112,9 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         # fused: the phase table's norm / residual / ssq fields are live (the real frame's
         # data flow); without it only a_word and y_word are read (the projection study)
         self.fused, self.eps = fused and rows > 0, cfg.rms_eps
+        # the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once): compiled only
+        # for such schedules, so the default build's code stays as measured
+        self.norm_once = norm_once and self.fused
         self.act_buffers = 1
         self.k_stage = self._k_stage(rows)
         if rows:
@@ -397,6 +400,14 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                          mPhases[ph * NPF + PCOL["slot"]])
                 t_ready = cute.arch.globaltimer()
                 t_landed, t_computed = t_ready, t_ready
+            if cutlass.const_expr(self.norm_once):
+                if ty == F.NORM:
+                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                      number_of_threads=T.CONSUMERS)
+                    self._norm_task(tile, mArena, a_word, y_word, gamma_word, ssq_in_word,
+                                    rbuf)
+                    t_ready = cute.arch.globaltimer()
+                    t_landed, t_computed = t_ready, t_ready
             if ty == F.EMBED:
                 code_word = mPhases[ph * NPF + PCOL["code_word"]]
                 if code_word >= 0:
@@ -551,7 +562,11 @@ class ProtocolRun:
         pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
         rows = opt.rows if io is not None else 0
         self.kernel = self._frame_kernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
-                                         fused=fused, draw=draw, config=schedule.config)
+                                         fused=fused, draw=draw, config=schedule.config,
+                                         norm_once=opt.norm_once)
+        if opt.norm_once and rows and not self.kernel.norm_once:
+            raise ValueError("a norm_once schedule needs the fused frame (its norm tasks "
+                             "write the projections' inputs)")
         sources, total, _ = weight_regions(schedule)
         self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
                                           * opt.page_bytes) if streamed else 0
@@ -578,7 +593,7 @@ class ProtocolRun:
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
                self.kernel.talker_vocab, self.kernel.act_buffers, self.kernel.ablate,
-               self.kernel.k_stage)
+               self.kernel.k_stage, self.kernel.norm_once)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 

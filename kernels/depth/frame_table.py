@@ -25,9 +25,20 @@ def table_row(a_word, y_word, gamma_word=-1, ssq_in_word=-1, resid_word=-1,
     return [row.get(k, -1) for k in PHASE_FIELDS]
 
 
-def phase_row(ph, o: dict, cfg) -> list:
-    """Phase ``ph``'s PHASE_FIELDS (kernels.depth.frame_tiles) over the regions ``o``."""
+def phase_row(ph, o: dict, cfg, norm_once: bool = False) -> list:
+    """Phase ``ph``'s PHASE_FIELDS (kernels.depth.frame_tiles) over the regions ``o``.
+    ``norm_once`` (schedules.depth_frame.FrameOptions): a norm phase normalises h into
+    ("xn", type, layer, pos) with the gamma and ssq its projection would have used, and the
+    projection reads that, with no norm of its own (gamma_word -1)."""
     p, l = ph.pos, ph.layer
+    gamma = {F.QKV: ("in", l), F.GATEUP: ("post", l), F.HEAD: "final"}
+    if ph.type == F.NORM:
+        return table_row(o[("h", p)], o[("xn", ph.feeds, l, p)], gamma_word=o[gamma[ph.feeds]],
+                         ssq_in_word=o[("ssq", p)])
+    if norm_once and ph.type in F.NORMALISED:
+        y = o[("qkv", l, p)] if ph.type == F.QKV else o[("act", l, p)] \
+            if ph.type == F.GATEUP else o[("logits", p)]
+        return table_row(o[("xn", ph.type, l, p)], y)
     if ph.type == F.PROJ:
         return table_row(o["x_t"], o[("h", 0)], resid_word=o["bias"], resid_kind=RESID_BIAS,
                          ssq_out_word=o[("ssq", 0)])

@@ -173,7 +173,8 @@ def pack_frame_weights(schedule, projections: dict):
 # ---- device -------------------------------------------------------------------------------------
 from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
 from device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
-                                fence_proxy_async_shared_cta, ld_relaxed_gpu_f32, ld_shared_v4,
+                                fence_proxy_async_shared_cta, ld_relaxed_gpu_f32,
+                                ld_relaxed_gpu_v4, ld_shared_v4,
                                 smem_u32, st_cluster_f32x2, st_shared_v4)
 from device.rounding import (bf16x2_rn, quad_ssq, rms_factor,  # noqa: E402
                                      rmsnorm_pair, round_bf16, swiglu_value)
@@ -319,6 +320,39 @@ class ProjectionBodies:
             total = _sum_in_order(parts)
             sR[tidx] = rms_factor(total, SSQ_TILES * 16, self.eps)
         cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+
+    @cute.jit
+    def _norm_task(self, group: Int32, mArena: cute.Tensor, a_word: Int32, y_word: Int32,
+                   gamma_word: Int32, ssq_in_word: Int32, rbuf):
+        """A norm task (``FrameOptions.norm_once``): rows 8·group..8·group + 7 of the residual
+        stream at ``a_word`` (chunk-major [128][R8][8] bf16), RMS-normalised once, into the
+        same image at ``y_word``, which the projection's tiles then copy as their input. The
+        same bits as the in-tile path: thread j < 8 makes row j's factor exactly as
+        :meth:`_row_factors` does (its SSQ_TILES partials in tile order, ``rms_factor``), and
+        every word is ``rmsnorm_pair`` as in :meth:`_normalize_stage`. Thread t takes row
+        t % 8 of chunks t / 8 + 16n (n < 8): its 8 units of h and gamma are loaded first, all
+        in flight while the factors are summed. The walk's proxy fence, barrier and signal
+        publish the stores."""
+        tidx, _, _ = cute.arch.thread_idx()
+        r8 = self.r8
+        sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
+        row = group * 8 + tidx % 8
+        units = NORM_K // 8 * 8 // CONSUMERS  # 8 units of 16 bytes a thread
+        xs, gs = [], []
+        for n in cutlass.range_constexpr(units):
+            c = n * (CONSUMERS // 8) + tidx // 8  # the unit's chunk (8 features)
+            xs.append(ld_relaxed_gpu_v4(mArena.iterator + a_word + (c * r8 + row) * 4))
+            gs.append(ld_relaxed_gpu_v4(mArena.iterator + gamma_word + 4 * c))
+        if tidx < 8:
+            ssq = cute.recast_ptr(mArena.iterator + ssq_in_word, dtype=Float32)
+            parts = [ld_relaxed_gpu_f32(ssq + j * r8 + row) for j in range(SSQ_TILES)]
+            sR[tidx] = rms_factor(_sum_in_order(parts), SSQ_TILES * 16, self.eps)
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+        r = sR[tidx % 8]
+        for n in cutlass.range_constexpr(units):
+            c = n * (CONSUMERS // 8) + tidx // 8
+            for i in cutlass.range_constexpr(4):
+                mArena[y_word + (c * r8 + row) * 4 + i] = rmsnorm_pair(xs[n][i], gs[n][i], r)
 
     @cute.jit
     def _normalize_stage(self, stage, st: cutlass.Constexpr[int], rbuf, gbuf):
