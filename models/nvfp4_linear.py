@@ -261,6 +261,7 @@ class Nvfp4Linear:
         (amax workspace, packed activation, split-K workspace): calls on one stream run in
         order, so a later call never overwrites what an earlier one still reads."""
         capturing = self.backend == "p0" and torch.cuda.is_current_stream_capturing()
+        key = None  # a plan key only for an uncaptured p0 call without ``out``
         if self.backend == "p0" and not capturing and out is None:  # else the checked path
             try:
                 key = _p0_key(x, rows, gate, residual)
