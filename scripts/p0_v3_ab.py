@@ -13,12 +13,22 @@ three-warpgroup f16 build (the TMAs in the producer's warpgroup, as part L) on b
 over_production = time / production's (whole calls: the schedules differ).
 
 (L) M = 2048 (qkv, fc1, out, fc2, wide): the production default there (the P0 design,
-128 x 256 tiles, both operands expanded to f16 in shared memory) against the large-M candidate:
-three warpgroups (the f16 activation's TMA in the producer's warpgroup,
-producers.activation_stage.WeightsAndF16Producer), the pipelined register-A consumer, 128 or
-256 tokens a CTA (m64n128k16 / m64n256k16 at up to 232 registers); own bits, within the bound.
+128 x 256 tiles, both operands expanded to f16 in shared memory) against the swap-AB design at
+one K split (128 x 128 tiles; the activation expanded in the CTA, or given as f16 by TMA with
+4 buffers, on the tile loop and on stream-K); each its own bits, within the bound by the tests.
 
-    python3 scripts/p0_v3_ab.py [--seconds 170] [--parts c a] [--out DIR]
+(W, w) the large-M candidate at M = 2048 (W) and 128 (w), qkv and fc2: three warpgroups (the
+f16 activation's TMA in the producer's warpgroup, producers.activation_stage.WeightsAndF16Producer),
+the pipelined register-A consumer, 128 or 256 tokens a CTA (m64n128k16 / m64n256k16 at up to
+232 registers). Run last: a kernel fault loses the process's CUDA context, so the run stops
+there (``context_lost`` in the provenance) with every finished job's rows already written.
+
+Parts p and L also time the public peers on the same operand sets in this process: cuBLAS
+bf16 (the activation as bf16 against the dequantized weight) and quack-kernels' gemm_w4a16 on
+the same NVFP4 weights (experiments.p0_baseline's repack; the row is missing, and the run says
+why, where quack does not import). --no-anchors leaves them out.
+
+    python3 scripts/p0_v3_ab.py [--seconds 170] [--parts p L W w c a] [--no-anchors] [--out DIR]
 
 (a) the split-K fixup at M = 128 (out, fc2, 7168x5376; splits 2 and 3): the production store
 through gemm_nvfp4 (fresh workspace and a zero-filled counter buffer every call), the same
@@ -64,7 +74,7 @@ from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4
 from kernels.nvfp4.gemm_shell import ENTRY, V3Study
 from kernels.nvfp4.prepack import prepack
 from numerics import nvfp4
-from producers.activation_stage import F16TmaActivationStage
+from producers.activation_stage import F16TmaActivationStage, WeightsAndF16Producer
 from validators.gemm_operands import make_operand
 from workbench.timing import bench, rotation_count
 
@@ -97,7 +107,9 @@ class StudyLaunch:
 
     def __init__(self, cfg, M: int, N: int, K: int):
         self.cfg, self.key, self.M, self.N, self.K = cfg, cfg.static_key(), M, N, K
-        self.f16 = isinstance(cfg.activation, F16TmaActivationStage)
+        # the f16 activation by TMA: its own role, or folded into the weights' producer (3wg)
+        self.f16 = (isinstance(cfg.activation, F16TmaActivationStage)
+                    or isinstance(cfg.producer, WeightsAndF16Producer))
         words, tiles = cfg.workspace_floats(M, N, K, sm_count())
         if words:
             self.work = torch.empty(words, dtype=torch.float32, device="cuda")
@@ -107,6 +119,9 @@ class StudyLaunch:
 
     def __call__(self, a, b, pre, x16, out):
         a_q = x16.view(torch.uint8) if self.f16 else a[0]
+        if a_q.numel() != self.M * self.K * (2 if self.f16 else 1) // (1 if self.f16 else 2):
+            raise ValueError(f"the activation has {a_q.numel()} bytes, not what {self.cfg.design}"
+                             f" reads for M = {self.M}, K = {self.K} (f16: {self.f16})")
         work = out if self.work is None else self.work
         counters = out if self.counters is None else self.counters
         ENTRY(self.cfg, self.key, (a_q, a[1], pre.codes, pre.scales, a[2], b[2], out,
@@ -193,6 +208,28 @@ def variants(part, M, N, K):
     return rows
 
 
+def anchors(ops, N, K, out):
+    """The public peers on the job's operand sets, timed in this process: cuBLAS bf16 (x16 as
+    bf16 @ the dequantized weight's transpose) and quack-kernels' gemm_w4a16 on the same NVFP4
+    weights (experiments.p0_baseline's repack), when quack imports: [(label, fn, arg_sets)]."""
+    from experiments.p0_baseline import _quack, quack_nvfp4_weight
+    rows = []
+    cub = [(x16.to(torch.bfloat16), nvfp4.dequantize_operand(b[0], b[1], (N, K)))
+           for _a, b, _pre, x16 in ops]
+    rows.append(("cublas bf16", lambda x, w: torch.matmul(x, w.T, out=out), cub))
+    qk, _version, why = _quack()
+    if qk is None:
+        print(f"   quack not run: {why}", flush=True)
+        return rows
+    qs = []
+    for (x, _w), (_a, b, _pre, _x16) in zip(cub, ops):
+        blob, sf = qk.prepare_w4_weight(*quack_nvfp4_weight(b[0], b[1], N, K), wformat="nvfp4")
+        qs.append((x, blob, sf, float(b[2])))
+    rows.append(("quack w4a16", lambda x, blob, sf, g: qk.gemm_w4a16(
+        x, blob, sf, tensor_scale=g, out=out, wformat="nvfp4"), qs))
+    return rows
+
+
 def kblocks_per_cta(cfg, M, N, K, sms):
     """k-blocks one CTA runs in sequence: its work items x the k-blocks of a split (stream-K:
     its share of all tiles' k-blocks)."""
@@ -248,6 +285,21 @@ def run_job(part, name, args, rows):
             f"{row['us']:8.1f} us {row['ns_per_kblock']:7.0f} ns/kblock  "
             f"equal={row.get('equal_to_production')} rerun={row.get('rerun_identical')} "
             f"no_nan={row.get('no_nan_left')}" if "us" in row else row["error"]), flush=True)
+    if args.anchors and part in ("p", "L"):
+        res = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        for label, fn, sets in anchors(ops, N, K, res):
+            row = {"part": part, "projection": name, "M": M, "N": N, "K": K, "config": label,
+                   "splits": 0, "exact_promised": False, "anchor": True}
+            try:
+                fn(*sets[0])
+                t = bench(fn, sets, graph=True, warmup_ms=5, rep_ms=args.rep_ms).as_dict()
+                row["timing"], row["us"] = t, t["median_us"]
+            except Exception as e:  # pragma: no cover - an anchor that fails is a row
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            rows.append(row)
+            print(f"({part}) {name:>4} {label:<34} " + (
+                f"{row['us']:8.1f} us" if "us" in row else row["error"]), flush=True)
+        del res
     del ops
     torch.cuda.empty_cache()
 
@@ -286,7 +338,8 @@ def table(rows) -> str:
         ok = ("-" if not r["exact_promised"] else
               str(bool(r.get("rerun_identical")) and bool(r.get("no_nan_left"))
                   and r.get("equal_to_production") is not False))
-        lines.append(f"{head} {r['us']:8.1f} {r['ns_per_kblock']:8.0f} {fixup} {ratio} "
+        nsk = f"{r['ns_per_kblock']:8.0f}" if "ns_per_kblock" in r else " " * 8
+        lines.append(f"{head} {r['us']:8.1f} {nsk} {fixup} {ratio} "
                      f"{ok:>6}")
     return "\n".join(lines)
 
@@ -298,6 +351,8 @@ def main(argv=None) -> int:
     p.add_argument("--parts", nargs="+", choices=("p", "L", "W", "w", "a", "c"),
                    default=["p", "L", "c", "a"])
     p.add_argument("--rep-ms", type=float, default=40.0, help="timed replay per measurement")
+    p.add_argument("--no-anchors", dest="anchors", action="store_false",
+                   help="parts p and L without the cuBLAS bf16 and quack W4A16 rows")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
