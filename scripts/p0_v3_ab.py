@@ -85,6 +85,7 @@ SMALL_M, LARGE_M = 128, 2048
 JOBS = (("p", "qkv"), ("p", "fc1"), ("p", "out"), ("p", "wide"), ("p", "fc2"),
         ("L", "qkv"), ("L", "fc1"), ("L", "out"), ("L", "fc2"), ("L", "wide"),
         ("W", "qkv"), ("W", "fc2"), ("w", "qkv"), ("w", "fc2"),
+        ("W", "fc1"), ("W", "out"), ("W", "wide"),
         ("c", "out"), ("c", "qkv"), ("a", "out"), ("c", "fc2"), ("a", "fc2"), ("c", "fc1"),
         ("a", "wide"), ("c", "wide"))
 FIXUP_SPLITS = (2, 3)
@@ -351,6 +352,8 @@ def main(argv=None) -> int:
     p.add_argument("--parts", nargs="+", choices=("p", "L", "W", "w", "a", "c"),
                    default=["p", "L", "c", "a"])
     p.add_argument("--rep-ms", type=float, default=40.0, help="timed replay per measurement")
+    p.add_argument("--projections", nargs="+", choices=tuple(PROJECTIONS), default=None,
+                   help="only these projections (default: all of each part)")
     p.add_argument("--no-anchors", dest="anchors", action="store_false",
                    help="parts p and L without the cuBLAS bf16 and quack W4A16 rows")
     p.add_argument("--out", type=Path, default=None)
@@ -377,7 +380,7 @@ def main(argv=None) -> int:
         path.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1))
 
     for part, name in JOBS:
-        if part not in args.parts:
+        if part not in args.parts or (args.projections and name not in args.projections):
             continue
         elapsed = time.time() - t0
         if lost or elapsed + per_job > args.seconds:
