@@ -66,9 +66,10 @@ FRAME_RING = {"ring_pages": 8, "page_bytes": 16384}
 # d7ed49d A/B (notes/depth-frame.md, session 18)
 FRAME_ACT_BUFFERS = 2
 # the frame kernel's normalised inputs published once by a norm phase
-# (schedules.depth_frame.FrameOptions.norm_once, issue #37 item 1): off until its H200 A/B
-# (scripts/ab_depth_frame.py; notes/depth-frame.md, session 21) measures it
-FRAME_NORM_ONCE = False
+# (schedules.depth_frame.FrameOptions.norm_once, issue #37 item 1) from this many rows on: the
+# 15fc61e A/B (scripts/ab_depth_frame.py; notes/depth-frame.md, session 22) measured it -243 us
+# at 64 rows, +170 at 16 and +419 at 1 (the same bits); rows in between were not measured
+FRAME_NORM_ONCE_FROM_ROWS = 64
 # the frame kernel's activation stage (K elements) by the step's rows: (up to rows, K). 512
 # beat 256 at 1-32 rows in the projection study (notes/depth-frame.md, session 19); at 64 rows
 # two stages of 512 do not fit beside the ring
@@ -86,6 +87,12 @@ def frame_kernel_dispatch(rows: int) -> bool:
     """Whether the dispatch rule (FRAME_KERNEL_FROM_ROWS) runs a step of ``rows`` rows on the
     depth frame kernel."""
     return FRAME_KERNEL_FROM_ROWS is not None and rows >= FRAME_KERNEL_FROM_ROWS
+
+
+def frame_norm_once(rows: int) -> bool:
+    """Whether the frame kernel normalises once in norm phases at ``rows`` rows
+    (FRAME_NORM_ONCE_FROM_ROWS)."""
+    return FRAME_NORM_ONCE_FROM_ROWS is not None and rows >= FRAME_NORM_ONCE_FROM_ROWS
 
 
 def frame_k_stage(rows: int) -> int:

@@ -36,7 +36,7 @@ from kernels.depth.frame_table import phase_row
 from kernels.depth.frame_tiles import (MAX_ROWS, SSQ_TILES, from_chunk_major,
                                        pack_frame_weights, rows8)
 from schedules import depth_frame as F
-from schedules.plan import FRAME_NORM_ONCE, FRAME_RING
+from schedules.plan import FRAME_RING, frame_norm_once
 
 POISON = 0x7FC07FC0  # a bf16 NaN pair (and an fp32 NaN)
 
@@ -138,10 +138,10 @@ class DepthFrame:
     def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
                  norm_once: bool | None = None):
         """``norm_once``: normalise each qkv / gate-up / head input once in a norm phase
-        (schedules.depth_frame.FrameOptions; None: the plan's FRAME_NORM_ONCE). The same bits
+        (schedules.depth_frame.FrameOptions; None: the plan's rule by rows). The same bits
         either way."""
         check_frame_inputs(fw, rows)
-        norm_once = FRAME_NORM_ONCE if norm_once is None else norm_once
+        norm_once = frame_norm_once(rows) if norm_once is None else norm_once
         cfg = fw.config
         self.fw, self.cfg, self.rows, self.r8 = fw, cfg, rows, rows8(rows)
         self.teacher_forced = teacher_forced
