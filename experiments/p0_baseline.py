@@ -4,10 +4,13 @@ Per projection (N x K: qkv 21504x5376, out 5376x5376, fc1 14336x5376, fc2 5376x1
 7168x5376 projection, "wide") and
 M in (128, 2048, 37810), timed side by side in one process (CUDA-graph replay, medians, operand
 sets rotated beyond L2 where a set is smaller than 3x L2):
-* ``p0``: gemm_nvfp4 on prepacked A and B with the weight's register-order prepack, so the
-  default config is the production one (schedules/plan.py: swap-AB at small M, else P0);
-* ``ours_e2e``: an NVFP4 linear from bf16 activations: amax kernel, g, quantize kernel, the
-  GEMM; timed under CUDA graphs and eagerly (``ours_e2e_eager``: host time per call included);
+* ``p0``: gemm_nvfp4 on prepacked A (with its exact f16 expansion, ``a16``) and B with the
+  weight's register-order prepack, so the default config is the production one
+  (schedules/plan.py, the f16 branch: swap-AB fed the f16 tile by TMA at small M, the
+  three-warpgroup 256-token build beyond);
+* ``ours_e2e``: an NVFP4 linear from bf16 activations: amax kernel, g, the quantize kernel
+  writing the packed activation and its f16 expansion, the GEMM; timed under CUDA graphs and
+  eagerly (``ours_e2e_eager``: host time per call included);
 * ``comfy_e2e``: what a Hopper user of Comfy Kitchen 0.2.40 gets: torch amax, quantize_nvfp4
   (pad_16x), dequantize_nvfp4 of activation and weight, bf16 F.linear; graphs and eager;
 * ``cublas_bf16``: F.linear on the dequantized bf16 operands;
@@ -48,7 +51,7 @@ from experiments._common import need_gpu, parser, progress, run_main
 from kernels.nvfp4.amax import amax
 from kernels.nvfp4.gemm import default_config, gemm_nvfp4
 from kernels.nvfp4.prepack import prepack
-from kernels.nvfp4.quantize import quantize_nvfp4
+from kernels.nvfp4.quantize import quantize_expand_nvfp4, quantize_nvfp4
 from numerics import gemm_oracle as G
 from numerics import nvfp4
 from workbench import WorkbenchError
@@ -167,16 +170,16 @@ def _case(name, N, K, M, ck, qk, quick, seed):
         w = (torch.randn(N, K, generator=gen, device=dev) * 0.02).to(torch.bfloat16)
         ga = _global_scale_from_amax(torch.amax(x.abs()))
         gb = _global_scale_from_amax(torch.amax(w.abs()))
-        aq, as_ = quantize_nvfp4(x, ga, pad_16x=True)
+        aq, as_, a16 = quantize_expand_nvfp4(x, ga, pad_16x=True)  # + the f16 expansion
         bq, bs = quantize_nvfp4(w, gb, pad_16x=True)
-        xs.append((x, aq[:M], as_, ga))
+        xs.append((x, aq[:M], as_, ga, a16))
         weights.append((bq, bs, gb, prepack(bq, bs)))
     out = torch.empty(M, N, dtype=torch.bfloat16, device=dev)
 
     # correctness of P0 on sampled rows (oracle on the GPU)
-    x, aq, as_, ga = xs[0]
+    x, aq, as_, ga, a16 = xs[0]
     bq, bs, gb, pre = weights[0]
-    gemm_nvfp4(aq, as_, ga, bq, bs, gb, out=out, prepacked=pre)
+    gemm_nvfp4(aq, as_, ga, bq, bs, gb, out=out, prepacked=pre, a16=a16)
     rows = torch.randperm(M, generator=torch.Generator().manual_seed(seed))[:32].sort().values
     d, real, bound = G.reference_gemm(aq, as_, bq, bs, float(ga), float(gb), M, N, K,
                                       row_ids=rows.cuda())
@@ -184,12 +187,12 @@ def _case(name, N, K, M, ck, qk, quick, seed):
     within = bool(((got - real).abs() <= bound).all())
     exact_frac = float((got == d.double()).float().mean())
 
-    p0_sets = [(xs[i][1], xs[i][2], xs[i][3], *weights[i]) for i in range(sets)]
+    p0_sets = [(xs[i][1], xs[i][2], xs[i][3], xs[i][4], *weights[i]) for i in range(sets)]
     row = {"projection": name, "M": M, "N": N, "K": K, "operand_sets": sets,
-           "config": default_config(M, N, K, prepacked=True).describe(),
+           "config": default_config(M, N, K, prepacked=True, f16=True).describe(),
            "p0_within_fp32_bound_on_32_rows": within, "p0_exact_fraction": exact_frac}
     flops = 2 * M * N * K
-    bytes_p0 = (M + N) * (K // 2 + K // 16) + 2 * M * N
+    bytes_p0 = 2 * M * K + N * (K // 2 + K // 16) + 2 * M * N  # A as its f16 expansion
     bytes_bf16 = 2 * (M * K + N * K + M * N)
     row["flops"], row["bytes_p0"], row["bytes_cublas_bf16"] = flops, bytes_p0, bytes_bf16
     row["floor_us_p0"] = max(flops / WGMMA_PEAK, bytes_p0 / COPY_CEILING_BPS) * 1e6
@@ -197,9 +200,8 @@ def _case(name, N, K, M, ck, qk, quick, seed):
     row["bound"] = "bytes" if bytes_p0 / COPY_CEILING_BPS > flops / WGMMA_PEAK else "flops"
 
     t = {}
-    t["p0"] = _time(lambda a, s, g, b, bs_, gb_, pre: gemm_nvfp4(a, s, g, b, bs_, gb_, out=out,
-                                                                   prepacked=pre),
-                    p0_sets, quick)
+    t["p0"] = _time(lambda a, s, g, a16, b, bs_, gb_, pre: gemm_nvfp4(
+        a, s, g, b, bs_, gb_, out=out, prepacked=pre, a16=a16), p0_sets, quick)
     if qk is not None:  # beside p0, on the same weight values
         try:
             t["quack_w4a16"], row["quack_w4a16_max_rel_err"] = _quack_case(
@@ -210,8 +212,8 @@ def _case(name, N, K, M, ck, qk, quick, seed):
 
     def ours_e2e(x, b, bs_, gb_, pre):
         g = _global_scale_from_amax(amax(x))
-        q, s = quantize_nvfp4(x, g, pad_16x=True)
-        return gemm_nvfp4(q[:M], s, g, b, bs_, gb_, out=out, prepacked=pre)
+        q, s, f = quantize_expand_nvfp4(x, g, pad_16x=True)
+        return gemm_nvfp4(q[:M], s, g, b, bs_, gb_, out=out, prepacked=pre, a16=f)
 
     e2e_sets = [(xs[i][0], *weights[i]) for i in range(sets)]
     t["ours_e2e"] = _time(ours_e2e, e2e_sets, quick)

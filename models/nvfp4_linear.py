@@ -366,17 +366,16 @@ class Nvfp4Linear:
         return d, real, bound
 
     def _p0_config(self, m: int):
-        """(config, prepack) of p0's GEMM over m rows: default_config with the prepack at hand,
-        the prepack made once and only where that config reads it. p2 passes the whole call's
-        to every chunk (a chunk's own default could differ: its K split, its design)."""
+        """(config, prepack) of p0's GEMM over m rows: default_config of an f16 build (the
+        activation's f16 expansion at hand) with the prepack, made once. p2 passes the whole
+        call's to every chunk (a chunk's own default could differ: its K split, its design),
+        and its ring then holds each chunk's f16 rows."""
         # here, not at the top: the kernels import CuTe DSL, which the oracle backend runs
         # without (p0_unavailable_reason says when it is missing)
         from kernels.nvfp4.gemm import default_config
         from kernels.nvfp4.prepack import prepack
 
-        config = default_config(m, self.N, self.K, prepacked=True)
-        if not config.needs_prepacked_weights:
-            return config, None
+        config = default_config(m, self.N, self.K, prepacked=True, f16=True)
         if self._w_pre is None:
             self._w_pre = prepack(self.w_q, self.w_s)
         return config, self._w_pre
@@ -401,35 +400,34 @@ class Nvfp4Linear:
         # zeroed once: the kernel writes rows < M only, so the 16-padding stays zero
         q = torch.zeros(Mp, self.K // 2, dtype=torch.uint8, device=x.device)
         s = torch.zeros(nvfp4.scale_shape(Mp, self.K), dtype=torch.uint8, device=x.device)
+        # the activation's exact f16 expansion, which the GEMM's f16 builds read by TMA
+        f16 = torch.empty(M, self.K, dtype=torch.float16, device=x.device)
         A.amax(x, out=ws)
-        Q.quantize_nvfp4(x, ws.g, out=(q, s))
+        Q.quantize_expand_nvfp4(x, ws.g, out=(q, s, f16))
         if residual is not None:
             residual = residual.contiguous()
-        pre = None
-        swap_ab = G.default_config(r1 - r0, self.N, self.K, prepacked=True).needs_prepacked_weights
-        if ((swap_ab and self._w_pre is None) or self._g_w_dev is None) and \
+        if (self._w_pre is None or self._g_w_dev is None) and \
                 torch.cuda.is_current_stream_capturing():
             # made once and kept: made inside a capture, they would hold data only after a
             # replay (and the scale's host copy cannot be captured at all)
-            raise RuntimeError("Nvfp4Linear (p0) prepares its weight's device scale and, for "
-                               "small M, its prepack on the first call at such a shape: call it "
-                               "once outside CUDA-graph capture before capturing it")
-        if swap_ab:
-            if self._w_pre is None:  # made once, and only where the chooser reads it
-                self._w_pre = prepack(self.w_q, self.w_s)
-            pre = self._w_pre
+            raise RuntimeError("Nvfp4Linear (p0) prepares its weight's device scale and its "
+                               "prepack on its first call: call it once outside CUDA-graph "
+                               "capture before capturing it")
+        if self._w_pre is None:  # made once: every f16 build reads the register-order prepack
+            self._w_pre = prepack(self.w_q, self.w_s)
+        pre = self._w_pre
         if self._g_w_dev is None:
             self._g_w_dev = torch.tensor([self.g_w], dtype=torch.float32, device=x.device)
         rows = (r0, r1)
         y = G.gemm_nvfp4(q, s, ws.g, self.w_q, self.w_s, self._g_w_dev, rows=rows, gate=gate,
-                         residual=residual, prepacked=pre, out=out)
+                         residual=residual, prepacked=pre, out=out, a16=f16)
         if plannable and out is None:  # a plan allocates its own outputs
             gp = G._PLANS.get(G.signature(q, s, ws.g, self.w_q, self.w_s, self._g_w_dev, None,
-                                          rows, None, gate, residual, pre))
+                                          rows, None, gate, residual, pre, f16))
             if gp is not None:
                 if len(self._plans) >= P0_PLANS_MAX:
                     self._plans.clear()
-                self._plans[key] = p = _P0Plan(x, ws, q, s, gp)
+                self._plans[key] = p = _P0Plan(x, ws, q, s, f16, gp)
                 self._last = (key, p)
         return y
 
@@ -473,23 +471,29 @@ def _p0_key(x, rows, gate, residual):
 
 class _P0Plan:
     """One checked p0 signature's launches and scratch: amax into ``ws`` (which writes g),
-    quantize into (q, s), the GEMM's plan (its split-K workspace made once and kept)."""
+    quantize and expand into (q, s, f16), the GEMM's plan (its split-K workspace made once and
+    kept)."""
 
-    def __init__(self, x, ws, q, s, gemm_plan):
+    def __init__(self, x, ws, q, s, f16, gemm_plan):
         from kernels.nvfp4 import amax as A
         from kernels.nvfp4 import gemm as G
         from kernels.nvfp4 import quantize as Q
 
         self.amax_config = A._DEFAULT
         self.amax_scalars = A.plan(x, ws, self.amax_config)
-        self.q_config, self.q_key, self.q_scalars = Q.plan(x, ws.g, (q, s), 0, False, None)[:3]
-        self.amax_entry, self.q_entry, self.gemm_launch = A.ENTRY, Q.ENTRY, G.launch
-        self.ws, self.q, self.s = ws, q, s
-        self.a_q, self.a_s = q, s  # the GEMM's A: the rows slice made once, not per call
-        if gemm_plan.r0 or gemm_plan.r1 != gemm_plan.M:
-            self.a_q, self.a_s = q[gemm_plan.r0:gemm_plan.r1], s[gemm_plan.r0:]
-            m = gemm_plan.r1 - gemm_plan.r0
-            gemm_plan = gemm_plan._replace(r0=0, r1=m, M=m)
+        q_config, _, self.q_scalars = Q.plan(x, ws.g, (q, s), 0, False, None)[:3]
+        self.q_config = Q.expand_config(q_config.is_bf16)
+        self.q_key = self.q_config.key
+        self.amax_entry, self.q_entry, self.gemm_launch = A.ENTRY, Q.ENTRY_F16, G.launch
+        self.ws, self.q, self.s, self.f16 = ws, q, s, f16
+        self.a_q, self.a_s, self.a16 = q, s, f16  # the GEMM's A: the rows slice made once
+        if gemm_plan.r0 or gemm_plan.r1 != gemm_plan.M or (
+                gemm_plan.a16_rows not in (None, gemm_plan.r1 - gemm_plan.r0)):
+            r0, r1 = gemm_plan.r0, gemm_plan.r1
+            self.a_q, self.a_s, self.a16 = q[r0:r1], s[r0:], f16[r0:r1]
+            m = r1 - r0
+            gemm_plan = gemm_plan._replace(r0=0, r1=m, M=m, a16_rows=(
+                None if gemm_plan.a16_rows is None else m))
         self.gemm = gemm_plan
         self.work = self.counters = None
         if gemm_plan.words:
@@ -499,6 +503,7 @@ class _P0Plan:
     def launch(self, x, w_q, w_s, g_w, pre, gate, residual):
         ws = self.ws
         self.amax_entry(self.amax_config, self.amax_config.key, (x, ws.buf), self.amax_scalars)
-        self.q_entry(self.q_config, self.q_key, (x, self.q, self.s, ws.g), self.q_scalars)
+        self.q_entry(self.q_config, self.q_key, (x, self.q, self.s, ws.g, self.f16),
+                     self.q_scalars)
         return self.gemm_launch(self.gemm, self.a_q, self.a_s, ws.g, w_q, w_s, g_w, None, gate,
-                                residual, pre, self.work, self.counters)
+                                residual, pre, self.work, self.counters, a16=self.a16)

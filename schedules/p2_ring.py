@@ -33,14 +33,15 @@ def check_capacity(capacity) -> int:
     return capacity
 
 
-def ring_bytes(capacity: int, K: int) -> int:
+def ring_bytes(capacity: int, K: int, f16: bool = False) -> int:
     """Bytes of a ring of ``capacity`` rows of K elements: packed codes (K/2 a row) and the
-    swizzled scales (roundup(K/16, 4) a row; capacity is already a multiple of 128)."""
+    swizzled scales (roundup(K/16, 4) a row; capacity is already a multiple of 128), and with
+    ``f16`` the rows' f16 expansion (2K a row) that the GEMM's f16 builds read."""
     check_capacity(capacity)
     if not _is_int(K) or K <= 0 or K % BLOCK:
         raise ValueError(f"K = {K!r} must be a positive multiple of {BLOCK}")
     scale_cols = -(-(K // BLOCK) // SCALE_COLS) * SCALE_COLS
-    return capacity * (K // 2) + capacity * scale_cols
+    return capacity * (K // 2) + capacity * scale_cols + (capacity * K * 2 if f16 else 0)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,6 @@ from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4
 from kernels.nvfp4.gemm_shell import ENTRY, V3Study
 from kernels.nvfp4.prepack import prepack
 from numerics import nvfp4
-from producers.activation_stage import F16TmaActivationStage, WeightsAndF16Producer
 from validators.gemm_operands import make_operand
 from workbench.timing import bench, rotation_count
 
@@ -108,9 +107,7 @@ class StudyLaunch:
 
     def __init__(self, cfg, M: int, N: int, K: int):
         self.cfg, self.key, self.M, self.N, self.K = cfg, cfg.static_key(), M, N, K
-        # the f16 activation by TMA: its own role, or folded into the weights' producer (3wg)
-        self.f16 = (isinstance(cfg.activation, F16TmaActivationStage)
-                    or isinstance(cfg.producer, WeightsAndF16Producer))
+        self.f16 = cfg.reads_f16_activation  # its own role, or in the weights' producer (3wg)
         words, tiles = cfg.workspace_floats(M, N, K, sm_count())
         if words:
             self.work = torch.empty(words, dtype=torch.float32, device="cuda")

@@ -103,6 +103,7 @@ class _Fakes:
         monkeypatch.setattr(R, "default_config", lambda m, N, K, prepacked=False: ("whole", m))
         monkeypatch.setattr(R, "current_stream", lambda device: self.stream)
         monkeypatch.setattr(R, "quantize_nvfp4", self.quantize)
+        monkeypatch.setattr(R, "quantize_expand_nvfp4", self.quantize_expand)
         monkeypatch.setattr(R, "gemm_nvfp4", self.gemm)
 
     def quantize(self, xc, g, out):
@@ -118,9 +119,21 @@ class _Fakes:
         s.view(torch.uint8).view(-1)[off] = rs.view(torch.uint8).view(-1)[off]
         self.calls.append(("quantize", m, float(g)))
 
-    def gemm(self, a_q, a_s, g, w_q, w_s, g_w, *, rows, out, config, prepacked, gate, residual):
+    def quantize_expand(self, xc, g, out):
+        """The expanding kernel's contract: as :meth:`quantize`, plus f16 [m, K] = e2m1 · s."""
+        q, s, f16 = out
+        self.quantize(xc, g, (q, s))
+        m, K = xc.shape
+        rq, rs = nvfp4.quantize(xc, g, pad_16x=True)
+        f16.copy_(nvfp4.dequantize(rq, rs, 1.0, (m, K), dtype=torch.float16)[:m])
+
+    def gemm(self, a_q, a_s, g, w_q, w_s, g_w, *, rows, out, config, prepacked, gate, residual,
+             a16=None):
         m, N, K = rows[1], w_q.shape[0], 2 * w_q.shape[1]
         assert rows[0] == 0 and out.shape == (m, N)
+        if a16 is not None:  # an f16 build reads the expansion: it must be the chunk's rows
+            want16 = nvfp4.dequantize(a_q, a_s, 1.0, (a_q.shape[0], K), dtype=torch.float16)
+            assert torch.equal(a16[:m].view(torch.int16), want16[:m].view(torch.int16))
         d, _, _ = G.reference_gemm(a_q, a_s, w_q, w_s, float(g), g_w, m, N, K)
         y = d.to(torch.bfloat16)
         out.copy_(y if gate is None else gate_residual(y, gate, residual))
@@ -163,14 +176,60 @@ def test_ring_chunks_equal_the_whole_reference_call(M, rows, cap, fused, monkeyp
 
 
 def _cpu_ring_init(R):
-    def init(self, capacity, K, device=None):
+    def init(self, capacity, K, device=None, f16=False):
         P.check_capacity(capacity)
-        self.capacity, self.K, self.nbytes = capacity, K, P.ring_bytes(capacity, K)
+        self.capacity, self.K, self.nbytes = capacity, K, P.ring_bytes(capacity, K, f16)
         self.q = torch.empty(capacity, K // 2, dtype=torch.uint8)
         self.s = torch.zeros(nvfp4.scale_shape(capacity, K), dtype=torch.uint8).view(
             torch.float8_e4m3fn)
+        self.f16 = torch.empty(capacity, K, dtype=torch.float16) if f16 else None
         self.stream = R.current_stream(self.q.device)
     return init
+
+
+@pytest.mark.parametrize("M, rows, cap", [(300, None, 128), (1000, (128, 1000), 256)])
+def test_f16_ring_chunks_carry_their_expansion(M, rows, cap, monkeypatch):
+    """With an f16 build as the whole call's config, each chunk is quantized and expanded into
+    the ring (its f16 rows poisoned first) and the GEMM is handed the ring's f16 rows, which
+    equal e2m1 · s of that chunk's packed rows; the output equals the whole reference call."""
+    from kernels.nvfp4 import ring as R
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+    fakes = _Fakes(R, monkeypatch)
+    monkeypatch.setattr(R.PackedRing, "__init__", _cpu_ring_init(R))
+    N, K = 32, 64
+    x, w_q, w_s, g_w = _operands(M, N, K, seed=M + cap)
+    g = nvfp4.global_scale(x).reshape(1)
+    r0, r1 = (0, M) if rows is None else rows
+    config = BlockscaledGemmSm90.swap_ab_f16(splits=1)
+    plan = R.plan_ring(x, w_q, w_s, g_w, rows=rows, capacity=cap, config=config)
+    assert plan.ring.f16 is not None and plan.ring.nbytes == P.ring_bytes(cap, K, True)
+    plan.ring.f16.view(torch.int16).fill_(0x7C01)  # NaN: a row not written would show
+    y = plan.run(g)
+    wq, ws = nvfp4.quantize(x, g, pad_16x=True)
+    d, _, _ = G.reference_gemm(wq, ws, w_q, w_s, float(g), g_w, M, N, K)
+    assert torch.equal(y.view(torch.int16), d.to(torch.bfloat16)[r0:r1].view(torch.int16))
+    assert [c[0] for c in fakes.calls] == ["quantize", "gemm"] * len(P.chunk_plan(r0, r1, cap))
+    assert all(c[2] is config for c in fakes.calls if c[0] == "gemm")
+
+
+def test_stream_k_ring_of_several_chunks_refused(monkeypatch):
+    """A stream-K whole-call config cuts each tile's K by the whole call's tile count: chunks
+    would get other bits, so more than one chunk is refused before anything runs; one chunk
+    runs."""
+    from kernels.nvfp4 import ring as R
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+    fakes = _Fakes(R, monkeypatch)
+    monkeypatch.setattr(R.PackedRing, "__init__", _cpu_ring_init(R))
+    x, w_q, w_s, g_w = _operands(256, 16, 64, seed=3)
+    config = BlockscaledGemmSm90.swap_ab_f16(stream_k=True)
+    with pytest.raises(ValueError, match="stream-K"):
+        R.plan_ring(x, w_q, w_s, g_w, capacity=128, config=config)
+    R.plan_ring(x, w_q, w_s, g_w, capacity=256, config=config).run(
+        nvfp4.global_scale(x).reshape(1))
+    assert [c[0] for c in fakes.calls] == ["quantize", "gemm"]
+    ring = R.PackedRing(128, 64)  # packed only: refused for an f16 config
+    with pytest.raises(ValueError, match="f16 rows exactly when"):
+        R.plan_ring(x, w_q, w_s, g_w, ring=ring, config=BlockscaledGemmSm90.swap_ab_f16())
 
 
 def test_ring_of_another_stream_refused_before_any_launch(monkeypatch):

@@ -5,6 +5,9 @@ packed codes uint8 [rows, K/2] (element 2i in the high nibble), E4M3 scales in t
 swizzle [roundup(rows, 128), roundup(K/16, 4)], and an fp32 tensor scale per operand.
 With ``gate`` and ``residual`` the store is P4's exact gated residual add
 (epilogues/gate_residual.py): D = RN_bf16(residual + gate · RN_bf16(alpha · Σ)).
+With ``a16``, the activation's exact f16 expansion e2m1 · s (kernels.nvfp4.quantize.
+quantize_expand_nvfp4 writes it beside the packed codes), the f16 builds read it by TMA instead
+of expanding the packed activation in every CTA (notes/p0-gemm.md, session 22).
 """
 from __future__ import annotations
 
@@ -31,17 +34,32 @@ _CODES, _SCALES, _G = (torch.uint8,), (torch.float8_e4m3fn, torch.uint8), (torch
 
 @functools.lru_cache(maxsize=1024)
 def default_config(M: int, N: int, K: int, sms: int | None = None,
-                   prepacked: bool = False) -> BlockscaledGemmSm90:
+                   prepacked: bool = False, f16: bool = False) -> BlockscaledGemmSm90:
     """The config schedules/plan.py picks: with the weight's register-order prepack at hand and
     at most ``SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles, the swap-AB design; else 128 x 256
     tiles once they fill ``WIDE_MIN_WAVES`` waves of SMs, else 128 x 128 (twice the CTAs); K
-    split below one wave of those. Cached: a config is an immutable value, and building one
-    costs ~50 µs of host time (measured on the CPU), more than a whole launch should."""
+    split below one wave of those. With ``f16`` (the activation's f16 expansion at hand, and
+    the prepack) the f16 builds instead: :meth:`BlockscaledGemmSm90.swap_ab_f16` where swap-AB
+    would run (stream-K where the tiles just pass a whole wave, plan.F16_STREAM_K_WAVES), else
+    :meth:`BlockscaledGemmSm90.wide_f16`. Cached: a config is an immutable value, and building
+    one costs ~50 µs of host time (measured on the CPU), more than a whole launch should."""
     sms = sms or sm_count()
     row_tiles = -(-M // plan.ROW_TILE)
     tiles = row_tiles * -(-N // plan.NARROW.tile_n)
     k_blocks = -(-K // K_BLOCK)
     splits = max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
+    if f16:
+        if not prepacked:
+            raise ValueError("the f16 builds read the weight's register-order prepack")
+        if tiles <= plan.SWAP_AB_MAX_WAVES * sms:
+            lo, hi = plan.F16_STREAM_K_WAVES
+            stream_k = splits == 1 and lo * sms < tiles <= hi * sms
+            return BlockscaledGemmSm90.swap_ab_f16(stages=plan.SWAP_AB.stages,
+                                                   splits=1 if stream_k else splits,
+                                                   stream_k=stream_k, buffers=plan.F16_BUFFERS)
+        return BlockscaledGemmSm90.wide_f16(stages=plan.WIDE_F16.stages,
+                                            buffers=plan.F16_BUFFERS,
+                                            tokens=plan.WIDE_F16.tile_n)
     if prepacked and tiles <= plan.SWAP_AB_MAX_WAVES * sms:
         return BlockscaledGemmSm90.swap_ab(stages=plan.SWAP_AB.stages, splits=splits)
     if row_tiles * -(-N // plan.WIDE.tile_n) >= plan.WIDE_MIN_WAVES * sms:
@@ -100,6 +118,17 @@ def _check_epilogue_operands(gate, residual, m: int, N: int, device):
             raise ValueError(f"{name} is on {t.device}; the operands are on {device}")
 
 
+def _check_a16(a16, r1: int, K: int, device):
+    """The activation's f16 expansion: float16 [rows >= r1, K], contiguous, on ``device``."""
+    check_cuda_tensor("a16", a16, dtypes=(torch.float16,))
+    if a16.dim() != 2 or a16.shape[1] != K or a16.shape[0] < r1 or not a16.is_contiguous():
+        raise ValueError(f"a16 must be a contiguous float16 [>= {r1}, {K}] (the activation's "
+                         f"f16 expansion); got {tuple(a16.shape)}, "
+                         f"contiguous={a16.is_contiguous()}")
+    if a16.device != device:
+        raise ValueError(f"a16 is on {a16.device}; the operands are on {device}")
+
+
 def _check_prepacked(prepacked, N: int, K: int, device):
     """The register-order prepack of the weight (kernels.nvfp4.prepack) the swap-AB design
     reads instead of b_q / b_s."""
@@ -153,29 +182,36 @@ def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate=None, residual=None):
 
 def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
                config: BlockscaledGemmSm90 | None = None, gate=None, residual=None,
-               prepacked=None):
+               prepacked=None, a16=None):
     """D = RN_bf16(g_a·g_b · Σ_k a_k b_k) for rows [r0, r1) of A (all rows by default): bf16
     [r1 - r0, N]. ``rows`` slices A without a copy (r0 a multiple of 128); ``out`` receives D.
     With ``gate`` (bf16 [N]) and ``residual`` (bf16 [r1 - r0, N]; may be ``out`` itself, for an
     in-place update) D is RN_bf16(residual + gate · that), bit-identical to
     numerics.epilogue.gate_residual of the plain output. ``prepacked``: the weight's
-    register-order prepack (kernels.nvfp4.prepack), required by swap-AB configs. Compiled kernels
-    are cached per static config (``BlockscaledGemmSm90.static_key``). A call whose
-    :func:`signature` passed every check before skips them but the alignment checks."""
+    register-order prepack (kernels.nvfp4.prepack), required by swap-AB configs. ``a16``: the
+    activation's exact f16 expansion, float16 [>= r1, K] (row i = e2m1 · s of a_q's row i, as
+    quantize_expand_nvfp4 writes it); given, the default config is an f16 build that reads it
+    instead of a_q / a_s (the same bits as without it at M <= 4 waves of 128 x 128 tiles; its
+    own, within the bound, beyond), and a config must be an f16 build exactly when it is given.
+    Compiled kernels are cached per static config (``BlockscaledGemmSm90.static_key``). A call
+    whose :func:`signature` passed every check before skips them but the alignment checks."""
     try:
         key = signature(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, config, gate, residual,
-                        prepacked)
+                        prepacked, a16)
         p = _PLANS.get(key)
     except (AttributeError, TypeError):  # a float g, a list rows, not tensors: the slow path
         key = p = None
-    if p is not None and _aligned(a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked):
-        return launch(p, a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked)
+    if p is not None and _aligned(a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked,
+                                  a16):
+        return launch(p, a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked, a16=a16)
     if config is not None and not isinstance(config, BlockscaledGemmSm90):
         raise TypeError(f"config must be a BlockscaledGemmSm90, got {type(config).__name__}")
     M, N, K, r0, r1, g_a, g_b = validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate,
                                          residual)
     m = r1 - r0
-    config = launch_config(config, m, N, K, a_q.device, gate, prepacked)
+    if a16 is not None:
+        _check_a16(a16, r1, K, a_q.device)
+    config = launch_config(config, m, N, K, a_q.device, gate, prepacked, f16=a16 is not None)
     if out is None:
         out = torch.empty(m, N, dtype=torch.bfloat16, device=a_q.device)
     # scales go as they are (fp8 or uint8: each a variant of the FFI entry, the same kernel);
@@ -185,6 +221,8 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
         b_ptrs = (prepacked.codes, prepacked.scales)
     a_rows = a_q if r0 == 0 and r1 == M else a_q[r0:r1]
     a_scales = a_s if r0 == 0 else a_s[r0:]  # whole 128-row tiles from r0 on
+    if a16 is not None:  # the kernel's TMA reads f16 [m, K] from the a slot
+        a_rows = (a16 if r0 == 0 and r1 == a16.shape[0] else a16[r0:r1]).view(torch.uint8)
     words, tiles = config.workspace_floats(m, N, K, sm_count())  # checked in launch_config
     if words:  # fp32 partials and zeroed per-tile counters (the kernel re-arms them)
         work = torch.empty(words, dtype=torch.float32, device=a_q.device)
@@ -197,7 +235,8 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
           (m, N, K // 32, sm_count()))
     if key is not None:
         _PLANS.put(key, Plan(config, config.static_key(), (m, N, K // 32, sm_count()), M, r0,
-                             r1, words, tiles, config.needs_prepacked_weights))
+                             r1, words, tiles, config.needs_prepacked_weights,
+                             None if a16 is None else a16.shape[0]))
     return out
 
 
@@ -214,6 +253,7 @@ class Plan(NamedTuple):
     words: int  # the split-K / stream-K workspace's fp32 words (0: none)
     tiles: int
     prepacked: bool  # B comes from the register-order prepack
+    a16_rows: int | None = None  # the f16 builds: a16's rows (A comes from a16[r0:r1])
 
 
 _PLANS = ffi.PlanCache()  # signature -> Plan
@@ -223,7 +263,8 @@ def _tensor_key(t):
     return (type(t), t.shape, t.dtype, t.device, t.is_contiguous())
 
 
-def signature(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, config, gate, residual, prepacked):
+def signature(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, config, gate, residual, prepacked,
+              a16=None):
     """The cache key of a call: everything the checks read but the buffers' addresses (every
     tensor's type, shape, dtype, device and contiguity; rows with their types; the config and
     the prepack objects themselves). Raises AttributeError or TypeError for arguments that have
@@ -238,12 +279,15 @@ def signature(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, config, gate, residual, p
             None if gate is None else _tensor_key(gate),
             None if residual is None else _tensor_key(residual),
             None if prepacked is None else (prepacked, _tensor_key(prepacked.codes),
-                                            _tensor_key(prepacked.scales)))
+                                            _tensor_key(prepacked.scales)),
+            None if a16 is None else _tensor_key(a16))
 
 
-def _aligned(a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked) -> bool:
-    """The alignment checks (16 bytes for codes, scales and out, 4 for the rest)."""
+def _aligned(a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked, a16=None) -> bool:
+    """The alignment checks (16 bytes for codes, scales, a16 and out, 4 for the rest)."""
     p16 = a_q.data_ptr() | a_s.data_ptr() | b_q.data_ptr() | b_s.data_ptr()
+    if a16 is not None:
+        p16 |= a16.data_ptr()
     if out is not None:
         p16 |= out.data_ptr()
     if prepacked is not None:
@@ -255,10 +299,11 @@ def _aligned(a_q, a_s, g_a, b_q, b_s, g_b, out, gate, residual, prepacked) -> bo
 
 
 def launch(p: Plan, a_q, a_s, g_a, b_q, b_s, g_b, out=None, gate=None, residual=None,
-           prepacked=None, work=None, counters=None):
+           prepacked=None, work=None, counters=None, a16=None):
     """Launch ``p`` on tensors that passed its checks (same signature, aligned): what
     gemm_nvfp4 does after validating, with nothing re-derived. ``work`` and ``counters``: a
-    split-K workspace to reuse (counters zeroed once: the kernel re-arms them), else fresh."""
+    split-K workspace to reuse (counters zeroed once: the kernel re-arms them), else fresh.
+    ``a16``: the f16 expansion an f16 plan reads (its rows as the plan was checked with)."""
     m = p.r1 - p.r0
     if out is None:
         out = torch.empty(m, p.scalars[1], dtype=torch.bfloat16, device=a_q.device)
@@ -270,7 +315,9 @@ def launch(p: Plan, a_q, a_s, g_a, b_q, b_s, g_b, out=None, gate=None, residual=
         work = counters = out
     if p.prepacked:
         b_q, b_s = prepacked.codes, prepacked.scales
-    if p.r0 or p.r1 != p.M:
+    if p.a16_rows is not None:
+        a_q = (a16 if p.r0 == 0 and p.r1 == p.a16_rows else a16[p.r0:p.r1]).view(torch.uint8)
+    elif p.r0 or p.r1 != p.M:
         a_q, a_s = a_q[p.r0:p.r1], a_s[p.r0:]
     ENTRY(p.config, p.static_key,
           (a_q, a_s, b_q, b_s, g_a, g_b, out, _mailbox_address(), work, counters,
@@ -278,12 +325,18 @@ def launch(p: Plan, a_q, a_s, g_a, b_q, b_s, g_b, out=None, gate=None, residual=
     return out
 
 
-def launch_config(config, m: int, N: int, K: int, device, gate=None, prepacked=None):
+def launch_config(config, m: int, N: int, K: int, device, gate=None, prepacked=None,
+                  f16: bool = False):
     """The config a launch over m rows runs (``config``, or default_config(m, ...) when None),
     with the gated residual rule when ``gate`` is given; raises for what that config cannot
     run (epilogue operands missing, prepack missing or wrong, cluster pairing, workspace
-    indexing). P2's ring calls it once for its largest chunk before any launch."""
-    config = config or default_config(m, N, K, prepacked=prepacked is not None)
+    indexing, an f16 build without ``f16`` or the reverse). P2's ring calls it once for its
+    largest chunk before any launch."""
+    config = config or default_config(m, N, K, prepacked=prepacked is not None, f16=f16)
+    if config.reads_f16_activation != f16:
+        raise ValueError("config reads the activation's f16 expansion: pass a16=" if not f16
+                         else "a16 given, but config reads the packed activation: pass an f16 "
+                         "build (BlockscaledGemmSm90.swap_ab_f16 or wide_f16) or none")
     if gate is not None and not isinstance(config.epilogue.output, GateResidualBf16):
         config = config.with_output(GATE_RESIDUAL)
     elif gate is None and config.epilogue.operands:

@@ -227,6 +227,50 @@ class BlockscaledGemmSm90:
                               stream_k=stream_k)
 
     @classmethod
+    def swap_ab_f16(cls, *, stages: int = 8, splits: int = 1, stream_k: bool = False,
+                    buffers: int = 4) -> BlockscaledGemmSm90:
+        """The swap-AB design on the activation's exact f16 expansion (the ``a`` buffer holds
+        f16 [M, K], e2m1 · s of the packed activation, as kernels.nvfp4.quantize.
+        quantize_expand_nvfp4 writes it): the weight slabs by the producer's warp
+        (producers.register_order.WeightsOnlyRegisterOrderProducer), the f16 token tile by TMA
+        into ``buffers`` tiles (producers.activation_stage.F16TmaActivationStage), the
+        production consumer. The same wgmmas on the same values in the same order as
+        :meth:`swap_ab`, so the same bits at the same split (notes/p0-gemm.md, session 22:
+        15-22 % faster at M = 128)."""
+        _check_ring(stages, splits)
+        tokens = RegisterAWgmmaConsumer.TOKENS[0]
+        activation = F16TmaActivationStage(tokens, stages, buffers)
+        consumer = RegisterAWgmmaConsumer(tokens, stages, activation.tiles)
+        return cls.from_roles("swap_ab", WeightsOnlyRegisterOrderProducer(
+            tokens, consumer.tile_n, stages), consumer, activation, splits=splits,
+            raster_along_m=False, stream_k=stream_k)
+
+    @classmethod
+    def wide_f16(cls, *, stages: int = 8, splits: int = 1, stream_k: bool = False,
+                 buffers: int = 4, tokens: int = 256) -> BlockscaledGemmSm90:
+        """The large-M build on the activation's f16 expansion: three warpgroups (384 threads),
+        the weight slabs and the f16 token tile's TMA both in the producer's warpgroup
+        (producers.activation_stage.WeightsAndF16Producer, 40 registers after setmaxnreg), two
+        pipelined register-A consumer warpgroups (consumers.register_a_wgmma.
+        PipelinedRegisterAWgmmaConsumer: convert k16 step b + 1 under wgmma(b), two groups in
+        flight) with ``tokens`` = 256 token rows a CTA (m64n256k16, 128 accumulators a thread
+        at 232 registers). Its own bits (another wgmma shape than :meth:`swap_ab`), every
+        element within the oracle's bound (notes/p0-gemm.md, session 22: 31-36 % faster than
+        the P0 design at M = 2048, 6-10 % behind quack's W4A16)."""
+        _check_ring(stages, splits)
+        producer = WeightsAndF16Producer(tokens, 128, stages, buffers)
+        consumer = PipelinedRegisterAWgmmaConsumer(tokens, stages, producer.tiles)
+        return cls.from_roles("swap_ab", producer, consumer, None, splits=splits,
+                              raster_along_m=False, stream_k=stream_k)
+
+    @property
+    def reads_f16_activation(self) -> bool:
+        """Whether the ``a`` buffer is the activation's f16 expansion [M, K] (the f16 builds)
+        rather than its packed codes."""
+        return isinstance(self.activation, F16TmaActivationStage) or isinstance(
+            self.producer, WeightsAndF16Producer)
+
+    @classmethod
     def from_roles(cls, design: str, producer, consumer, activation=None, *, splits: int = 1,
                    raster_along_m: bool = True, epilogue=None,
                    stream_k: bool = False) -> BlockscaledGemmSm90:

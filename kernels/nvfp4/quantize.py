@@ -284,17 +284,38 @@ def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0
     return q, s if s.dtype == torch.float8_e4m3fn else s.view(torch.float8_e4m3fn)
 
 
-def quantize_expand_nvfp4(x, g, *, pad_16x: bool = False):
-    """As :func:`quantize_nvfp4` (allocating), plus the exact f16 expansion e2m1 · s of every
-    block, [M, K] float16 (numerics.nvfp4.dequantize(q, s, 1.0, dtype=float16) of the result,
-    written in the same pass): (packed, scales, f16)."""
-    config, ckey, scalars, Mp, s_shape = plan(x, g, None, 0, pad_16x, None)
-    config = QuantizeExpandNvfp4Kernel("bfloat16" if config.is_bf16 else "float16")
+_EXPAND: dict = {}  # dtype name -> the expanding kernel's config
+
+
+def expand_config(is_bf16: bool) -> QuantizeExpandNvfp4Kernel:
+    """The expanding quantize kernel's config for x's dtype (one object per dtype)."""
+    name = "bfloat16" if is_bf16 else "float16"
+    return _EXPAND.get(name) or _EXPAND.setdefault(name, QuantizeExpandNvfp4Kernel(name))
+
+
+def quantize_expand_nvfp4(x, g, *, pad_16x: bool = False, out=None):
+    """As :func:`quantize_nvfp4`, plus the exact f16 expansion e2m1 · s of every block, [M, K]
+    float16 (numerics.nvfp4.dequantize(q, s, 1.0, dtype=float16) of the result, written in the
+    same pass): (packed, scales, f16). With ``out=(packed, scales, f16)`` it writes those
+    caller-owned buffers (packed and scales as quantize_nvfp4's ``out``, f16 [M, K] float16)."""
+    q_out = None if out is None else tuple(out[:2])
+    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 3):
+        raise TypeError("out must be (packed, scales, f16)")
+    config, ckey, scalars, Mp, s_shape = plan(x, g, q_out, 0, pad_16x, None)
+    config = expand_config(config.is_bf16)
     M, kb = scalars[0], scalars[1]
-    q = (torch.empty if Mp == M else torch.zeros)(Mp, x.shape[1] // 2, dtype=torch.uint8,
-                                                  device=x.device)
-    s = (torch.empty if M % 128 == 0 and kb % SCALE_TILE_COLS == 0 else torch.zeros)(
-        s_shape, dtype=torch.uint8, device=x.device)
-    f16 = torch.empty(M, x.shape[1], dtype=torch.float16, device=x.device)
-    ENTRY_F16(config, config.key, (x, q, s, g, f16), scalars)
-    return q, s.view(torch.float8_e4m3fn), f16
+    if out is None:
+        q = (torch.empty if Mp == M else torch.zeros)(Mp, x.shape[1] // 2, dtype=torch.uint8,
+                                                      device=x.device)
+        s = (torch.empty if M % 128 == 0 and kb % SCALE_TILE_COLS == 0 else torch.zeros)(
+            s_shape, dtype=torch.uint8, device=x.device)
+        f16 = torch.empty(M, x.shape[1], dtype=torch.float16, device=x.device)
+    else:
+        (q, s), f16 = q_out, out[2]
+        check_cuda_tensor("f16", f16, dtypes=(torch.float16,))
+        if tuple(f16.shape) != tuple(x.shape) or not f16.is_contiguous() \
+                or f16.device != x.device:
+            raise ValueError(f"out's f16 must be a contiguous float16 {list(x.shape)} on "
+                             f"{x.device}; got {tuple(f16.shape)} on {f16.device}")
+    ENTRY_F16(config, config.key, (x, q, s, g, f16), scalars)  # rows [0, M) of q and s
+    return q, s if s.dtype == torch.float8_e4m3fn else s.view(torch.float8_e4m3fn), f16

@@ -29,7 +29,7 @@ from kernels.nvfp4.gemm import validate as validate_gemm
 from device.ffi import require_hopper
 from device.runtime import check_cuda_tensor
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
-from kernels.nvfp4.quantize import quantize_nvfp4
+from kernels.nvfp4.quantize import quantize_expand_nvfp4, quantize_nvfp4
 from numerics.nvfp4 import BLOCK, SCALE_TILE_COLS, scale_shape
 from schedules.p2_ring import DEFAULT_CAPACITY, check_capacity, chunk_plan, ring_bytes
 
@@ -40,17 +40,21 @@ class PackedRing:
     """``capacity`` rows of packed activation (uint8 [C, K/2]) and their swizzled scales
     (float8_e4m3fn [C, roundup(K/16, 4)]) on the current CUDA device, made on the current
     stream and usable only there. The scale padding columns are zeroed once (the quantize
-    kernel never writes them; the GEMM reads them beside zero codes)."""
+    kernel never writes them; the GEMM reads them beside zero codes). With ``f16`` the ring
+    also holds the rows' exact f16 expansion (float16 [C, K]), which the GEMM's f16 builds
+    read (BlockscaledGemmSm90.reads_f16_activation)."""
 
-    def __init__(self, capacity: int, K: int, device=None):
+    def __init__(self, capacity: int, K: int, device=None, f16: bool = False):
         check_capacity(capacity)
         self.capacity, self.K = capacity, K
-        self.nbytes = ring_bytes(capacity, K)  # checks K
+        self.nbytes = ring_bytes(capacity, K, f16)  # checks K
         device = torch.device("cuda" if device is None else device)
         self.q = torch.empty(capacity, K // 2, dtype=torch.uint8, device=device)
         padded = (K // BLOCK) % SCALE_TILE_COLS != 0
         self.s = (torch.zeros if padded else torch.empty)(
             scale_shape(capacity, K), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+        self.f16 = (torch.empty(capacity, K, dtype=torch.float16, device=device) if f16
+                    else None)
         self.stream = current_stream(self.q.device)
 
     @property
@@ -98,10 +102,15 @@ class RingPlan:
         for ch in self.chunks:
             a, b = ch.start - self.r0, ch.stop - self.r0
             # the slot is free: the previous chunk's GEMM is ahead of this on the stream
-            quantize_nvfp4(x[ch.start:ch.stop], g, out=(ring.q, ring.s))
+            if ring.f16 is None:
+                quantize_nvfp4(x[ch.start:ch.stop], g, out=(ring.q, ring.s))
+            else:
+                quantize_expand_nvfp4(x[ch.start:ch.stop], g,
+                                      out=(ring.q, ring.s, ring.f16[:ch.rows]))
             gemm_nvfp4(ring.q, ring.s, g, w_q, w_s, g_w, rows=(0, ch.rows), out=out[a:b],
                        config=self.config, prepacked=self.prepacked, gate=self.gate,
-                       residual=None if self.residual is None else self.residual[a:b])
+                       residual=None if self.residual is None else self.residual[a:b],
+                       a16=ring.f16)
         return out
 
 
@@ -143,7 +152,10 @@ def plan_ring(x, w_q, w_s, g_w, *, rows=None, capacity=None, config=None, prepac
     capacity: ring rows (a multiple of 128; default the ring's, else DEFAULT_CAPACITY);
     config: the WHOLE call's static config (default: ``default_config(r1 - r0, N, K,
     prepacked=prepacked is not None)``, what gemm_nvfp4 picks for the whole rows), never a
-    chunk's; out / residual: [r1 - r0, N]; ring: a caller-owned PackedRing of this stream."""
+    chunk's; an f16 build (``reads_f16_activation``: Nvfp4Linear's p0 choice) makes the ring
+    hold each chunk's f16 expansion too, and a stream-K one is refused for more than one chunk
+    (its bits depend on the whole call's tile count); out / residual: [r1 - r0, N]; ring: a
+    caller-owned PackedRing of this stream (with f16 rows where the config reads them)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in X_DTYPES:
@@ -169,6 +181,15 @@ def plan_ring(x, w_q, w_s, g_w, *, rows=None, capacity=None, config=None, prepac
     chunks = chunk_plan(r0, r1, capacity)  # checks capacity and r0 on a scale tile
     if config is not None and not isinstance(config, BlockscaledGemmSm90):
         raise TypeError(f"config must be a BlockscaledGemmSm90, got {type(config).__name__}")
+    f16 = config is not None and config.reads_f16_activation
+    if config is not None and config.stream_k and len(chunks) > 1:
+        raise ValueError(f"config is stream-K, whose bits depend on the whole call's tile "
+                         f"count, and rows [{r0}, {r1}) take {len(chunks)} chunks of "
+                         f"{capacity}: use a ring of at least {r1 - r0} rows or a tile-loop "
+                         "config")
+    if ring is not None and (ring.f16 is not None) != f16:
+        raise ValueError("the ring holds f16 rows exactly when the config reads them "
+                         f"(config reads f16: {f16}; ring has them: {ring.f16 is not None})")
     if (gate is None) != (residual is None):
         raise ValueError("gate and residual go together (the gated residual add): pass both "
                          "or neither")
@@ -182,7 +203,7 @@ def plan_ring(x, w_q, w_s, g_w, *, rows=None, capacity=None, config=None, prepac
     require_hopper()
     check_cuda_tensor("x", x, dtypes=X_DTYPES)
     if ring is None:  # allocated here (no launch): the GEMM's checks then see its real shapes
-        ring = PackedRing(capacity, K, x.device)
+        ring = PackedRing(capacity, K, x.device, f16=f16)
     elif ring.device != x.device:
         raise ValueError(f"the ring is on {ring.device}; x is on {x.device}")
     first = chunks[0]  # the largest chunk: what holds for it holds for the rest
@@ -190,7 +211,7 @@ def plan_ring(x, w_q, w_s, g_w, *, rows=None, capacity=None, config=None, prepac
                   None if out is None else out[:first.rows], (0, first.rows), gate,
                   None if residual is None else residual[:first.rows])
     whole = config or default_config(r1 - r0, N, K, prepacked=prepacked is not None)
-    config = launch_config(whole, first.rows, N, K, x.device, gate, prepacked)
+    config = launch_config(whole, first.rows, N, K, x.device, gate, prepacked, f16=f16)
     return RingPlan(x, (w_q, w_s, g_w), r0, r1, capacity, chunks, config, prepacked, gate,
                     residual, out, ring)
 

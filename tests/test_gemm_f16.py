@@ -1,0 +1,157 @@
+"""The GEMM's f16 builds in production (notes/p0-gemm.md, session 22): the activation's exact f16
+expansion read by TMA (``gemm_nvfp4(..., a16=)``, ``BlockscaledGemmSm90.swap_ab_f16`` and
+``wide_f16``), the default chooser's f16 branch, the expanding quantize kernel's ``out=``, and
+the p0 linear on that path."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, V3Study, compile_args
+from workbench.compile import compile_report
+
+
+# ---- compile (CPU): the production f16 builds are the studies the H200 verified ---------------
+@pytest.mark.compile
+@pytest.mark.parametrize("build, study", [
+    (lambda: BlockscaledGemmSm90.swap_ab_f16(splits=1),
+     lambda: V3Study(activation="f16_tma", buffers=4)),
+    (lambda: BlockscaledGemmSm90.swap_ab_f16(splits=3),
+     lambda: V3Study(splits=3, activation="f16_tma", buffers=4)),
+    (lambda: BlockscaledGemmSm90.swap_ab_f16(stream_k=True),
+     lambda: V3Study(stream_k=True, activation="f16_tma", buffers=4)),
+    (lambda: BlockscaledGemmSm90.wide_f16(),
+     lambda: V3Study(activation="f16_tma_3wg", tokens=256, consumer="pipelined", buffers=4)),
+], ids=["swap-s1", "swap-s3", "swap-stream-k", "wide-t256"])
+def test_f16_builds_compile_to_the_measured_studies(build, study):
+    """Each production f16 build compiles to the same PTX as the V3Study build that the H200
+    A/B measured and the GPU tests verified (15fc61e), so those results carry over."""
+    a = compile_report(build(), *compile_args())
+    b = compile_report(study().build(), *compile_args())
+    assert a.ptx == b.ptx
+    assert a.spill_bytes == 0 and a.registers <= (168 if a.ptx.count(".reqntid 384") else 128)
+
+
+def test_default_config_f16_branch():
+    """The chooser's f16 branch (schedules/plan.py): stream-K where the 128 x 128 tiles pass
+    one wave by at most half of one, the K split rule below a wave, the three-warpgroup
+    256-token build beyond SWAP_AB_MAX_WAVES; an f16 build needs the prepack."""
+    from kernels.nvfp4.gemm import default_config
+    qkv = default_config(128, 21504, 5376, 132, prepacked=True, f16=True)
+    assert qkv.reads_f16_activation and qkv.stream_k and qkv.splits == 1
+    fc1 = default_config(128, 14336, 5376, 132, prepacked=True, f16=True)
+    assert not fc1.stream_k and fc1.splits == 1 and fc1.threads == 512
+    out = default_config(128, 5376, 5376, 132, prepacked=True, f16=True)
+    assert out.splits == 3 and not out.stream_k
+    big = default_config(2048, 21504, 5376, 132, prepacked=True, f16=True)
+    assert big.reads_f16_activation and big.threads == 384 and big.tile_m == 256
+    assert not default_config(128, 5376, 5376, 132, prepacked=True).reads_f16_activation
+    with pytest.raises(ValueError, match="prepack"):
+        default_config(128, 5376, 5376, 132, f16=True)
+
+
+def test_launch_config_refuses_a_mismatched_activation():
+    """An f16 build without a16, or a16 with a packed build, is refused before any launch."""
+    from kernels.nvfp4.gemm import launch_config
+    with pytest.raises(ValueError, match="pass a16="):
+        launch_config(BlockscaledGemmSm90.swap_ab_f16(), 128, 512, 256, "cpu")
+    with pytest.raises(ValueError, match="a16 given"):
+        launch_config(BlockscaledGemmSm90.swap_ab(), 128, 512, 256, "cpu", f16=True)
+
+
+# ---- exactness (GPU) ----------------------------------------------------------------------------
+def _operands(M, N, K, seed, kind="normal"):
+    from kernels.nvfp4.prepack import prepack
+    from numerics import nvfp4
+    from validators.gemm_operands import make_operand
+    a = make_operand(kind, M, K, seed, "cuda")
+    b = make_operand("lognormal", N, K, seed + 1, "cuda")
+    a16 = nvfp4.dequantize(a[0], a[1], 1.0, (M, K), dtype=torch.float16).contiguous()
+    g = [torch.tensor([float(x[2])], dtype=torch.float32, device="cuda") for x in (a, b)]
+    return (a[0], a[1], g[0]), (b[0], b[1], g[1]), prepack(b[0], b[1]), a16, (a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8, 32), (128, 512, 2048), (300, 520, 1056),
+                                   (700, 384, 160)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_swap_ab_f16_equals_the_packed_swap_ab_bits(shape, splits):
+    """gemm_nvfp4(a16=) on swap_ab_f16 equals the packed swap-AB build's bits at the same split
+    (the same wgmmas on the same values), into a NaN-poisoned output; a rerun equal."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    M, N, K = shape
+    a, b, pre, a16, _ = _operands(M, N, K, seed=sum(shape) + splits)
+    want = gemm_nvfp4(*a, *b, prepacked=pre,
+                      config=BlockscaledGemmSm90.swap_ab(stages=8, splits=splits))
+    cfg = BlockscaledGemmSm90.swap_ab_f16(splits=splits)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=cfg, out=out)
+    again = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=cfg)
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(128, 19200, 256), (2048, 8192, 256), (700, 8192, 160),
+                                   (1300, 8200, 512)])
+@pytest.mark.parametrize("kind", ["normal", "cancel"])
+def test_f16_default_within_bound_and_row_slices(shape, kind):
+    """The f16 default (stream-K at 128 x 19200, the 256-token build at the larger shapes):
+    every element within the oracle's bound into a poisoned output, a rerun identical, and rows
+    [128, M) through ``rows=`` with the whole call's config equal to the whole call's rows."""
+    from kernels.nvfp4.gemm import default_config, gemm_nvfp4
+    from tests.test_gemm_nvfp4 import _check
+    M, N, K = shape
+    a, b, pre, a16, (ra, rb) = _operands(M, N, K, seed=M + N + K, kind=kind)
+    cfg = default_config(M, N, K, prepacked=True, f16=True)
+    assert cfg.reads_f16_activation
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, out=out)
+    again = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    _check(out, ra, rb, M, N, K)
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+    if M > 128 and not cfg.stream_k:  # stream-K's bits depend on the call's tile count
+        part = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, rows=(128, M), config=cfg)
+        assert torch.equal(part.view(torch.int16), out[128:].view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_a16_refused_before_the_launch():
+    """a16 of the wrong dtype, width or too few rows: ValueError, the output untouched."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    M, N, K = 256, 512, 256
+    a, b, pre, a16, _ = _operands(M, N, K, seed=3)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    for bad in (a16.float(), a16[:, :128].contiguous(), a16[:128]):
+        with pytest.raises((ValueError, TypeError)):
+            gemm_nvfp4(*a, *b, prepacked=pre, a16=bad, out=out)
+    torch.cuda.synchronize()
+    assert out.isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [16, 300])
+def test_quantize_expand_into_caller_buffers(M):
+    """quantize_expand_nvfp4(out=(q, s, f16)) writes what the allocating call returns: packed
+    bytes and scales equal quantize_nvfp4's, f16 equal numerics' dequantize, bit for bit."""
+    from kernels.nvfp4.quantize import quantize_expand_nvfp4, quantize_nvfp4
+    from numerics import nvfp4
+    K = 1056
+    gen = torch.Generator(device="cuda").manual_seed(M)
+    x = (torch.randn(M, K, generator=gen, device="cuda")
+         * torch.exp(2 * torch.randn(K, generator=gen, device="cuda"))).to(torch.bfloat16)
+    g = nvfp4.global_scale(x).reshape(1)
+    q0, s0 = quantize_nvfp4(x, g, pad_16x=True)
+    Mp = q0.shape[0]
+    q = torch.zeros(Mp, K // 2, dtype=torch.uint8, device="cuda")
+    s = torch.zeros(nvfp4.scale_shape(Mp, K), dtype=torch.uint8, device="cuda")
+    f16 = torch.full((M, K), float("nan"), dtype=torch.float16, device="cuda")
+    rq, rs, rf = quantize_expand_nvfp4(x, g, out=(q, s, f16))
+    torch.cuda.synchronize()
+    assert rq is q and rf is f16
+    assert torch.equal(q, q0) and torch.equal(rs.view(torch.uint8), s0.view(torch.uint8))
+    want = nvfp4.dequantize(q0, s0, 1.0, (M, K), dtype=torch.float16)
+    assert torch.equal(f16.view(torch.int16), want.view(torch.int16))
