@@ -169,12 +169,13 @@ def variants(part, M, N, K):
             rows.append((label, cfg, StudyLaunch(cfg, M, N, K), False))
         return rows
     if part in ("W", "w"):  # the three-warpgroup builds, last: a fault ends the run
-        for tokens in (128, 256):
+        for tokens, stream_k in ((128, False), (256, False), (256, True)):
             study = V3Study(activation="f16_tma_3wg", consumer="pipelined", buffers=4,
-                            tokens=tokens)
+                            tokens=tokens, stream_k=stream_k)
             cfg = study.build()
             # another design (and at 256 another wgmma shape): its own bits, within the bound
-            rows.append((f"3wg f16 pipelined t{tokens}", cfg, StudyLaunch(cfg, M, N, K), False))
+            label = f"3wg f16 pipelined t{tokens}" + (" stream-k" if stream_k else "")
+            rows.append((label, cfg, StudyLaunch(cfg, M, N, K), False))
         return rows
     if part == "p":
         sp = default_config(M, N, K, prepacked=True).splits

@@ -268,11 +268,11 @@ def test_pipelined_consumer_within_bound_on_ragged_shapes(shape, splits):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 8, 32), (300, 520, 1056), (512, 1024, 2048),
                                    (700, 384, 160)])
-@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("splits", [1, 2, 0])
 def test_256_token_build_within_bound(shape, splits):
-    """The large-M candidate (three warpgroups, 256 tokens, m64n256k16, pipelined): every
-    element within the oracle's bound into a NaN-poisoned output, a rerun identical (its bits
-    may differ from the 128-token build's: another wgmma shape)."""
+    """The large-M candidate (three warpgroups, 256 tokens, m64n256k16, pipelined; ``splits``
+    0: on stream-K): every element within the oracle's bound into a NaN-poisoned output, a
+    rerun identical (its bits may differ from the 128-token build's: another wgmma shape)."""
     from numerics import nvfp4
     from scripts.p0_v3_ab import StudyLaunch
     from tests.test_gemm_nvfp4 import _check, _operands
@@ -282,7 +282,7 @@ def test_256_token_build_within_bound(shape, splits):
     x16 = nvfp4.dequantize(a[0], a[1], 1.0, (M, K), dtype=torch.float16).contiguous()
     g = [torch.tensor([float(x[2])], dtype=torch.float32, device="cuda") for x in (a, b)]
     cfg = V3Study(activation="f16_tma_3wg", tokens=256, consumer="pipelined", buffers=4,
-                  splits=splits).build()
+                  splits=max(splits, 1), stream_k=splits == 0).build()
     launch = StudyLaunch(cfg, M, N, K)
     args = ((a[0], a[1], g[0]), (b[0], b[1], g[1]), prepack(b[0], b[1]), x16)
     out = launch(*args, torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda"))
