@@ -23,7 +23,12 @@ the pipelined register-A consumer, 128 or 256 tokens a CTA (m64n128k16 / m64n256
 232 registers). Run last: a kernel fault loses the process's CUDA context, so the run stops
 there (``context_lost`` in the provenance) with every finished job's rows already written.
 
-Parts p and L also time the public peers on the same operand sets in this process: cuBLAS
+(S256, S512, S1024) qkv, out and fc2 at M = 256, 512 and 1024: the swap-AB f16 build (the
+chooser's split) and on stream-K, the 256-token build on the tile loop and on stream-K, with
+the anchors: where the f16 chooser should switch (schedules/plan.py SWAP_AB_MAX_WAVES was
+measured for the packed builds).
+
+Parts p, L and S also time the public peers on the same operand sets in this process: cuBLAS
 bf16 (the activation as bf16 against the dequantized weight) and quack-kernels' gemm_w4a16 on
 the same NVFP4 weights (experiments.p0_baseline's repack; the row is missing, and the run says
 why, where quack does not import). --no-anchors leaves them out.
@@ -80,11 +85,13 @@ from workbench.timing import bench, rotation_count
 PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
                "fc2": (5376, 14336), "wide": (7168, 5376)}
 SMALL_M, LARGE_M = 128, 2048
+SWEEP_M = {"S256": 256, "S512": 512, "S1024": 1024}  # part S: where the f16 builds cross
 # priority order: session 21's rows (p) first, then 8438956's (c) and (a)
 JOBS = (("p", "qkv"), ("p", "fc1"), ("p", "out"), ("p", "wide"), ("p", "fc2"),
         ("L", "qkv"), ("L", "fc1"), ("L", "out"), ("L", "fc2"), ("L", "wide"),
         ("W", "qkv"), ("W", "fc2"), ("w", "qkv"), ("w", "fc2"),
         ("W", "fc1"), ("W", "out"), ("W", "wide"),
+        *((part, name) for part in SWEEP_M for name in ("qkv", "out", "fc2")),
         ("c", "out"), ("c", "qkv"), ("a", "out"), ("c", "fc2"), ("a", "fc2"), ("c", "fc1"),
         ("a", "wide"), ("c", "wide"))
 FIXUP_SPLITS = (2, 3)
@@ -168,6 +175,19 @@ def variants(part, M, N, K):
             cfg = study.build()
             rows.append((label, cfg, StudyLaunch(cfg, M, N, K), False))
         return rows
+    if part in SWEEP_M:  # between M = 128 and 2048: the f16 builds' switch point
+        rows = []
+        for study, label in ((V3Study(splits=default_config(M, N, K, prepacked=True).splits,
+                                      activation="f16_tma", buffers=4), "swap-AB f16"),
+                             (V3Study(stream_k=True, activation="f16_tma", buffers=4),
+                              "swap-AB f16 stream-k"),
+                             (V3Study(activation="f16_tma_3wg", tokens=256,
+                                      consumer="pipelined", buffers=4), "3wg t256"),
+                             (V3Study(activation="f16_tma_3wg", tokens=256, stream_k=True,
+                                      consumer="pipelined", buffers=4), "3wg t256 stream-k")):
+            cfg = study.build()
+            rows.append((label, cfg, StudyLaunch(cfg, M, N, K), False))
+        return rows
     if part in ("W", "w"):  # the three-warpgroup builds, last: a fault ends the run
         for tokens, stream_k in ((128, False), (256, False), (256, True)):
             study = V3Study(activation="f16_tma_3wg", consumer="pipelined", buffers=4,
@@ -246,7 +266,7 @@ class ContextLost(RuntimeError):
 
 def run_job(part, name, args, rows):
     N, K = PROJECTIONS[name]
-    M = LARGE_M if part in ("L", "W") else SMALL_M
+    M = SWEEP_M.get(part) or (LARGE_M if part in ("L", "W") else SMALL_M)
     per_set = (M + N) * (K // 2 + K // 16) + M * K * 2
     sets = rotation_count(per_set, factor=2.0, cap=4)
     ops = [operands(M, N, K, 100 * i + M + N) for i in range(sets)]
@@ -284,7 +304,7 @@ def run_job(part, name, args, rows):
             f"{row['us']:8.1f} us {row['ns_per_kblock']:7.0f} ns/kblock  "
             f"equal={row.get('equal_to_production')} rerun={row.get('rerun_identical')} "
             f"no_nan={row.get('no_nan_left')}" if "us" in row else row["error"]), flush=True)
-    if args.anchors and part in ("p", "L"):
+    if args.anchors and (part in ("p", "L") or part in SWEEP_M):
         res = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
         for label, fn, sets in anchors(ops, N, K, res):
             row = {"part": part, "projection": name, "M": M, "N": N, "K": K, "config": label,
@@ -347,7 +367,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=170.0,
                    help="start no job after this many seconds (default 170)")
-    p.add_argument("--parts", nargs="+", choices=("p", "L", "W", "w", "a", "c"),
+    p.add_argument("--parts", nargs="+", choices=("p", "L", "W", "w", "a", "c", *SWEEP_M),
                    default=["p", "L", "c", "a"])
     p.add_argument("--rep-ms", type=float, default=40.0, help="timed replay per measurement")
     p.add_argument("--projections", nargs="+", choices=tuple(PROJECTIONS), default=None,

@@ -82,6 +82,8 @@ BUILDS = {
     "f16-pipelined": V3Study(consumer="pipelined", activation="f16_tma", buffers=4),
     "3wg-128": V3Study(consumer="pipelined", activation="f16_tma_3wg", buffers=4),
     "3wg-256": V3Study(consumer="pipelined", activation="f16_tma_3wg", buffers=4, tokens=256),
+    "3wg-256-stream-k": V3Study(consumer="pipelined", activation="f16_tma_3wg", buffers=4,
+                                tokens=256, stream_k=True),
 }
 
 
@@ -100,7 +102,7 @@ def test_v3_builds_compile_without_spills(name):
     if r.sass is None:
         pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not checked")
     assert r.spill_bytes == 0 and "CALL.ABS" not in r.sass
-    assert r.sass.count(f"HGMMA.64x{256 if name == '3wg-256' else 128}x16.F32") == 4
+    assert r.sass.count(f"HGMMA.64x{256 if name.startswith('3wg-256') else 128}x16.F32") == 4
 
 
 @pytest.mark.compile
