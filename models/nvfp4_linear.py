@@ -8,10 +8,13 @@ Backends (all consume the same packed weight, so they differ only in the GEMM):
 * ``reference``: exact math on the tensors' device (CPU or CUDA): the oracle's integer sums,
   alpha, one correct bf16 rounding (numerics.gemm_oracle); :meth:`Nvfp4Linear.oracle` also
   returns the proven per-element bound any fp32-accumulating kernel must meet.
-* ``p0``: kernels.nvfp4 amax + quantize_nvfp4 + gemm_nvfp4 on an sm_90 GPU.
+* ``p0``: kernels.nvfp4 amax + quantize_expand_nvfp4 (the packed activation and its exact f16
+  expansion) + gemm_nvfp4 on the f16 builds (``a16``) on an sm_90 GPU.
 * ``p2``: P2's bounded ring (kernels/nvfp4/ring.py): the same amax and g, then the rows in
-  chunks of ``ring_capacity`` rows, each quantized into the ring and multiplied there with the
-  whole call's GEMM config (p0's, from the same helper), so its output is bit-identical to p0's.
+  chunks of ``ring_capacity`` rows, each quantized and expanded into the ring and multiplied
+  there with the whole call's GEMM config (p0's, from the same helper), so its output is
+  bit-identical to p0's; except where p0's whole call runs stream-K and the ring needs several
+  chunks (stream-K's bits depend on the whole call's tile count): there p2 runs the tile loop.
 * ``p1``: the streamed in-GEMM producer, refused until issue #4 lands.
 With ``gate`` and ``residual`` a call returns H3's gated residual add of its output,
 numerics.epilogue.gate_residual(y, gate, residual): ``reference`` computes it after the exact
@@ -365,17 +368,18 @@ class Nvfp4Linear:
                                                             alpha, self.K)
         return d, real, bound
 
-    def _p0_config(self, m: int):
+    def _p0_config(self, m: int, stream_k: bool = True):
         """(config, prepack) of p0's GEMM over m rows: default_config of an f16 build (the
         activation's f16 expansion at hand) with the prepack, made once. p2 passes the whole
         call's to every chunk (a chunk's own default could differ: its K split, its design),
-        and its ring then holds each chunk's f16 rows."""
+        and its ring then holds each chunk's f16 rows; with ``stream_k=False`` (a ring of
+        several chunks) never stream-K."""
         # here, not at the top: the kernels import CuTe DSL, which the oracle backend runs
         # without (p0_unavailable_reason says when it is missing)
         from kernels.nvfp4.gemm import default_config
         from kernels.nvfp4.prepack import prepack
 
-        config = default_config(m, self.N, self.K, prepacked=True, f16=True)
+        config = default_config(m, self.N, self.K, prepacked=True, f16=True, stream_k=stream_k)
         if self._w_pre is None:
             self._w_pre = prepack(self.w_q, self.w_s)
         return config, self._w_pre
@@ -396,12 +400,10 @@ class Nvfp4Linear:
         x = x.contiguous()
         M = x.shape[0]
         ws = A.AmaxWorkspace(x.dtype, x.device)  # g = global_scale_from_amax(amax), on device
-        Mp = -(-M // nvfp4.BLOCK) * nvfp4.BLOCK
-        # zeroed once: the kernel writes rows < M only, so the 16-padding stays zero
-        q = torch.zeros(Mp, self.K // 2, dtype=torch.uint8, device=x.device)
-        s = torch.zeros(nvfp4.scale_shape(Mp, self.K), dtype=torch.uint8, device=x.device)
-        # the activation's exact f16 expansion, which the GEMM's f16 builds read by TMA
-        f16 = torch.empty(M, self.K, dtype=torch.float16, device=x.device)
+        # packed activation, scales and the f16 expansion the GEMM's f16 builds read by TMA:
+        # a planned call's are shared by every p0 linear on its stream (key[-1])
+        q, s, f16 = (activation_scratch(M, self.K, x.device, key[-1]) if plannable else
+                     _new_activation_scratch(M, self.K, x.device))
         A.amax(x, out=ws)
         Q.quantize_expand_nvfp4(x, ws.g, out=(q, s, f16))
         if residual is not None:
@@ -439,7 +441,13 @@ class Nvfp4Linear:
         x = x.contiguous()
         if residual is not None:
             residual = residual.contiguous()
-        config, pre = self._p0_config(r1 - r0)  # the whole call's: every chunk runs it
+        from schedules.p2_ring import chunk_plan
+
+        # the whole call's: every chunk runs it; not stream-K across several chunks (its bits
+        # depend on the whole call's tile count), so there p2's bits are the tile loop's while
+        # p0's whole call runs stream-K (the only shapes where p2 and p0 differ)
+        several = len(chunk_plan(r0, r1, self.ring_capacity)) > 1
+        config, pre = self._p0_config(r1 - r0, stream_k=not several)
         plan = plan_ring(x, self.w_q, self.w_s, self.g_w, rows=(r0, r1),
                          capacity=self.ring_capacity, config=config, prepacked=pre, gate=gate,
                          residual=residual, out=out)  # every check before the first launch
@@ -448,6 +456,33 @@ class Nvfp4Linear:
 
 
 P0_PLANS_MAX = 16  # signatures (each with its scratch) a p0 linear keeps
+ACT_SCRATCH_MAX = 8  # (device, stream, M, K) activation scratch sets kept for all p0 linears
+_ACT_SCRATCH: dict = {}
+
+
+def _new_activation_scratch(M: int, K: int, device):
+    """(packed uint8 [Mp, K/2], scales uint8 [scale_shape(Mp, K)], f16 [M, K]) for M rows,
+    Mp = M rounded up to 16; codes and scales zeroed once (the kernel writes rows < M only, so
+    the 16-padding stays zero)."""
+    Mp = -(-M // nvfp4.BLOCK) * nvfp4.BLOCK
+    return (torch.zeros(Mp, K // 2, dtype=torch.uint8, device=device),
+            torch.zeros(nvfp4.scale_shape(Mp, K), dtype=torch.uint8, device=device),
+            torch.empty(M, K, dtype=torch.float16, device=device))
+
+
+def activation_scratch(M: int, K: int, device, stream):
+    """The activation scratch every planned p0 call of M rows and K columns on ``stream``
+    shares, whichever linear makes it: calls on one stream run in order, so a call's quantize
+    writes it only after the previous call's GEMM has read it. One set per (device, stream, M,
+    K) instead of one per linear and signature: at H3's full size (M = 37810) the f16
+    expansion alone is 406 MB a K = 5376 linear, 200 linears in all."""
+    key = (str(device), stream, M, K)
+    buf = _ACT_SCRATCH.get(key)
+    if buf is None:
+        if len(_ACT_SCRATCH) >= ACT_SCRATCH_MAX:
+            _ACT_SCRATCH.clear()  # plans that hold an older set keep it alive: still correct
+        buf = _ACT_SCRATCH[key] = _new_activation_scratch(M, K, device)
+    return buf
 
 
 def _tensor_key(t):

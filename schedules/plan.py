@@ -333,7 +333,7 @@ F16_STREAM_K_WAVES = (1.0, 1.5)
 # 665 / 396 / 169 / 432 / 231 µs at M = 2048 (qkv / fc1 / out / fc2 / 7168 x 5376) against the
 # P0 design's 965 / 616 / 269 / 676 / 358 and the swap-AB f16 build's 928 / 581 / 244 / 630 /
 # 283; the switch point between them is v5's (not re-measured for the f16 builds)
-WIDE_F16 = TileChoice(
+WIDE_F16 = TileChoice(  # tile_n: the tokens a CTA (wgmma N; the shell's tile_m, 256)
     tile_n=256, stages=8,
     source="session 22 (15fc61e, ca914ee): tokens 256 beat 128 by 19-44 % at M = 2048 and "
            "lost at M = 128; stages 8: the study's, not swept")

@@ -97,7 +97,8 @@ def test_swap_ab_f16_equals_the_packed_swap_ab_bits(shape, splits):
                                    (1300, 8200, 512)])
 @pytest.mark.parametrize("kind", ["normal", "cancel"])
 def test_f16_default_within_bound_and_row_slices(shape, kind):
-    """The f16 default (stream-K at 128 x 19200, the 256-token build at the larger shapes):
+    """The f16 default (stream-K at 128 x 19200, swap-AB f16 at 700 x 8192, the 256-token
+    build at 2048 x 8192 and 1300 x 8200):
     every element within the oracle's bound into a poisoned output, a rerun identical, and rows
     [128, M) through ``rows=`` with the whole call's config equal to the whole call's rows."""
     from kernels.nvfp4.gemm import default_config, gemm_nvfp4
@@ -155,3 +156,40 @@ def test_quantize_expand_into_caller_buffers(M):
     assert torch.equal(q, q0) and torch.equal(rs.view(torch.uint8), s0.view(torch.uint8))
     want = nvfp4.dequantize(q0, s0, 1.0, (M, K), dtype=torch.float16)
     assert torch.equal(f16.view(torch.int16), want.view(torch.int16))
+
+
+def test_activation_scratch_is_shared_per_stream_and_shape():
+    """Planned p0 calls share one (packed, scales, f16) set per (device, stream, M, K), whichever
+    linear makes them; another stream or shape gets its own; the pool is bounded."""
+    from models import nvfp4_linear as L
+    L._ACT_SCRATCH.clear()
+    a = L.activation_scratch(40, 64, "cpu", 7)
+    assert a is L.activation_scratch(40, 64, "cpu", 7)
+    assert a is not L.activation_scratch(40, 64, "cpu", 8)
+    assert a is not L.activation_scratch(48, 64, "cpu", 7)
+    q, s, f16 = a
+    assert q.shape == (48, 32) and f16.shape == (40, 64) and not q.any() and not s.any()
+    for i in range(2 * L.ACT_SCRATCH_MAX):
+        L.activation_scratch(16 * (i + 1), 64, "cpu", 7)
+    assert len(L._ACT_SCRATCH) <= L.ACT_SCRATCH_MAX
+    L._ACT_SCRATCH.clear()
+
+
+@pytest.mark.gpu
+def test_p0_linears_sharing_scratch_keep_their_bits():
+    """Two p0 linears of the same K called alternately on one stream, without synchronising,
+    on their cached plans (the shared activation scratch): every output equals that linear's
+    first, checked call."""
+    from models.nvfp4_linear import Nvfp4Linear
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    lins = [Nvfp4Linear((torch.randn(n, 512, device="cuda", generator=gen) / 16).to(
+        torch.bfloat16), backend="p0") for n in (256, 384)]
+    xs = [torch.randn(300, 512, device="cuda", generator=gen).to(torch.bfloat16) * (i + 1)
+          for i in range(2)]
+    want = [lin(x).clone() for lin, x in zip(lins, xs)]
+    got = []
+    for _ in range(4):
+        got += [(i, lins[i](xs[i])) for i in (0, 1)]
+    torch.cuda.synchronize()
+    for i, y in got:
+        assert torch.equal(y.view(torch.int16), want[i].view(torch.int16))

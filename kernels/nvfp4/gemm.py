@@ -34,15 +34,18 @@ _CODES, _SCALES, _G = (torch.uint8,), (torch.float8_e4m3fn, torch.uint8), (torch
 
 @functools.lru_cache(maxsize=1024)
 def default_config(M: int, N: int, K: int, sms: int | None = None,
-                   prepacked: bool = False, f16: bool = False) -> BlockscaledGemmSm90:
+                   prepacked: bool = False, f16: bool = False,
+                   stream_k: bool = True) -> BlockscaledGemmSm90:
     """The config schedules/plan.py picks: with the weight's register-order prepack at hand and
     at most ``SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles, the swap-AB design; else 128 x 256
     tiles once they fill ``WIDE_MIN_WAVES`` waves of SMs, else 128 x 128 (twice the CTAs); K
     split below one wave of those. With ``f16`` (the activation's f16 expansion at hand, and
     the prepack) the f16 builds instead: :meth:`BlockscaledGemmSm90.swap_ab_f16` where swap-AB
     would run (stream-K where the tiles just pass a whole wave, plan.F16_STREAM_K_WAVES), else
-    :meth:`BlockscaledGemmSm90.wide_f16`. Cached: a config is an immutable value, and building
-    one costs ~50 µs of host time (measured on the CPU), more than a whole launch should."""
+    :meth:`BlockscaledGemmSm90.wide_f16`. ``stream_k=False``: never stream-K (P2's ring of
+    several chunks: stream-K's bits depend on the whole call's tile count). Cached: a config is
+    an immutable value, and building one costs ~50 µs of host time (measured on the CPU), more
+    than a whole launch should."""
     sms = sms or sm_count()
     row_tiles = -(-M // plan.ROW_TILE)
     tiles = row_tiles * -(-N // plan.NARROW.tile_n)
@@ -53,7 +56,7 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
             raise ValueError("the f16 builds read the weight's register-order prepack")
         if tiles <= plan.SWAP_AB_MAX_WAVES * sms:
             lo, hi = plan.F16_STREAM_K_WAVES
-            stream_k = splits == 1 and lo * sms < tiles <= hi * sms
+            stream_k = stream_k and splits == 1 and lo * sms < tiles <= hi * sms
             return BlockscaledGemmSm90.swap_ab_f16(stages=plan.SWAP_AB.stages,
                                                    splits=1 if stream_k else splits,
                                                    stream_k=stream_k, buffers=plan.F16_BUFFERS)

@@ -297,12 +297,32 @@ def quantize_expand_nvfp4(x, g, *, pad_16x: bool = False, out=None):
     """As :func:`quantize_nvfp4`, plus the exact f16 expansion e2m1 · s of every block, [M, K]
     float16 (numerics.nvfp4.dequantize(q, s, 1.0, dtype=float16) of the result, written in the
     same pass): (packed, scales, f16). With ``out=(packed, scales, f16)`` it writes those
-    caller-owned buffers (packed and scales as quantize_nvfp4's ``out``, f16 [M, K] float16)."""
-    q_out = None if out is None else tuple(out[:2])
-    if out is not None and (not isinstance(out, (tuple, list)) or len(out) != 3):
+    caller-owned buffers (packed and scales as quantize_nvfp4's ``out``, f16 [M, K] float16).
+    With ``pad_16x`` packed has M rounded up to 16 rows and f16 M rows: give the GEMM
+    ``rows=(0, M)`` (or ``packed[:M]``). A call whose signature passed the checks before skips
+    them but the alignment checks, as :func:`quantize_nvfp4`."""
+    if out is not None and (type(out) not in (tuple, list) or len(out) != 3):
         raise TypeError("out must be (packed, scales, f16)")
-    config, ckey, scalars, Mp, s_shape = plan(x, g, q_out, 0, pad_16x, None)
-    config = expand_config(config.is_bf16)
+    q_out = None if out is None else (out[0], out[1])
+    try:
+        key = ("expand", signature(x, g, q_out, 0, pad_16x, None),
+               None if out is None else _tensor_key(out[2]))
+        p = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not tensors, a malformed out: the checks name it
+        key = p = None
+    if p is None or not _aligned(x, g, q_out) or (out is not None and out[2].data_ptr() % 16):
+        p = plan(x, g, q_out, 0, pad_16x, None)
+        if out is not None:
+            f16 = out[2]
+            check_cuda_tensor("f16", f16, dtypes=(torch.float16,))
+            if tuple(f16.shape) != tuple(x.shape) or not f16.is_contiguous() \
+                    or f16.device != x.device:
+                raise ValueError(f"out's f16 must be a contiguous float16 {list(x.shape)} on "
+                                 f"{x.device}; got {tuple(f16.shape)} on {f16.device}")
+        p = (expand_config(p[0].is_bf16), *p[1:])
+        if key is not None:
+            _PLANS.put(key, p)
+    config, _, scalars, Mp, s_shape = p
     M, kb = scalars[0], scalars[1]
     if out is None:
         q = (torch.empty if Mp == M else torch.zeros)(Mp, x.shape[1] // 2, dtype=torch.uint8,
@@ -311,11 +331,6 @@ def quantize_expand_nvfp4(x, g, *, pad_16x: bool = False, out=None):
             s_shape, dtype=torch.uint8, device=x.device)
         f16 = torch.empty(M, x.shape[1], dtype=torch.float16, device=x.device)
     else:
-        (q, s), f16 = q_out, out[2]
-        check_cuda_tensor("f16", f16, dtypes=(torch.float16,))
-        if tuple(f16.shape) != tuple(x.shape) or not f16.is_contiguous() \
-                or f16.device != x.device:
-            raise ValueError(f"out's f16 must be a contiguous float16 {list(x.shape)} on "
-                             f"{x.device}; got {tuple(f16.shape)} on {f16.device}")
+        q, s, f16 = out
     ENTRY_F16(config, config.key, (x, q, s, g, f16), scalars)  # rows [0, M) of q and s
     return q, s if s.dtype == torch.float8_e4m3fn else s.view(torch.float8_e4m3fn), f16
