@@ -268,7 +268,9 @@ class QuantizingActivationStage(ExpandedActivationStage):
     expanding it to exact f16 (:func:`device.nvfp4.quantize_expand_stage_rows`). No packed
     activation or activation scale is written anywhere. Role contract as
     :class:`ExpandedActivationStage`'s (one warpgroup, ``act_full`` 4 arrivals, ``act_empty``
-    the consumers' 8, 4 arrivals on ``empty[s]``), at ``regs`` registers."""
+    the consumers' 8, 4 arrivals on ``empty[s]``), at ``regs`` registers. ``expand`` (the
+    inherited hook): off only in the ablation build (P1Study(variant=P0Variant(
+    skip_dequant=True))), which leaves the f16 tiles unwritten to time the rest alone."""
 
     regs = 80
 
@@ -298,8 +300,9 @@ class QuantizingActivationStage(ExpandedActivationStage):
             b, bph = ring_position(count, self.tiles.buffers)
             wait_parity(full + s, ph, Barrier.FULL, s, mailbox)
             wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox)
-            quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words, s, b,
-                                       g, rcp_g)
+            if cutlass.const_expr(self.expand):  # off only in the ablation build
+                quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words, s,
+                                           b, g, rcp_g)
             # our f16 stores -> wgmma (async proxy); our bf16 reads -> the next TMA
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_warp()

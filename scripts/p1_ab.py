@@ -9,7 +9,10 @@ the same bf16 activation x and the same weight:
 * ``p0_gemm``: gemm_nvfp4 on quantize_nvfp4(x, g)'s packed activation (the swap-AB build at 6
   stages and the split P1 uses, so the bits must be equal);
 * ``p0_e2e``: quantize_nvfp4 + that GEMM (g given: the amax is the same launch on both paths);
-* ``p1``: gemm_nvfp4_p1(x, g): the GEMM that quantizes inside.
+* ``p1``: gemm_nvfp4_p1(x, g): the GEMM that quantizes inside;
+* with ``--ablate``: ``p1_no_quantizer`` (the stage waits and publishes but never writes its
+  f16 tiles) and ``p1_no_mma`` (the consumers skip their wgmmas), both wrong by design
+  (P1Study(variant=P0Variant(...))): which half bounds P1 (notes/p1.md, session 22).
 Rows report µs (CUDA-graph replay, operand sets rotated past L2), ns per k-block a CTA runs in
 sequence, p1 over p0_gemm and over p0_e2e, and whether P1's output equals P0's bits (into a
 NaN-poisoned buffer) and reruns identically. Jobs run in order until --seconds is spent; those
@@ -32,7 +35,7 @@ from device.waits import synchronize
 from kernels.nvfp4.amax import amax
 from kernels.nvfp4.gemm import gemm_nvfp4
 from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
-from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P1Study
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant, P1Study
 from kernels.nvfp4.prepack import prepack
 from kernels.nvfp4.quantize import quantize_nvfp4
 from numerics import nvfp4
@@ -93,18 +96,29 @@ def run_job(name, M, args, rows):
     row["no_nan_left"] = not bool(got.isnan().any())
     tiles = -(-M // 128) * -(-N // 128) * splits
     kblocks = -(-tiles // min(tiles, sms)) * -(-(-(-K // K_BLOCK)) // splits)
-    for label, fn in (("p0_gemm", p0_gemm), ("p0_e2e", p0_e2e), ("p1", p1)):
+    timed = [("p0_gemm", p0_gemm), ("p0_e2e", p0_e2e), ("p1", p1)]
+    if args.ablate:
+        for label, variant in (("p1_no_quantizer", P0Variant(skip_dequant=True)),
+                               ("p1_no_mma", P0Variant(skip_mma=True))):
+            cfg = P1Study(splits=splits, variant=variant).build()
+
+            def ablated(x, g, w_q, w_s, pre, g_w, q, s, cfg=cfg):
+                return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=cfg)
+            timed.append((label, ablated))
+    for label, fn in timed:
         t = bench(fn, arg_sets, graph=True, warmup_ms=5, rep_ms=args.rep_ms).as_dict()
         row[label] = {"timing": t, "us": t["median_us"],
                       "ns_per_kblock": 1e3 * t["median_us"] / kblocks}
     row["p1_over_p0_gemm"] = row["p1"]["us"] / row["p0_gemm"]["us"]
     row["p1_over_p0_e2e"] = row["p1"]["us"] / row["p0_e2e"]["us"]
+    ablation = "".join(f"  {k} {row[k]['ns_per_kblock']:.0f} ns/kblock" for k in
+                       ("p1_no_quantizer", "p1_no_mma") if k in row)
     rows.append(row)
     print(f"{name:>4} M={M:<5} s{splits} p0_gemm {row['p0_gemm']['us']:8.1f} us  p0_e2e "
           f"{row['p0_e2e']['us']:8.1f}  p1 {row['p1']['us']:8.1f} ({row['p1']['ns_per_kblock']:.0f}"
           f" ns/kblock)  p1/p0_gemm {row['p1_over_p0_gemm']:.2f}  p1/p0_e2e "
           f"{row['p1_over_p0_e2e']:.2f}  bits_equal={row['bits_equal_p0']} "
-          f"rerun={row['rerun_identical']} no_nan={row['no_nan_left']}", flush=True)
+          f"rerun={row['rerun_identical']} no_nan={row['no_nan_left']}{ablation}", flush=True)
     del sets, packed
     torch.cuda.empty_cache()
 
@@ -113,6 +127,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=150.0)
     p.add_argument("--rep-ms", type=float, default=40.0)
+    p.add_argument("--ablate", action="store_true",
+                   help="also time P1 without its quantizer and without its wgmmas")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

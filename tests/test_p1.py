@@ -31,6 +31,18 @@ def _report():
 
 
 @pytest.mark.compile
+def test_p1_ablation_builds_leave_out_their_half():
+    """The ablations compile: without the quantizer no expansion converts are left but the
+    consumer's 20; without the wgmmas none is left; production is neither."""
+    from kernels.nvfp4.gemm_shell import P0Variant
+    noq = compile_report(P1Study(variant=P0Variant(skip_dequant=True)).build(), *compile_args())
+    nomma = compile_report(P1Study(variant=P0Variant(skip_mma=True)).build(), *compile_args())
+    assert noq.ptx.count("cvt.rn.f16x2.e4m3x2") == 20 and noq.census["wgmma.mma_async"] == 4
+    assert nomma.census["wgmma.mma_async"] == 0
+    assert P1Study().build().variant is None
+
+
+@pytest.mark.compile
 def test_p1_compiles_with_one_bf16_tma_and_the_quantizer():
     """One TMA (the bf16 tile) and the weight slabs' bulk copies; e4m3x2 converts: the
     consumer's 20, and per block of the stage's row pass 10 (the quantizer's scale read back

@@ -688,11 +688,14 @@ class P1Study:
     the epilogue are the production ones. The ``a`` buffer is the bf16 activation [M, K]; the
     ``sfa`` slot is never read; ``g_a`` is g = global_scale_from_amax(amax(x)). Exact: the
     production swap-AB bits on the packed activation the quantize kernel writes with that g.
-    Sharing knobs (cluster size C, N-group reuse G) come after this C = G = 1 baseline."""
+    Sharing knobs (cluster size C, N-group reuse G) come after this C = G = 1 baseline.
+    ``variant``: the ablations (:class:`P0Variant`; wrong results, timing only): skip_dequant
+    leaves out the quantizer (the stage only waits and publishes), skip_mma the wgmmas."""
 
     splits: int = 1
     stages: int = 6
     buffers: int = 2
+    variant: P0Variant = PRODUCTION
 
     def build(self) -> BlockscaledGemmSm90:
         _check_ring(self.stages, self.splits)
@@ -700,5 +703,6 @@ class P1Study:
         activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
         consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
         producer = Bf16RegisterOrderProducer(tokens, consumer.tile_n, self.stages)
-        return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
-                                              splits=self.splits, raster_along_m=False)
+        config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
+                                                splits=self.splits, raster_along_m=False)
+        return config if self.variant == PRODUCTION else self.variant.of(config)
