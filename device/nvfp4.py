@@ -412,7 +412,7 @@ def expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int], rows: cutlass.C
 def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                                rows: cutlass.Constexpr[int], x_words: cute.Tensor,
                                f16_words: cute.Tensor, stage: Int32, buf: Int32, g: Float32,
-                               rcp_g: Float32):
+                               rcp_g: Float32, dump=None):
     """P1's activation stage: ``rows`` x 64 bf16 of ring stage ``stage`` (a [rows, 64]
     128-byte-swizzled K-major tile, as the producer's TMA wrote it) quantized block by block
     with :func:`quantize_block16` (Comfy's rule, tensor scale ``g``, ``rcp_g`` its rcp.approx)
@@ -423,7 +423,12 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
     chunk positions (conflict-free: the 8 lanes of a phase hit 8 different chunk columns).
 
     ``x_words`` / ``f16_words``: (4 words, 16-byte chunk) views of the bf16 ring and the f16
-    tiles (:func:`word_view`)."""
+    tiles (:func:`word_view`).
+
+    ``dump`` (P1's debug build only; None compiles none of it): (words, row0, row_stride,
+    rows_valid): each row r < rows_valid also writes its 4 blocks' packed codes (8 words, the
+    quantize kernel's byte order) and their 4 scale bytes (1 word, block j in byte j) to
+    ``words`` at 9 x (row0 + r x row_stride)."""
     if cutlass.const_expr(rows % threads):
         raise ValueError(f"{threads} threads cannot share {rows} rows evenly")
     for i in cutlass.range_constexpr(rows // threads):
@@ -431,6 +436,7 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
         phase = r & 7
         src_row = (stage * rows + r) * ROW_CHUNKS
         dst_row = (buf * rows + r) * ROW_CHUNKS
+        scale_word = Uint32(0)
         for j in cutlass.range_constexpr(ROW_CHUNKS // 2):  # the row's four 16-element blocks
             lo_chunk = (2 * j) ^ phase
             hi_chunk = (2 * j + 1) ^ phase
@@ -444,6 +450,13 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                 w[4 + e] = hi[e]
             codes = cute.make_rmem_tensor((2,), Uint32)
             s8 = quantize_block16(w, g, rcp_g, codes, True)
+            if cutlass.const_expr(dump is not None):
+                words, row0, row_stride, rows_valid = dump
+                if r < rows_valid:
+                    base = (row0 + r * row_stride) * 9
+                    words[base + 2 * j] = codes[0]
+                    words[base + 2 * j + 1] = codes[1]
+                scale_word = scale_word | (s8 << Uint32(8 * j))
             scale = e4m3x2_scales_x64(s8 | (s8 << Uint32(8)))
             for h, chunk in ((0, lo_chunk), (1, hi_chunk)):
                 words = dequant_e2m1_word(codes[h], scale)
@@ -451,6 +464,10 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                 for e in cutlass.range_constexpr(4):
                     out[e] = words[e]
                 cute.autovec_copy(out, f16_words[(None, dst_row + chunk)])
+        if cutlass.const_expr(dump is not None):
+            words, row0, row_stride, rows_valid = dump
+            if r < rows_valid:
+                words[(row0 + r * row_stride) * 9 + 8] = scale_word
 
 
 def word_view(byte_ptr, nbytes: int):

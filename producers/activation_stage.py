@@ -31,7 +31,7 @@ from device.waits import acquire_stage, ring_position, wait_parity
 from producers.register_order import WeightsOnlyRegisterOrderProducer, f16_box_layout
 
 cutlass, cute = cute_modules()
-from cutlass import Float16, Int32, Uint16  # noqa: E402
+from cutlass import Float16, Int32, Uint16, Uint32  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 ROW_BYTES = K_BLOCK * 2  # one f16 row of a k-block
@@ -270,9 +270,14 @@ class QuantizingActivationStage(ExpandedActivationStage):
     :class:`ExpandedActivationStage`'s (one warpgroup, ``act_full`` 4 arrivals, ``act_empty``
     the consumers' 8, 4 arrivals on ``empty[s]``), at ``regs`` registers. ``expand`` (the
     inherited hook): off only in the ablation build (P1Study(variant=P0Variant(
-    skip_dequant=True))), which leaves the f16 tiles unwritten to time the rest alone."""
+    skip_dequant=True))), which leaves the f16 tiles unwritten to time the rest alone.
+    ``dump`` (off but in the debug build, P1Study(dump=True), one K split): every consumed
+    tile's packed codes and scale bytes also go to global memory through the split-K workspace
+    slot (device.nvfp4.quantize_expand_stage_rows), one copy per weight tile:
+    kernels.nvfp4.gemm_p1.gemm_nvfp4_p1_dump reads them back."""
 
     regs = 80
+    dump = False
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2):
         if tokens != 128:
@@ -285,24 +290,35 @@ class QuantizingActivationStage(ExpandedActivationStage):
         x_words = word_view(sm["x_bf16"], self.stages * self.tokens * ROW_BYTES)
         f16_words = word_view(sm["act_f16"], self.tiles.buffers * self.tiles.tile_bytes)
         g = ctx.scales[0][0]
+        dump = None
+        if cutlass.const_expr(self.dump):  # words, M (the output's rows), k-blocks
+            dump = (cute.make_tensor(cute.recast_ptr(ctx.epi.work.iterator, dtype=Uint32),
+                                     cute.make_layout(1 << 30)),
+                    cute.size(ctx.epi.d, mode=[0]), ctx.tiles.k_tiles)
         for_each_tile(ctx.tiles, self.quantize_tile,
                       (x_words, f16_words, g, rcp_approx_ftz(g), ctx.bars["full"],
                        ctx.bars["empty"], ctx.bars["act_full"], ctx.bars["act_empty"],
-                       ctx.mailbox, t, t % WARP))
+                       ctx.mailbox, t, t % WARP, dump))
 
     @cute.jit
     def quantize_tile(self, tile, args, count: Int32) -> Int32:
         """Per k-block of ``tile``: wait for the bf16 stage and a free f16 tile, quantize and
         expand the stage's rows into it, release the stage and publish the tile."""
-        x_words, f16_words, g, rcp_g, full, empty, act_full, act_empty, mailbox, t, lane = args
+        (x_words, f16_words, g, rcp_g, full, empty, act_full, act_empty, mailbox, t, lane,
+         dump) = args
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             s, ph = ring_position(count, self.stages)
             b, bph = ring_position(count, self.tiles.buffers)
             wait_parity(full + s, ph, Barrier.FULL, s, mailbox)
             wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox)
+            rows_dump = None
+            if cutlass.const_expr(self.dump):  # this copy: [weight tile, token row, k-block]
+                words, M, k_tiles = dump
+                rows_dump = (words, (tile.n * M + tile.m * self.tokens) * k_tiles + kt,
+                             k_tiles, M - tile.m * self.tokens)
             if cutlass.const_expr(self.expand):  # off only in the ablation build
                 quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words, s,
-                                           b, g, rcp_g)
+                                           b, g, rcp_g, rows_dump)
             # our f16 stores -> wgmma (async proxy); our bf16 reads -> the next TMA
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_warp()

@@ -150,3 +150,73 @@ def test_p1_entry_refuses_bad_input_before_launch():
     with pytest.raises(ValueError, match="out"):
         gemm_nvfp4_p1(x, g_x, pre, g_w, out=torch.empty(128, 255, dtype=torch.bfloat16,
                                                         device="cuda"))
+
+
+# ---- the debug build: every consumed tile's quantizer bytes against Comfy's -------------------
+@pytest.mark.compile
+def test_p1_debug_build_compiles_and_leaves_production_alone():
+    """P1Study(dump=True) compiles without spills and with global stores the production build
+    does not have; it refuses K splits (it writes through the split-K workspace)."""
+    r = compile_report(P1Study(dump=True).build(), *compile_args())
+    assert r.frame_bytes == 0 and r.registers <= 128 and r.census["wgmma.mma_async"] == 4
+    assert r.ptx.count("st.global") > _report().ptx.count("st.global")
+    assert r.ptx != _report().ptx
+    with pytest.raises(ValueError, match="splits 1"):
+        P1Study(dump=True, splits=2).build()
+
+
+def _adversarial(M, K, gen):
+    """bf16 [M, K]: normal rows with blocks replaced, cycling through: E2M1 midpoints of an
+    amax-6 block (ties), a NaN among finite values, all NaN, ±inf, signed zeros, all zero,
+    huge values (saturating scales), tiny ones (subnormal scales)."""
+    x = torch.randn(M, K, generator=gen, device="cuda")
+    ties = torch.tensor([6, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, -0.25, -0.75, -1.25, -1.75,
+                         -2.5, -3.5, -5, -6], device="cuda")
+    nan, inf = float("nan"), float("inf")
+    patterns = [ties, torch.tensor([nan, 6.0] + [1.0] * 14, device="cuda"),
+                torch.full((16,), nan, device="cuda"),
+                torch.tensor([inf, -inf, 1.0] + [0.5] * 13, device="cuda"),
+                torch.tensor([0.0, -0.0] * 8, device="cuda"), torch.zeros(16, device="cuda"),
+                torch.full((16,), 3e4, device="cuda") * torch.linspace(-1, 1, 16, device="cuda"),
+                torch.full((16,), 1e-6, device="cuda") * torch.linspace(-1, 1, 16, device="cuda")]
+    blocks = x.view(M, K // 16, 16)
+    for i in range(M):
+        for j in range(K // 16):
+            if (i + j) % 3 == 0:
+                blocks[i, j] = patterns[(i * 7 + j) % len(patterns)]
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8, 32), (128, 512, 2048), (300, 264, 1056)])
+@pytest.mark.parametrize("kind", ["normal", "lognormal", "adversarial"])
+def test_p1_debug_dump_equals_comfys_bits(shape, kind):
+    """Every consumed tile (one copy per weight tile: every output-N CTA quantizes its tile
+    again) holds numerics.nvfp4.quantize's packed bytes and scale bytes (Comfy's bits) for x
+    and the given g: 0 differing bytes, and no word left unwritten. The adversarial kind uses a
+    quarter of the amax rule's g, so its large blocks saturate the E4M3 scale."""
+    from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1_dump
+    from numerics import nvfp4
+    M, N, K = shape
+    _, _, pre, _, _, g_w = _operands(M, N, K, seed=sum(shape))
+    gen = torch.Generator(device="cuda").manual_seed(sum(shape) + len(kind))
+    if kind == "adversarial":
+        x = _adversarial(M, K, gen)
+        finite = torch.where(x.isfinite(), x, torch.zeros_like(x))
+        g_x = (nvfp4.global_scale_from_amax(finite.abs().max()) / 4).reshape(1).float()
+    else:
+        x = torch.randn(M, K, generator=gen, device="cuda")
+        if kind == "lognormal":
+            x = x.sign() * torch.exp(2.0 * torch.randn(M, K, generator=gen, device="cuda"))
+        x = x.to(torch.bfloat16)
+        g_x = nvfp4.global_scale_from_amax(x.abs().max()).reshape(1).float()
+    _, codes, scales = gemm_nvfp4_p1_dump(x, g_x, pre, g_w)
+    torch.cuda.synchronize()
+    q, s = nvfp4.quantize(x, g_x, pad_16x=True)
+    Mp = q.shape[0]
+    want_s = nvfp4.from_blocked(s.view(torch.uint8), Mp, K // 16)[:M, :K // 16]
+    n_tiles = -(-N // 128)
+    assert codes.shape == (n_tiles, M, K // 2) and scales.shape == (n_tiles, M, K // 16)
+    bad_codes = int((codes != q[:M].unsqueeze(0)).sum())
+    bad_scales = int((scales != want_s.unsqueeze(0)).sum())
+    assert bad_codes == 0 and bad_scales == 0, (bad_codes, bad_scales)

@@ -94,3 +94,35 @@ def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm
            counters, out, out),
           (M, N, K // 32, sm_count()))
     return out
+
+
+DUMP_POISON = -0x5A5A5A5B  # 0xA5A5A5A5: what a word no tile wrote keeps
+
+
+def gemm_nvfp4_p1_dump(x, g_x, prepacked, g_w, *, config: BlockscaledGemmSm90 | None = None):
+    """The debug build (P1Study(dump=True)): the GEMM as :func:`gemm_nvfp4_p1`, and what every
+    consumed tile's quantizer produced, one copy per weight tile (each output-N CTA quantizes
+    its activation tile again): (out bf16 [M, N], codes uint8 [n_tiles, M, K/2] in the packed
+    activation's byte order, scales uint8 [n_tiles, M, K/16] row-major, not swizzled). Words no
+    tile wrote keep DUMP_POISON's bytes."""
+    M, N, K = validate(x, g_x, prepacked, g_w, None)
+    config = config or P1Study(dump=True).build()
+    if not getattr(config.activation, "dump", False):
+        raise TypeError("config must be P1's debug build (P1Study(dump=True))")
+    n_tiles, k_tiles = -(-N // config.tile_n), -(-K // 64)
+    words = n_tiles * M * k_tiles * 9
+    if words >= 2**31:
+        raise ValueError(f"the dump of {n_tiles} weight tiles x {M} rows x K = {K} exceeds "
+                         "32-bit indexing; use a smaller problem")
+    dump = torch.full((words,), DUMP_POISON, dtype=torch.int32, device=x.device)
+    out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
+    xb = x.view(torch.uint8)
+    ENTRY(config, config.static_key(),
+          (xb, xb, prepacked.codes, prepacked.scales, g_x, g_w, out, _mailbox_address(), dump,
+           out, out, out),
+          (M, N, K // 32, sm_count()))
+    cells = dump.view(n_tiles, M, k_tiles, 9)
+    codes = cells[..., :8].contiguous().view(torch.uint8).reshape(n_tiles, M, k_tiles * 32)
+    scales = cells[..., 8:].contiguous().view(torch.uint8).reshape(n_tiles, M, k_tiles * 4)
+    return out, codes[..., :K // 2], scales[..., :K // 16]
+

@@ -690,17 +690,25 @@ class P1Study:
     production swap-AB bits on the packed activation the quantize kernel writes with that g.
     Sharing knobs (cluster size C, N-group reuse G) come after this C = G = 1 baseline.
     ``variant``: the ablations (:class:`P0Variant`; wrong results, timing only): skip_dequant
-    leaves out the quantizer (the stage only waits and publishes), skip_mma the wgmmas."""
+    leaves out the quantizer (the stage only waits and publishes), skip_mma the wgmmas.
+    ``dump``: the debug build (one K split): every consumed tile's packed codes and scale bytes
+    written to global memory too (kernels.nvfp4.gemm_p1.gemm_nvfp4_p1_dump)."""
 
     splits: int = 1
     stages: int = 6
     buffers: int = 2
     variant: P0Variant = PRODUCTION
+    dump: bool = False
 
     def build(self) -> BlockscaledGemmSm90:
         _check_ring(self.stages, self.splits)
+        if self.dump and self.splits != 1:
+            raise ValueError("the debug build writes through the split-K workspace: splits 1")
         tokens = RegisterAWgmmaConsumer.TOKENS[0]
         activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
+        if self.dump:
+            activation = copy.copy(activation)
+            activation.dump = True  # an instance attribute: its own compile-cache key
         consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
         producer = Bf16RegisterOrderProducer(tokens, consumer.tile_n, self.stages)
         config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
