@@ -4,18 +4,20 @@ Per streamed H3 projection (qkv 21504x5376, out 5376x5376, fc1 14336x5376; fc2 s
 in the seed, and is timed on the complete path only) at M = 37810 rows and ring capacities 128,
 512, 1024, 2048 and 4096 rows, in one process:
 
-* ``complete``: the complete quantize + P0 path: amax kernel -> g, the whole activation
-  quantized into preallocated buffers, gemm_nvfp4 over all rows with ``default_config(M, ...)``;
-* ``total`` (per capacity): the ring: the same amax -> g, then chunk by chunk the ``_into``
-  quantize into the ring (allocated per call on the calling stream, as Nvfp4Linear's p2) and
-  gemm_nvfp4 on the ring with the SAME config (kernels/nvfp4/ring.py); ``total_eager`` the
-  same without a graph (host time included: the ring makes 2 launches a chunk, 592 at 128
-  rows);
+* ``complete``: the complete quantize + P0 path as Nvfp4Linear's p0 runs it: amax kernel ->
+  g, the whole activation quantized and expanded to f16 into preallocated buffers,
+  gemm_nvfp4(a16=) over all rows with the f16 ``default_config(M, ..., f16=True,
+  stream_k=False)``;
+* ``total`` (per capacity): the ring as Nvfp4Linear's p2: the same amax -> g, then chunk by
+  chunk the quantize-and-expand into the ring (packed rows, scales and f16 rows; allocated per
+  call on the calling stream) and gemm_nvfp4 on the ring with the SAME config
+  (kernels/nvfp4/ring.py); ``total_eager`` the same without a graph (host time included: the
+  ring makes 2 launches a chunk, 592 at 128 rows);
 * ``chunk`` (per capacity): one full chunk alone, quantize into the ring + its GEMM.
 
 Timed under CUDA-graph replay (workbench.timing.bench: medians, a repeat for the spread); the
 activation (406 MB at qkv) exceeds L2 many times, so one operand set. Bytes: ring_bytes
-(schedules.p2_ring) against the whole packed activation's.
+(schedules.p2_ring, f16 rows included) against the whole activation's packed + f16 buffers.
 
 Exactness in the same run: at every capacity the ring's output equals the complete path's bit
 for bit, chunk by chunk (the first differing chunk is named). Headline per shape:
@@ -32,7 +34,7 @@ from experiments._common import need_gpu, parser, progress, run_main
 from kernels.nvfp4.amax import amax
 from kernels.nvfp4.gemm import default_config, gemm_nvfp4
 from kernels.nvfp4.prepack import prepack
-from kernels.nvfp4.quantize import quantize_nvfp4
+from kernels.nvfp4.quantize import quantize_expand_nvfp4, quantize_nvfp4
 from kernels.nvfp4.ring import PackedRing, ring_gemm
 from numerics import nvfp4
 from schedules import p2_ring as P
@@ -47,6 +49,13 @@ M_DEFAULT = 37810
 QUICK_CAPACITIES = (512, 2048)
 SPEEDUP_TARGET = 1.0  # the ring must not be slower than the complete path (seed's P2 rule)
 NOTES = {
+    "prediction_f16": "session 22 (notes/p2.md, before any run; the ring and the complete path "
+                      "on the f16 builds Nvfp4Linear runs, the 256-token build at M = 37810): "
+                      "best_capacity 4096, best_speedup ~0.96-0.99 at qkv (chunked rounds of "
+                      "256 x 128 tiles: 195 against 189 whole at 4096, 204 at 2048), the "
+                      "ring saving the whole activation's f16 round trip (~170 us at qkv); "
+                      "ring bytes 28 MB at 2048 rows (f16 rows 4.5x the packed ones), so the "
+                      "8.3 MB target holds only up to ~600 rows.",
     "prediction": "session 18 (notes/p2.md, before any run): best_capacity 4096 at every "
                   "shape, best_speedup below 1 everywhere (qkv ~0.97, out ~0.86, fc1 ~0.97; "
                   "2048 within 1-5 % of 4096): each chunk's GEMM ends in a partial round of "
@@ -88,21 +97,24 @@ def first_bad_chunk(y, want, M: int, capacity: int) -> str | None:
 
 def _shape(name, N, K, M, capacities, quick, seed, streamed=True):
     x, w_q, w_s, g_w = _operands(N, K, M, seed)
-    config = default_config(M, N, K, prepacked=True)
-    pre = prepack(w_q, w_s) if config.needs_prepacked_weights else None
+    # the ring takes several chunks at every capacity here: never stream-K (kernels/nvfp4/ring.py)
+    config = default_config(M, N, K, prepacked=True, f16=True, stream_k=False)
+    pre = prepack(w_q, w_s)
     q = torch.zeros(-(-M // 16) * 16, K // 2, dtype=torch.uint8, device="cuda")
     s = torch.zeros(nvfp4.scale_shape(M, K), dtype=torch.uint8, device="cuda")
+    f16 = torch.empty(M, K, dtype=torch.float16, device="cuda")
     want = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
 
     def complete():
         g = _g(x)
-        qq, ss = quantize_nvfp4(x, g, out=(q, s))  # ss: the fp8 view, as the p0 backend's
+        qq, ss, ff = quantize_expand_nvfp4(x, g, out=(q, s, f16))
         return gemm_nvfp4(qq, ss, g, w_q, w_s, g_w, rows=(0, M), out=want, config=config,
-                          prepacked=pre)
+                          prepacked=pre, a16=ff)
 
     complete()
     base = {"projection": name, "N": N, "K": K, "M": M, "config": config.describe(),
-            "streamed": streamed, "packed_bytes": P.ring_bytes(-(-M // 128) * 128, K)}
+            "streamed": streamed,
+            "activation_bytes": P.ring_bytes(-(-M // 128) * 128, K, f16=True)}
     t = {"complete": _time(complete, quick, calls_per_graph=3),
          "complete_eager": _time(complete, quick, graph=False)}
     complete_us = t["complete"]["median_us"]
@@ -129,12 +141,13 @@ def _shape(name, N, K, M, capacities, quick, seed, streamed=True):
         bad = first_bad_chunk(y, want, M, cap)
         chunk_rows = min(cap, M)
         g0 = _g(x)
-        ring = PackedRing(cap, K)  # the chunk alone: the kernels on it directly
+        ring = PackedRing(cap, K, f16=True)  # the chunk alone: the kernels on it directly
 
         def chunk():
-            quantize_nvfp4(x[:chunk_rows], g0, out=(ring.q, ring.s))
+            quantize_expand_nvfp4(x[:chunk_rows], g0,
+                                  out=(ring.q, ring.s, ring.f16[:chunk_rows]))
             return gemm_nvfp4(ring.q, ring.s, g0, w_q, w_s, g_w, rows=(0, chunk_rows),
-                              out=y[:chunk_rows], config=config, prepacked=pre)
+                              out=y[:chunk_rows], config=config, prepacked=pre, a16=ring.f16)
 
         tt = {"total": _time(total, quick, calls_per_graph=2),
               "total_eager": _time(total, quick, graph=False),
@@ -147,8 +160,8 @@ def _shape(name, N, K, M, capacities, quick, seed, streamed=True):
                "total_eager_us": tt["total_eager"]["median_us"],
                "chunk_us": tt["chunk"]["median_us"], "complete_us": complete_us,
                "complete_share_us": complete_us * chunk_rows / M,
-               "predicted_rounds": P.chunked_rounds(0, M, cap, n_tiles, sms),
-               "whole_rounds": P.rounds(M, n_tiles, sms)}
+               "predicted_rounds": P.chunked_rounds(0, M, cap, n_tiles, sms, config.tile_m),
+               "whole_rounds": P.rounds(M, n_tiles, sms, config.tile_m)}
         row.update(speedups(row, t["complete_eager"]["median_us"]))
         rows.append(row)
         progress(f"  capacity {cap}: total {row['total_us']:.1f} us (x{row['speedup']:.3f}), "
@@ -228,7 +241,7 @@ def _main(argv) -> int:
     except WorkbenchError as e:
         progress(f"no plot: {e}")
     table = [[r["projection"], r.get("capacity", "whole"),
-              f"{r.get('ring_bytes', r['packed_bytes']) / 1e6:.2f}",
+              f"{r.get('ring_bytes', r['activation_bytes']) / 1e6:.2f}",
               f"{r.get('chunk_us', float('nan')):.1f}",
               f"{r.get('total_us', r['complete_us']):.1f}", f"{r['complete_us']:.1f}",
               f"{r.get('speedup', 1.0):.3f}", f"{r.get('speedup_eager', 1.0):.3f}",

@@ -79,6 +79,7 @@ def rounds(rows: int, n_tiles: int, sms: int, tile_m: int = ROW_TILE) -> int:
     return -(-tiles // sms)
 
 
-def chunked_rounds(r0: int, r1: int, capacity: int, n_tiles: int, sms: int) -> int:
+def chunked_rounds(r0: int, r1: int, capacity: int, n_tiles: int, sms: int,
+                   tile_m: int = ROW_TILE) -> int:
     """Rounds of the chunked ring: each chunk's launch ends in its own partial round."""
-    return sum(rounds(c.rows, n_tiles, sms) for c in chunk_plan(r0, r1, capacity))
+    return sum(rounds(c.rows, n_tiles, sms, tile_m) for c in chunk_plan(r0, r1, capacity))
