@@ -118,8 +118,8 @@ def gemm_nvfp4_p1_dump(x, g_x, prepacked, g_w, *, config: BlockscaledGemmSm90 | 
     out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     xb = x.view(torch.uint8)
     ENTRY(config, config.static_key(),
-          (xb, xb, prepacked.codes, prepacked.scales, g_x, g_w, out, _mailbox_address(), dump,
-           out, out, out),
+          (xb, xb, prepacked.codes, prepacked.scales, g_x, g_w, out, _mailbox_address(),
+           dump.view(torch.float32), out, out, out),  # the workspace slot's type; never added
           (M, N, K // 32, sm_count()))
     cells = dump.view(n_tiles, M, k_tiles, 9)
     codes = cells[..., :8].contiguous().view(torch.uint8).reshape(n_tiles, M, k_tiles * 32)
