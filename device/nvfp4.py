@@ -451,11 +451,11 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
             codes = cute.make_rmem_tensor((2,), Uint32)
             s8 = quantize_block16(w, g, rcp_g, codes, True)
             if cutlass.const_expr(dump is not None):
-                words, row0, row_stride, rows_valid = dump
+                dump_words, row0, row_stride, rows_valid = dump
                 if r < rows_valid:
                     base = (row0 + r * row_stride) * 9
-                    words[base + 2 * j] = codes[0]
-                    words[base + 2 * j + 1] = codes[1]
+                    dump_words[base + 2 * j] = codes[0]
+                    dump_words[base + 2 * j + 1] = codes[1]
                 scale_word = scale_word | (s8 << Uint32(8 * j))
             scale = e4m3x2_scales_x64(s8 | (s8 << Uint32(8)))
             for h, chunk in ((0, lo_chunk), (1, hi_chunk)):
@@ -465,9 +465,9 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                     out[e] = words[e]
                 cute.autovec_copy(out, f16_words[(None, dst_row + chunk)])
         if cutlass.const_expr(dump is not None):
-            words, row0, row_stride, rows_valid = dump
+            dump_words, row0, row_stride, rows_valid = dump
             if r < rows_valid:
-                words[(row0 + r * row_stride) * 9 + 8] = scale_word
+                dump_words[(row0 + r * row_stride) * 9 + 8] = scale_word
 
 
 def word_view(byte_ptr, nbytes: int):

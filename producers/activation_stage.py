@@ -293,7 +293,7 @@ class QuantizingActivationStage(ExpandedActivationStage):
         dump = None
         if cutlass.const_expr(self.dump):  # words, M (the output's rows), k-blocks
             dump = (cute.make_tensor(cute.recast_ptr(ctx.epi.work.iterator, dtype=Uint32),
-                                     cute.make_layout(1 << 30)),
+                                     cute.make_layout(1 << 30)),  # nominal: host-sized
                     cute.size(ctx.epi.d, mode=[0]), ctx.tiles.k_tiles)
         for_each_tile(ctx.tiles, self.quantize_tile,
                       (x_words, f16_words, g, rcp_approx_ftz(g), ctx.bars["full"],

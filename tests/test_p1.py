@@ -163,6 +163,9 @@ def test_p1_debug_build_compiles_and_leaves_production_alone():
     assert r.ptx != _report().ptx
     with pytest.raises(ValueError, match="splits 1"):
         P1Study(dump=True, splits=2).build()
+    from kernels.nvfp4.gemm_shell import P0Variant
+    with pytest.raises(ValueError, match="not without it"):
+        P1Study(dump=True, variant=P0Variant(skip_dequant=True)).build()
 
 
 def _adversarial(M, K, gen):
@@ -210,7 +213,7 @@ def test_p1_debug_dump_equals_comfys_bits(shape, kind):
             x = x.sign() * torch.exp(2.0 * torch.randn(M, K, generator=gen, device="cuda"))
         x = x.to(torch.bfloat16)
         g_x = nvfp4.global_scale_from_amax(x.abs().max()).reshape(1).float()
-    _, codes, scales = gemm_nvfp4_p1_dump(x, g_x, pre, g_w)
+    _, codes, scales, unwritten = gemm_nvfp4_p1_dump(x, g_x, pre, g_w)
     torch.cuda.synchronize()
     q, s = nvfp4.quantize(x, g_x, pad_16x=True)
     Mp = q.shape[0]
@@ -220,3 +223,4 @@ def test_p1_debug_dump_equals_comfys_bits(shape, kind):
     bad_codes = int((codes != q[:M].unsqueeze(0)).sum())
     bad_scales = int((scales != want_s.unsqueeze(0)).sum())
     assert bad_codes == 0 and bad_scales == 0, (bad_codes, bad_scales)
+    assert int(unwritten) == 0

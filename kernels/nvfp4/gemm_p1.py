@@ -97,16 +97,19 @@ def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm
 
 
 DUMP_POISON = -0x5A5A5A5B  # 0xA5A5A5A5: what a word no tile wrote keeps
+_DUMP: dict = {}  # the debug build's config, made once
 
 
 def gemm_nvfp4_p1_dump(x, g_x, prepacked, g_w, *, config: BlockscaledGemmSm90 | None = None):
     """The debug build (P1Study(dump=True)): the GEMM as :func:`gemm_nvfp4_p1`, and what every
     consumed tile's quantizer produced, one copy per weight tile (each output-N CTA quantizes
     its activation tile again): (out bf16 [M, N], codes uint8 [n_tiles, M, K/2] in the packed
-    activation's byte order, scales uint8 [n_tiles, M, K/16] row-major, not swizzled). Words no
-    tile wrote keep DUMP_POISON's bytes."""
+    activation's byte order, scales uint8 [n_tiles, M, K/16] row-major, not swizzled,
+    unwritten: a 0-d int64 tensor counting the (weight tile, row, k-block) cells no tile wrote:
+    their scale word keeps DUMP_POISON, which no E4M3 scale byte (<= 0x7E) can form)."""
     M, N, K = validate(x, g_x, prepacked, g_w, None)
-    config = config or P1Study(dump=True).build()
+    config = config or _DUMP.get("config") or _DUMP.setdefault("config",
+                                                             P1Study(dump=True).build())
     if not getattr(config.activation, "dump", False):
         raise TypeError("config must be P1's debug build (P1Study(dump=True))")
     n_tiles, k_tiles = -(-N // config.tile_n), -(-K // 64)
@@ -124,5 +127,6 @@ def gemm_nvfp4_p1_dump(x, g_x, prepacked, g_w, *, config: BlockscaledGemmSm90 | 
     cells = dump.view(n_tiles, M, k_tiles, 9)
     codes = cells[..., :8].contiguous().view(torch.uint8).reshape(n_tiles, M, k_tiles * 32)
     scales = cells[..., 8:].contiguous().view(torch.uint8).reshape(n_tiles, M, k_tiles * 4)
-    return out, codes[..., :K // 2], scales[..., :K // 16]
+    unwritten = (cells[..., 8] == DUMP_POISON).sum()
+    return out, codes[..., :K // 2], scales[..., :K // 16], unwritten
 

@@ -704,6 +704,8 @@ class P1Study:
         _check_ring(self.stages, self.splits)
         if self.dump and self.splits != 1:
             raise ValueError("the debug build writes through the split-K workspace: splits 1")
+        if self.dump and self.variant.skip_dequant:
+            raise ValueError("the debug build writes what the quantizer makes: not without it")
         tokens = RegisterAWgmmaConsumer.TOKENS[0]
         activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
         if self.dump:
