@@ -321,18 +321,17 @@ SWAP_AB = TileChoice(
 
 # The f16 builds (the activation's exact f16 expansion by TMA; kernels/nvfp4/gemm.py
 # default_config(f16=True), the p0 linear's path): notes/p0-gemm.md, session 22 (15fc61e).
-# 4 f16 activation buffers: 2 starve the pipelined consumer (866-971 ns a k-block against
-# 512-539 with 4); the serial consumer with 4 measured 498-523 (production 639-655)
+# 4 f16 activation buffers: with 2 the pipelined consumer starved (1.5-1.8x slower a k-block);
+# the serial consumer with 4 ran 0.78-0.85x production's time at M = 128
 F16_BUFFERS = 4
 # stream-K (device.tiles.StreamKSchedule) instead of the tile loop where the 128 x 128 tiles
 # pass a whole wave by at most half of one (tiles / SMs in (lo, hi]) at one K split: it won at
-# qkv M = 128 (168 tiles on 132 SMs: 69.0 against 83.7 µs) and lost wherever the tile loop
-# ran whole waves or K splits (fc1, out, fc2, 7168 x 5376 at M = 128: 0.97-1.33x slower)
+# qkv M = 128 (168 tiles on 132 SMs: 0.82x the tile loop's time) and lost wherever the tile
+# loop ran whole waves or K splits (fc1, out, fc2, 7168 x 5376 at M = 128: 1.18-1.33x slower)
 F16_STREAM_K_WAVES = (1.0, 1.5)
-# beyond SWAP_AB_MAX_WAVES the three-warpgroup build with 256 tokens a CTA (m64n256k16):
-# 665 / 396 / 169 / 432 / 231 µs at M = 2048 (qkv / fc1 / out / fc2 / 7168 x 5376) against the
-# P0 design's 965 / 616 / 269 / 676 / 358 and the swap-AB f16 build's 928 / 581 / 244 / 630 /
-# 283; the switch point between them is v5's (not re-measured for the f16 builds)
+# beyond SWAP_AB_MAX_WAVES the three-warpgroup build with 256 tokens a CTA (m64n256k16): at
+# M = 2048 0.63-0.69x the P0 design's time and 0.68-0.82x the swap-AB f16 build's, every H3
+# shape; the switch point between them is v5's (not re-measured for the f16 builds)
 WIDE_F16 = TileChoice(  # tile_n: the tokens a CTA (wgmma N; the shell's tile_m, 256)
     tile_n=256, stages=8,
     source="session 22 (15fc61e, ca914ee): tokens 256 beat 128 by 19-44 % at M = 2048 and "
