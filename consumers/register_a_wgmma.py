@@ -206,12 +206,18 @@ class RegisterAWgmmaConsumer:
             warpgroup.fence()
             tile_addr = v.f16_base + b * self.act_tiles.tile_bytes
             for st in cutlass.range_constexpr(STEPS):
-                desc = sw128_kmajor_descriptor(tile_addr + st * 32, SW128_ATOM)
-                res = wgmma_rs_m64k16([acc[i] for i in range(self.tile_m // 2)],
-                                      [a[4 * st + j] for j in range(4)], desc, "f16")
-                for i in cutlass.range_constexpr(self.tile_m // 2):
-                    acc[i] = res[i]
+                self._wgmma_k16(acc, a, tile_addr, st)
             warpgroup.commit_group()
+
+    @cute.jit
+    def _wgmma_k16(self, acc: cute.Tensor, a: cute.Tensor, tile_addr, st: cutlass.Constexpr):
+        """acc += A slot ``st`` (4 registers of ``a``) x the f16 tile's k16 step ``st``: one
+        m64 x tile_m x k16 register-sourced wgmma (not committed here)."""
+        desc = sw128_kmajor_descriptor(tile_addr + st * 32, SW128_ATOM)
+        res = wgmma_rs_m64k16([acc[i] for i in range(self.tile_m // 2)],
+                              [a[4 * st + j] for j in range(4)], desc, "f16")
+        for i in cutlass.range_constexpr(self.tile_m // 2):
+            acc[i] = res[i]
 
     def output_pairs(self, acc, wg, t):
         """[(m, n, x0, x1)] in D tile coordinates (m a token, n an even weight row of the
@@ -317,11 +323,7 @@ class PipelinedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
                         self._convert_slot(a, frag, sc, 0)
                 if cutlass.const_expr(self.mma):
                     warpgroup.fence()
-                    desc = sw128_kmajor_descriptor(tile_addr + st * 32, SW128_ATOM)
-                    res = wgmma_rs_m64k16([acc[i] for i in range(self.tile_m // 2)],
-                                          [a[4 * st + j] for j in range(4)], desc, "f16")
-                    for i in cutlass.range_constexpr(self.tile_m // 2):
-                        acc[i] = res[i]
+                    self._wgmma_k16(acc, a, tile_addr, st)
                     warpgroup.commit_group()
                     warpgroup.wait_group(self.IN_FLIGHT)
                 if cutlass.const_expr(st == 1):

@@ -9,7 +9,6 @@ the CPU standing in for the GPU: ``require_hopper`` is a no-op and ``check_cuda_
 CPU tensor as a CUDA one (every other check of it, dtype, contiguity, alignment, is the real
 one; a meta tensor stands in for a tensor on the wrong device).
 """
-import contextlib
 import math
 
 import pytest
@@ -21,6 +20,7 @@ from models.codepredictor import checkpoint_shapes, load_checkpoint, random_weig
 from configs.codepredictor import CodePredictorConfig
 from models.sampler import Sampler, SamplerSettings, draw, filtered_scores
 from numerics import nvfp4, scalar_spec
+from tests.cpu_stand_in import cpu_as_gpu, misaligned
 from numerics.formats import E2M1_VALUES, FLT_MAX, FORMATS, e4m3_decode, round_to_format
 
 NAN, INF = math.nan, math.inf
@@ -266,36 +266,6 @@ def _same_values(a, b) -> bool:
 
 
 # --- the kernels' validators, the CPU standing in for the GPU ------------------------------------
-class _AsCuda(torch.Tensor):
-    """A CPU tensor as check_cuda_tensor's device test sees it: on cuda:0."""
-
-    @property
-    def device(self):
-        real = torch.Tensor.device.__get__(self)
-        return torch.device("cuda", 0) if real.type == "cpu" else real
-
-
-@contextlib.contextmanager
-def _cpu_as_gpu(*modules):
-    from device import runtime
-
-    def check(name, t, **kw):
-        return runtime.check_cuda_tensor(
-            name, t.as_subclass(_AsCuda) if isinstance(t, torch.Tensor) else t, **kw)
-
-    with pytest.MonkeyPatch.context() as mp:
-        for m in modules:
-            mp.setattr(m, "require_hopper", lambda: None)
-            mp.setattr(m, "check_cuda_tensor", check)
-        yield
-
-
-def _misaligned(t):
-    """The same shape and dtype, its data 1 element past a 16-byte boundary (ragged storage)."""
-    flat = torch.zeros(t.numel() + 16, dtype=t.dtype)
-    return flat[1:1 + t.numel()].view(t.shape)
-
-
 def _fp8(shape, gen):
     return torch.randint(0, 0x7F, shape, generator=gen, dtype=torch.uint8).view(
         torch.float8_e4m3fn)
@@ -340,7 +310,7 @@ def test_gemm_nvfp4_validate_refuses_each_defect(data):
         b_q = _strided(data, b_q)
         assume(not b_q.is_contiguous())
     elif defect == "a_q aligned":
-        a_q = _misaligned(a_q)
+        a_q = misaligned(a_q)
     elif defect == "a_q device":
         a_q = a_q.to("meta")
     elif defect == "b_s device":
@@ -383,7 +353,7 @@ def test_gemm_nvfp4_validate_refuses_each_defect(data):
     elif defect == "out strides":
         out = torch.empty(N, m, dtype=torch.bfloat16).t()
         assume(not out.is_contiguous())
-    with _cpu_as_gpu(gemm):
+    with cpu_as_gpu(gemm):
         got = _outcome(expected, lambda: gemm.validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows))
     if got is not None:
         r0, r1 = (0, M) if rows is None else rows
@@ -424,7 +394,7 @@ def test_quantize_nvfp4_validate_refuses_each_defect(data):
         x = _strided(data, x)
         assume(not x.is_contiguous())
     elif defect == "x aligned":
-        x = _misaligned(x)
+        x = misaligned(x)
     elif defect == "x dims":
         x = x.reshape(-1)
     elif defect == "K not 16":
@@ -461,7 +431,7 @@ def test_quantize_nvfp4_validate_refuses_each_defect(data):
                torch.zeros(nvfp4.scale_shape(row_offset + M, K), dtype=torch.uint8))
     elif defect == "row_offset":
         row_offset = data.draw(st.sampled_from([-1, 1.5, True]))
-    with _cpu_as_gpu(Q):
+    with cpu_as_gpu(Q):
         assert _outcome(expected, lambda: Q._validate(x, g, out, row_offset)) is None
 
 
@@ -485,10 +455,10 @@ def test_amax_validate_refuses_each_defect(data):
         x = torch.stack([x, x], -1)[..., 0]
         assume(not x.is_contiguous())
     elif defect == "aligned":
-        x = _misaligned(x)
+        x = misaligned(x)
     elif defect == "device":
         x = x.to("meta")
-    with _cpu_as_gpu(A):
+    with cpu_as_gpu(A):
         assert _outcome(expected, lambda: A.validate_input(x)) is None
 
 

@@ -8,7 +8,6 @@ GPU: the amax kernel's g bit for bit, amax into a workspace reused without clear
 linear's output bit-identical to the composition it replaced. Host time per call is measured by
 experiments/host_overhead.py (a summary with gates), never asserted here.
 """
-import contextlib
 import math
 import struct
 
@@ -18,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from numerics import nvfp4
+from tests.cpu_stand_in import cpu_as_gpu, misaligned
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -73,33 +73,6 @@ def test_amax_kernel_writes_g_with_the_device_rule_and_no_spills():
 
 
 # --- the caches, the CPU standing in for the GPU -------------------------------------------------
-class _AsCuda(torch.Tensor):
-    @property
-    def device(self):
-        real = torch.Tensor.device.__get__(self)
-        return torch.device("cuda", 0) if real.type == "cpu" else real
-
-
-@contextlib.contextmanager
-def _cpu_as_gpu(*modules):
-    from device import runtime
-
-    def check(name, t, **kw):
-        return runtime.check_cuda_tensor(
-            name, t.as_subclass(_AsCuda) if isinstance(t, torch.Tensor) else t, **kw)
-
-    with pytest.MonkeyPatch.context() as mp:
-        for m in modules:
-            mp.setattr(m, "require_hopper", lambda: None)
-            mp.setattr(m, "check_cuda_tensor", check)
-        yield
-
-
-def _misaligned(t):
-    flat = torch.zeros(t.numel() + 16, dtype=t.dtype)
-    return flat[1:1 + t.numel()].view(t.shape)
-
-
 def _refused(fn) -> bool:
     try:
         fn()
@@ -125,7 +98,7 @@ def _variant(data, t, name):
         wide[:, ::2] = t
         return wide[:, ::2]
     if how == "misaligned":
-        return _misaligned(t)
+        return misaligned(t)
     if how == "shape" and t.dim() == 2:
         return torch.zeros(t.shape[0] + 1, t.shape[1], dtype=t.dtype)
     if how == "not a tensor":
@@ -165,7 +138,7 @@ def test_gemm_cache_never_accepts_what_the_checks_refuse(data):
         return G.validate(a["a_q"], a["a_s"], a["g_a"], a["b_q"], a["b_s"], a["g_b"],
                           a["out"], rows)
 
-    with _cpu_as_gpu(G):
+    with cpu_as_gpu(G):
         assert not _refused(lambda: check(args, rows))
         key = sig(args, rows)
         name = data.draw(st.sampled_from(sorted(args)), label="changed")
@@ -197,7 +170,7 @@ def test_quantize_cache_never_accepts_what_the_checks_refuse(data):
     def check(a, off):
         return Q.plan(a["x"], a["g"], (a["q"], a["s"]), off, False, None)
 
-    with _cpu_as_gpu(Q):
+    with cpu_as_gpu(Q):
         assert not _refused(lambda: check(args, offset))
         key = sig(args, offset)
         name = data.draw(st.sampled_from(sorted(args)), label="changed")
@@ -217,7 +190,7 @@ def test_amax_cache_never_accepts_what_the_checks_refuse(data):
 
     x = torch.randn(8, 24).to(data.draw(st.sampled_from(DTYPES)))
     new = _variant(data, x, "x")
-    with _cpu_as_gpu(A):
+    with cpu_as_gpu(A):
         assert not _refused(lambda: A.validate_input(x))
         key = A.signature(x, None, A._DEFAULT)
         accepted = _accepted(key, lambda: A.signature(new, None, A._DEFAULT),
@@ -239,7 +212,7 @@ def test_signatures_tell_apart_what_the_checks_read():
                   torch.zeros(32, 128, dtype=torch.bfloat16)[:, ::2]):
         assert Q.signature(other, g, None, 0, False, None) != key
     assert Q.signature(x, g, None, True, False, None) != Q.signature(x, g, None, 1, False, None)
-    mis = _misaligned(x)
+    mis = misaligned(x)
     assert Q.signature(mis, g, None, 0, False, None) == key and not Q._aligned(mis, g, None)
 
 
