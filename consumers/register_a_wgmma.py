@@ -177,23 +177,35 @@ class RegisterAWgmmaConsumer:
         """Wait for ring use ``cnt``, load this thread's weight fragments of it (16 code bytes,
         8 scale bytes), release the stage and convert them into ``a`` (4 k16 steps x 4 f16x2
         registers)."""
+        frag = cute.make_rmem_tensor((4,), Uint32)
+        sc = cute.make_rmem_tensor((2,), Uint32)
+        self._load_fragments(frag, sc, v, cnt)
+        for st in cutlass.range_constexpr(STEPS):
+            self._convert_slot(a, frag, sc, st)
+
+    @cute.jit
+    def _load_fragments(self, frag: cute.Tensor, sc: cute.Tensor, v: TileViews, cnt: Int32):
+        """Wait for ring use ``cnt``, load this thread's 16 code bytes and 8 scale bytes of it
+        into ``frag`` and ``sc`` and release the stage."""
         s, ph = ring_position(cnt, self.stages)
         wait_parity(v.full + s, ph, Barrier.FULL, s, v.mailbox)
         slot = s * 2 + v.wg
-        frag = cute.make_rmem_tensor((4,), Uint32)
         cute.autovec_copy(v.codes[(None, slot * (SLAB_CODE_BYTES // 16) + v.t)], frag)
-        sc = cute.make_rmem_tensor((2,), Uint32)
         base = slot * (SLAB_SCALE_BYTES // 4) + (v.t // 4) * 2
         sc[0] = v.scales[base]
         sc[1] = v.scales[base + 1]
         cute.arch.sync_warp()
         if v.t % 32 == 0:
             cute.arch.mbarrier_arrive(v.empty + s)
-        for st in cutlass.range_constexpr(STEPS):
-            pair = sc[st // 2] if st % 2 == 0 else sc[st // 2] >> Uint32(16)
-            words = dequant_a_fragment(frag[st], pair)
-            for j in cutlass.range_constexpr(4):
-                a[4 * st + j] = words[j]
+
+    @cute.jit
+    def _convert_slot(self, a: cute.Tensor, frag: cute.Tensor, sc: cute.Tensor,
+                      st: cutlass.Constexpr):
+        """A slot ``st`` (4 f16x2 registers) from k16 step st's code word and scale pair."""
+        pair = sc[st // 2] if st % 2 == 0 else sc[st // 2] >> Uint32(16)
+        words = dequant_a_fragment(frag[st], pair)
+        for j in cutlass.range_constexpr(4):
+            a[4 * st + j] = words[j]
 
     @cute.jit
     def _issue(self, a: cute.Tensor, v: TileViews, cnt: Int32):
@@ -336,27 +348,3 @@ class PipelinedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
         if tile.k1 > tile.k0 and v.lane == 0:
             cute.arch.mbarrier_arrive(v.act_empty + (count - 1) % self.act_tiles.buffers)
         return count
-
-    @cute.jit
-    def _load_fragments(self, frag: cute.Tensor, sc: cute.Tensor, v: TileViews, cnt: Int32):
-        """Wait for ring use ``cnt``, load this thread's 16 code bytes and 8 scale bytes of it
-        into ``frag`` and ``sc`` and release the stage."""
-        s, ph = ring_position(cnt, self.stages)
-        wait_parity(v.full + s, ph, Barrier.FULL, s, v.mailbox)
-        slot = s * 2 + v.wg
-        cute.autovec_copy(v.codes[(None, slot * (SLAB_CODE_BYTES // 16) + v.t)], frag)
-        base = slot * (SLAB_SCALE_BYTES // 4) + (v.t // 4) * 2
-        sc[0] = v.scales[base]
-        sc[1] = v.scales[base + 1]
-        cute.arch.sync_warp()
-        if v.t % 32 == 0:
-            cute.arch.mbarrier_arrive(v.empty + s)
-
-    @cute.jit
-    def _convert_slot(self, a: cute.Tensor, frag: cute.Tensor, sc: cute.Tensor,
-                      st: cutlass.Constexpr):
-        """A slot ``st`` (4 f16x2 registers) from k16 step st's code word and scale pair."""
-        pair = sc[st // 2] if st % 2 == 0 else sc[st // 2] >> Uint32(16)
-        words = dequant_a_fragment(frag[st], pair)
-        for j in cutlass.range_constexpr(4):
-            a[4 * st + j] = words[j]
