@@ -148,8 +148,12 @@ def _check_prepacked(prepacked, N: int, K: int, device):
             raise ValueError(f"{name} is on {t.device}; the operands are on {device}")
 
 
-def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate=None, residual=None):
-    """All checks, in order; returns (M, N, K, r0, r1, g_a, g_b). Raises before any launch."""
+def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate=None, residual=None, *,
+             scales=True):
+    """All checks, in order; returns (M, N, K, r0, r1, g_a, g_b). Raises before any launch.
+    ``scales=False`` leaves g_a and g_b to the caller (returned as given): a caller that checks
+    them at launch, where a float would become a device tensor (no host copy may run inside a
+    graph capture)."""
     require_hopper()
     if not isinstance(a_q, torch.Tensor):
         raise TypeError(f"a_q must be a torch.Tensor, got {type(a_q).__name__}")
@@ -171,8 +175,9 @@ def validate(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, gate=None, residual=None):
                          "(scales are swizzled in 128-row tiles)")
     if (r1 - r0) * N // 2 >= 2**31 or M * K // 2 >= 2**40:
         raise ValueError("problem too large for the kernel's 32-bit output indexing")
-    g_a = _tensor_scale("g_a", g_a, device)
-    g_b = _tensor_scale("g_b", g_b, device)
+    if scales:
+        g_a = _tensor_scale("g_a", g_a, device)
+        g_b = _tensor_scale("g_b", g_b, device)
     if out is not None:
         check_cuda_tensor("out", out, dtypes=(torch.bfloat16,))
         if tuple(out.shape) != (r1 - r0, N):

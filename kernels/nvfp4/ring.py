@@ -207,9 +207,11 @@ def plan_ring(x, w_q, w_s, g_w, *, rows=None, capacity=None, config=None, prepac
     elif ring.device != x.device:
         raise ValueError(f"the ring is on {ring.device}; x is on {x.device}")
     first = chunks[0]  # the largest chunk: what holds for it holds for the rest
-    validate_gemm(ring.q, ring.s, 1.0, w_q, w_s, g_w,
+    # g is checked at run (_check_g) and g_w by each chunk's gemm_nvfp4: no tensor made here,
+    # so a plan can be made inside a graph capture
+    validate_gemm(ring.q, ring.s, None, w_q, w_s, g_w,
                   None if out is None else out[:first.rows], (0, first.rows), gate,
-                  None if residual is None else residual[:first.rows])
+                  None if residual is None else residual[:first.rows], scales=False)
     whole = config or default_config(r1 - r0, N, K, prepacked=prepacked is not None)
     config = launch_config(whole, first.rows, N, K, x.device, gate, prepacked, f16=f16)
     return RingPlan(x, (w_q, w_s, g_w), r0, r1, capacity, chunks, config, prepacked, gate,
