@@ -34,7 +34,7 @@ from typing import NamedTuple
 from configs.arch import WARP, WARPGROUP
 from device.barriers import Barrier
 from device.nvfp4 import dequant_a_fragment, word_view
-from device.ptx import smem_u32
+from device.ptx import red_release_gpu_add, smem_u32
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
@@ -44,6 +44,7 @@ from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS
 from numerics.nvfp4 import PREPACK_STEPS as STEPS
 from producers.activation_stage import F16Tiles
 from producers.register_order import SLAB_CODE_BYTES, SLAB_SCALE_BYTES
+from producers.ring_queue import QueueLayout, done_slot
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402
@@ -152,11 +153,16 @@ class RegisterAWgmmaConsumer:
         """The tile's k-blocks (:meth:`mainloop`), then the epilogue."""
         v.acc.fill(0.0)
         count = self.mainloop(tile, v, count)
+        self.store_tile(tile, v)
+        return count
+
+    @cute.jit
+    def store_tile(self, tile, v: TileViews):
+        """The epilogue on the tile's accumulators."""
         v.epilogue.store(self.output_pairs(v.acc, v.wg, v.t), v.epi,
                          OutputTile(m0=tile.m * self.tile_m, n0=tile.n * self.tile_n,
                                     tile_id=tile.m * v.n_tiles + tile.n, split=tile.split,
                                     ct=v.ct, segments=tile.segments))
-        return count
 
     @cute.jit
     def mainloop(self, tile, v: TileViews, count: Int32) -> Int32:
@@ -347,4 +353,28 @@ class PipelinedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
         warpgroup.wait_group(0)
         if tile.k1 > tile.k0 and v.lane == 0:
             cute.arch.mbarrier_arrive(v.act_empty + (count - 1) % self.act_tiles.buffers)
+        return count
+
+
+class RingReleasingConsumer(PipelinedRegisterAWgmmaConsumer):
+    """:class:`PipelinedRegisterAWgmmaConsumer` of the work queue (producers.ring_queue): after
+    a tile's mainloop (every k-block of its ring rows has landed in shared memory, so the TMA's
+    reads of the slot are complete) consumer thread 0 counts the tile into its chunk's
+    ``done`` (``red.release.gpu``), which frees the slot for the quantizers once every tile of
+    the chunk is counted; then the epilogue as before."""
+
+    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, layout: QueueLayout):
+        super().__init__(tokens, stages, act_tiles)
+        self.layout = layout
+
+    @cute.jit
+    def consume_tile(self, tile, v: TileViews, count: Int32) -> Int32:
+        v.acc.fill(0.0)
+        count = self.mainloop(tile, v, count)
+        if v.ct == 0:
+            chunks = self.layout.chunks(cute.size(v.epi.d, mode=[0]))
+            red_release_gpu_add(
+                v.epi.count.iterator + done_slot(tile.m // self.layout.chunk_tiles, chunks),
+                Int32(1))
+        self.store_tile(tile, v)
         return count

@@ -361,6 +361,18 @@ def dequant_e2m1_word(w, scale_x64):
 
 
 
+def expand_block16(words, s8):
+    """One quantized block's exact f16 expansion e2m1 · s: its two code words (as
+    :func:`quantize_block16` writes them) and its scale byte -> 8 f16x2 words in element order
+    (the quantize kernel's f16 output and the work queue's ring rows)."""
+    scale = e4m3x2_scales_x64(s8 | (s8 << Uint32(8)))
+    f16 = cute.make_rmem_tensor((8,), Uint32)
+    for h in range(2):  # plain loops: unrolled while tracing (callable outside a jit body)
+        ws = dequant_e2m1_word(words[h], scale)
+        for e in range(4):
+            f16[4 * h + e] = ws[e]
+    return f16
+
 
 ROW_CHUNKS = 8  # 16-byte chunks of one 64-element f16 row (128 B, one swizzle row)
 

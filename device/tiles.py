@@ -27,8 +27,9 @@ class TileSchedule:
     device side: :meth:`start` (through :func:`for_each_tile`)."""
 
     def __init__(self, tiles: tuple, cluster_n: int = 1, raster_along_m: bool = True,
-                 *, _encoded=None, _templates=None):
+                 *, spare: int = 0, _encoded=None, _templates=None):
         self.tiles, self.cluster_n, self.raster_along_m = tiles, cluster_n, raster_along_m
+        self.spare = spare  # CTAs at the grid's end that walk no tiles (the work queue's)
         # work items in cluster units, m fastest (CuTe's default column-major layout)
         self.clusters = cute.make_layout(cute.ceil_div(tiles, (1, cluster_n)))
         m_clusters, n_clusters = self.clusters.shape[0], self.clusters.shape[1]
@@ -50,13 +51,17 @@ class TileSchedule:
     def __new_from_mlir_values__(self, values) -> TileSchedule:
         n = len(extract_mlir_values(self.tiles))
         return TileSchedule(new_from_mlir_values(self.tiles, values[:n]), self.cluster_n,
-                            self.raster_along_m, _encoded=values[n:n + 2],
+                            self.raster_along_m, spare=self.spare, _encoded=values[n:n + 2],
                             _templates=(self.major, self.minor))
 
     def grid(self, max_clusters: Int32) -> tuple:
         """The launch grid (host): one CTA per tile up to ``max_clusters`` clusters, as
-        (1, cluster_n, clusters), so a cluster's CTAs are neighbours along y."""
-        return (1, self.cluster_n, cutlass.min(cute.size(self.clusters), max_clusters))
+        (1, cluster_n, clusters), so a cluster's CTAs are neighbours along y; ``spare`` more
+        CTAs after them (clusters of one) that walk no tiles."""
+        walkers = cutlass.min(cute.size(self.clusters), max_clusters)
+        if cutlass.const_expr(self.spare):
+            return (1, self.cluster_n, walkers + self.spare)
+        return (1, self.cluster_n, walkers)
 
     def start(self) -> TileWalk:
         """This CTA's walk over the schedule, at its cluster's first work item (device
@@ -64,6 +69,8 @@ class TileSchedule:
         bidx, bidy, bidz = cute.arch.block_idx()
         grid = cute.arch.grid_dim()
         stride = cute.size(grid) // cute.size((1, self.cluster_n))
+        if cutlass.const_expr(self.spare):
+            stride = stride - self.spare
         cta = (Int32(bidx % 1), Int32(bidy % self.cluster_n), Int32(0))
         return TileWalk(self, stride, Int32(bidz), cta)
 

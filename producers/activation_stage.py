@@ -182,17 +182,28 @@ class F16TmaActivationStage:
                                            cute.group_modes(tiles, 0, 2))
             for_each_tile(ctx.tiles, self.fill_tile,
                           ((atom, tg, ts), ctx.bars["act_full"], ctx.bars["act_empty"],
-                           ctx.mailbox))
+                           ctx.mailbox, *self.fill_args(ctx)))
+
+    def fill_args(self, ctx) -> tuple:
+        """What :meth:`fill_tile` reads besides the TMA views, barriers and mailbox (none
+        here; the work queue's stage adds its counters)."""
+        return ()
 
     @cute.jit
     def fill_tile(self, tile, args, count: Int32) -> Int32:
         """Per k-block of ``tile``: wait for a free f16 tile, announce its bytes and TMA the
         token tile's k-block into it."""
-        (atom, tg, ts), act_full, act_empty, mailbox = args
+        return self.load_rows(tile.m, tile, args, count)
+
+    @cute.jit
+    def load_rows(self, row_tile: Int32, tile, args, count: Int32) -> Int32:
+        """``tile``'s k-blocks from token tile ``row_tile`` of the TMA's tensor (the tile's own
+        row tile, or its ring slot's in the work queue: producers.ring_queue)."""
+        (atom, tg, ts), act_full, act_empty, mailbox = args[:4]
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             b, bar = acquire_stage(count, self.tiles.buffers, act_empty, act_full,
                                    self.tiles.tile_bytes, Barrier.ACT_EMPTY, mailbox)
-            cute.copy(atom, tg[(None, tile.m, kt)], ts[(None, b)], tma_bar_ptr=bar)
+            cute.copy(atom, tg[(None, row_tile, kt)], ts[(None, b)], tma_bar_ptr=bar)
             count = count + 1
         return count
 

@@ -336,3 +336,19 @@ WIDE_F16 = TileChoice(  # tile_n: the tokens a CTA (wgmma N; the shell's tile_m,
     tile_n=256, stages=8,
     source="session 22 (15fc61e, ca914ee): tokens 256 beat 128 by 19-44 % at M = 2048 and "
            "lost at M = 128; stages 8: the study's, not swept")
+
+
+# ---- P2's persistent work queue (kernels/nvfp4/workqueue.py; notes/p2.md) --------------------
+@dataclass(frozen=True)
+class WorkQueueChoice:
+    capacity: int  # rows a chunk (whole 256-token tiles)
+    slots: int  # chunks the f16 ring holds
+    producers: int  # quantizer CTAs (the GEMM keeps the other SMs)
+    source: str
+
+
+WORKQUEUE = WorkQueueChoice(
+    capacity=256, slots=3, producers=4,
+    source="session 23 design, not measured: 3 x 256 f16 rows of K = 5376 are 8.26 MB, inside "
+           "issue #39's 8.3 MB ring target; 4 quantizer CTAs from notes/p2.md's bandwidth model "
+           "(qkv needs ~1-2, out ~3-4); the H200 sweep (experiments/p2_block_gate.py) decides")

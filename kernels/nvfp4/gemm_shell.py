@@ -68,7 +68,8 @@ from typing import NamedTuple
 from configs.arch import K_BLOCK, SMEM_PER_CTA_MAX, WARPGROUP
 from consumers.dequant_wgmma import DequantWgmmaConsumer
 from consumers.register_a_wgmma import (OverlappedRegisterAWgmmaConsumer,
-                                         PipelinedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer)
+                                         PipelinedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer,
+                                         RingReleasingConsumer)
 from device import ffi
 from device.runtime import cute_modules, pointer_args
 from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_segments
@@ -79,6 +80,8 @@ from producers.activation_stage import (ExpandedActivationStage, F16TmaActivatio
                                         WeightsAndF16Producer)
 from producers.register_order import (Bf16RegisterOrderProducer, PairedRegisterOrderProducer,
                                       RegisterOrderProducer, WeightsOnlyRegisterOrderProducer)
+from producers.ring_queue import TOKENS as TOKENS_QUEUE
+from producers.ring_queue import RingWeightsAndF16Producer
 from producers.tma_prepacked import TmaPrepackedProducer
 
 cutlass, cute = cute_modules()
@@ -263,6 +266,20 @@ class BlockscaledGemmSm90:
         return cls.from_roles("swap_ab", producer, consumer, None, splits=splits,
                               raster_along_m=False, stream_k=stream_k)
 
+    @classmethod
+    def wide_f16_queue(cls, layout, *, stages: int = 8,
+                       buffers: int = 4) -> BlockscaledGemmSm90:
+        """:meth:`wide_f16` as P2's persistent work queue (producers.ring_queue; ``layout`` a
+        :class:`producers.ring_queue.QueueLayout`): the ``a`` buffer is the ring of f16 rows
+        the grid's last ``layout.producers`` CTAs fill from the bf16 activation (the ``sfa``
+        buffer) chunk by chunk, the per-tile counter buffer holds the queue's counters; every
+        tile is :meth:`wide_f16`'s, so the bits are its bits."""
+        _check_ring(stages, 1)
+        producer = RingWeightsAndF16Producer(TOKENS_QUEUE, 128, stages, buffers, layout)
+        consumer = RingReleasingConsumer(TOKENS_QUEUE, stages, producer.tiles, layout)
+        return cls.from_roles("swap_ab", producer, consumer, None, splits=1,
+                              raster_along_m=False)
+
     @property
     def reads_f16_activation(self) -> bool:
         """Whether the ``a`` buffer is the activation's f16 expansion [M, K] (the f16 builds)
@@ -303,6 +320,11 @@ class BlockscaledGemmSm90:
                              "epilogues/__init__.py)")
         check_links(producer, activation, consumer, self.epilogue)
         self.raster_along_m = raster_along_m
+        # the work queue's quantizer CTAs, appended to the grid (producers.ring_queue)
+        self.queue_producers = getattr(producer, "queue_producers", 0)
+        if self.queue_producers and (stream_k or splits != 1 or self.cluster_n != 1):
+            raise ValueError("the work queue runs the tile loop: one K split, no stream-K, "
+                             "clusters of one")
         self.roles = tuple(r for r in (producer, activation, consumer) if r is not None)
         self.barrier_table = check_roles(self.roles)
         self.threads = sum(r.warpgroups for r in self.roles) * WARPGROUP
@@ -423,7 +445,7 @@ class BlockscaledGemmSm90:
             grid = schedule.grid(k_tiles, max_ctas)
         else:
             schedule = TileSchedule((m_tiles, n_tiles, self.splits), self.cluster_n,
-                                    self.raster_along_m)
+                                    self.raster_along_m, spare=self.queue_producers)
             grid = schedule.grid(max_ctas // self.cluster_n)
         cluster = {} if self.cluster_n == 1 else {"cluster": [1, self.cluster_n, 1]}
         k_per_split = (k_tiles + self.splits - 1) // self.splits
@@ -464,7 +486,16 @@ class BlockscaledGemmSm90:
         ctx = ShellContext(smem=smem, bars=bars, tma=tma, globals=glob, tiled_mma=tiled_mma,
                            epilogue=self.epilogue, epi=epi, mailbox=mailbox,
                            tiles=TileLoop(schedule, k_tiles, k_per_split), scales=mG)
-        self._dispatch(ctx, warp // 4, tidx, 0, 0)
+        if cutlass.const_expr(self.queue_producers):  # the grid's last CTAs quantize
+            _, _, bid = cute.arch.block_idx()
+            _, _, ctas = cute.arch.grid_dim()
+            q = cute.arch.make_warp_uniform(bid - (ctas - self.queue_producers))
+            if q >= 0:
+                self.producer.quantize_chunks(ctx, q, tidx, self.threads)
+            else:
+                self._dispatch(ctx, warp // 4, tidx, 0, 0)
+        else:
+            self._dispatch(ctx, warp // 4, tidx, 0, 0)
         if cutlass.const_expr(self.cluster_n > 1):
             # no CTA leaves while its peer may still multicast into it or arrive on its barriers
             cute.arch.cluster_arrive()

@@ -19,8 +19,7 @@ import torch
 
 from device import ffi
 from device.ffi import plain_cuda, require_hopper
-from device.nvfp4 import (dequant_e2m1_word, e4m3x2_scales_x64, quantize_block16,
-                          scale_swizzle_offset)
+from device.nvfp4 import expand_block16, quantize_block16, scale_swizzle_offset
 from device.ptx import rcp_approx_ftz
 from device.runtime import check_cuda_tensor, cute_modules
 from numerics.nvfp4 import BLOCK, SCALE_TILE_COLS, scale_shape
@@ -98,13 +97,7 @@ class QuantizeNvfp4Kernel:
                 mS[Int32(off)] = Uint8(s8)
                 if cutlass.const_expr(self.emit_f16):
                     # e2m1 · s as exact f16 (the values P0's activation stage expands)
-                    scale = e4m3x2_scales_x64(s8 | (s8 << Uint32(8)))
-                    f16 = cute.make_rmem_tensor((8,), Uint32)
-                    for h in cutlass.range_constexpr(2):
-                        ws = dequant_e2m1_word(words[h], scale)
-                        for e in cutlass.range_constexpr(4):
-                            f16[4 * h + e] = ws[e]
-                    cute.autovec_copy(f16, gF[(None, b)])
+                    cute.autovec_copy(expand_block16(words, s8), gF[(None, b)])
 
 
 class QuantizeExpandNvfp4Kernel(QuantizeNvfp4Kernel):

@@ -1,0 +1,148 @@
+"""P2's persistent work queue, host side (the kernel's roles: producers/ring_queue.py; the
+design and its prediction: notes/p2.md): one launch of the 256-token f16 GEMM
+(:meth:`BlockscaledGemmSm90.wide_f16_queue`) whose grid ends in ``producers`` quantizer CTAs
+that fill a bounded ring of f16 rows chunk by chunk from the bf16 activation, while the other
+CTAs run the whole call's tiles as chunks become ready. Neither the packed activation nor its
+f16 expansion exists in full; the output is bit-identical to
+``gemm_nvfp4(quantize_expand_nvfp4(x, g), ..., a16=, config=<the same 256-token build>)``.
+
+Every check runs before the launch (:func:`plan_queue`): the arguments, the whole call's build
+(the queue runs the 256-token build only: where the chooser picks the swap-AB build there is
+one chunk's worth of work and nothing to overlap), and co-residency (every CTA of the grid
+resident at once, no MPS), since GEMM CTAs spin on the quantizers and quantizers on GEMM CTAs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from device.ffi import require_hopper
+from device.residency import check_co_resident
+from device.runtime import check_cuda_tensor, sm_count
+from kernels.nvfp4.gemm import _check_prepacked, _mailbox_address, default_config
+from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
+from kernels.nvfp4.prepack import PrepackedWeights
+from producers.ring_queue import QueueLayout
+from schedules import plan
+
+X_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass
+class QueuePlan:
+    """A checked work-queue call: :meth:`run` allocates the ring and counters and launches."""
+    x: torch.Tensor
+    prepacked: PrepackedWeights
+    g_w: torch.Tensor
+    N: int
+    layout: QueueLayout
+    config: BlockscaledGemmSm90  # the queue build (wide_f16_queue)
+    whole: BlockscaledGemmSm90  # the whole call's 256-token build, whose bits the queue gives
+    gemm_ctas: int
+    out: object
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.layout.ring_rows * self.x.shape[1] * 2
+
+    def run(self, g) -> torch.Tensor:
+        """One launch on the current stream; bf16 [M, N]."""
+        x = self.x
+        if (not isinstance(g, torch.Tensor) or g.dtype != torch.float32 or g.numel() != 1
+                or g.device != x.device):
+            raise TypeError("g must be the activation's tensor scale: a one-element float32 "
+                            f"tensor on {x.device} (from its amax)")
+        M, K = x.shape
+        out = self.out
+        if out is None:
+            out = torch.empty(M, self.N, dtype=torch.bfloat16, device=x.device)
+        ring = torch.empty(self.layout.ring_rows, K, dtype=torch.float16, device=x.device)
+        counters = torch.zeros(self.layout.counter_words(M), dtype=torch.int32,
+                               device=x.device)
+        ENTRY(self.config, self.config.static_key(),
+              (ring.view(torch.uint8), x.view(torch.uint8), self.prepacked.codes,
+               self.prepacked.scales, g, self.g_w, out, _mailbox_address(), out, counters, out,
+               out), (M, self.N, K // 32, self.gemm_ctas))
+        return out
+
+
+def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, out=None,
+               config=None) -> QueuePlan:
+    """Every check of a work-queue call, before any launch. ``x``: bf16/fp16 [M, K] contiguous
+    (K a multiple of 16); ``prepacked``: the weight's register-order prepack [N, K]; ``g_w``: its
+    tensor scale (one-element fp32 device tensor); ``capacity`` rows a chunk (a multiple of
+    256), ``slots`` ring slots (>= 2), ``producers`` quantizer CTAs (defaults:
+    schedules/plan.py ``WORKQUEUE``); ``config``: the whole call's 256-token build (default:
+    the chooser's, without stream-K); ``out``: bf16 [M, N]."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in X_DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}; expected bfloat16 or float16")
+    if x.dim() != 2 or x.shape[0] == 0 or x.shape[1] == 0 or x.shape[1] % 16:
+        raise ValueError(f"x has shape {tuple(x.shape)}; need [M >= 1, K] with K a positive "
+                         "multiple of 16")
+    M, K = x.shape
+    if not isinstance(prepacked, PrepackedWeights):
+        raise TypeError("prepacked must be the weight's register-order prepack "
+                        f"(kernels.nvfp4.prepack.prepack), got {type(prepacked).__name__}")
+    N = prepacked.rows
+    if prepacked.cols != K:
+        raise ValueError(f"prepacked holds a [{N}, {prepacked.cols}] weight; x has K = {K}")
+    if N % 8:
+        raise ValueError(f"N = {N} must be a multiple of 8 (16-byte output rows)")
+    d = plan.WORKQUEUE
+    layout = QueueLayout(d.capacity if capacity is None else capacity,
+                         d.slots if slots is None else slots,
+                         d.producers if producers is None else producers,
+                         bf16=x.dtype == torch.bfloat16)
+    if M * K // 2 >= 2**31 or layout.ring_rows * K // 2 >= 2**31:
+        raise ValueError(f"M = {M} or the ring's {layout.ring_rows} rows x K = {K} exceed the "
+                         "quantizer's 32-bit word indexing")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        if tuple(out.shape) != (M, N) or out.dtype != torch.bfloat16:
+            raise ValueError(f"out is {out.dtype} {tuple(out.shape)}; need bfloat16 [{M}, {N}]")
+    if config is not None and not isinstance(config, BlockscaledGemmSm90):
+        raise TypeError(f"config must be a BlockscaledGemmSm90, got {type(config).__name__}")
+    require_hopper()
+    sms = sm_count()
+    whole = config or default_config(M, N, K, sms, prepacked=True, f16=True, stream_k=False)
+    if not (whole.reads_f16_activation and whole.tile_m == 256 and whole.threads == 384):
+        raise ValueError(f"the work queue runs the 256-token f16 build (wide_f16); at M = {M} "
+                         "the chooser picks the swap-AB build (one chunk's work): call "
+                         "gemm_nvfp4 with a16= instead")
+    if whole.stream_k:
+        raise ValueError("a stream-K build cuts tiles by the whole call's tile count, which the "
+                         "queue's chunks cannot reproduce: pass a tile-loop build")
+    if layout.producers >= sms:
+        raise ValueError(f"producers = {layout.producers} leaves no SM for the GEMM "
+                         f"({sms} SMs)")
+    check_cuda_tensor("x", x, dtypes=X_DTYPES)
+    _check_prepacked(prepacked, N, K, x.device)
+    check_cuda_tensor("g_w", g_w, dtypes=(torch.float32,), align=4)
+    if g_w.numel() != 1 or g_w.device != x.device:
+        raise ValueError(f"g_w must hold one fp32 value on {x.device}")
+    if out is not None:
+        check_cuda_tensor("out", out, dtypes=(torch.bfloat16,))
+    queue = BlockscaledGemmSm90.wide_f16_queue(layout, stages=whole.stages,
+                                               buffers=whole.producer.buffers)
+    tiles = -(-M // 256) * -(-N // queue.tile_n)
+    gemm_ctas = min(tiles, sms - layout.producers)
+    check_co_resident(gemm_ctas + layout.producers, "the work queue's grid")
+    return QueuePlan(x, prepacked, g_w, N, layout, queue, whole, gemm_ctas, out)
+
+
+def queue_gemm(x, g, prepacked, g_w, **kw) -> torch.Tensor:
+    """x·Wᵀ through the work queue: :func:`plan_queue`'s checks (keywords as there), then one
+    launch. ``g``: the activation's tensor scale (its amax's, a one-element fp32 device
+    tensor)."""
+    return plan_queue(x, prepacked, g_w, **kw).run(g)
+
+
+__all__ = ["QueuePlan", "plan_queue", "queue_gemm"]
