@@ -49,14 +49,16 @@ BLOCK_WORDS = 8  # a 16-element block of bf16/f16 (or of its f16 expansion) in 3
 @dataclass(frozen=True)
 class QueueLayout:
     """The work queue's static shape: ``capacity`` rows a chunk (a multiple of 256), ``slots``
-    chunks in the ring (>= 2), ``producers`` quantizer CTAs, ``bf16`` input (else f16)."""
+    chunks in the ring (>= 2), ``producers`` quantizer CTAs, ``bf16`` input (else f16),
+    ``loads`` blocks each quantizer thread has in flight."""
     capacity: int
     slots: int
     producers: int
     bf16: bool = True
+    loads: int = 4  # 16-element blocks a quantizer thread loads before quantizing the first
 
     def __post_init__(self):
-        for name in ("capacity", "slots", "producers"):
+        for name in ("capacity", "slots", "producers", "loads"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"{name} must be an int, got {v!r}")
@@ -68,6 +70,8 @@ class QueueLayout:
                              "while the GEMM reads another)")
         if self.producers < 1:
             raise ValueError(f"producers = {self.producers}: at least one quantizer CTA")
+        if not 1 <= self.loads <= 8:
+            raise ValueError(f"loads = {self.loads}: 1..8 blocks in flight a thread")
 
     @property
     def chunk_tiles(self) -> int:
@@ -196,12 +200,20 @@ class RingWeightsAndF16Producer(WeightsAndF16Producer):
             rows = cutlass.min(lay.capacity, M - c * lay.capacity)
             src = c * lay.capacity * k_blocks
             dst = (c % lay.slots) * lay.capacity * k_blocks
-            for i in cutlass.range(q * threads + t, rows * k_blocks, stride, unroll=1):
-                w = cute.make_rmem_tensor((BLOCK_WORDS,), Uint32)
-                cute.autovec_copy(gx[(None, src + i)], w)
-                codes = cute.make_rmem_tensor((2,), Uint32)
-                s8 = quantize_block16(w, g, rcp_g, codes, lay.bf16)
-                cute.autovec_copy(expand_block16(codes, s8), gr[(None, dst + i)])
+            items = rows * k_blocks
+            for i0 in cutlass.range(q * threads + t, items, stride * lay.loads, unroll=1):
+                # every load of the round in flight before the first use: one 32-byte load a
+                # thread at a time would hold ~12 KB in flight an SM, ~15 GB/s at DRAM latency
+                w = [cute.make_rmem_tensor((BLOCK_WORDS,), Uint32) for _ in range(lay.loads)]
+                for u in cutlass.range_constexpr(lay.loads):
+                    if i0 + u * stride < items:
+                        cute.autovec_copy(gx[(None, src + i0 + u * stride)], w[u])
+                for u in cutlass.range_constexpr(lay.loads):
+                    i = i0 + u * stride
+                    if i < items:
+                        codes = cute.make_rmem_tensor((2,), Uint32)
+                        s8 = quantize_block16(w[u], g, rcp_g, codes, lay.bf16)
+                        cute.autovec_copy(expand_block16(codes, s8), gr[(None, dst + i)])
             cute.arch.sync_threads()
             if t == 0:
                 cute.arch.fence_acq_rel_gpu()

@@ -344,11 +344,13 @@ class WorkQueueChoice:
     capacity: int  # rows a chunk (whole 256-token tiles)
     slots: int  # chunks the f16 ring holds
     producers: int  # quantizer CTAs (the GEMM keeps the other SMs)
+    loads: int  # 16-element blocks a quantizer thread has in flight
     source: str
 
 
 WORKQUEUE = WorkQueueChoice(
-    capacity=256, slots=3, producers=4,
+    capacity=256, slots=3, producers=4, loads=4,
     source="session 23 design, not measured: 3 x 256 f16 rows of K = 5376 are 8.26 MB, inside "
            "issue #39's 8.3 MB ring target; 4 quantizer CTAs from notes/p2.md's bandwidth model "
-           "(qkv needs ~1-2, out ~3-4); the H200 sweep (experiments/p2_block_gate.py) decides")
+           "(qkv needs ~1-2, out ~3-4); 4 loads in flight a thread: one 384-thread CTA an SM "
+           "holding ~48 KB in flight; the H200 sweep (experiments/p2_block_gate.py) decides")

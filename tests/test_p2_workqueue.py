@@ -26,6 +26,7 @@ def test_layout_derives_the_ring_and_counters():
     (dict(capacity=256, slots=2, producers=0), ValueError),
     (dict(capacity=256.0, slots=2, producers=1), TypeError),
     (dict(capacity=256, slots=True, producers=1), TypeError),
+    (dict(capacity=256, slots=2, producers=1, loads=0), ValueError),
 ])
 def test_layout_refuses(kw, err):
     with pytest.raises(err):
@@ -110,6 +111,16 @@ def test_queue_build_compiles_with_its_synchronisation(layout):
     assert "red.release.gpu" not in plain.ptx  # the production build carries none of it
 
 
+@pytest.mark.compile
+def test_queue_build_with_the_gated_residual_epilogue_compiles():
+    from kernels.nvfp4.gemm import GATE_RESIDUAL
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, compile_args
+    from workbench.compile import compile_report
+    cfg = BlockscaledGemmSm90.wide_f16_queue(QueueLayout(256, 3, 4)).with_output(GATE_RESIDUAL)
+    r = compile_report(cfg, *compile_args(M=1024, N=512, K=256))
+    assert r.spill_bytes == 0 and r.registers <= 168
+
+
 # ---- GPU ----------------------------------------------------------------------------------------
 def _gpu_operands(M, N, K, seed):
     """A heavy-tailed bf16 activation, its device tensor scale, an NVFP4 weight with its
@@ -159,6 +170,27 @@ def test_queue_is_bit_identical_to_the_whole_call(M, N, K, layout):
     assert not out.isnan().any()
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_queue_with_the_gated_residual_add_equals_the_whole_call_in_place():
+    """P4's epilogue through the queue (the H3 block's out projection), residual = out (in
+    place, as the model calls it): equal to the whole call's gated build."""
+    from device.waits import synchronize
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.workqueue import plan_queue
+    M, N, K = 1300, 4096, 512
+    x, g, w, pre, (q, s, f16) = _gpu_operands(M, N, K, seed=7)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    gate = (0.2 * torch.randn(N, generator=gen, device="cuda")).bfloat16()
+    res = torch.randn(M, N, generator=gen, device="cuda").bfloat16()
+    p = plan_queue(x, pre, w[2], gate=gate, residual=res.clone(), out=None)
+    want = gemm_nvfp4(q, s, g, *w, prepacked=pre, a16=f16, rows=(0, M), config=p.whole,
+                      gate=gate, residual=res.clone())
+    inplace = res.clone()
+    plan_queue(x, pre, w[2], gate=gate, residual=inplace, out=inplace).run(g)
+    synchronize()
+    assert torch.equal(inplace.view(torch.int16), want.view(torch.int16))
 
 
 @pytest.mark.gpu

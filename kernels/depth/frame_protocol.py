@@ -41,9 +41,6 @@ All CTAs must be co-resident: :func:`run_protocol` checks the occupancy API befo
 """
 from __future__ import annotations
 
-import functools
-import os
-
 import numpy as np
 import torch
 
@@ -57,6 +54,7 @@ from device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async
 from device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
                                     require_hopper, sm_count)
 from device.barriers import Barrier
+from device.residency import NotCoResident, check_co_resident
 from device.waits import (TIMEOUT_NS, diagnostics_mailbox,
                                   synchronize, wait_cluster_parity, wait_counter, wait_parity)
 from schedules import depth_frame as F
@@ -65,7 +63,6 @@ from schedules.plan import FRAME_ACT_BUFFERS, frame_k_stage
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Int64  # noqa: E402
 from cutlass.cute.runtime import make_fake_stream  # noqa: E402
-from cutlass.utils import HardwareInfo  # noqa: E402
 
 THREADS = 128  # the protocol alone: thread 0 walks, tidx 32 loads
 NF = len(F.FIELDS)
@@ -472,39 +469,27 @@ def compile_args(grid: int = 132, counters: int = 500):
 
 
 # ---- host -------------------------------------------------------------------------------------
-class FrameRefused(RuntimeError):
+class FrameRefused(NotCoResident):
     """The launch would not be safe on this machine (the message says why); nothing ran."""
-
-
-@functools.cache
-def _max_active_pairs(device: int) -> int:
-    """2-CTA clusters of a max-shared-memory CTA the occupancy API says fit at once."""
-    torch.zeros(1, device=f"cuda:{device}")  # the driver API needs torch's context current
-    try:
-        return HardwareInfo(device).get_max_active_clusters(2)
-    except RuntimeError as e:  # no answer: co-residency cannot be guaranteed
-        raise FrameRefused(f"the occupancy API did not answer ({e}): cannot guarantee that "
-                           "every cluster is resident") from None
 
 
 def check_launchable(schedule: F.Schedule) -> None:
     """Everything that must hold before CTAs that wait on each other launch: the schedule
     passes validate(); sm_90; enough SMs; no MPS (which may not co-schedule the whole grid);
-    the occupancy API guarantees every cluster resident at once. Raises ScheduleError or
-    FrameRefused."""
+    the occupancy API guarantees every cluster resident at once (device.residency). Raises
+    ScheduleError or FrameRefused."""
     F.validate(schedule)
     require_hopper()
     grid = schedule.options.grid
     if sm_count() < grid:
         raise FrameRefused(f"the schedule's grid of {grid} CTAs needs {grid} SMs; this GPU has "
                            f"{sm_count()}")
-    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        raise FrameRefused("CUDA_MPS_PIPE_DIRECTORY is set: under MPS the grid's CTAs may not "
-                           "all be resident, and CTAs that wait on each other would hang")
-    pairs = _max_active_pairs(torch.cuda.current_device())
-    if pairs < grid // 2:
-        raise FrameRefused(f"the occupancy API fits {pairs} 2-CTA clusters at once; the "
-                           f"schedule's grid needs {grid // 2} resident together")
+    try:
+        check_co_resident(grid, "the schedule's grid", cluster_size=2)
+    except FrameRefused:
+        raise
+    except NotCoResident as e:
+        raise FrameRefused(str(e)) from None
 
 
 def check_tile_shapes(schedule: F.Schedule) -> None:

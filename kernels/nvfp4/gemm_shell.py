@@ -43,6 +43,18 @@ given), 512 threads: weights on wgmma's M side as the register-sourced A operand
   packed ring   full[s]: 1 arrive + bytes; empty[s]: 12 (4 activation + 8 consumer warps)
   f16 B tiles   act_full[b]: 4 (activation warps); act_empty[b]: 8 (consumer warps)
 
+``wide_f16_queue`` (:meth:`BlockscaledGemmSm90.wide_f16_queue`; P2's persistent work queue,
+producers/ring_queue.py), 384 threads and ``producers`` extra CTAs at the grid's end:
+  ==========  ===========  ====  =======================================================
+  role        warpgroups   regs  module
+  producer    0 (warps 0-1) 40   :class:`producers.ring_queue.RingWeightsAndF16Producer`
+  consumer    1-2          232   :class:`consumers.register_a_wgmma.RingReleasingConsumer`
+  quantizer   whole CTA    168   ``RingWeightsAndF16Producer.quantize_chunks`` (the last CTAs)
+  ==========  ===========  ====  =======================================================
+  weight ring  full[s]: 1 arrive + bytes; empty[s]: 8 (consumer warps)
+  f16 tiles    act_full[b]: 1 arrive + bytes (TMA of the f16 ring); act_empty[b]: 8
+  global       ready[c]: one per quantizer CTA; done[c]: one per tile (consumer thread 0)
+
 Studies live beside the production classes and only scripts/ and tests build them:
 :class:`P0Variant` (measurement and fault-injection builds) and :class:`SwapAbStudy` (the
 swap-AB design's knobs that were measured and not chosen: one wgmma group in flight; the

@@ -20,7 +20,8 @@ import torch
 from device.ffi import require_hopper
 from device.residency import check_co_resident
 from device.runtime import check_cuda_tensor, sm_count
-from kernels.nvfp4.gemm import _check_prepacked, _mailbox_address, default_config
+from kernels.nvfp4.gemm import (GATE_RESIDUAL, _check_epilogue_operands, _check_prepacked,
+                                _mailbox_address, default_config)
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
 from kernels.nvfp4.prepack import PrepackedWeights
 from producers.ring_queue import QueueLayout
@@ -45,6 +46,8 @@ class QueuePlan:
     whole: BlockscaledGemmSm90  # the whole call's 256-token build, whose bits the queue gives
     gemm_ctas: int
     out: object
+    gate: object = None  # P4's gated residual add: bf16 [N] and [M, N] (both or neither)
+    residual: object = None
 
     @property
     def ring_bytes(self) -> int:
@@ -64,21 +67,24 @@ class QueuePlan:
         ring = torch.empty(self.layout.ring_rows, K, dtype=torch.float16, device=x.device)
         counters = torch.zeros(self.layout.counter_words(M), dtype=torch.int32,
                                device=x.device)
+        gate = out if self.gate is None else self.gate
+        residual = out if self.residual is None else self.residual
         ENTRY(self.config, self.config.static_key(),
               (ring.view(torch.uint8), x.view(torch.uint8), self.prepacked.codes,
-               self.prepacked.scales, g, self.g_w, out, _mailbox_address(), out, counters, out,
-               out), (M, self.N, K // 32, self.gemm_ctas))
+               self.prepacked.scales, g, self.g_w, out, _mailbox_address(), out, counters, gate,
+               residual), (M, self.N, K // 32, self.gemm_ctas))
         return out
 
 
 def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, out=None,
-               config=None) -> QueuePlan:
+               config=None, gate=None, residual=None) -> QueuePlan:
     """Every check of a work-queue call, before any launch. ``x``: bf16/fp16 [M, K] contiguous
     (K a multiple of 16); ``prepacked``: the weight's register-order prepack [N, K]; ``g_w``: its
     tensor scale (one-element fp32 device tensor); ``capacity`` rows a chunk (a multiple of
     256), ``slots`` ring slots (>= 2), ``producers`` quantizer CTAs (defaults:
     schedules/plan.py ``WORKQUEUE``); ``config``: the whole call's 256-token build (default:
-    the chooser's, without stream-K); ``out``: bf16 [M, N]."""
+    the chooser's, without stream-K); ``out``: bf16 [M, N]; ``gate`` and ``residual``: P4's
+    gated residual add in the epilogue (bf16 [N] and [M, N]; residual may be ``out``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in X_DTYPES:
@@ -99,7 +105,7 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
     layout = QueueLayout(d.capacity if capacity is None else capacity,
                          d.slots if slots is None else slots,
                          d.producers if producers is None else producers,
-                         bf16=x.dtype == torch.bfloat16)
+                         bf16=x.dtype == torch.bfloat16, loads=d.loads)
     if M * K // 2 >= 2**31 or layout.ring_rows * K // 2 >= 2**31:
         raise ValueError(f"M = {M} or the ring's {layout.ring_rows} rows x K = {K} exceed the "
                          "quantizer's 32-bit word indexing")
@@ -130,12 +136,15 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
         raise ValueError(f"g_w must hold one fp32 value on {x.device}")
     if out is not None:
         check_cuda_tensor("out", out, dtypes=(torch.bfloat16,))
+    _check_epilogue_operands(gate, residual, M, N, x.device)
     queue = BlockscaledGemmSm90.wide_f16_queue(layout, stages=whole.stages,
                                                buffers=whole.producer.buffers)
+    if gate is not None:
+        queue, whole = queue.with_output(GATE_RESIDUAL), whole.with_output(GATE_RESIDUAL)
     tiles = -(-M // 256) * -(-N // queue.tile_n)
     gemm_ctas = min(tiles, sms - layout.producers)
     check_co_resident(gemm_ctas + layout.producers, "the work queue's grid")
-    return QueuePlan(x, prepacked, g_w, N, layout, queue, whole, gemm_ctas, out)
+    return QueuePlan(x, prepacked, g_w, N, layout, queue, whole, gemm_ctas, out, gate, residual)
 
 
 def queue_gemm(x, g, prepacked, g_w, **kw) -> torch.Tensor:
