@@ -46,6 +46,8 @@
 #   p2-parity    experiments/p2_parity.py ($WB_EXP_ARGS, e.g. --quick): the full H3's qkv, out and
 #                fc1 at blocks 0, 24, 49 through the ring (2048, 512), every chunk bit for bit
 #                against P0's whole projection, sha256 equal (~4 min estimated)
+#   p2-block-gate experiments/p2_block_gate.py ($WB_EXP_ARGS): the unfused path, the ring and the
+#                work queue alternating in one loaded full-size H3 block (~3-4 min estimated)
 #   experiments  depth-loop, p0-baseline, the quick p0 ladder (the full one: ladder-full)
 # WB_PYTEST_ARGS adds pytest arguments to the test steps (e.g. "-n 4 --dist loadfile": the H200
 # image has pytest-xdist).
@@ -112,6 +114,7 @@ for what in "$@"; do
     p2-ring-capacity) step p2-ring-capacity python3 -m experiments.p2_ring_capacity \
                         ${WB_EXP_ARGS:-} ;;
     p2-parity) step p2-parity python3 -m experiments.p2_parity ${WB_EXP_ARGS:-} ;;
+    p2-block-gate) step p2-block-gate python3 -m experiments.p2_block_gate ${WB_EXP_ARGS:-} ;;
     p0-v3-ab) step p0-v3-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v3_ab.py \
                 ${WB_AB_ARGS:-} ;;
     stress) step fast-loop-stress env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
@@ -129,7 +132,7 @@ for what in "$@"; do
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
             "ladder-full, p0-ab, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
             "host-overhead, frame-protocol, depth-frame, frame-norm-ab, ladder-p2-quick," \
-            "p2-ring-capacity, p2-parity," \
+            "p2-ring-capacity, p2-parity, p2-block-gate," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac
 done

@@ -88,6 +88,17 @@ def test_co_residency_refuses_mps_and_a_grid_that_does_not_fit(monkeypatch):
     R.check_co_resident(120, "the grid")
 
 
+# ---- the block gate experiment (CPU: its arithmetic and refusals) ------------------------------
+def test_block_gate_counts_the_unfused_activation_and_refuses_before_gpu_work(tmp_path, capsys):
+    from experiments import p2_block_gate as B
+    # packed (37824 x 2688) + swizzled scales (37888 x 336) + f16 (37810 x 5376 x 2)
+    assert B.activation_bytes(37810, 5376) == 37824 * 2688 + 37888 * 336 + 37810 * 5376 * 2
+    assert B.main(["--capacity", "100", "--results-dir", str(tmp_path)]) == 2
+    assert "multiple of 256" in capsys.readouterr().err
+    assert B.main(["--rounds", "0", "--results-dir", str(tmp_path)]) == 2
+    assert not any(tmp_path.iterdir())
+
+
 # ---- compile (CPU) ------------------------------------------------------------------------------
 @pytest.mark.compile
 @pytest.mark.parametrize("layout", [QueueLayout(256, 3, 4), QueueLayout(512, 2, 1, bf16=False)])
