@@ -89,6 +89,20 @@ class QueueLayout:
     def chunks(self, M):
         return (M + self.capacity - 1) // self.capacity
 
+    def counter_names(self, M: int) -> list:
+        """Each counter word's name, for the trap report (device.waits.synchronize)."""
+        n = self.chunks(M)
+        return (["claim"] + [f"ready[{c}] (quantizers of chunk {c})" for c in range(n)]
+                + [f"done[{c}] (tiles of chunk {c} read)" for c in range(n)])
+
+    def expected_counts(self, M: int, n_tiles: int) -> list:
+        """What a finished launch leaves in the counters: every chunk ready from every
+        quantizer, every tile of every chunk counted done (claim 0)."""
+        n = self.chunks(M)
+        tiles = [-(-min(self.capacity, M - c * self.capacity) // TOKENS) * n_tiles
+                 for c in range(n)]
+        return [0] + [self.producers] * n + tiles
+
     def counter_words(self, M: int) -> int:
         """int32 counters a launch over M rows needs: the claim, ready and done per chunk."""
         return 1 + 2 * self.chunks(M)

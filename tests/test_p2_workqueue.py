@@ -17,6 +17,28 @@ def test_layout_derives_the_ring_and_counters():
     assert q.chunks(1) == 1 and q.chunks(512) == 1 and q.chunks(513) == 2
     assert q.counter_words(37810) == 1 + 2 * 74
     assert ready_slot(0) == 1 and done_slot(0, 74) == 75 and done_slot(73, 74) == 148
+    names = q.counter_names(1100)  # 3 chunks, the last of 76 rows
+    assert names[0] == "claim" and names[ready_slot(2)].startswith("ready[2]")
+    assert names[done_slot(0, 3)].startswith("done[0]") and len(names) == q.counter_words(1100)
+    assert q.expected_counts(1100, 10) == [0, 4, 4, 4, 20, 20, 10]
+
+
+def test_a_counter_wait_report_names_the_counter():
+    from device import waits
+    q = QueueLayout(256, 2, 1)
+    old = waits._MAILBOX
+    box = waits.diagnostics_mailbox() if torch.cuda.is_available() else None
+    if box is None:  # a stand-in mailbox: the report is host arithmetic
+        waits._MAILBOX = box = torch.zeros(8, dtype=torch.int32)
+    saved = box.clone()
+    try:
+        box[:7] = torch.tensor([waits.MAILBOX_MAGIC, int(waits.Barrier.COUNTER), ready_slot(1),
+                                1, 5, 12, 0], dtype=torch.int32)
+        msg = waits.mailbox_report(q.counter_names(600))
+        assert "ready[1] (quantizers of chunk 1)" in msg and "CTA 5" in msg and "holds 0" in msg
+    finally:
+        box.copy_(saved)
+        waits._MAILBOX = old
 
 
 @pytest.mark.parametrize("kw, err", [
@@ -166,7 +188,8 @@ def _whole(g, w, pre, a, M, config):
 ])
 def test_queue_is_bit_identical_to_the_whole_call(M, N, K, layout):
     """Into a NaN-poisoned output: every element equal to the whole call's 256-token build on
-    the whole expansion (poisoned elements would differ), and a rerun identical."""
+    the whole expansion (poisoned elements would differ), a rerun identical, and the counters as
+    the protocol leaves them (each chunk ready from every quantizer, each tile counted done)."""
     from device.waits import synchronize
     from kernels.nvfp4.workqueue import plan_queue
     x, g, w, pre, a = _gpu_operands(M, N, K, seed=M + N + K)
@@ -175,9 +198,11 @@ def test_queue_is_bit_identical_to_the_whole_call(M, N, K, layout):
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     p = plan_queue(x, pre, g_w, capacity=capacity, slots=slots, producers=producers, out=out)
     want = _whole(g, w, pre, a, M, p.whole)
-    p.run(g)
+    counters = torch.zeros(p.layout.counter_words(M), dtype=torch.int32, device="cuda")
+    p.run(g, counters=counters)
     again = plan_queue(x, pre, g_w, capacity=capacity, slots=slots, producers=producers).run(g)
     synchronize()
+    assert counters.tolist() == p.layout.expected_counts(M, -(-N // 128))
     assert not out.isnan().any()
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     assert torch.equal(again.view(torch.int16), out.view(torch.int16))
@@ -223,6 +248,37 @@ def test_two_requests_on_two_streams_each_equal_their_own_whole_call():
     synchronize()
     for o, w in zip(outs, wants):
         assert torch.equal(o.view(torch.int16), w.view(torch.int16))
+
+
+_STALL = """
+import torch
+from kernels.nvfp4.workqueue import plan_queue, synchronize
+from tests.test_p2_workqueue import _gpu_operands
+x, g, w, pre, _ = _gpu_operands(2048, 8192, 256, seed=5)
+p = plan_queue(x, pre, w[2], capacity=256, slots=2, producers=2)
+counters = torch.zeros(p.layout.counter_words(2048), dtype=torch.int32, device="cuda")
+counters[1 + 3] = -1  # chunk 3 can never be ready: its tiles' waits time out
+p.run(g, counters=counters)
+synchronize(p)
+"""
+
+
+@pytest.mark.gpu
+def test_a_chunk_that_never_becomes_ready_traps_with_the_counters_name():
+    """A wait that can never complete ends the launch after 2 s (no hang) and the error names
+    the counter (a trapped kernel ends its CUDA context: a fresh process). The ready word starts
+    at -1, so chunk 3 holds one quantizer signal short."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), *sys.path]))
+    r = subprocess.run([sys.executable, "-c", _STALL], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode != 0
+    # the GEMM CTAs' wait on ready[3] or, as fast, a quantizer's wait on the tiles of chunk 3
+    # (the slot it would refill): whichever times out first writes the report
+    assert ("ready[3] (quantizers of chunk 3)" in r.stderr
+            or "done[3] (tiles of chunk 3 read)" in r.stderr), r.stderr[-2000:]
 
 
 @pytest.mark.gpu

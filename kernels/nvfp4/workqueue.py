@@ -53,8 +53,11 @@ class QueuePlan:
     def ring_bytes(self) -> int:
         return self.layout.ring_rows * self.x.shape[1] * 2
 
-    def run(self, g) -> torch.Tensor:
-        """One launch on the current stream; bf16 [M, N]."""
+    def run(self, g, counters=None) -> torch.Tensor:
+        """One launch on the current stream; bf16 [M, N]. ``counters``: an int32 buffer of
+        ``layout.counter_words(M)`` words for the launch's counters (default: zeroed here), which
+        the launch leaves at ``layout.expected_counts``: the tests read it, and a buffer not
+        zeroed makes a wait that cannot complete (the stall test)."""
         x = self.x
         if (not isinstance(g, torch.Tensor) or g.dtype != torch.float32 or g.numel() != 1
                 or g.device != x.device):
@@ -65,8 +68,14 @@ class QueuePlan:
         if out is None:
             out = torch.empty(M, self.N, dtype=torch.bfloat16, device=x.device)
         ring = torch.empty(self.layout.ring_rows, K, dtype=torch.float16, device=x.device)
-        counters = torch.zeros(self.layout.counter_words(M), dtype=torch.int32,
-                               device=x.device)
+        words = self.layout.counter_words(M)
+        if counters is None:
+            counters = torch.zeros(words, dtype=torch.int32, device=x.device)
+        elif (not isinstance(counters, torch.Tensor) or counters.dtype != torch.int32
+              or counters.shape != (words,) or counters.device != x.device
+              or not counters.is_contiguous()):
+            raise ValueError(f"counters must be a contiguous int32 [{words}] tensor on "
+                             f"{x.device}")
         gate = out if self.gate is None else self.gate
         residual = out if self.residual is None else self.residual
         ENTRY(self.config, self.config.static_key(),
@@ -74,6 +83,12 @@ class QueuePlan:
                self.prepacked.scales, g, self.g_w, out, _mailbox_address(), out, counters, gate,
                residual), (M, self.N, K // 32, self.gemm_ctas))
         return out
+
+
+def synchronize(plan: QueuePlan) -> None:
+    """torch.cuda.synchronize(); a trapped queue's report names the counter it waited on."""
+    from device.waits import synchronize as sync
+    sync(plan.layout.counter_names(plan.x.shape[0]))
 
 
 def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, out=None,
@@ -154,4 +169,4 @@ def queue_gemm(x, g, prepacked, g_w, **kw) -> torch.Tensor:
     return plan_queue(x, prepacked, g_w, **kw).run(g)
 
 
-__all__ = ["QueuePlan", "plan_queue", "queue_gemm"]
+__all__ = ["QueuePlan", "plan_queue", "queue_gemm", "synchronize"]
