@@ -34,7 +34,7 @@ from typing import NamedTuple
 from configs.arch import WARP, WARPGROUP
 from device.barriers import Barrier
 from device.nvfp4 import dequant_a_fragment, word_view
-from device.ptx import red_release_gpu_add, smem_u32
+from device.ptx import fence_proxy_async_global, red_release_gpu_add, smem_u32
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
@@ -372,6 +372,7 @@ class RingReleasingConsumer(PipelinedRegisterAWgmmaConsumer):
         v.acc.fill(0.0)
         count = self.mainloop(tile, v, count)
         if v.ct == 0:
+            fence_proxy_async_global()  # the TMA's reads of the slot (seen complete) first
             chunks = self.layout.chunks(cute.size(v.epi.d, mode=[0]))
             red_release_gpu_add(
                 v.epi.count.iterator + done_slot(tile.m // self.layout.chunk_tiles, chunks),

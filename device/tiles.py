@@ -29,7 +29,7 @@ class TileSchedule:
     def __init__(self, tiles: tuple, cluster_n: int = 1, raster_along_m: bool = True,
                  *, spare: int = 0, _encoded=None, _templates=None):
         self.tiles, self.cluster_n, self.raster_along_m = tiles, cluster_n, raster_along_m
-        self.spare = spare  # CTAs at the grid's end that walk no tiles (the work queue's)
+        self.spare = spare  # CTAs at the grid's start that walk no tiles (the work queue's)
         # work items in cluster units, m fastest (CuTe's default column-major layout)
         self.clusters = cute.make_layout(cute.ceil_div(tiles, (1, cluster_n)))
         m_clusters, n_clusters = self.clusters.shape[0], self.clusters.shape[1]
@@ -57,7 +57,7 @@ class TileSchedule:
     def grid(self, max_clusters: Int32) -> tuple:
         """The launch grid (host): one CTA per tile up to ``max_clusters`` clusters, as
         (1, cluster_n, clusters), so a cluster's CTAs are neighbours along y; ``spare`` more
-        CTAs after them (clusters of one) that walk no tiles."""
+        CTAs before them (clusters of one, z < spare) that walk no tiles."""
         walkers = cutlass.min(cute.size(self.clusters), max_clusters)
         if cutlass.const_expr(self.spare):
             return (1, self.cluster_n, walkers + self.spare)
@@ -69,10 +69,12 @@ class TileSchedule:
         bidx, bidy, bidz = cute.arch.block_idx()
         grid = cute.arch.grid_dim()
         stride = cute.size(grid) // cute.size((1, self.cluster_n))
-        if cutlass.const_expr(self.spare):
+        work = Int32(bidz)
+        if cutlass.const_expr(self.spare):  # the spare CTAs come first: z < spare
             stride = stride - self.spare
+            work = work - self.spare
         cta = (Int32(bidx % 1), Int32(bidy % self.cluster_n), Int32(0))
-        return TileWalk(self, stride, Int32(bidz), cta)
+        return TileWalk(self, stride, work, cta)
 
 
 class StreamKSchedule:

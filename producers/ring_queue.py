@@ -26,7 +26,15 @@ Counters (int32 in global memory, zeroed by the host before each launch; :class:
   * claim: the first timed-out waiter of the launch writes the report (device.waits).
 Deadlock freedom: chunk c's quantizers wait only on chunk c - slots's tiles, which wait only on
 chunk c - slots's quantizers; every CTA walks its work in increasing chunk order; with every CTA
-resident (the host checks the occupancy and refuses MPS) each wait is on strictly earlier work.
+resident each wait is on strictly earlier work. Residency: the grid is at most one CTA an SM
+(the host checks it against the SM count and the occupancy API and refuses MPS); the quantizers
+are the grid's first CTAs, so they are dispatched first. What the static tile walk cannot
+survive is two queue launches each holding part of the GPU while the other's CTAs wait for SMs
+(each would wait on tiles of its own CTAs that are not resident); the hardware dispatches a
+grid's CTAs before a later grid's, so a launch that started first becomes wholly resident and
+finishes, but a launch must not depend on residency it cannot check: the waits then trap after
+2 s with a report instead of hanging (notes/p2.md). Claiming tiles from an atomic ticket would
+remove that case; it is not built.
 """
 from __future__ import annotations
 
@@ -145,7 +153,7 @@ class RingF16ActivationStage(F16TmaActivationStage):
 
 class RingWeightsAndF16Producer(WeightsAndF16Producer):
     """:class:`WeightsAndF16Producer` of the work queue: warp 0 the weight slabs, warp 1 the
-    ring's f16 rows (:class:`RingF16ActivationStage`), and in the grid's last ``producers`` CTAs
+    ring's f16 rows (:class:`RingF16ActivationStage`), and in the grid's first ``producers`` CTAs
     the quantizer (:meth:`quantize_chunks`, every thread of the CTA, no role). Static config:
     the parent's and the :class:`QueueLayout`'s fields (hashable ints: the compile key)."""
 
@@ -228,6 +236,7 @@ class RingWeightsAndF16Producer(WeightsAndF16Producer):
                         codes = cute.make_rmem_tensor((2,), Uint32)
                         s8 = quantize_block16(w[u], g, rcp_g, codes, lay.bf16)
                         cute.autovec_copy(expand_block16(codes, s8), gr[(None, dst + i)])
+            fence_proxy_async_global()  # our generic stores, before the TMA readers' acquire
             cute.arch.sync_threads()
             if t == 0:
                 cute.arch.fence_acq_rel_gpu()

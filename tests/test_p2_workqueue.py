@@ -67,7 +67,8 @@ def _cpu_operands(M=1024, N=512, K=256, dtype=torch.bfloat16):
 @pytest.mark.parametrize("change, err, match", [
     (dict(x="list"), TypeError, "torch.Tensor"),
     (dict(x=torch.randn(64, 256, dtype=torch.float32)), TypeError, "dtype"),
-    (dict(x=torch.randn(64, 250).bfloat16()), ValueError, "multiple of 16"),
+    (dict(x=torch.randn(64, 250).bfloat16()), ValueError, "multiple of 32"),
+    (dict(x=torch.randn(64, 48).bfloat16()), ValueError, "multiple of 32"),
     (dict(x=torch.randn(0, 256).bfloat16()), ValueError, "M >= 1"),
     (dict(prepacked="codes"), TypeError, "prepack"),
     (dict(capacity=300), ValueError, "multiple of 256"),
@@ -95,6 +96,11 @@ def test_plan_queue_refuses_a_swap_ab_size_call_and_too_many_producers(monkeypat
     x, pre, g_w = _cpu_operands(M=4096, N=8192, K=256)
     with cpu_as_gpu(W), pytest.raises(ValueError, match="no SM"):
         W.plan_queue(x, pre, g_w, producers=132)
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+    for other in (BlockscaledGemmSm90.wide_f16(splits=2),
+                  BlockscaledGemmSm90.wide_f16(stream_k=True)):
+        with cpu_as_gpu(W), pytest.raises(ValueError, match="one-split tile-loop"):
+            W.plan_queue(x, pre, g_w, config=other)
 
 
 def test_co_residency_refuses_mps_and_a_grid_that_does_not_fit(monkeypatch):
@@ -185,6 +191,7 @@ def _whole(g, w, pre, a, M, config):
     (2048, 8192, 256, (256, 3, 4)),   # the default
     (700, 8200, 160, (512, 2, 3)),    # a partial last chunk and token tile, a partial k-block
     (1300, 4096, 1024, (256, 4, 2)),  # N with a partial last weight tile
+    (8192, 128, 256, (256, 2, 1)),    # one weight tile: the GEMM runs far ahead, 16 reuses
 ])
 def test_queue_is_bit_identical_to_the_whole_call(M, N, K, layout):
     """Into a NaN-poisoned output: every element equal to the whole call's 256-token build on
@@ -206,6 +213,21 @@ def test_queue_is_bit_identical_to_the_whole_call(M, N, K, layout):
     assert not out.isnan().any()
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_queue_bits_hold_over_many_runs_of_a_short_k():
+    """Fifty launches where the ring turns over fastest (short K, two slots, many chunks): a
+    write-after-read race on a slot would show as a differing run."""
+    from kernels.nvfp4.workqueue import plan_queue, synchronize
+    M, N, K = 4096, 1024, 64
+    x, g, w, pre, a = _gpu_operands(M, N, K, seed=11)
+    p = plan_queue(x, pre, w[2], capacity=256, slots=2, producers=2)
+    want = _whole(g, w, pre, a, M, p.whole).view(torch.int16)
+    outs = [p.run(g) for _ in range(50)]
+    synchronize(p)
+    bad = [i for i, o in enumerate(outs) if not torch.equal(o.view(torch.int16), want)]
+    assert not bad, f"runs {bad} differ"
 
 
 @pytest.mark.gpu

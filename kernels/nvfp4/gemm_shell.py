@@ -44,12 +44,12 @@ given), 512 threads: weights on wgmma's M side as the register-sourced A operand
   f16 B tiles   act_full[b]: 4 (activation warps); act_empty[b]: 8 (consumer warps)
 
 ``wide_f16_queue`` (:meth:`BlockscaledGemmSm90.wide_f16_queue`; P2's persistent work queue,
-producers/ring_queue.py), 384 threads and ``producers`` extra CTAs at the grid's end:
+producers/ring_queue.py), 384 threads and ``producers`` extra CTAs at the grid's start:
   ==========  ===========  ====  =======================================================
   role        warpgroups   regs  module
   producer    0 (warps 0-1) 40   :class:`producers.ring_queue.RingWeightsAndF16Producer`
   consumer    1-2          232   :class:`consumers.register_a_wgmma.RingReleasingConsumer`
-  quantizer   whole CTA    168   ``RingWeightsAndF16Producer.quantize_chunks`` (the last CTAs)
+  quantizer   whole CTA    168   ``RingWeightsAndF16Producer.quantize_chunks`` (the first CTAs)
   ==========  ===========  ====  =======================================================
   weight ring  full[s]: 1 arrive + bytes; empty[s]: 8 (consumer warps)
   f16 tiles    act_full[b]: 1 arrive + bytes (TMA of the f16 ring); act_empty[b]: 8
@@ -283,7 +283,7 @@ class BlockscaledGemmSm90:
                        buffers: int = 4) -> BlockscaledGemmSm90:
         """:meth:`wide_f16` as P2's persistent work queue (producers.ring_queue; ``layout`` a
         :class:`producers.ring_queue.QueueLayout`): the ``a`` buffer is the ring of f16 rows
-        the grid's last ``layout.producers`` CTAs fill from the bf16 activation (the ``sfa``
+        the grid's first ``layout.producers`` CTAs fill from the bf16 activation (the ``sfa``
         buffer) chunk by chunk, the per-tile counter buffer holds the queue's counters; every
         tile is :meth:`wide_f16`'s, so the bits are its bits."""
         _check_ring(stages, 1)
@@ -332,7 +332,7 @@ class BlockscaledGemmSm90:
                              "epilogues/__init__.py)")
         check_links(producer, activation, consumer, self.epilogue)
         self.raster_along_m = raster_along_m
-        # the work queue's quantizer CTAs, appended to the grid (producers.ring_queue)
+        # the work queue's quantizer CTAs, the grid's first (producers.ring_queue)
         self.queue_producers = getattr(producer, "queue_producers", 0)
         if self.queue_producers and (stream_k or splits != 1 or self.cluster_n != 1):
             raise ValueError("the work queue runs the tile loop: one K split, no stream-K, "
@@ -498,11 +498,10 @@ class BlockscaledGemmSm90:
         ctx = ShellContext(smem=smem, bars=bars, tma=tma, globals=glob, tiled_mma=tiled_mma,
                            epilogue=self.epilogue, epi=epi, mailbox=mailbox,
                            tiles=TileLoop(schedule, k_tiles, k_per_split), scales=mG)
-        if cutlass.const_expr(self.queue_producers):  # the grid's last CTAs quantize
+        if cutlass.const_expr(self.queue_producers):  # the grid's first CTAs quantize
             _, _, bid = cute.arch.block_idx()
-            _, _, ctas = cute.arch.grid_dim()
-            q = cute.arch.make_warp_uniform(bid - (ctas - self.queue_producers))
-            if q >= 0:
+            q = cute.arch.make_warp_uniform(bid)
+            if q < self.queue_producers:
                 self.producer.quantize_chunks(ctx, q, tidx, self.threads)
             else:
                 self._dispatch(ctx, warp // 4, tidx, 0, 0)

@@ -94,7 +94,7 @@ def synchronize(plan: QueuePlan) -> None:
 def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, out=None,
                config=None, gate=None, residual=None) -> QueuePlan:
     """Every check of a work-queue call, before any launch. ``x``: bf16/fp16 [M, K] contiguous
-    (K a multiple of 16); ``prepacked``: the weight's register-order prepack [N, K]; ``g_w``: its
+    (K a multiple of 32); ``prepacked``: the weight's register-order prepack [N, K]; ``g_w``: its
     tensor scale (one-element fp32 device tensor); ``capacity`` rows a chunk (a multiple of
     256), ``slots`` ring slots (>= 2), ``producers`` quantizer CTAs (defaults:
     schedules/plan.py ``WORKQUEUE``); ``config``: the whole call's 256-token build (default:
@@ -104,9 +104,9 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in X_DTYPES:
         raise TypeError(f"x has dtype {x.dtype}; expected bfloat16 or float16")
-    if x.dim() != 2 or x.shape[0] == 0 or x.shape[1] == 0 or x.shape[1] % 16:
+    if x.dim() != 2 or x.shape[0] == 0 or x.shape[1] == 0 or x.shape[1] % 32:
         raise ValueError(f"x has shape {tuple(x.shape)}; need [M >= 1, K] with K a positive "
-                         "multiple of 16")
+                         "multiple of 32 (the shell's K unit)")
     M, K = x.shape
     if not isinstance(prepacked, PrepackedWeights):
         raise TypeError("prepacked must be the weight's register-order prepack "
@@ -121,9 +121,9 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
                          d.slots if slots is None else slots,
                          d.producers if producers is None else producers,
                          bf16=x.dtype == torch.bfloat16, loads=d.loads)
-    if M * K // 2 >= 2**31 or layout.ring_rows * K // 2 >= 2**31:
-        raise ValueError(f"M = {M} or the ring's {layout.ring_rows} rows x K = {K} exceed the "
-                         "quantizer's 32-bit word indexing")
+    if M * K // 2 >= 2**31 or layout.ring_rows * K // 2 >= 2**31 or M * N // 2 >= 2**31:
+        raise ValueError(f"M = {M}, N = {N} or the ring's {layout.ring_rows} rows x K = {K} "
+                         "exceed the kernel's 32-bit word indexing")
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
@@ -138,9 +138,10 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
         raise ValueError(f"the work queue runs the 256-token f16 build (wide_f16); at M = {M} "
                          "the chooser picks the swap-AB build (one chunk's work): call "
                          "gemm_nvfp4 with a16= instead")
-    if whole.stream_k:
-        raise ValueError("a stream-K build cuts tiles by the whole call's tile count, which the "
-                         "queue's chunks cannot reproduce: pass a tile-loop build")
+    if whole.stream_k or whole.splits != 1 or whole.variant is not None:
+        raise ValueError("the queue reproduces a one-split tile-loop build: a stream-K build "
+                         "cuts tiles by the whole call's tile count, a K split adds partials in "
+                         "another order, a measurement variant is not production")
     if layout.producers >= sms:
         raise ValueError(f"producers = {layout.producers} leaves no SM for the GEMM "
                          f"({sms} SMs)")
