@@ -329,9 +329,18 @@ F16_BUFFERS = 4
 # qkv M = 128 (168 tiles on 132 SMs: 0.82x the tile loop's time) and lost wherever the tile
 # loop ran whole waves or K splits (fc1, out, fc2, 7168 x 5376 at M = 128: 1.18-1.33x slower)
 F16_STREAM_K_WAVES = (1.0, 1.5)
-# beyond SWAP_AB_MAX_WAVES the three-warpgroup build with 256 tokens a CTA (m64n256k16): at
-# M = 2048 0.63-0.69x the P0 design's time and 0.68-0.82x the swap-AB f16 build's, every H3
-# shape; the switch point between them is v5's (not re-measured for the f16 builds)
+# The f16 swap-AB build up to one token tile or one wave of 128 x 128 tiles, the three-warpgroup
+# build with 256 tokens a CTA (m64n256k16) beyond: session 23 (e841be0, part S) measured the
+# 256-token build ahead from one wave on (M = 256 qkv by 7 %; M = 512 and 1024 out and fc2 by
+# 8-15 %, tile loop to tile loop) and behind below it (M = 256 out 1.32x and fc2 1.30x the
+# swap-AB build's time);
+# session 22 measured it 0.68-0.82x the swap-AB f16 build's time at M = 2048 and behind at 128
+F16_SWAP_AB_MAX_WAVES = 1
+# stream-K on the 256-token build where its tiles' last wave is at most this full (0 excluded):
+# session 23 (parts S and W, 14 cells at M = 256-2048) measured it ahead wherever the last wave
+# held <= 0.32 of the SMs (qkv at 256, 1024, 2048; out and fc2 at 256 and 1024: 4-38 %) and
+# behind at 0.39-0.79 (4-19 %), except fc2 at M = 512 (0.64: ahead by 9 %, the one miss)
+WIDE_F16_STREAM_K_LAST_WAVE = 1 / 3
 WIDE_F16 = TileChoice(  # tile_n: the tokens a CTA (wgmma N; the shell's tile_m, 256)
     tile_n=256, stages=8,
     source="session 22 (15fc61e, ca914ee): tokens 256 beat 128 by 19-44 % at M = 2048 and "

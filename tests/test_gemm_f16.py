@@ -33,18 +33,34 @@ def test_f16_builds_compile_to_the_measured_studies(build, study):
 
 
 def test_default_config_f16_branch():
-    """The chooser's f16 branch (schedules/plan.py): stream-K where the 128 x 128 tiles pass
-    one wave by at most half of one, the K split rule below a wave, the three-warpgroup
-    256-token build beyond SWAP_AB_MAX_WAVES; an f16 build needs the prepack."""
+    """The chooser's f16 branch (schedules/plan.py): the swap-AB f16 build at one token tile or
+    within one wave of 128 x 128 tiles (stream-K where they pass one wave by at most half of
+    one, the K split rule below a wave), the three-warpgroup 256-token build beyond (stream-K
+    where its last wave is at most a third full); an f16 build needs the prepack."""
     from kernels.nvfp4.gemm import default_config
-    qkv = default_config(128, 21504, 5376, 132, prepacked=True, f16=True)
-    assert qkv.reads_f16_activation and qkv.stream_k and qkv.splits == 1
-    fc1 = default_config(128, 14336, 5376, 132, prepacked=True, f16=True)
-    assert not fc1.stream_k and fc1.splits == 1 and fc1.threads == 512
-    out = default_config(128, 5376, 5376, 132, prepacked=True, f16=True)
-    assert out.splits == 3 and not out.stream_k
+
+    def pick(M, N, K=5376):
+        c = default_config(M, N, K, 132, prepacked=True, f16=True)
+        assert c.reads_f16_activation
+        return ("wide" if c.threads == 384 else "swap", c.stream_k, c.splits)
+
+    # session 23's measured cells (notes/p0-gemm.md): the pick is the best exact build but one
+    assert pick(128, 21504) == ("swap", True, 1)  # 168 tiles: 1.27 waves
+    assert pick(128, 14336) == ("swap", False, 1)
+    assert pick(128, 5376) == ("swap", False, 3)
+    assert pick(256, 21504) == ("wide", True, 1)  # 168 wide tiles: last wave 36 of 132
+    assert pick(256, 5376) == ("swap", False, 1)  # 84 tiles: within one wave
+    assert pick(256, 5376, 14336) == ("swap", False, 1)
+    assert pick(512, 21504) == ("wide", False, 1)  # 336: last wave 72
+    assert pick(512, 5376) == ("wide", False, 1)  # 84 wide tiles: 0.64 of a wave
+    assert pick(1024, 5376, 14336) == ("wide", True, 1)  # 168
+    assert pick(2048, 21504) == ("wide", True, 1)  # 1344: last wave 24
+    assert pick(2048, 14336) == ("wide", False, 1)  # 896: last wave 104
+    assert pick(2048, 7168) == ("wide", False, 1)  # 448: last wave 52
     big = default_config(2048, 21504, 5376, 132, prepacked=True, f16=True)
-    assert big.reads_f16_activation and big.threads == 384 and big.tile_m == 256
+    assert big.tile_m == 256
+    ring = default_config(2048, 21504, 5376, 132, prepacked=True, f16=True, stream_k=False)
+    assert not ring.stream_k and ring.threads == 384
     assert not default_config(128, 5376, 5376, 132, prepacked=True).reads_f16_activation
     with pytest.raises(ValueError, match="prepack"):
         default_config(128, 5376, 5376, 132, f16=True)
@@ -94,11 +110,14 @@ def test_swap_ab_f16_equals_the_packed_swap_ab_bits(shape, splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(128, 19200, 256), (2048, 8192, 256), (700, 8192, 160),
-                                   (1300, 8200, 512)])
+                                   (1300, 8200, 512), (256, 19200, 256), (384, 4096, 1024),
+                                   (300, 19200, 160)])
 @pytest.mark.parametrize("kind", ["normal", "cancel"])
 def test_f16_default_within_bound_and_row_slices(shape, kind):
-    """The f16 default (stream-K at 128 x 19200, swap-AB f16 at 700 x 8192, the 256-token
-    build at 2048 x 8192 and 1300 x 8200):
+    """The f16 default (swap-AB f16 on stream-K at 128 x 19200, and at M > 128 within one wave
+    at 384 x 4096 (96 tiles); the 256-token build at 2048 x 8192, 1300 x 8200 and 700 x 8192 (a
+    partial k-block), on stream-K at 256 x 19200 (150 tiles: last wave 18) and 300 x 19200 (a
+    partial token tile over a partial k-block)):
     every element within the oracle's bound into a poisoned output, a rerun identical, and rows
     [128, M) through ``rows=`` with the whole call's config equal to the whole call's rows."""
     from kernels.nvfp4.gemm import default_config, gemm_nvfp4

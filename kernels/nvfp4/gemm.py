@@ -40,9 +40,10 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
     at most ``SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles, the swap-AB design; else 128 x 256
     tiles once they fill ``WIDE_MIN_WAVES`` waves of SMs, else 128 x 128 (twice the CTAs); K
     split below one wave of those. With ``f16`` (the activation's f16 expansion at hand, and
-    the prepack) the f16 builds instead: :meth:`BlockscaledGemmSm90.swap_ab_f16` where swap-AB
-    would run (stream-K where the tiles just pass a whole wave, plan.F16_STREAM_K_WAVES), else
-    :meth:`BlockscaledGemmSm90.wide_f16`. ``stream_k=False``: never stream-K (P2's ring of
+    the prepack) the f16 builds instead: :meth:`BlockscaledGemmSm90.swap_ab_f16` at one token
+    tile or within ``F16_SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles (stream-K where the tiles
+    just pass a whole wave, plan.F16_STREAM_K_WAVES), else :meth:`BlockscaledGemmSm90.wide_f16`
+    (stream-K where its last wave is at most ``WIDE_F16_STREAM_K_LAST_WAVE`` full). ``stream_k=False``: never stream-K (P2's ring of
     several chunks: stream-K's bits depend on the whole call's tile count). Cached: a config is
     an immutable value, and building one costs ~50 µs of host time (measured on the CPU), more
     than a whole launch should."""
@@ -54,15 +55,18 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
     if f16:
         if not prepacked:
             raise ValueError("the f16 builds read the weight's register-order prepack")
-        if tiles <= plan.SWAP_AB_MAX_WAVES * sms:
+        if M <= plan.ROW_TILE or tiles <= plan.F16_SWAP_AB_MAX_WAVES * sms:
             lo, hi = plan.F16_STREAM_K_WAVES
             stream_k = stream_k and splits == 1 and lo * sms < tiles <= hi * sms
             return BlockscaledGemmSm90.swap_ab_f16(stages=plan.SWAP_AB.stages,
                                                    splits=1 if stream_k else splits,
                                                    stream_k=stream_k, buffers=plan.F16_BUFFERS)
+        wide_tiles = -(-M // plan.WIDE_F16.tile_n) * -(-N // plan.NARROW.tile_n)
+        last_wave = wide_tiles % sms
+        stream_k = stream_k and 0 < last_wave <= plan.WIDE_F16_STREAM_K_LAST_WAVE * sms
         return BlockscaledGemmSm90.wide_f16(stages=plan.WIDE_F16.stages,
                                             buffers=plan.F16_BUFFERS,
-                                            tokens=plan.WIDE_F16.tile_n)
+                                            tokens=plan.WIDE_F16.tile_n, stream_k=stream_k)
     if prepacked and tiles <= plan.SWAP_AB_MAX_WAVES * sms:
         return BlockscaledGemmSm90.swap_ab(stages=plan.SWAP_AB.stages, splits=splits)
     if row_tiles * -(-N // plan.WIDE.tile_n) >= plan.WIDE_MIN_WAVES * sms:
