@@ -179,6 +179,13 @@ def _gpu_operands(M, N, K, seed):
     return x, g, (w_q, w_s, g_w), prepack(w_q, w_s), (q, s, f16)
 
 
+def _wide():
+    """The 256-token build, given explicitly: the chooser's switch to it moves between
+    versions, and what is tested here is the queue against the same build's whole call."""
+    from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
+    return BlockscaledGemmSm90.wide_f16()
+
+
 def _whole(g, w, pre, a, M, config):
     from kernels.nvfp4.gemm import gemm_nvfp4
     q, s, f16 = a
@@ -203,11 +210,13 @@ def test_queue_is_bit_identical_to_the_whole_call(M, N, K, layout):
     g_w = w[2]
     capacity, slots, producers = layout
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    p = plan_queue(x, pre, g_w, capacity=capacity, slots=slots, producers=producers, out=out)
+    p = plan_queue(x, pre, g_w, capacity=capacity, slots=slots, producers=producers, out=out,
+                   config=_wide())
     want = _whole(g, w, pre, a, M, p.whole)
     counters = torch.zeros(p.layout.counter_words(M), dtype=torch.int32, device="cuda")
     p.run(g, counters=counters)
-    again = plan_queue(x, pre, g_w, capacity=capacity, slots=slots, producers=producers).run(g)
+    again = plan_queue(x, pre, g_w, capacity=capacity, slots=slots, producers=producers,
+                       config=_wide()).run(g)
     synchronize()
     assert counters.tolist() == p.layout.expected_counts(M, -(-N // 128))
     assert not out.isnan().any()
@@ -222,7 +231,7 @@ def test_queue_bits_hold_over_many_runs_of_a_short_k():
     from kernels.nvfp4.workqueue import plan_queue, synchronize
     M, N, K = 4096, 1024, 64
     x, g, w, pre, a = _gpu_operands(M, N, K, seed=11)
-    p = plan_queue(x, pre, w[2], capacity=256, slots=2, producers=2)
+    p = plan_queue(x, pre, w[2], capacity=256, slots=2, producers=2, config=_wide())
     want = _whole(g, w, pre, a, M, p.whole).view(torch.int16)
     outs = [p.run(g) for _ in range(50)]
     synchronize(p)
@@ -242,11 +251,11 @@ def test_queue_with_the_gated_residual_add_equals_the_whole_call_in_place():
     gen = torch.Generator(device="cuda").manual_seed(8)
     gate = (0.2 * torch.randn(N, generator=gen, device="cuda")).bfloat16()
     res = torch.randn(M, N, generator=gen, device="cuda").bfloat16()
-    p = plan_queue(x, pre, w[2], gate=gate, residual=res.clone(), out=None)
+    p = plan_queue(x, pre, w[2], gate=gate, residual=res.clone(), out=None, config=_wide())
     want = gemm_nvfp4(q, s, g, *w, prepacked=pre, a16=f16, rows=(0, M), config=p.whole,
                       gate=gate, residual=res.clone())
     inplace = res.clone()
-    plan_queue(x, pre, w[2], gate=gate, residual=inplace, out=inplace).run(g)
+    plan_queue(x, pre, w[2], gate=gate, residual=inplace, out=inplace, config=_wide()).run(g)
     synchronize()
     assert torch.equal(inplace.view(torch.int16), want.view(torch.int16))
 
@@ -261,7 +270,7 @@ def test_two_requests_on_two_streams_each_equal_their_own_whole_call():
     outs, wants = [], []
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     for (x, g, w, pre, a), st in zip(cases, streams):
-        p = plan_queue(x, pre, w[2])
+        p = plan_queue(x, pre, w[2], config=_wide())
         wants.append(_whole(g, w, pre, a, 1536, p.whole))
         st.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(st):
@@ -274,10 +283,12 @@ def test_two_requests_on_two_streams_each_equal_their_own_whole_call():
 
 _STALL = """
 import torch
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
 from kernels.nvfp4.workqueue import plan_queue, synchronize
 from tests.test_p2_workqueue import _gpu_operands
 x, g, w, pre, _ = _gpu_operands(2048, 8192, 256, seed=5)
-p = plan_queue(x, pre, w[2], capacity=256, slots=2, producers=2)
+p = plan_queue(x, pre, w[2], capacity=256, slots=2, producers=2,
+               config=BlockscaledGemmSm90.wide_f16())
 counters = torch.zeros(p.layout.counter_words(2048), dtype=torch.int32, device="cuda")
 counters[1 + 3] = -1  # chunk 3 can never be ready: its tiles' waits time out
 p.run(g, counters=counters)
@@ -308,7 +319,7 @@ def test_queue_refuses_before_the_launch_on_the_gpu():
     from kernels.nvfp4.workqueue import plan_queue
     x, g, w, pre, _ = _gpu_operands(2048, 8192, 256, seed=3)
     g_w = w[2]
-    p = plan_queue(x, pre, g_w)
+    p = plan_queue(x, pre, g_w, config=_wide())
     with pytest.raises(TypeError, match="tensor scale"):
         p.run(1.0)
     with pytest.raises(ValueError, match="256-token"):
