@@ -17,7 +17,7 @@ from device.runtime import check_cuda_tensor, sm_count
 from epilogues.tile_store import workspace_floats
 from kernels.nvfp4.gemm import _mailbox_address
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, P1Study
-from kernels.nvfp4.prepack import PrepackedWeights
+from kernels.nvfp4.prepack import weight_rows
 from numerics.nvfp4 import BLOCK
 from producers.register_order import Bf16RegisterOrderProducer
 
@@ -42,14 +42,7 @@ def validate(x, g_x, prepacked, g_w, out):
     if M == 0 or K == 0 or K % 32:
         raise ValueError(f"x is [{M}, {K}]: need M >= 1 and K a positive multiple of 32 "
                          f"(NVFP4 blocks of {BLOCK}, TMA rows of 16-byte units)")
-    if not isinstance(prepacked, PrepackedWeights):
-        raise TypeError("prepacked must be the weight's register-order prepack "
-                        f"(kernels.nvfp4.prepack.prepack), got {type(prepacked).__name__}")
-    N = prepacked.rows
-    if prepacked.cols != K:
-        raise ValueError(f"prepacked holds a [{N}, {prepacked.cols}] weight; x has K = {K}")
-    if N % 8:
-        raise ValueError(f"N = {N} must be a multiple of 8 (16-byte output rows)")
+    N = weight_rows(prepacked, K)
     for name, g in (("g_x", g_x), ("g_w", g_w)):
         check_cuda_tensor(name, g, dtypes=(torch.float32,), align=4)
         if g.numel() != 1:

@@ -88,6 +88,21 @@ class PrepackedWeights:
     cols: int  # K (elements)
 
 
+def weight_rows(prepacked, K: int) -> int:
+    """N of the prepacked weight an entry that reads only the prepack (P1, P2's work queue)
+    multiplies an activation of K columns by; TypeError / ValueError (the host checks, before any
+    launch) unless it is a PrepackedWeights of K columns and N is whole 16-byte output rows."""
+    if not isinstance(prepacked, PrepackedWeights):
+        raise TypeError("prepacked must be the weight's register-order prepack "
+                        f"(kernels.nvfp4.prepack.prepack), got {type(prepacked).__name__}")
+    N = prepacked.rows
+    if prepacked.cols != K:
+        raise ValueError(f"prepacked holds a [{N}, {prepacked.cols}] weight; x has K = {K}")
+    if N % 8:
+        raise ValueError(f"N = {N} must be a multiple of 8 (16-byte output rows)")
+    return N
+
+
 def _padded(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     out = torch.zeros(rows, cols, dtype=torch.uint8, device=t.device)
     out[:t.shape[0], :t.shape[1]] = t

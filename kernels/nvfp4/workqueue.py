@@ -23,7 +23,7 @@ from device.runtime import check_cuda_tensor, sm_count
 from kernels.nvfp4.gemm import (GATE_RESIDUAL, _check_epilogue_operands, _check_prepacked,
                                 _mailbox_address, default_config)
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
-from kernels.nvfp4.prepack import PrepackedWeights
+from kernels.nvfp4.prepack import PrepackedWeights, weight_rows
 from producers.ring_queue import QueueLayout
 from schedules import plan
 
@@ -108,14 +108,7 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
         raise ValueError(f"x has shape {tuple(x.shape)}; need [M >= 1, K] with K a positive "
                          "multiple of 32 (the shell's K unit)")
     M, K = x.shape
-    if not isinstance(prepacked, PrepackedWeights):
-        raise TypeError("prepacked must be the weight's register-order prepack "
-                        f"(kernels.nvfp4.prepack.prepack), got {type(prepacked).__name__}")
-    N = prepacked.rows
-    if prepacked.cols != K:
-        raise ValueError(f"prepacked holds a [{N}, {prepacked.cols}] weight; x has K = {K}")
-    if N % 8:
-        raise ValueError(f"N = {N} must be a multiple of 8 (16-byte output rows)")
+    N = weight_rows(prepacked, K)
     d = plan.WORKQUEUE
     layout = QueueLayout(d.capacity if capacity is None else capacity,
                          d.slots if slots is None else slots,
