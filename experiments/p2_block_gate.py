@@ -63,6 +63,7 @@ class Paths:
         self.lin = model.linears(0)
         self.layout_kw = layout_kw
         self._g_w = {}
+        self._ring = {}  # role -> the p2 linear (made once: its prepack and plans are kept)
 
     def call(self, path: str, role: str, inp: dict, out=None):
         lin = self.lin[role]
@@ -70,7 +71,10 @@ class Paths:
         if path == "unfused":
             return lin(x, gate=gate, residual=residual, out=out)
         if path == "ring":
-            return lin.with_backend("p2")(x, gate=gate, residual=residual, out=out)
+            ring = self._ring.get(role)
+            if ring is None:
+                ring = self._ring[role] = lin.with_backend("p2")
+            return ring(x, gate=gate, residual=residual, out=out)
         return self.queue(role, x, gate, residual, out)
 
     def whole(self, role, M: int):
@@ -83,7 +87,7 @@ class Paths:
         config, pre = self.lin[role]._p0_config(M, stream_k=False)
         unfused, _ = self.lin[role]._p0_config(M)
         if config.threads == 384 and config.tile_m == 256:
-            return config, pre, unfused is config
+            return config, pre, unfused.static_key() == config.static_key()
         return (BlockscaledGemmSm90.wide_f16(stages=P.WIDE_F16.stages, buffers=P.F16_BUFFERS,
                                              tokens=P.WIDE_F16.tile_n), pre, False)
 
