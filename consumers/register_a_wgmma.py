@@ -90,6 +90,7 @@ class RegisterAWgmmaConsumer:
     REGS = {128: 200, 256: 232}
     warpgroups, regs = 2, 200
     mma = True
+    act_peers = 1  # CTAs whose activation stage writes this CTA's f16 tiles (P1's pair: 2)
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
         if tokens not in self.TOKENS:
@@ -106,7 +107,8 @@ class RegisterAWgmmaConsumer:
         return {}
 
     def arrivals(self) -> dict:
-        return {"empty": self.threads // WARP, "act_empty": self.threads // WARP}
+        return {"empty": self.threads // WARP,
+                "act_empty": self.threads // WARP * self.act_peers}
 
     def waits(self) -> tuple:
         return ("full", "act_full")
@@ -174,9 +176,19 @@ class RegisterAWgmmaConsumer:
             self._issue(v.a_x, v, count)
             warpgroup.wait_group(0)
             if v.lane == 0:
-                cute.arch.mbarrier_arrive(v.act_empty + count % self.act_tiles.buffers)
+                self._release_act(v, count % self.act_tiles.buffers)
             count = count + 1
         return count
+
+    @cute.jit
+    def _release_act(self, v: TileViews, b: Int32):
+        """Free f16 tile ``b`` for whoever writes it: this CTA's activation stage, or with
+        ``act_peers`` > 1 every CTA of the cluster (any of them may write it next)."""
+        if cutlass.const_expr(self.act_peers == 1):
+            cute.arch.mbarrier_arrive(v.act_empty + b)
+        else:
+            for r in cutlass.range_constexpr(self.act_peers):
+                cute.arch.mbarrier_arrive(v.act_empty + b, r)
 
     @cute.jit
     def _load_convert(self, a: cute.Tensor, v: TileViews, cnt: Int32):
@@ -219,7 +231,8 @@ class RegisterAWgmmaConsumer:
         one commit group."""
         acc = v.acc
         b, bph = ring_position(cnt, self.act_tiles.buffers)
-        wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox)
+        wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox,
+                    cluster=self.act_peers > 1)  # a peer's DSMEM stores, released to cluster
         if cutlass.const_expr(self.mma):
             warpgroup.fence()
             tile_addr = v.f16_base + b * self.act_tiles.tile_bytes
@@ -254,6 +267,17 @@ class RegisterAWgmmaConsumer:
                 out.append((m, n, cutlass.select_(is_odd, recv, x0),
                             cutlass.select_(is_odd, x1, recv)))
         return out
+
+
+class PeerFedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=2)): the production consumer for f16
+    tiles that either CTA of a pair writes (producers.activation_stage.
+    PairedQuantizingActivationStage): waits on ``act_full`` at cluster scope and frees each
+    tile in both CTAs (``act_empty``: 8 + 8 arrivals)."""
+
+    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2):
+        super().__init__(tokens, stages, act_tiles)
+        self.act_peers = peers
 
 
 class OverlappedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):

@@ -19,7 +19,7 @@ from cutlass import Float32, Int32, Uint32  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 from device.ptx import (asm, bf16_hi, bf16_lo, f16_hi, f16_lo, fmax_abs,  # noqa: E402
-                                fmin_nan_ignoring, fmul_ftz, prmt, rcp_approx_ftz)
+                                fmin_nan_ignoring, fmul_ftz, prmt, rcp_approx_ftz, st_cluster_v4)
 from numerics.formats import FLT_MAX, RN_ONE_SIXTH  # noqa: E402
 from numerics.nvfp4 import (BLOCK, F4_E2M1_MAX, F8_E4M3_MAX, SCALE_LINE_BYTES,  # noqa: E402
                             SCALE_LINE_ROWS, SCALE_TILE_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS)
@@ -424,7 +424,7 @@ def expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int], rows: cutlass.C
 def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                                rows: cutlass.Constexpr[int], x_words: cute.Tensor,
                                f16_words: cute.Tensor, stage: Int32, buf: Int32, g: Float32,
-                               rcp_g: Float32, dump=None):
+                               rcp_g: Float32, dump=None, peer=None):
     """P1's activation stage: ``rows`` x 64 bf16 of ring stage ``stage`` (a [rows, 64]
     128-byte-swizzled K-major tile, as the producer's TMA wrote it) quantized block by block
     with :func:`quantize_block16` (Comfy's rule, tensor scale ``g``, ``rcp_g`` its rcp.approx)
@@ -440,7 +440,10 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
     ``dump`` (P1's debug build only; None compiles none of it): (words, row0, row_stride,
     rows_valid): each row r < rows_valid also writes its 4 blocks' packed codes (8 words, the
     quantize kernel's byte order) and their 4 scale bytes (1 word, block j in byte j) to
-    ``words`` at 9 x (row0 + r x row_stride)."""
+    ``words`` at 9 x (row0 + r x row_stride).
+
+    ``peer`` (P1's cluster study only; None compiles none of it): the cluster rank of a CTA
+    whose f16 tiles receive the same chunks at the same shared offsets (DSMEM stores)."""
     if cutlass.const_expr(rows % threads):
         raise ValueError(f"{threads} threads cannot share {rows} rows evenly")
     for i in cutlass.range_constexpr(rows // threads):
@@ -476,6 +479,9 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                 for e in cutlass.range_constexpr(4):
                     out[e] = words[e]
                 cute.autovec_copy(out, f16_words[(None, dst_row + chunk)])
+                if cutlass.const_expr(peer is not None):
+                    st_cluster_v4(f16_words[(None, dst_row + chunk)].iterator, peer,
+                                  [out[e] for e in range(4)])
         if cutlass.const_expr(dump is not None):
             dump_words, row0, row_stride, rows_valid = dump
             if r < rows_valid:

@@ -41,16 +41,18 @@ def trap(*, loc=None, ip=None) -> None:
 @cute.jit
 def wait_parity(mbar: cute.Pointer, parity: Int32, barrier_id: cutlass.Constexpr[int],
                 stage: Int32, mailbox: cute.Tensor, claim=None,
-                timeout_ns: cutlass.Constexpr[int] = TIMEOUT_NS):
+                timeout_ns: cutlass.Constexpr[int] = TIMEOUT_NS,
+                cluster: cutlass.Constexpr[bool] = False):
     """Wait until the mbarrier at ``mbar`` completes the phase with ``parity``, or report
     (``barrier_id``: a :class:`Barrier`; stage, parity, CTA, thread) in ``mailbox`` and trap.
     ``claim``: the launch's report claim (:func:`_claim_report_and_trap`), for kernels where
-    many waits can time out together."""
-    done = cute.arch.mbarrier_try_wait(mbar, parity)
+    many waits can time out together. ``cluster``: acquire at cluster scope (a barrier that a
+    peer CTA arrives on after writing this CTA's shared memory)."""
+    done = _try_wait(mbar, parity, cluster)
     if not done:
         start = cute.arch.globaltimer()
         while not done:
-            done = cute.arch.mbarrier_try_wait(mbar, parity)
+            done = _try_wait(mbar, parity, cluster)
             if not done:
                 if cute.arch.globaltimer() - start > Int64(timeout_ns):
                     tid, _, _ = cute.arch.thread_idx()
@@ -60,6 +62,12 @@ def wait_parity(mbar: cute.Pointer, parity: Int32, barrier_id: cutlass.Constexpr
                     else:
                         _claim_report_and_trap(claim, mailbox, barrier_id, stage, parity, bid,
                                                tid, Int32(0))
+
+
+def _try_wait(mbar, parity, cluster: bool):
+    if cluster:
+        return try_wait_acquire_cluster(mbar, parity) != 0
+    return cute.arch.mbarrier_try_wait(mbar, parity)
 
 
 MAILBOX_MAGIC = 0x7130E007

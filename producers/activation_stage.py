@@ -24,7 +24,8 @@ from typing import NamedTuple
 from configs.arch import K_BLOCK, WARP
 from device.barriers import Barrier
 from device.nvfp4 import expand_stage_rows, quantize_expand_stage_rows, word_view
-from device.ptx import rcp_approx_ftz
+from device.ptx import (arrive_cluster_release, fence_proxy_async_shared_cluster,
+                        rcp_approx_ftz)
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import acquire_stage, ring_position, wait_parity
@@ -336,5 +337,55 @@ class QuantizingActivationStage(ExpandedActivationStage):
             if lane == 0:
                 cute.arch.mbarrier_arrive(empty + s)
                 cute.arch.mbarrier_arrive(act_full + b)
+            count = count + 1
+        return count
+
+
+class PairedQuantizingActivationStage(QuantizingActivationStage):
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=2); notes/p1.md, "Next build: C = 2"):
+    P1's stage shared by a cluster of two CTAs on neighbouring weight tiles of one token tile.
+    Each k-block is quantized by one CTA of the pair (ring use ``count`` mod 2 == its rank),
+    into its own f16 tile and into the peer's at the same offset (DSMEM stores: device.nvfp4.
+    quantize_expand_stage_rows(peer=)), so each CTA quantizes half of the k-blocks.
+
+    Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps, locally and on the peer
+    (``mbarrier.arrive.release.cluster`` after ``fence.proxy.async.shared::cluster``: the
+    peer's wgmmas read those stores through the async proxy); ``act_empty[b]`` the consumer
+    warps of both CTAs (8 + 8, declared by the consumer: the owner writes both CTAs' tile, so it
+    waits for both at cluster scope); ``empty[s]`` this CTA's 4 warps every k-block (they wait
+    on ``full[s]`` whether or not they quantize it, which keeps the ring's phase) and its 8
+    consumer warps. The producer still TMAs the bf16 tile every k-block."""
+
+    peers = 2
+
+    def __init__(self, tokens: int, stages: int, buffers: int = 2):
+        super().__init__(tokens, stages, buffers)
+
+    @cute.jit
+    def quantize_tile(self, tile, args, count: Int32) -> Int32:
+        (x_words, f16_words, g, rcp_g, full, empty, act_full, act_empty, mailbox, t, lane,
+         _) = args
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        peer = rank ^ 1
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            s, ph = ring_position(count, self.stages)
+            b, bph = ring_position(count, self.tiles.buffers)
+            wait_parity(full + s, ph, Barrier.FULL, s, mailbox)
+            if count % 2 == rank:
+                wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox,
+                            cluster=True)
+                quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words,
+                                           s, b, g, rcp_g, None, peer)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                fence_proxy_async_shared_cluster()
+                cute.arch.sync_warp()
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(empty + s)
+                    cute.arch.mbarrier_arrive(act_full + b)
+                    arrive_cluster_release(act_full + b, peer)
+            else:  # the peer quantizes this k-block: only the stage goes back
+                cute.arch.sync_warp()
+                if lane == 0:
+                    cute.arch.mbarrier_arrive(empty + s)
             count = count + 1
         return count

@@ -12,7 +12,9 @@ the same bf16 activation x and the same weight:
 * ``p1``: gemm_nvfp4_p1(x, g): the GEMM that quantizes inside;
 * with ``--ablate``: ``p1_no_quantizer`` (the stage waits and publishes but never writes its
   f16 tiles) and ``p1_no_mma`` (the consumers skip their wgmmas), both wrong by design
-  (P1Study(variant=P0Variant(...))): which half bounds P1 (notes/p1.md, session 22).
+  (P1Study(variant=P0Variant(...))): which half bounds P1 (notes/p1.md, session 22);
+* with ``--cluster 2``: ``p1_c2``, P1 on a CTA pair along N that quantizes each k-block once
+  for both (P1Study(cluster=2); notes/p1.md, "Next build: C = 2"), its bits against P0's.
 Rows report µs (CUDA-graph replay, operand sets rotated past L2), ns per k-block a CTA runs in
 sequence, p1 over p0_gemm and over p0_e2e, and whether P1's output equals P0's bits (into a
 NaN-poisoned buffer) and reruns identically. Jobs run in order until --seconds is spent; those
@@ -97,6 +99,17 @@ def run_job(name, M, args, rows):
     tiles = -(-M // 128) * -(-N // 128) * splits
     kblocks = -(-tiles // min(tiles, sms)) * -(-(-(-K // K_BLOCK)) // splits)
     timed = [("p0_gemm", p0_gemm), ("p0_e2e", p0_e2e), ("p1", p1)]
+    if args.cluster == 2 and splits == 1 and -(-N // 128) % 2 == 0:
+        pair_cfg = P1Study(cluster=2).build()
+        pair = torch.full_like(out, float("nan"))
+        gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=pair, config=pair_cfg)
+        synchronize()
+        row["c2_bits_equal_p0"] = bool(torch.equal(pair.view(torch.int16),
+                                                   want.view(torch.int16)))
+
+        def p1_c2(x, g, w_q, w_s, pre, g_w, q, s):
+            return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=pair_cfg)
+        timed.append(("p1_c2", p1_c2))
     if args.ablate:
         for label, variant in (("p1_no_quantizer", P0Variant(skip_dequant=True)),
                                ("p1_no_mma", P0Variant(skip_mma=True))):
@@ -112,7 +125,9 @@ def run_job(name, M, args, rows):
     row["p1_over_p0_gemm"] = row["p1"]["us"] / row["p0_gemm"]["us"]
     row["p1_over_p0_e2e"] = row["p1"]["us"] / row["p0_e2e"]["us"]
     ablation = "".join(f"  {k} {row[k]['ns_per_kblock']:.0f} ns/kblock" for k in
-                       ("p1_no_quantizer", "p1_no_mma") if k in row)
+                       ("p1_c2", "p1_no_quantizer", "p1_no_mma") if k in row)
+    if "c2_bits_equal_p0" in row:
+        ablation += f" c2_bits_equal={row['c2_bits_equal_p0']}"
     rows.append(row)
     print(f"{name:>4} M={M:<5} s{splits} p0_gemm {row['p0_gemm']['us']:8.1f} us  p0_e2e "
           f"{row['p0_e2e']['us']:8.1f}  p1 {row['p1']['us']:8.1f} ({row['p1']['ns_per_kblock']:.0f}"
@@ -129,6 +144,9 @@ def main(argv=None) -> int:
     p.add_argument("--rep-ms", type=float, default=40.0)
     p.add_argument("--ablate", action="store_true",
                    help="also time P1 without its quantizer and without its wgmmas")
+    p.add_argument("--cluster", type=int, choices=(1, 2), default=1,
+                   help="2: also time P1 on a CTA pair sharing each quantized tile (one split, "
+                        "an even count of weight tiles)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

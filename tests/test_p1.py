@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 
-from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P1Study, compile_args
+from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant, P1Study, compile_args
 from producers.activation_stage import QuantizingActivationStage
 from workbench.compile import compile_report
 
@@ -34,7 +34,6 @@ def _report():
 def test_p1_ablation_builds_leave_out_their_half():
     """The ablations compile: without the quantizer no expansion converts are left but the
     consumer's 20; without the wgmmas none is left; production is neither."""
-    from kernels.nvfp4.gemm_shell import P0Variant
     noq = compile_report(P1Study(variant=P0Variant(skip_dequant=True)).build(), *compile_args())
     nomma = compile_report(P1Study(variant=P0Variant(skip_mma=True)).build(), *compile_args())
     assert noq.ptx.count("cvt.rn.f16x2.e4m3x2") == 20 and noq.census["wgmma.mma_async"] == 4
@@ -57,6 +56,30 @@ def test_p1_compiles_with_one_bf16_tma_and_the_quantizer():
     assert r.ptx.count("rcp.approx.ftz.f32") >= 2  # rcp(g) once, enc per block
     if r.sass is not None:
         assert r.spill_bytes == 0 and "CALL.ABS" not in r.sass
+
+
+@pytest.mark.compile
+def test_p1_pair_compiles_with_dsmem_stores_and_cluster_barriers():
+    """C = 2: the quantizer's f16 chunks also stored into the peer CTA (st.shared::cluster.v4,
+    8 a row pass), the async-proxy fence at cluster scope, the owner's remote release arrive,
+    the consumers' cluster-scope acquire; act_empty counts both CTAs' consumer warps."""
+    from workbench.compile import compile_report
+    cfg = P1Study(cluster=2).build()
+    assert cfg.cluster_n == 2
+    bars = cfg.describe()["barriers"]
+    assert (bars["act_full"]["arrive_count"], bars["act_empty"]["arrive_count"],
+            bars["empty"]["arrive_count"]) == (4, 16, 12)
+    r = compile_report(cfg, *compile_args())
+    assert r.frame_bytes == 0 and r.registers <= 128
+    assert r.ptx.count("st.shared::cluster.v4.b32") == 8
+    assert "fence.proxy.async.shared::cluster" in r.ptx
+    assert "mbarrier.arrive.release.cluster" in r.ptx
+    assert "mbarrier.try_wait.parity.acquire.cluster" in r.ptx
+    for bad in (dict(cluster=2, dump=True), dict(cluster=2, variant=P0Variant(skip_mma=True)),
+                dict(cluster=3)):
+        with pytest.raises(ValueError):
+            P1Study(**bad).build()
+    assert P1Study().build().cluster_n == 1  # production: no cluster
 
 
 # ---- exactness (GPU) ----------------------------------------------------------------------------
@@ -134,6 +157,33 @@ def test_p1_bits_equal_p0_on_the_quantize_kernels_output(shape, kind, splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(128, 512, 2048), (300, 1024, 1056), (700, 256, 160)])
+@pytest.mark.parametrize("kind", ["normal", "lognormal"])
+def test_p1_pair_bits_equal_p0(shape, kind):
+    """C = 2 (each k-block quantized by one CTA of the pair for both): P0's bits on the
+    quantize kernel's output, into a NaN-poisoned output, a rerun equal."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
+    from kernels.nvfp4.quantize import quantize_nvfp4
+    M, N, K = shape
+    x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + 2, kind=kind)
+    q, s = quantize_nvfp4(x, g_x, pad_16x=True)
+    want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
+                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=1))
+    cfg = P1Study(cluster=2).build()
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
+    again = gemm_nvfp4_p1(x, g_x, pre, g_w, config=cfg)
+    odd = _operands(M, 384, K, seed=1)  # three weight tiles: the pair cannot cover them
+    with pytest.raises(ValueError, match="not a multiple of 2"):
+        gemm_nvfp4_p1(odd[0], odd[1], odd[2], odd[5], config=cfg)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+
+
+@pytest.mark.gpu
 def test_p1_entry_refuses_bad_input_before_launch():
     """Each bad argument named before any launch."""
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
@@ -163,7 +213,6 @@ def test_p1_debug_build_compiles_and_leaves_production_alone():
     assert r.ptx != _report().ptx
     with pytest.raises(ValueError, match="splits 1"):
         P1Study(dump=True, splits=2).build()
-    from kernels.nvfp4.gemm_shell import P0Variant
     with pytest.raises(ValueError, match="not without it"):
         P1Study(dump=True, variant=P0Variant(skip_dequant=True)).build()
 

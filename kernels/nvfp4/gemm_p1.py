@@ -69,6 +69,10 @@ def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm
     config = config or default_config()
     if not isinstance(config.producer, Bf16RegisterOrderProducer):
         raise TypeError("config must be a P1 build (kernels.nvfp4.gemm_shell.P1Study)")
+    if config.cluster_n > 1 and -(-N // config.tile_n) % config.cluster_n:
+        raise ValueError(f"config pairs CTAs on neighbouring {config.tile_n}-row weight tiles; "
+                         f"N = {N} gives {-(-N // config.tile_n)} tiles, not a multiple of "
+                         f"{config.cluster_n}")
     if out is None:
         out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     tiles = -(-M // config.tile_m) * -(-N // config.tile_n)

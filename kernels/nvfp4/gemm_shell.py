@@ -80,6 +80,7 @@ from typing import NamedTuple
 from configs.arch import K_BLOCK, SMEM_PER_CTA_MAX, WARPGROUP
 from consumers.dequant_wgmma import DequantWgmmaConsumer
 from consumers.register_a_wgmma import (OverlappedRegisterAWgmmaConsumer,
+                                         PeerFedRegisterAWgmmaConsumer,
                                          PipelinedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer,
                                          RingReleasingConsumer)
 from device import ffi
@@ -88,8 +89,9 @@ from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_s
 from epilogues import EpilogueOperands
 from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore, workspace_floats
 from producers.activation_stage import (ExpandedActivationStage, F16TmaActivationStage,
-                                        PairedActivationStage, QuantizingActivationStage,
-                                        WeightsAndF16Producer)
+                                        PairedActivationStage,
+                                        PairedQuantizingActivationStage,
+                                        QuantizingActivationStage, WeightsAndF16Producer)
 from producers.register_order import (Bf16RegisterOrderProducer, PairedRegisterOrderProducer,
                                       RegisterOrderProducer, WeightsOnlyRegisterOrderProducer)
 from producers.ring_queue import TOKENS as TOKENS_QUEUE
@@ -187,6 +189,11 @@ def check_links(producer, activation, consumer, epilogue) -> None:
             raise ValueError(f"{type(activation).__name__} releases stages in "
                              f"{activation.multicast} CTAs; {type(producer).__name__} "
                              f"multicasts to {producer.multicast}")
+        peers = getattr(activation, "peers", 1)
+        if getattr(consumer, "act_peers", 1) != peers:
+            raise ValueError(f"{type(activation).__name__} writes the f16 tiles of {peers} "
+                             f"CTAs; {type(consumer).__name__} frees them in "
+                             f"{getattr(consumer, 'act_peers', 1)}")
     tiles = getattr(producer, "tiles", None)  # a producer that also owns the f16 tiles
     if activation is None and tiles is not None and consumer.act_tiles != tiles:
         raise ValueError(f"{type(consumer).__name__} reads f16 tiles {consumer.act_tiles}; "
@@ -318,7 +325,9 @@ class BlockscaledGemmSm90:
         self.design, self.stream_k = design, bool(stream_k)
         self.tile_m, self.tile_n = consumer.tile_m, consumer.tile_n
         self.stages, self.splits = producer.stages, splits
-        self.cluster_n = producer.multicast  # CTAs of a cluster, along N (one token tile)
+        # CTAs of a cluster, along N (one token tile): the producer's multicast, or the
+        # activation stage's peers (P1's pair writing each other's f16 tiles)
+        self.cluster_n = max(producer.multicast, getattr(activation, "peers", 1))
         self.producer, self.activation, self.consumer = producer, activation, consumer
         if (producer.tile_m, producer.tile_n) != (self.tile_m, self.tile_n):
             raise ValueError(f"producer tile ({producer.tile_m}, {producer.tile_n}) differs "
@@ -741,19 +750,28 @@ class P1Study:
     buffers: int = 2
     variant: P0Variant = PRODUCTION
     dump: bool = False
+    cluster: int = 1  # C: CTAs along N sharing each quantized tile (1 or 2)
 
     def build(self) -> BlockscaledGemmSm90:
         _check_ring(self.stages, self.splits)
+        if self.cluster not in (1, 2):
+            raise ValueError(f"cluster = {self.cluster!r}: 1, or 2 (the pair; notes/p1.md)")
+        if self.cluster == 2 and (self.dump or self.variant != PRODUCTION):
+            raise ValueError("the pair is built without the debug dump and the ablations")
         if self.dump and self.splits != 1:
             raise ValueError("the debug build writes through the split-K workspace: splits 1")
         if self.dump and self.variant.skip_dequant:
             raise ValueError("the debug build writes what the quantizer makes: not without it")
         tokens = RegisterAWgmmaConsumer.TOKENS[0]
-        activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
-        if self.dump:
-            activation = copy.copy(activation)
-            activation.dump = True  # an instance attribute: its own compile-cache key
-        consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
+        if self.cluster == 2:
+            activation = PairedQuantizingActivationStage(tokens, self.stages, self.buffers)
+            consumer = PeerFedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
+        else:
+            activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
+            if self.dump:
+                activation = copy.copy(activation)
+                activation.dump = True  # an instance attribute: its own compile-cache key
+            consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
         producer = Bf16RegisterOrderProducer(tokens, consumer.tile_n, self.stages)
         config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
                                                 splits=self.splits, raster_along_m=False)
