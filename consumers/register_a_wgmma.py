@@ -48,6 +48,7 @@ from producers.ring_queue import QueueLayout, done_slot
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402
+from cutlass._mlir.dialects.nvvm import MemScopeKind  # noqa: E402
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup  # noqa: E402
 from cutlass.utils import hopper_helpers as sm90_utils  # noqa: E402
 
@@ -187,8 +188,9 @@ class RegisterAWgmmaConsumer:
         if cutlass.const_expr(self.act_peers == 1):
             cute.arch.mbarrier_arrive(v.act_empty + b)
         else:
-            for r in cutlass.range_constexpr(self.act_peers):
-                cute.arch.mbarrier_arrive(v.act_empty + b, r)
+            for r in cutlass.range_constexpr(self.act_peers):  # release at cluster scope:
+                # the peer acquires it before its DSMEM stores overwrite this tile
+                cute.arch.mbarrier_arrive(v.act_empty + b, r, scope=MemScopeKind.CLUSTER)
 
     @cute.jit
     def _load_convert(self, a: cute.Tensor, v: TileViews, cnt: Int32):

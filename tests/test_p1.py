@@ -157,20 +157,26 @@ def test_p1_bits_equal_p0_on_the_quantize_kernels_output(shape, kind, splits):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(128, 512, 2048), (300, 1024, 1056), (700, 256, 160)])
+@pytest.mark.parametrize("shape", [(128, 512, 2048), (300, 1024, 1056), (700, 256, 160),
+                                   (1100, 2048, 320)])
 @pytest.mark.parametrize("kind", ["normal", "lognormal"])
-def test_p1_pair_bits_equal_p0(shape, kind):
+@pytest.mark.parametrize("splits, buffers", [(1, 2), (2, 2), (1, 3)])
+def test_p1_pair_bits_equal_p0(shape, kind, splits, buffers):
     """C = 2 (each k-block quantized by one CTA of the pair for both): P0's bits on the
-    quantize kernel's output, into a NaN-poisoned output, a rerun equal."""
+    quantize kernel's output, into a NaN-poisoned output, a rerun equal. 1100 x 2048 x 320 is
+    72 clusters (more than the 66 an H200 runs at once: some CTAs take two tiles) of 5
+    k-blocks (the second tile starts on an odd ring count, so the owners swap); K splits and
+    three f16 buffers too."""
     from kernels.nvfp4.gemm import gemm_nvfp4
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
     from kernels.nvfp4.quantize import quantize_nvfp4
     M, N, K = shape
-    x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + 2, kind=kind)
+    x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + 2 * splits + buffers,
+                                           kind=kind)
     q, s = quantize_nvfp4(x, g_x, pad_16x=True)
     want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
-                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=1))
-    cfg = P1Study(cluster=2).build()
+                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
+    cfg = P1Study(cluster=2, splits=splits, buffers=buffers).build()
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
     again = gemm_nvfp4_p1(x, g_x, pre, g_w, config=cfg)

@@ -319,15 +319,16 @@ class BlockscaledGemmSm90:
 
     def _configure(self, design, splits, raster_along_m, producer, activation, consumer,
                    epilogue, stream_k=False):
-        if stream_k and (splits != 1 or producer.multicast != 1):
-            raise ValueError(f"stream_k with splits = {splits}, cluster of "
-                             f"{producer.multicast}: stream-K cuts K itself, one CTA a cluster")
+        cluster_n = max(producer.multicast, getattr(activation, "peers", 1))
+        if stream_k and (splits != 1 or cluster_n != 1):
+            raise ValueError(f"stream_k with splits = {splits}, cluster of {cluster_n}: "
+                             "stream-K cuts K itself, one CTA a cluster")
         self.design, self.stream_k = design, bool(stream_k)
         self.tile_m, self.tile_n = consumer.tile_m, consumer.tile_n
         self.stages, self.splits = producer.stages, splits
         # CTAs of a cluster, along N (one token tile): the producer's multicast, or the
         # activation stage's peers (P1's pair writing each other's f16 tiles)
-        self.cluster_n = max(producer.multicast, getattr(activation, "peers", 1))
+        self.cluster_n = cluster_n
         self.producer, self.activation, self.consumer = producer, activation, consumer
         if (producer.tile_m, producer.tile_n) != (self.tile_m, self.tile_n):
             raise ValueError(f"producer tile ({producer.tile_m}, {producer.tile_n}) differs "
