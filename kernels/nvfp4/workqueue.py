@@ -24,6 +24,7 @@ from kernels.nvfp4.gemm import (GATE_RESIDUAL, _check_epilogue_operands, _check_
                                 _mailbox_address, default_config)
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
 from kernels.nvfp4.prepack import PrepackedWeights, weight_rows
+from kernels.nvfp4.ring import _check_g
 from producers.ring_queue import QueueLayout
 from schedules import plan
 
@@ -59,10 +60,7 @@ class QueuePlan:
         the launch leaves at ``layout.expected_counts``: the tests read it, and a buffer not
         zeroed makes a wait that cannot complete (the stall test)."""
         x = self.x
-        if (not isinstance(g, torch.Tensor) or g.dtype != torch.float32 or g.numel() != 1
-                or g.device != x.device):
-            raise TypeError("g must be the activation's tensor scale: a one-element float32 "
-                            f"tensor on {x.device} (from its amax)")
+        _check_g(g, x.device)  # the ring's rule for the whole activation's tensor scale
         M, K = x.shape
         out = self.out
         if out is None:
