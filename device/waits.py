@@ -107,16 +107,19 @@ def _claim_report_and_trap(claim: cute.Tensor, mailbox: cute.Tensor,
 
 @cute.jit
 def wait_counter(counters: cute.Tensor, cid: Int32, expect: Int32, task: Int32,
-                 mailbox: cute.Tensor, claim: cute.Tensor):
+                 mailbox: cute.Tensor, claim: cute.Tensor,
+                 timeout_ns: cutlass.Constexpr[int] = TIMEOUT_NS):
     """Spin (``ld.acquire.gpu``) until global counter ``cid`` reaches ``expect``; after
-    TIMEOUT_NS report (counter, expected, CTA, task, last value seen) and trap."""
+    ``timeout_ns`` report (counter, expected, CTA, task, last value seen) and trap. A kernel
+    whose in-CTA barrier waits sit behind this wait passes a shorter bound, so that a stall is
+    reported by the counter that caused it, not by a barrier downstream of it."""
     seen = ld_acquire_gpu(counters.iterator + cid)
     if seen < expect:
         start = cute.arch.globaltimer()
         while seen < expect:
             seen = ld_acquire_gpu(counters.iterator + cid)
             if seen < expect:
-                if cute.arch.globaltimer() - start > Int64(TIMEOUT_NS):
+                if cute.arch.globaltimer() - start > Int64(timeout_ns):
                     bid, _, _ = cute.arch.block_idx()
                     _claim_report_and_trap(claim, mailbox, Barrier.COUNTER, cid, expect, bid,
                                            task, seen)
@@ -199,7 +202,7 @@ def mailbox_report(counter_names=None) -> str | None:
     if code == Barrier.COUNTER:
         cid, expect, cta, task, seen = vals
         name = counter_names[cid] if counter_names and 0 <= cid < len(counter_names) else cid
-        return (f"kernel timed out after 2 s in CTA {cta}, task {task}, waiting on counter "
+        return (f"kernel timed out in CTA {cta}, task {task}, waiting on counter "
                 f"{name!r} (id {cid}) for {expect} signals; it holds {seen}")
     if code in (Barrier.PARTIAL, Barrier.SLOT):
         slot, parity, cta, task, split = vals

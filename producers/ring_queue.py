@@ -33,7 +33,7 @@ survive is two queue launches each holding part of the GPU while the other's CTA
 (each would wait on tiles of its own CTAs that are not resident); the hardware dispatches a
 grid's CTAs before a later grid's, so a launch that started first becomes wholly resident and
 finishes, but a launch must not depend on residency it cannot check: the waits then trap after
-2 s with a report instead of hanging (notes/p2.md). Claiming tiles from an atomic ticket would
+1 s (the counters) or 2 s (the barriers) with a report instead of hanging (notes/p2.md). Claiming tiles from an atomic ticket would
 remove that case; it is not built.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ from configs.arch import WARP
 from device.nvfp4 import expand_block16, quantize_block16
 from device.ptx import fence_proxy_async_global, rcp_approx_ftz, red_release_gpu_add
 from device.runtime import cute_modules
-from device.waits import wait_counter
+from device.waits import TIMEOUT_NS, wait_counter
 from producers.activation_stage import F16TmaActivationStage, WeightsAndF16Producer
 
 cutlass, cute = cute_modules()
@@ -52,6 +52,10 @@ from cutlass import Int32, Uint32  # noqa: E402
 
 TOKENS = 256  # the 256-token f16 build's token tile: chunks are whole tiles of it
 BLOCK_WORDS = 8  # a 16-element block of bf16/f16 (or of its f16 expansion) in 32-bit words
+# The counter waits' bound, half the barriers' (device.waits): a stalled chunk stops the GEMM
+# CTA's activation warp on its counter and, behind it, the consumers on the stage's barrier,
+# which started waiting first; the shorter bound makes the counter the one the report names.
+COUNTER_TIMEOUT_NS = TIMEOUT_NS // 2
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ class RingF16ActivationStage(F16TmaActivationStage):
         mailbox, counters, claim = args[3], args[4], args[5]
         q = self.layout
         wait_counter(counters, Int32(ready_slot(tile.m // q.chunk_tiles)), Int32(q.producers),
-                     tile.m, mailbox, claim)
+                     tile.m, mailbox, claim, COUNTER_TIMEOUT_NS)
         fence_proxy_async_global()  # the acquire orders generic reads; the TMA is async
         return self.load_rows(tile.m % q.ring_tiles, tile, args, count)
 
@@ -216,7 +220,8 @@ class RingWeightsAndF16Producer(WeightsAndF16Producer):
             if c >= lay.slots:  # the slot's previous chunk: whole, so all its tiles
                 if t == 0:
                     wait_counter(counters, done_slot(c - lay.slots, chunks),
-                                 Int32(lay.chunk_tiles) * n_tiles, c, ctx.mailbox, claim)
+                                 Int32(lay.chunk_tiles) * n_tiles, c, ctx.mailbox, claim,
+                                 COUNTER_TIMEOUT_NS)
                 cute.arch.sync_threads()
                 fence_proxy_async_global()  # the TMA's reads of the slot before our stores
             rows = cutlass.min(lay.capacity, M - c * lay.capacity)

@@ -196,7 +196,7 @@ def _whole(g, w, pre, a, M, config):
 @pytest.mark.parametrize("M, N, K, layout", [
     (2048, 8192, 256, (256, 2, 1)),   # 8 chunks, the ring reused 4 times, one quantizer
     (2048, 8192, 256, (256, 3, 4)),   # the default
-    (700, 8200, 160, (512, 2, 3)),    # a partial last chunk and token tile, a partial k-block
+    (700, 8208, 160, (512, 2, 3)),    # partial last chunk, token tile, weight tile and k-block
     (1300, 4096, 1024, (256, 4, 2)),  # N with a partial last weight tile
     (8192, 128, 256, (256, 2, 1)),    # one weight tile: the GEMM runs far ahead, 16 reuses
 ])
@@ -298,8 +298,8 @@ synchronize(p)
 
 @pytest.mark.gpu
 def test_a_chunk_that_never_becomes_ready_traps_with_the_counters_name():
-    """A wait that can never complete ends the launch after 2 s (no hang) and the error names
-    the counter (a trapped kernel ends its CUDA context: a fresh process). The ready word starts
+    """A wait that can never complete ends the launch after 1 s (no hang) and the error names
+    the counter, not a barrier behind it (a trapped kernel ends its CUDA context: a fresh process). The ready word starts
     at -1, so chunk 3 holds one quantizer signal short."""
     import os
     import subprocess
