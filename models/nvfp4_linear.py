@@ -146,6 +146,13 @@ class Nvfp4Linear:
     def device(self) -> torch.device:
         return self.w_q.device
 
+    def release_scratch(self) -> None:
+        """Drop this linear's checked call plans and every shared p0 activation scratch set, so
+        that its next call allocates afresh: what a memory measurement of one cold call needs
+        (a set another linear's plan still holds stays alive with that plan)."""
+        self._plans, self._last = {}, (None, None)
+        _ACT_SCRATCH.clear()
+
     def packed(self) -> dict:
         """What the constructor made from the weight, all a linear needs (models.weight_cache
         stores it): {"w_q", "w_s", "g_w"}."""

@@ -124,7 +124,13 @@ def test_block_gate_counts_the_unfused_activation_and_refuses_before_gpu_work(tm
     assert B.main(["--capacity", "100", "--results-dir", str(tmp_path)]) == 2
     assert "multiple of 256" in capsys.readouterr().err
     assert B.main(["--rounds", "0", "--results-dir", str(tmp_path)]) == 2
+    assert B.main(["--layouts", "256x3", "--results-dir", str(tmp_path)]) == 2
+    assert "CAPACITYxSLOTSxPRODUCERS" in capsys.readouterr().err
+    assert B.main(["--layouts", "256x1x2", "--results-dir", str(tmp_path)]) == 2
     assert not any(tmp_path.iterdir())
+    assert B.parse_layouts("256x3x2, 512x2x8") == {
+        "workqueue 256x3x2": {"capacity": 256, "slots": 3, "producers": 2},
+        "workqueue 512x2x8": {"capacity": 512, "slots": 2, "producers": 8}}
 
 
 # ---- compile (CPU) ------------------------------------------------------------------------------
