@@ -223,7 +223,7 @@ def _main(argv) -> int:
     d = P.WORKQUEUE
     try:
         QueueLayout(layout_kw.get("capacity", d.capacity), layout_kw.get("slots", d.slots),
-                    layout_kw.get("producers", d.producers))
+                    layout_kw.get("producers", 1))  # default: by the build
     except (TypeError, ValueError) as e:
         raise WorkbenchError(f"work queue layout: {e}") from None
     extra = parse_layouts(args.layouts)

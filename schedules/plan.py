@@ -352,14 +352,19 @@ WIDE_F16 = TileChoice(  # tile_n: the tokens a CTA (wgmma N; the shell's tile_m,
 class WorkQueueChoice:
     capacity: int  # rows a chunk (whole 256-token tiles)
     slots: int  # chunks the f16 ring holds
-    producers: int  # quantizer CTAs (the GEMM keeps the other SMs)
+    producers: tuple  # quantizer CTAs: ((at least this many weight tiles, CTAs), ...), in order
     loads: int  # 16-element blocks a quantizer thread has in flight
     source: str
 
+    def producers_for(self, weight_tiles: int) -> int:
+        """Quantizer CTAs for a GEMM of ``weight_tiles`` weight tiles a token tile: a chunk's
+        GEMM time grows with them, its quantizers' time shrinks with their count."""
+        return next(p for least, p in self.producers if weight_tiles >= least)
+
 
 WORKQUEUE = WorkQueueChoice(
-    capacity=256, slots=3, producers=4, loads=4,
-    source="session 23 design, not measured: 3 x 256 f16 rows of K = 5376 are 8.26 MB, inside "
-           "issue #39's 8.3 MB ring target; 4 quantizer CTAs from notes/p2.md's bandwidth model "
-           "(qkv needs ~1-2, out ~3-4); 4 loads in flight a thread: one 384-thread CTA an SM "
-           "holding ~48 KB in flight; the H200 sweep (experiments/p2_block_gate.py) decides")
+    capacity=256, slots=3, producers=((140, 2), (77, 4), (0, 8)), loads=4,
+    source="3 x 256 f16 rows of K = 5376 are 8.26 MB, inside issue #39's 8.3 MB ring target; "
+           "quantizers from session 24's sweep at M = 37810 (63ce891, 2 / 4 / 8 CTAs): qkv "
+           "(168 weight tiles) fastest at 2, fc1 (112) at 4, out (42) at 8, the thresholds "
+           "between them; 4 loads in flight a thread (~48 KB an SM), not swept")

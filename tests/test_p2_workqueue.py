@@ -86,6 +86,25 @@ def test_plan_queue_refuses_bad_arguments_before_any_device_work(change, err, ma
         plan_queue(args["x"], args["prepacked"], args["g_w"], **kw)
 
 
+def test_quantizer_ctas_follow_the_builds_weight_tiles(monkeypatch):
+    """The plan table's quantizers (session 24's sweep: qkv's 168 weight tiles fastest at 2,
+    fc1's 112 at 4, out's 42 at 8), chosen by plan_queue when none is asked for."""
+    import kernels.nvfp4.workqueue as W
+    from schedules import plan as P
+    from tests.cpu_stand_in import cpu_as_gpu
+    assert [P.WORKQUEUE.producers_for(t) for t in (168, 140, 112, 77, 42, 1)] == [2, 2, 4, 4, 8, 8]
+    monkeypatch.setattr(W, "sm_count", lambda: 132)
+    monkeypatch.setattr(W, "check_co_resident", lambda ctas, what: None)
+    monkeypatch.setattr(W, "_check_prepacked", lambda pre, N, K, device: None)
+    for N, want in ((21504, 2), (14336, 4), (5376, 8)):
+        x, pre, g_w = _cpu_operands(M=4096, N=N, K=64)
+        with cpu_as_gpu(W):
+            p = W.plan_queue(x, pre, g_w)
+            assert (p.layout.producers, -(-N // p.whole.tile_n)) == (want, {2: 168, 4: 112,
+                                                                             8: 42}[want])
+            assert W.plan_queue(x, pre, g_w, producers=3).layout.producers == 3
+
+
 def test_plan_queue_refuses_a_swap_ab_size_call_and_too_many_producers(monkeypatch):
     import kernels.nvfp4.workqueue as W
     from tests.cpu_stand_in import cpu_as_gpu

@@ -13,6 +13,7 @@ resident at once, no MPS), since GEMM CTAs spin on the quantizers and quantizers
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -95,7 +96,7 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
     (K a multiple of 32); ``prepacked``: the weight's register-order prepack [N, K]; ``g_w``: its
     tensor scale (one-element fp32 device tensor); ``capacity`` rows a chunk (a multiple of
     256), ``slots`` ring slots (>= 2), ``producers`` quantizer CTAs (defaults:
-    schedules/plan.py ``WORKQUEUE``); ``config``: the whole call's 256-token build (default:
+    schedules/plan.py ``WORKQUEUE``, the quantizers by the build's weight tiles); ``config``: the whole call's 256-token build (default:
     the chooser's, without stream-K); ``out``: bf16 [M, N]; ``gate`` and ``residual``: P4's
     gated residual add in the epilogue (bf16 [N] and [M, N]; residual may be ``out``)."""
     if not isinstance(x, torch.Tensor):
@@ -110,7 +111,7 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
     d = plan.WORKQUEUE
     layout = QueueLayout(d.capacity if capacity is None else capacity,
                          d.slots if slots is None else slots,
-                         d.producers if producers is None else producers,
+                         1 if producers is None else producers,  # chosen below, by the build
                          bf16=x.dtype == torch.bfloat16, loads=d.loads)
     if M * K // 2 >= 2**31 or layout.ring_rows * K // 2 >= 2**31 or M * N // 2 >= 2**31:
         raise ValueError(f"M = {M}, N = {N} or the ring's {layout.ring_rows} rows x K = {K} "
@@ -133,6 +134,8 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
         raise ValueError("the queue reproduces a one-split tile-loop build: a stream-K build "
                          "cuts tiles by the whole call's tile count, a K split adds partials in "
                          "another order, a measurement variant is not production")
+    if producers is None:
+        layout = dataclasses.replace(layout, producers=d.producers_for(-(-N // whole.tile_n)))
     if layout.producers >= sms:
         raise ValueError(f"producers = {layout.producers} leaves no SM for the GEMM "
                          f"({sms} SMs)")
