@@ -363,8 +363,8 @@ class WorkQueueChoice:
 
 
 WORKQUEUE = WorkQueueChoice(
-    capacity=256, slots=3, producers=((140, 2), (77, 4), (0, 8)), loads=4,
+    capacity=256, slots=3, producers=((77, 3), (0, 12)), loads=4,
     source="3 x 256 f16 rows of K = 5376 are 8.26 MB, inside issue #39's 8.3 MB ring target; "
-           "quantizers from session 24's sweep at M = 37810 (63ce891, 2 / 4 / 8 CTAs): qkv "
-           "(168 weight tiles) fastest at 2, fc1 (112) at 4, out (42) at 8, the thresholds "
-           "between them; 4 loads in flight a thread (~48 KB an SM), not swept")
+           "quantizers from session 24's sweeps at M = 37810 (63ce891 and ddf0a13: 2, 3, 4, 8, "
+           "12 CTAs): qkv (168 weight tiles) and fc1 (112) fastest at 3, out (42) at 12; "
+           "4 loads in flight a thread (~48 KB an SM), not swept")

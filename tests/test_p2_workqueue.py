@@ -87,21 +87,21 @@ def test_plan_queue_refuses_bad_arguments_before_any_device_work(change, err, ma
 
 
 def test_quantizer_ctas_follow_the_builds_weight_tiles(monkeypatch):
-    """The plan table's quantizers (session 24's sweep: qkv's 168 weight tiles fastest at 2,
-    fc1's 112 at 4, out's 42 at 8), chosen by plan_queue when none is asked for."""
+    """The plan table's quantizers (session 24's sweeps: qkv's 168 and fc1's 112 weight tiles
+    fastest at 3, out's 42 at 12), chosen by plan_queue when none is asked for."""
     import kernels.nvfp4.workqueue as W
     from schedules import plan as P
     from tests.cpu_stand_in import cpu_as_gpu
-    assert [P.WORKQUEUE.producers_for(t) for t in (168, 140, 112, 77, 42, 1)] == [2, 2, 4, 4, 8, 8]
+    assert [P.WORKQUEUE.producers_for(t) for t in (168, 112, 77, 76, 42, 1)] == [3, 3, 3, 12,
+                                                                                12, 12]
     monkeypatch.setattr(W, "sm_count", lambda: 132)
     monkeypatch.setattr(W, "check_co_resident", lambda ctas, what: None)
     monkeypatch.setattr(W, "_check_prepacked", lambda pre, N, K, device: None)
-    for N, want in ((21504, 2), (14336, 4), (5376, 8)):
+    for N, tiles, want in ((21504, 168, 3), (14336, 112, 3), (5376, 42, 12)):
         x, pre, g_w = _cpu_operands(M=4096, N=N, K=64)
         with cpu_as_gpu(W):
             p = W.plan_queue(x, pre, g_w)
-            assert (p.layout.producers, -(-N // p.whole.tile_n)) == (want, {2: 168, 4: 112,
-                                                                             8: 42}[want])
+            assert (p.layout.producers, -(-N // p.whole.tile_n)) == (want, tiles)
             assert W.plan_queue(x, pre, g_w, producers=3).layout.producers == 3
 
 
