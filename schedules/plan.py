@@ -341,6 +341,12 @@ F16_SWAP_AB_MAX_WAVES = 1
 # held <= 0.32 of the SMs (qkv at 256, 1024, 2048; out and fc2 at 256 and 1024: 4-38 %) and
 # behind at 0.39-0.79 (4-19 %), except fc2 at M = 512 (0.64: ahead by 9 %, the one miss)
 WIDE_F16_STREAM_K_LAST_WAVE = 1 / 3
+# ... and only up to 10 whole waves before that last one: measured ahead at up to 10 (qkv at
+# M = 2048, 1344 tiles), behind at 47 (session 24, 4039eab: out and fc2 at M = 37810, the two
+# shapes on stream-K there, ran at 0.67-0.71x cuBLAS bf16 while the shapes off it ran at
+# 1.00-1.06x, and the work queue's build without stream-K ran out 13-20 % faster than the
+# stream-K GEMM alone, its quantizers included)
+WIDE_F16_STREAM_K_MAX_FULL_WAVES = 10
 WIDE_F16 = TileChoice(  # tile_n: the tokens a CTA (wgmma N; the shell's tile_m, 256)
     tile_n=256, stages=8,
     source="session 22 (15fc61e, ca914ee): tokens 256 beat 128 by 19-44 % at M = 2048 and "

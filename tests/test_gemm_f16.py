@@ -36,7 +36,8 @@ def test_default_config_f16_branch():
     """The chooser's f16 branch (schedules/plan.py): the swap-AB f16 build at one token tile or
     within one wave of 128 x 128 tiles (stream-K where they pass one wave by at most half of
     one, the K split rule below a wave), the three-warpgroup 256-token build beyond (stream-K
-    where its last wave is at most a third full); an f16 build needs the prepack."""
+    where its last wave is at most a third full after at most ten whole ones); an f16 build
+    needs the prepack."""
     from kernels.nvfp4.gemm import default_config
 
     def pick(M, N, K=5376):
@@ -57,6 +58,10 @@ def test_default_config_f16_branch():
     assert pick(2048, 21504) == ("wide", True, 1)  # 1344: last wave 24
     assert pick(2048, 14336) == ("wide", False, 1)  # 896: last wave 104
     assert pick(2048, 7168) == ("wide", False, 1)  # 448: last wave 52
+    # session 24: 47 whole waves before a last one of 12 tiles, stream-K measured behind
+    assert pick(37810, 5376) == ("wide", False, 1)
+    assert pick(37810, 5376, 14336) == ("wide", False, 1)
+    assert pick(3328, 14336) == ("wide", False, 1)  # 1456: 11 whole waves, last 4
     big = default_config(2048, 21504, 5376, 132, prepacked=True, f16=True)
     assert big.tile_m == 256
     ring = default_config(2048, 21504, 5376, 132, prepacked=True, f16=True, stream_k=False)

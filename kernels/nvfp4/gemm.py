@@ -43,8 +43,10 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
     the prepack) the f16 builds instead: :meth:`BlockscaledGemmSm90.swap_ab_f16` at one token
     tile or within ``F16_SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles (stream-K where the tiles
     just pass a whole wave, plan.F16_STREAM_K_WAVES), else :meth:`BlockscaledGemmSm90.wide_f16`
-    (stream-K where its last wave is at most ``WIDE_F16_STREAM_K_LAST_WAVE`` full). ``stream_k=False``: never stream-K (P2's ring of
-    several chunks: stream-K's bits depend on the whole call's tile count). Cached: a config is
+    (stream-K where its last wave is at most ``WIDE_F16_STREAM_K_LAST_WAVE`` full, after at
+    most ``WIDE_F16_STREAM_K_MAX_FULL_WAVES`` whole waves). ``stream_k=False``: never
+    stream-K (P2's ring of several chunks: stream-K's bits depend on the whole call's tile
+    count). Cached: a config is
     an immutable value, and building one costs ~50 µs of host time (measured on the CPU), more
     than a whole launch should."""
     sms = sms or sm_count()
@@ -63,7 +65,8 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
                                                    stream_k=stream_k, buffers=plan.F16_BUFFERS)
         wide_tiles = -(-M // plan.WIDE_F16.tile_n) * -(-N // plan.NARROW.tile_n)
         last_wave = wide_tiles % sms
-        stream_k = stream_k and 0 < last_wave <= plan.WIDE_F16_STREAM_K_LAST_WAVE * sms
+        stream_k = (stream_k and wide_tiles // sms <= plan.WIDE_F16_STREAM_K_MAX_FULL_WAVES
+                    and 0 < last_wave <= plan.WIDE_F16_STREAM_K_LAST_WAVE * sms)
         return BlockscaledGemmSm90.wide_f16(stages=plan.WIDE_F16.stages,
                                             buffers=plan.F16_BUFFERS,
                                             tokens=plan.WIDE_F16.tile_n, stream_k=stream_k)
