@@ -357,6 +357,10 @@ class PairedQuantizingActivationStage(QuantizingActivationStage):
     consumer warps. The producer still TMAs the bf16 tile every k-block."""
 
     peers = 2
+    # the ablation P1Study(cluster=2, pair_local_only=True) sets it on an instance (its own
+    # compile key): the owner writes only its own tile, so the peer's wgmmas read stale f16
+    # (wrong results, timing only): what the DSMEM stores cost the pair
+    local_only = False
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2):
         super().__init__(tokens, stages, buffers)
@@ -374,8 +378,12 @@ class PairedQuantizingActivationStage(QuantizingActivationStage):
             if count % 2 == rank:
                 wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox,
                             cluster=True)
-                quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words,
-                                           s, b, g, rcp_g, None, peer)
+                if cutlass.const_expr(self.local_only):
+                    quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words,
+                                               f16_words, s, b, g, rcp_g, None, None)
+                else:
+                    quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words,
+                                               f16_words, s, b, g, rcp_g, None, peer)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 fence_proxy_async_shared_cluster()
                 cute.arch.sync_warp()

@@ -14,7 +14,11 @@ the same bf16 activation x and the same weight:
   f16 tiles) and ``p1_no_mma`` (the consumers skip their wgmmas), both wrong by design
   (P1Study(variant=P0Variant(...))): which half bounds P1 (notes/p1.md, session 22);
 * with ``--cluster 2``: ``p1_c2``, P1 on a CTA pair along N that quantizes each k-block once
-  for both (P1Study(cluster=2); notes/p1.md, "Next build: C = 2"), its bits against P0's.
+  for both (P1Study(cluster=2); notes/p1.md, "Next build: C = 2"), its bits against P0's; with
+  ``--ablate`` too, what slows the pair (notes/p1.md, session 24): ``p1_c2_b3`` and
+  ``p1_c2_b4`` (three and four f16 buffers: the owner of k-block c + 2 no longer waits for both
+  CTAs to finish c), ``p1_c2_local`` (no DSMEM stores: wrong results, timing only) and
+  ``p1_b3`` (one CTA, three buffers).
 Rows report µs (CUDA-graph replay, operand sets rotated past L2), ns per k-block a CTA runs in
 sequence, p1 over p0_gemm and over p0_e2e, and whether P1's output equals P0's bits (into a
 NaN-poisoned buffer) and reruns identically. Jobs run in order until --seconds is spent; those
@@ -111,9 +115,22 @@ def run_job(name, M, args, rows):
             return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=pair_cfg)
         timed.append(("p1_c2", p1_c2))
     if args.ablate:
-        for label, variant in (("p1_no_quantizer", P0Variant(skip_dequant=True)),
-                               ("p1_no_mma", P0Variant(skip_mma=True))):
-            cfg = P1Study(splits=splits, variant=variant).build()
+        studies = [("p1_no_quantizer", P1Study(splits=splits,
+                                               variant=P0Variant(skip_dequant=True))),
+                   ("p1_no_mma", P1Study(splits=splits, variant=P0Variant(skip_mma=True))),
+                   ("p1_b3", P1Study(splits=splits, buffers=3))]
+        if any(label == "p1_c2" for label, _ in timed):
+            studies += [("p1_c2_b3", P1Study(cluster=2, buffers=3)),
+                        ("p1_c2_b4", P1Study(cluster=2, buffers=4)),
+                        ("p1_c2_local", P1Study(cluster=2, pair_local_only=True))]
+        for label, study in studies:
+            cfg = study.build()
+            if label in ("p1_b3", "p1_c2_b3", "p1_c2_b4"):  # exact builds: their bits too
+                got_b = torch.full_like(out, float("nan"))
+                gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=got_b, config=cfg)
+                synchronize()
+                row[f"{label}_bits_equal_p0"] = bool(torch.equal(got_b.view(torch.int16),
+                                                                 want.view(torch.int16)))
 
             def ablated(x, g, w_q, w_s, pre, g_w, q, s, cfg=cfg):
                 return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=cfg)
@@ -125,9 +142,12 @@ def run_job(name, M, args, rows):
     row["p1_over_p0_gemm"] = row["p1"]["us"] / row["p0_gemm"]["us"]
     row["p1_over_p0_e2e"] = row["p1"]["us"] / row["p0_e2e"]["us"]
     ablation = "".join(f"  {k} {row[k]['ns_per_kblock']:.0f} ns/kblock" for k in
-                       ("p1_c2", "p1_no_quantizer", "p1_no_mma") if k in row)
-    if "c2_bits_equal_p0" in row:
-        ablation += f" c2_bits_equal={row['c2_bits_equal_p0']}"
+                       ("p1_c2", "p1_no_quantizer", "p1_no_mma", "p1_b3", "p1_c2_b3",
+                        "p1_c2_b4", "p1_c2_local") if k in row)
+    for k, short in (("c2_bits_equal_p0", "c2"), ("p1_b3_bits_equal_p0", "b3"),
+                     ("p1_c2_b3_bits_equal_p0", "c2_b3"), ("p1_c2_b4_bits_equal_p0", "c2_b4")):
+        if k in row:
+            ablation += f" {short}_bits_equal={row[k]}"
     rows.append(row)
     print(f"{name:>4} M={M:<5} s{splits} p0_gemm {row['p0_gemm']['us']:8.1f} us  p0_e2e "
           f"{row['p0_e2e']['us']:8.1f}  p1 {row['p1']['us']:8.1f} ({row['p1']['ns_per_kblock']:.0f}"

@@ -76,10 +76,24 @@ def test_p1_pair_compiles_with_dsmem_stores_and_cluster_barriers():
     assert "mbarrier.arrive.release.cluster" in r.ptx
     assert "mbarrier.try_wait.parity.acquire.cluster" in r.ptx
     for bad in (dict(cluster=2, dump=True), dict(cluster=2, variant=P0Variant(skip_mma=True)),
-                dict(cluster=3)):
+                dict(cluster=3), dict(pair_local_only=True)):
         with pytest.raises(ValueError):
             P1Study(**bad).build()
     assert P1Study().build().cluster_n == 1  # production: no cluster
+
+
+@pytest.mark.compile
+def test_p1_pair_ablation_without_dsmem_stores_keeps_the_barriers():
+    """The pair's timing ablation (P1Study(pair_local_only=True)): the same barriers and
+    cluster-scope arrivals, no store into the peer CTA; its own compile key."""
+    from workbench.compile import compile_report
+    cfg = P1Study(cluster=2, pair_local_only=True).build()
+    assert cfg.static_key() != P1Study(cluster=2).build().static_key()
+    r = compile_report(cfg, *compile_args())
+    assert r.frame_bytes == 0 and r.registers <= 128
+    assert "st.shared::cluster" not in r.ptx
+    assert "mbarrier.arrive.release.cluster" in r.ptx
+    assert "mbarrier.try_wait.parity.acquire.cluster" in r.ptx
 
 
 # ---- exactness (GPU) ----------------------------------------------------------------------------

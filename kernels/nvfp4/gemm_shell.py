@@ -744,7 +744,9 @@ class P1Study:
     ``variant``: the ablations (:class:`P0Variant`; wrong results, timing only): skip_dequant
     leaves out the quantizer (the stage only waits and publishes), skip_mma the wgmmas.
     ``dump``: the debug build (one K split): every consumed tile's packed codes and scale bytes
-    written to global memory too (kernels.nvfp4.gemm_p1.gemm_nvfp4_p1_dump)."""
+    written to global memory too (kernels.nvfp4.gemm_p1.gemm_nvfp4_p1_dump).
+    ``pair_local_only`` (with ``cluster=2``): the pair's ablation, wrong results, timing only:
+    each k-block's owner writes only its own f16 tile (no DSMEM stores), barriers unchanged."""
 
     splits: int = 1
     stages: int = 6
@@ -752,6 +754,7 @@ class P1Study:
     variant: P0Variant = PRODUCTION
     dump: bool = False
     cluster: int = 1  # C: CTAs along N sharing each quantized tile (1 or 2)
+    pair_local_only: bool = False
 
     def build(self) -> BlockscaledGemmSm90:
         _check_ring(self.stages, self.splits)
@@ -759,6 +762,8 @@ class P1Study:
             raise ValueError(f"cluster = {self.cluster!r}: 1, or 2 (the pair; notes/p1.md)")
         if self.cluster == 2 and (self.dump or self.variant != PRODUCTION):
             raise ValueError("the pair is built without the debug dump and the ablations")
+        if self.pair_local_only and self.cluster != 2:
+            raise ValueError("pair_local_only ablates the pair's DSMEM stores: cluster=2")
         if self.dump and self.splits != 1:
             raise ValueError("the debug build writes through the split-K workspace: splits 1")
         if self.dump and self.variant.skip_dequant:
@@ -766,6 +771,9 @@ class P1Study:
         tokens = RegisterAWgmmaConsumer.TOKENS[0]
         if self.cluster == 2:
             activation = PairedQuantizingActivationStage(tokens, self.stages, self.buffers)
+            if self.pair_local_only:
+                activation = copy.copy(activation)
+                activation.local_only = True  # an instance attribute: its own compile-cache key
             consumer = PeerFedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
         else:
             activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
