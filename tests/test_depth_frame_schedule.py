@@ -198,13 +198,43 @@ def test_frame_schedule_calibrates_on_the_published_frame_stamps():
         assert k["held_out"] and all(abs(x["error"]) < 0.5 for x in k["held_out"].values())
 
 
-def test_whole_frame_calibration_predicts_the_held_out_row_counts():
+def test_whole_frame_calibration_predicts_the_held_out_row_counts(capsys):
     """The simulator fitted to the whole frame kernel's stamps at 1 and 64 rows (the published
-    depth-frame summary) predicts the 8, 16 and 32-row frames within 10 %."""
-    from experiments.frame_schedule import WHOLE_FIT_ROWS, _whole_frame_calibration
+    depth-frame summary) predicts the 8, 16 and 32-row frames within 10 %, saying each grid
+    point it tries as it goes; --quick's coarse-to-fine search finds the same handoff from
+    fewer grid points."""
+    from experiments.frame_schedule import (HANDOFF_GRID, WHOLE_FIT_ROWS,
+                                            _whole_frame_calibration)
 
-    k = _whole_frame_calibration()
+    built: dict = {}
+    k = _whole_frame_calibration(built)
     assert k is not None, "results/depth-frame.json has the traced runs"
     assert sorted(map(int, k["fitted"])) == list(WHOLE_FIT_ROWS)
     assert sorted(map(int, k["held_out"])) == [8, 16, 32]
     assert all(abs(x["error"]) <= 0.10 for x in k["held_out"].values()), k["held_out"]
+    full = capsys.readouterr().err
+    assert full.count("whole-frame fit: handoff") == len(HANDOFF_GRID)  # progress per point
+    quick = _whole_frame_calibration(built, coarse_to_fine=True)
+    tried = capsys.readouterr().err.count("whole-frame fit: handoff")
+    assert quick["handoff_us"] == k["handoff_us"] and tried < len(HANDOFF_GRID)
+
+
+def test_quick_frame_schedule_names_what_it_cuts():
+    """--quick's subset, as its summary and verdict say it: the gated variants, fewer
+    bisection steps, the handoff searched coarse to fine (which finds the exhaustive minimum
+    of a unimodal error and tries fewer points)."""
+    from experiments import frame_schedule as E
+
+    assert set(E.QUICK_VARIANTS) < set(E.VARIANTS)
+    changes = E._quick_changes(E.QUICK_ITERATIONS, E.QUICK_VARIANTS)
+    assert f"{len(E.QUICK_VARIANTS)} of {len(E.VARIANTS)} variants" in changes[0]
+    assert f"{E.QUICK_ITERATIONS} bisection steps, not {E.FULL_ITERATIONS}" in changes[1]
+    grid = E.HANDOFF_GRID
+    for best in range(len(grid)):
+        tried = []
+
+        def error(v, best=best, tried=tried):
+            tried.append(v)
+            return abs(v - grid[best])
+        assert E._coarse_to_fine(grid, error) == grid[best]
+        assert len(set(tried)) < len(grid)
