@@ -173,10 +173,12 @@ class Nvfp4Linear:
         new = object.__new__(cls)
         new.backend = resolve_backend(backend, role)
         new.role, new.N, new.K, new.g_w = role, N, K, float(g_w)
-        if new.backend == "p0" and w_q.device.type != "cuda":
+        new.ring_capacity = DEFAULT_CAPACITY
+        if new.backend in GPU_BACKENDS and w_q.device.type != "cuda":
             w_q, w_s = w_q.cuda(), w_s.cuda()
         new.w_q, new.w_s = w_q, w_s
-        new._w_int = new._w_pre = None
+        new._w_int = new._w_pre = new._g_w_dev = None
+        new._plans, new._last = {}, (None, None)
         return new
 
     def to(self, device) -> Nvfp4Linear:

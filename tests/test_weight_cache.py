@@ -115,6 +115,10 @@ def test_p0_packing_goes_through_the_cache_too(tmp_path, monkeypatch):
     first = cache.linear(TINY, 0, 1, "out", cpu, "p0", make)
     again = cache.linear(TINY, 0, 1, "out", cpu, "p0", lambda: pytest.fail("packed again"))
     assert again.backend == "p0" and _same_linear(again, first)
+    # a loaded linear carries everything a launch path reads, as a constructed one does
+    for attr in ("_g_w_dev", "_w_pre", "_plans", "_last", "ring_capacity"):
+        assert hasattr(again, attr), attr
+    assert again.ring_capacity == first.ring_capacity and again._plans == {}
     (path,) = tmp_path.iterdir()
     assert path == cache.path(cache.key(TINY, 0, 1, "out", "cuda"))
     assert torch.load(path, weights_only=True)["key"]["quantized_on"] == "cuda"
