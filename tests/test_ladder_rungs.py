@@ -79,6 +79,27 @@ def test_ladder_p2_phase_runs_p0s_rungs_with_the_ring(tmp_path, monkeypatch):
     assert {m["part"] for m in s["measurements"] if m["status"] == "pass"} == {"1a", "2a"}
 
 
+def test_ladder_p1_phase_runs_p0s_rungs_with_p1(tmp_path, monkeypatch):
+    """The p1 phase is P0's ladder with P1 behind Nvfp4Linear (backend p1) and part 2c
+    (randomized P1 GEMMs against P0); without a GPU its CPU parts run, the rest not-run."""
+    from validators.runner import PassPart, _rungs, run_ladder
+
+    parts = []
+    for p in _rungs("p1", True, "cpu"):
+        parts += list(p.ids) if isinstance(p, PassPart) else [p.id]
+    assert parts == ["1a", "1b", "1c", "2a", "2b", "2c", "3", "4", "5", "6", "7", "8"]
+    assert runner._model_backend("p1", True) == ("p1", None)
+    if HAVE_CUDA:
+        return  # the GPU run is the ladder-p1-quick device step
+    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
+    assert run_ladder("p1", quick=True) == 0  # incomplete, not failed
+    s = R.load("ladder-p1", tmp_path)
+    assert s["verdict"] == "incomplete" and s["headline"]["highest_rung_passed"] == 0
+    not_run = " ".join(s["notes"]["not_run"])
+    assert "rung 2c (randomized P1 GEMMs): needs a CUDA GPU" in not_run
+    assert "the p1 backend needs a CUDA GPU" in not_run  # rungs 3-8
+
+
 # --- rungs 3-8 on the synthetic H3 (tiny config: every rung's machinery in seconds) ---------
 TINY = H3Config(blocks=2, hidden=128, mlp=256, head_dim=64, video_tokens=160, audio_tokens=32)
 SHORT = H3Config(**{**TINY.__dict__, "steps": 3})  # rung 7's machinery on a 3-step trajectory
