@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
-from experiments.p0_baseline import _comfy, _global_scale_from_amax, _quack, _quack_case, _time
+from experiments.p0_baseline import (_comfy, _global_scale_from_amax, _quack, _quack_case,
+                                     _time, not_run_parts)
 from kernels.nvfp4.amax import amax
 from kernels.nvfp4.gemm import gemm_nvfp4
 from kernels.nvfp4.gemm_p1 import choose_config, gemm_nvfp4_p1
@@ -222,8 +223,7 @@ def _main(argv) -> int:
                      f"vs unfused, {r['time_over_p0']:.2f}x P0's time; bits {r['bits_equal_p0']}")
             torch.cuda.empty_cache()
     headline, gates = headline_and_gates(rows, args.m)
-    not_run = [f"{col}: {why}" for col, why in (("comfy_e2e", comfy_why),
-                                                ("quack_w4a16", quack_why)) if why]
+    not_run = not_run_parts(rows, comfy_why, quack_why)  # a column, or quack at one case
     summary = R.make_summary(
         NAME, parameters={"projections": {k: PROJECTIONS[k] for k in args.projections},
                           "M": args.m, "targets": TARGETS, "pinned_to_p0": list(PINNED),

@@ -457,14 +457,19 @@ class Nvfp4Linear:
         from kernels.nvfp4 import amax as A
         from kernels.nvfp4.gemm_p1 import choose_config, gemm_nvfp4_p1
 
+        from kernels.nvfp4.prepack import prepack
+
         x = x.contiguous()
         if residual is not None:
             residual = residual.contiguous()
-        self._p0_config(r1 - r0)  # the prepack, made once
+        if (self._w_pre is None or self._g_w_dev is None) and \
+                torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("Nvfp4Linear (p1) prepares its weight's device scale and its "
+                               "prepack on its first call: call it once outside CUDA-graph "
+                               "capture before capturing it")
+        if self._w_pre is None:  # made once, as p0's
+            self._w_pre = prepack(self.w_q, self.w_s)
         if self._g_w_dev is None:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("Nvfp4Linear (p1) prepares its weight's device scale on its "
-                                   "first call: call it once outside CUDA-graph capture")
             self._g_w_dev = torch.tensor([self.g_w], dtype=torch.float32, device=x.device)
         config, _ = choose_config(r1 - r0, self.N, self.K)
         ws = A.AmaxWorkspace(x.dtype, x.device)

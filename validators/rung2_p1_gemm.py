@@ -26,8 +26,10 @@ from validators.base import RungResult, check
 from validators.rung2_p2_ring import KINDS, _activation
 
 NAME = "randomized P1 GEMMs"
-SHAPES = [(200, 64, 96), (333, 144, 160), (700, 272, 1056), (1500, 1024, 2080),
-          (2100, 528, 5376)]
+# (M, N, K): partial k-blocks, K/16 not a multiple of 4, and K splits (128 x 512 x 2048: 2;
+# 256 x 1024 x 5376: 4 on 132 SMs) beside one-split shapes
+SHAPES = [(200, 64, 96), (128, 512, 2048), (333, 144, 160), (700, 272, 1056),
+          (256, 1024, 5376), (1500, 1024, 2080), (2100, 528, 5376)]
 
 
 def run(quick: bool = False, seed: int = 0) -> RungResult:

@@ -32,7 +32,6 @@ GATE_RESIDUAL = GateResidualBf16()
 _CODES, _SCALES, _G = (torch.uint8,), (torch.float8_e4m3fn, torch.uint8), (torch.float32,)
 
 
-@functools.lru_cache(maxsize=1024)
 def k_splits(M: int, N: int, K: int, sms: int) -> int:
     """The K split of the 128 x 128 builds: only below one wave of tiles, each split keeping a
     pipelined K loop (schedules/plan.py ``MAX_SPLITS``, ``MIN_K_BLOCKS_PER_SPLIT``)."""
@@ -41,6 +40,7 @@ def k_splits(M: int, N: int, K: int, sms: int) -> int:
     return max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
 
 
+@functools.lru_cache(maxsize=1024)
 def default_config(M: int, N: int, K: int, sms: int | None = None,
                    prepacked: bool = False, f16: bool = False,
                    stream_k: bool = True) -> BlockscaledGemmSm90:
