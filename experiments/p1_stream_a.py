@@ -33,8 +33,8 @@ from __future__ import annotations
 import torch
 
 from experiments._common import need_gpu, parser, progress, run_main
-from experiments.p0_baseline import (_comfy, _global_scale_from_amax, _quack, _quack_case,
-                                     _time, not_run_parts)
+from experiments.p0_baseline import (_global_scale_from_amax, _quack_case, _time, anchors,
+                                     comfy_linear, not_run_parts, ours_linear)
 from kernels.nvfp4.amax import amax
 from kernels.nvfp4.gemm import gemm_nvfp4
 from kernels.nvfp4.gemm_p1 import choose_config, gemm_nvfp4_p1
@@ -110,12 +110,7 @@ def _case(name, N, K, M, ck, qk, quick, seed):
                                  config=cfg)
         t[f"p1_{cxg}"] = _time(p1, e2e_sets, quick)
 
-    def unfused(x, b, bs_, gb_, pre_):
-        g = _global_scale_from_amax(amax(x))
-        q, s, f = quantize_expand_nvfp4(x, g, pad_16x=True)
-        return gemm_nvfp4(q[:M], s, g, b, bs_, gb_, out=out, prepacked=pre_, a16=f)
-
-    t["unfused"] = _time(unfused, e2e_sets, quick)
+    t["unfused"] = _time(ours_linear(out, M), e2e_sets, quick)
     p0_sets = [(xs[i][2][:M], xs[i][3], xs[i][1], xs[i][4], *weights[i]) for i in range(sets)]
     t["p0"] = _time(lambda a, s, g, a16, b, bs_, gb_, pre_: gemm_nvfp4(
         a, s, g, b, bs_, gb_, out=out, prepacked=pre_, a16=a16), p0_sets, quick)
@@ -132,13 +127,7 @@ def _case(name, N, K, M, ck, qk, quick, seed):
         except Exception as e:  # this column, not the run
             row["quack_w4a16_not_run"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
     if ck is not None:
-        def comfy_e2e(x, b, bs_, gb_, pre_):
-            g = _global_scale_from_amax(torch.amax(x.abs())).reshape(())
-            q, s = ck.quantize_nvfp4(x, g, pad_16x=True)
-            xd = ck.dequantize_nvfp4(q, g, s, torch.bfloat16)[:M]
-            wd = ck.dequantize_nvfp4(b, gb_.reshape(()), bs_, torch.bfloat16)
-            return torch.nn.functional.linear(xd, wd)
-        t["comfy_e2e"] = _time(comfy_e2e, e2e_sets, quick)
+        t["comfy_e2e"] = _time(comfy_linear(ck, M), e2e_sets, quick)
     row["timings"] = t
     row.update(ratios(t))
     return row
@@ -204,12 +193,7 @@ def _main(argv) -> int:
     if not args.m or any(m < 1 for m in args.m):
         raise WorkbenchError(f"--m {args.m}: positive row counts")
     need_gpu(NAME)
-    ck, comfy_why = _comfy()
-    if ck is None:
-        progress(comfy_why + " (comfy_e2e not measured)")
-    qk, quack_version, quack_why = _quack()
-    if qk is None:
-        progress(quack_why + " (quack_w4a16 not measured)")
+    ck, comfy_why, qk, quack_version, quack_why = anchors()
     rows = []
     for M in args.m:
         for name in args.projections:

@@ -382,6 +382,24 @@ class Nvfp4Linear:
                                                             alpha, self.K)
         return d, real, bound
 
+    def _device_weight(self, device) -> None:
+        """The register-order prepack (every f16 build and P1 read it) and g_w as a device fp32
+        [1], each made once and kept: made inside a CUDA-graph capture they would hold data
+        only after a replay (and the scale's host copy cannot be captured at all), so a first
+        call under capture is refused."""
+        if self._w_pre is not None and self._g_w_dev is not None:
+            return
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"Nvfp4Linear ({self.backend}) prepares its weight's device scale "
+                               "and its prepack on its first call: call it once outside "
+                               "CUDA-graph capture before capturing it")
+        from kernels.nvfp4.prepack import prepack
+
+        if self._w_pre is None:
+            self._w_pre = prepack(self.w_q, self.w_s)
+        if self._g_w_dev is None:
+            self._g_w_dev = torch.tensor([self.g_w], dtype=torch.float32, device=device)
+
     def _p0_config(self, m: int, stream_k: bool = True):
         """(config, prepack) of p0's GEMM over m rows: default_config of an f16 build (the
         activation's f16 expansion at hand) with the prepack, made once. p2 passes the whole
@@ -406,7 +424,6 @@ class Nvfp4Linear:
         from kernels.nvfp4 import amax as A
         from kernels.nvfp4 import gemm as G
         from kernels.nvfp4 import quantize as Q
-        from kernels.nvfp4.prepack import prepack
 
         # a copy made here is not the caller's tensor: only calls that needed none are planned
         plannable = key is not None and x.is_contiguous() and (
@@ -422,18 +439,8 @@ class Nvfp4Linear:
         Q.quantize_expand_nvfp4(x, ws.g, out=(q, s, f16))
         if residual is not None:
             residual = residual.contiguous()
-        if (self._w_pre is None or self._g_w_dev is None) and \
-                torch.cuda.is_current_stream_capturing():
-            # made once and kept: made inside a capture, they would hold data only after a
-            # replay (and the scale's host copy cannot be captured at all)
-            raise RuntimeError("Nvfp4Linear (p0) prepares its weight's device scale and its "
-                               "prepack on its first call: call it once outside CUDA-graph "
-                               "capture before capturing it")
-        if self._w_pre is None:  # made once: every f16 build reads the register-order prepack
-            self._w_pre = prepack(self.w_q, self.w_s)
+        self._device_weight(x.device)
         pre = self._w_pre
-        if self._g_w_dev is None:
-            self._g_w_dev = torch.tensor([self.g_w], dtype=torch.float32, device=x.device)
         rows = (r0, r1)
         y = G.gemm_nvfp4(q, s, ws.g, self.w_q, self.w_s, self._g_w_dev, rows=rows, gate=gate,
                          residual=residual, prepacked=pre, out=out, a16=f16)
@@ -457,20 +464,10 @@ class Nvfp4Linear:
         from kernels.nvfp4 import amax as A
         from kernels.nvfp4.gemm_p1 import choose_config, gemm_nvfp4_p1
 
-        from kernels.nvfp4.prepack import prepack
-
         x = x.contiguous()
         if residual is not None:
             residual = residual.contiguous()
-        if (self._w_pre is None or self._g_w_dev is None) and \
-                torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("Nvfp4Linear (p1) prepares its weight's device scale and its "
-                               "prepack on its first call: call it once outside CUDA-graph "
-                               "capture before capturing it")
-        if self._w_pre is None:  # made once, as p0's
-            self._w_pre = prepack(self.w_q, self.w_s)
-        if self._g_w_dev is None:
-            self._g_w_dev = torch.tensor([self.g_w], dtype=torch.float32, device=x.device)
+        self._device_weight(x.device)
         config, _ = choose_config(r1 - r0, self.N, self.K)
         ws = A.AmaxWorkspace(x.dtype, x.device)
         A.amax(x, out=ws)  # the WHOLE x's, as p0

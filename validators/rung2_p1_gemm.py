@@ -15,15 +15,13 @@ import zlib
 
 import torch
 
-from kernels.nvfp4.amax import amax
 from kernels.nvfp4.gemm import gemm_nvfp4
 from kernels.nvfp4.gemm_p1 import choose_config, gemm_nvfp4_p1
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
 from kernels.nvfp4.prepack import prepack
 from kernels.nvfp4.quantize import quantize_nvfp4
-from numerics import nvfp4
 from validators.base import RungResult, check
-from validators.rung2_p2_ring import KINDS, _activation
+from validators.rung2_p2_ring import KINDS, case_operands
 
 NAME = "randomized P1 GEMMs"
 # (M, N, K): partial k-blocks, K/16 not a multiple of 4, and K splits (128 x 512 x 2048: 2;
@@ -41,12 +39,8 @@ def run(quick: bool = False, seed: int = 0) -> RungResult:
         p0_config = BlockscaledGemmSm90.swap_ab(stages=config.stages, splits=config.splits)
         for kind in KINDS:
             s = zlib.crc32(f"p1:{M}x{N}x{K}:{kind}:{seed}".encode())
-            x = _activation(kind, M, K, s)
-            w = _activation("normal", N, K, s + 1)
-            g_w = nvfp4.global_scale_from_amax(amax(w)).reshape(1)
-            w_q, w_s = quantize_nvfp4(w, g_w, pad_16x=True)
+            x, w_q, w_s, g_w, g = case_operands(kind, M, N, K, s)
             pre = prepack(w_q, w_s)
-            g = nvfp4.global_scale_from_amax(amax(x)).reshape(1)
             q, sc = quantize_nvfp4(x, g, pad_16x=True)
             want = gemm_nvfp4(q, sc, g, w_q, w_s, g_w, rows=(0, M), config=p0_config,
                               prepacked=pre)

@@ -77,6 +77,9 @@ PENDING = {
     "frame": {1: FRAME_NOT_BUILT},
 }
 PHASES = tuple(PENDING)
+# rung 2's part 2c per streamed phase: (title, validators module), loaded only on a GPU
+PRODUCER_PARTS = {"p1": ("randomized P1 GEMMs", "rung2_p1_gemm"),
+                  "p2": ("randomized ring chunks (P2)", "rung2_p2_ring")}
 
 
 @dataclass
@@ -152,20 +155,11 @@ def _rungs(phase: str, quick: bool, device: str):
                 from validators import rung2_p0_gemm
 
                 yield Part("2b", "randomized GEMMs (P0)", lambda: rung2_p0_gemm.run(quick=quick))
-            if phase == "p1":
-                t = "randomized P1 GEMMs"
+            if phase in PRODUCER_PARTS:  # the phase's own producer against P0, bit for bit
+                t, module = PRODUCER_PARTS[phase]
                 if device == "cuda":
-                    from validators import rung2_p1_gemm
-
-                    yield Part("2c", t, lambda: rung2_p1_gemm.run(quick=quick))
-                else:
-                    yield Part("2c", t, _not_run(2, t, "needs a CUDA GPU"))
-            if phase == "p2":
-                t = "randomized ring chunks (P2)"
-                if device == "cuda":
-                    from validators import rung2_p2_ring
-
-                    yield Part("2c", t, lambda: rung2_p2_ring.run(quick=quick))
+                    mod = importlib.import_module(f"validators.{module}")
+                    yield Part("2c", t, lambda: mod.run(quick=quick))
                 else:
                     yield Part("2c", t, _not_run(2, t, "needs a CUDA GPU"))
         else:
