@@ -111,6 +111,20 @@ def _quack():
     return gemm_w4, getattr(quack, "__version__", "unknown"), None
 
 
+def anchors():
+    """(comfy_kitchen or None, why not, quack.gemm_w4 or None, its version, why not): the
+    outside anchors this process can time, each one missing said as a progress line."""
+    ck, comfy_why = _comfy()
+    if ck is None:
+        progress(comfy_why + " (comfy_e2e not measured)")
+    qk, quack_version, quack_why = _quack()
+    if qk is None:
+        progress(quack_why + " (quack_w4a16 not measured)")
+    elif quack_version != QUACK_VERSION:
+        progress(f"quack-kernels {quack_version}, not the pinned {QUACK_VERSION}")
+    return ck, comfy_why, qk, quack_version, quack_why
+
+
 def quack_nvfp4_weight(bq: torch.Tensor, bs: torch.Tensor, N: int, K: int):
     """Our NVFP4 weight as quack's nvfp4 format takes it before its repack: (N, K/2) uint8 codes
     with element 2i in the LOW nibble (ours: high) and (N, K/16) e4m3 scales row-major (ours:
@@ -146,6 +160,28 @@ def _quack_case(qk, xs, weights, out, row_ids, N, K, quick):
 def _global_scale_from_amax(amax_value: torch.Tensor) -> torch.Tensor:
     """numerics.nvfp4's g (Comfy's rule) as the one-element fp32 tensor the kernels read."""
     return nvfp4.global_scale_from_amax(amax_value).reshape(1)
+
+
+def ours_linear(out, M: int):
+    """Our NVFP4 linear from bf16 (x, weight codes, scales, g_w, prepack) into ``out``: the amax
+    kernel (g on the device), the quantize kernel with the f16 expansion, the GEMM."""
+    def run(x, b, bs_, gb_, pre):
+        g = _global_scale_from_amax(amax(x))
+        q, s, f = quantize_expand_nvfp4(x, g, pad_16x=True)
+        return gemm_nvfp4(q[:M], s, g, b, bs_, gb_, out=out, prepacked=pre, a16=f)
+    return run
+
+
+def comfy_linear(ck, M: int):
+    """What a Hopper user of Comfy Kitchen gets from the same arguments as :func:`ours_linear`:
+    torch amax, quantize_nvfp4 (pad_16x), both operands dequantized, bf16 F.linear."""
+    def run(x, b, bs_, gb_, pre):
+        g = _global_scale_from_amax(torch.amax(x.abs())).reshape(())
+        q, s = ck.quantize_nvfp4(x, g, pad_16x=True)
+        xd = ck.dequantize_nvfp4(q, g, s, torch.bfloat16)[:M]
+        wd = ck.dequantize_nvfp4(b, gb_.reshape(()), bs_, torch.bfloat16)
+        return torch.nn.functional.linear(xd, wd)
+    return run
 
 
 def _time(fn, arg_sets, quick, graph: bool = True):
@@ -210,11 +246,7 @@ def _case(name, N, K, M, ck, qk, quick, seed):
             row["quack_w4a16_not_run"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
         row["bytes_quack_w4a16"] = N * (K // 2 + K // 16) + 2 * M * K + 2 * M * N
 
-    def ours_e2e(x, b, bs_, gb_, pre):
-        g = _global_scale_from_amax(amax(x))
-        q, s, f = quantize_expand_nvfp4(x, g, pad_16x=True)
-        return gemm_nvfp4(q[:M], s, g, b, bs_, gb_, out=out, prepacked=pre, a16=f)
-
+    ours_e2e = ours_linear(out, M)
     e2e_sets = [(xs[i][0], *weights[i]) for i in range(sets)]
     t["ours_e2e"] = _time(ours_e2e, e2e_sets, quick)
     t["ours_e2e_eager"] = _time(ours_e2e, e2e_sets, quick, graph=False)
@@ -238,13 +270,7 @@ def _case(name, N, K, M, ck, qk, quick, seed):
         row["cublas_fp8_error"] = str(e).splitlines()[0]
     del fp8
     if ck is not None:
-        def comfy_e2e(x, b, bs_, gb_, pre):
-            g = _global_scale_from_amax(torch.amax(x.abs())).reshape(())
-            q, s = ck.quantize_nvfp4(x, g, pad_16x=True)
-            xd = ck.dequantize_nvfp4(q, g, s, torch.bfloat16)[:M]
-            wd = ck.dequantize_nvfp4(b, gb_.reshape(()), bs_, torch.bfloat16)
-            return torch.nn.functional.linear(xd, wd)
-
+        comfy_e2e = comfy_linear(ck, M)
         t["comfy_e2e"] = _time(comfy_e2e, e2e_sets, quick)
         t["comfy_e2e_eager"] = _time(comfy_e2e, e2e_sets, quick, graph=False)
     for k, v in t.items():
@@ -313,14 +339,7 @@ def _main(argv) -> int:
     p.add_argument("--projections", nargs="*", default=list(PROJECTIONS))
     args = p.parse_args(argv)
     need_gpu("p0-baseline")
-    ck, comfy_why = _comfy()
-    if ck is None:
-        progress(comfy_why + " (comfy_e2e not measured)")
-    qk, quack_version, quack_why = _quack()
-    if qk is None:
-        progress(quack_why + " (quack_w4a16 not measured)")
-    elif quack_version != QUACK_VERSION:
-        progress(f"quack-kernels {quack_version}, not the pinned {QUACK_VERSION}")
+    ck, comfy_why, qk, quack_version, quack_why = anchors()
     rows = []
     for M in args.m:
         for name in args.projections:

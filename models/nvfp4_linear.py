@@ -15,10 +15,13 @@ Backends (all consume the same packed weight, so they differ only in the GEMM):
   there with the whole call's GEMM config (p0's, from the same helper), so its output is
   bit-identical to p0's; except where p0's whole call runs stream-K and the ring needs several
   chunks (stream-K's bits depend on the whole call's tile count): there p2 runs the tile loop.
-* ``p1``: the streamed in-GEMM producer, refused until issue #4 lands.
+* ``p1``: P1 (kernels/nvfp4/gemm_p1.py): the same amax and g, then one GEMM that quantizes
+  its activation tiles itself (no packed activation, scale or f16 expansion in memory); its
+  bits are p0's wherever p0 runs the swap-AB f16 build without stream-K, else those of the
+  swap-AB build on the packed activation (gemm_p1.choose_config).
 With ``gate`` and ``residual`` a call returns H3's gated residual add of its output,
 numerics.epilogue.gate_residual(y, gate, residual): ``reference`` computes it after the exact
-GEMM, ``p0`` and ``p2`` fuse it into the GEMM's store (P4, epilogues/gate_residual.py),
+GEMM, ``p0``, ``p1`` and ``p2`` fuse it into the GEMM's store (P4, epilogues/gate_residual.py),
 bit-identical.
 FC2 is pinned to p0 whatever streamed backend is asked for: the seed keeps FC2 off the streamed
 producers (its K = 14336 reduction contract), so only QKV, out and FC1 would stream.
@@ -38,9 +41,9 @@ from workbench import WorkbenchError
 
 BACKENDS = ("reference", "p0", "p1", "p2")
 ROLES = ("qkv", "out", "fc1", "fc2")  # H3's projections; a linear's role is one of them or None
-NOT_BUILT = {"p1": "the P1 software A producer is not built yet (issue #4)"}
+NOT_BUILT: dict = {}  # backend -> why it is refused (every backend is built)
 STREAMED = ("p1", "p2")  # backends that change the A producer: FC2 never takes them
-GPU_BACKENDS = ("p0", "p2")  # backends that run the CuTe DSL kernels (their weights on CUDA)
+GPU_BACKENDS = ("p0", "p1", "p2")  # backends that run the CuTe DSL kernels (weights on CUDA)
 PINNED_TO_P0 = ("fc2",)  # roles that never stream (seed: "FC2 remains explicitly on ... P0")
 ROW_TILE = 128  # a row slice starts on a 128-row scale tile, as gemm_nvfp4's ``rows``
 # the oracle's int64 weight (8 bytes an element) is kept only for weights up to this size: a
@@ -292,6 +295,8 @@ class Nvfp4Linear:
             return self._p0(x, r0, r1, gate, residual, None if capturing else key, out)
         if self.backend == "p2":
             return self._p2(x, r0, r1, gate, residual, out)
+        if self.backend == "p1":
+            return self._p1(x, r0, r1, gate, residual, out)
         y = self._exact(x, r0, r1)[0].to(torch.bfloat16)
         y = y if gate is None else gate_residual(y, gate, residual)
         return y if out is None else out.copy_(y)
@@ -377,6 +382,24 @@ class Nvfp4Linear:
                                                             alpha, self.K)
         return d, real, bound
 
+    def _device_weight(self, device) -> None:
+        """The register-order prepack (every f16 build and P1 read it) and g_w as a device fp32
+        [1], each made once and kept: made inside a CUDA-graph capture they would hold data
+        only after a replay (and the scale's host copy cannot be captured at all), so a first
+        call under capture is refused."""
+        if self._w_pre is not None and self._g_w_dev is not None:
+            return
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"Nvfp4Linear ({self.backend}) prepares its weight's device scale "
+                               "and its prepack on its first call: call it once outside "
+                               "CUDA-graph capture before capturing it")
+        from kernels.nvfp4.prepack import prepack
+
+        if self._w_pre is None:
+            self._w_pre = prepack(self.w_q, self.w_s)
+        if self._g_w_dev is None:
+            self._g_w_dev = torch.tensor([self.g_w], dtype=torch.float32, device=device)
+
     def _p0_config(self, m: int, stream_k: bool = True):
         """(config, prepack) of p0's GEMM over m rows: default_config of an f16 build (the
         activation's f16 expansion at hand) with the prepack, made once. p2 passes the whole
@@ -401,7 +424,6 @@ class Nvfp4Linear:
         from kernels.nvfp4 import amax as A
         from kernels.nvfp4 import gemm as G
         from kernels.nvfp4 import quantize as Q
-        from kernels.nvfp4.prepack import prepack
 
         # a copy made here is not the caller's tensor: only calls that needed none are planned
         plannable = key is not None and x.is_contiguous() and (
@@ -417,18 +439,8 @@ class Nvfp4Linear:
         Q.quantize_expand_nvfp4(x, ws.g, out=(q, s, f16))
         if residual is not None:
             residual = residual.contiguous()
-        if (self._w_pre is None or self._g_w_dev is None) and \
-                torch.cuda.is_current_stream_capturing():
-            # made once and kept: made inside a capture, they would hold data only after a
-            # replay (and the scale's host copy cannot be captured at all)
-            raise RuntimeError("Nvfp4Linear (p0) prepares its weight's device scale and its "
-                               "prepack on its first call: call it once outside CUDA-graph "
-                               "capture before capturing it")
-        if self._w_pre is None:  # made once: every f16 build reads the register-order prepack
-            self._w_pre = prepack(self.w_q, self.w_s)
+        self._device_weight(x.device)
         pre = self._w_pre
-        if self._g_w_dev is None:
-            self._g_w_dev = torch.tensor([self.g_w], dtype=torch.float32, device=x.device)
         rows = (r0, r1)
         y = G.gemm_nvfp4(q, s, ws.g, self.w_q, self.w_s, self._g_w_dev, rows=rows, gate=gate,
                          residual=residual, prepacked=pre, out=out, a16=f16)
@@ -442,6 +454,25 @@ class Nvfp4Linear:
                 self._last = (key, p)
         return y
 
+
+    def _p1(self, x, r0, r1, gate=None, residual=None, out=None):
+        """P1 (kernels/nvfp4/gemm_p1.py): amax of the whole x, whose kernel writes the tensor
+        scale g on the device, then one GEMM over rows [r0, r1) that quantizes its activation
+        tiles itself with that g: no packed activation, scale or f16 expansion exists. Bits:
+        p0's wherever p0 runs its swap-AB f16 build without stream-K (gemm_p1.choose_config),
+        else that swap-AB build's on the packed activation."""
+        from kernels.nvfp4 import amax as A
+        from kernels.nvfp4.gemm_p1 import choose_config, gemm_nvfp4_p1
+
+        x = x.contiguous()
+        if residual is not None:
+            residual = residual.contiguous()
+        self._device_weight(x.device)
+        config, _ = choose_config(r1 - r0, self.N, self.K)
+        ws = A.AmaxWorkspace(x.dtype, x.device)
+        A.amax(x, out=ws)  # the WHOLE x's, as p0
+        return gemm_nvfp4_p1(x[r0:r1], ws.g, self._w_pre, self._g_w_dev, out=out, config=config,
+                             gate=gate, residual=residual)
 
     def _p2(self, x, r0, r1, gate=None, residual=None, out=None):
         from kernels.nvfp4.amax import amax

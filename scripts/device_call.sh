@@ -11,6 +11,7 @@
 #   selected     the GPU and compile tests of $WB_TEST_FILES
 #   ladder-quick the p0 ladder on the scaled H3 (--quick)
 #   ladder-p2-quick the p2 ladder on the scaled H3 (--quick): P2's ring behind the same rungs
+#   ladder-p1-quick the p1 ladder on the scaled H3 (--quick): P1 behind the same rungs
 #   ladder-full  the full-size p0 ladder, resumable: each call continues the state in
 #                results/runs/ladder-p0-full (git-ignored, so it stays on a warm machine;
 #                its tensors, ~1-2.5 GB, never travel) for $WB_LADDER_BUDGET s (default 480),
@@ -46,6 +47,8 @@
 #   p2-parity    experiments/p2_parity.py ($WB_EXP_ARGS, e.g. --quick): the full H3's qkv, out and
 #                fc1 at blocks 0, 24, 49 through the ring (2048, 512), every chunk bit for bit
 #                against P0's whole projection, sha256 equal (~4 min estimated)
+#   p1-stream-a  experiments/p1_stream_a.py ($WB_EXP_ARGS): P1 beside the unfused path, P0, cuBLAS,
+#                quack and Comfy (the comfy archive and .whl as for p0-baseline)
 #   p2-block-gate experiments/p2_block_gate.py ($WB_EXP_ARGS): the unfused path, the ring and the
 #                work queue alternating in one loaded full-size H3 block (~3-4 min estimated)
 #   experiments  depth-loop, p0-baseline, the quick p0 ladder (the full one: ladder-full)
@@ -79,6 +82,7 @@ for what in "$@"; do
                 --durations=15 ${WB_PYTEST_ARGS:-} ${WB_TEST_FILES:?name the test files} ;;
     ladder-quick) step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     ladder-p2-quick) step ladder-p2-quick python3 -m cli.main ladder --phase p2 --quick ;;
+    ladder-p1-quick) step ladder-p1-quick python3 -m cli.main ladder --phase p1 --quick ;;
     ladder-full)
       d=results/runs/ladder-p0-full
       mkdir -p "$d"
@@ -115,6 +119,7 @@ for what in "$@"; do
                         ${WB_EXP_ARGS:-} ;;
     p2-parity) step p2-parity python3 -m experiments.p2_parity ${WB_EXP_ARGS:-} ;;
     p2-block-gate) step p2-block-gate python3 -m experiments.p2_block_gate ${WB_EXP_ARGS:-} ;;
+    p1-stream-a) step p1-stream-a python3 -m experiments.p1_stream_a ${WB_EXP_ARGS:-} ;;
     p0-v3-ab) step p0-v3-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v3_ab.py \
                 ${WB_AB_ARGS:-} ;;
     stress) step fast-loop-stress env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
@@ -132,7 +137,7 @@ for what in "$@"; do
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
             "ladder-full, p0-ab, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
             "host-overhead, frame-protocol, depth-frame, frame-norm-ab, ladder-p2-quick," \
-            "p2-ring-capacity, p2-parity, p2-block-gate," \
+            "p2-ring-capacity, p2-parity, p2-block-gate, p1-stream-a, ladder-p1-quick," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac
 done

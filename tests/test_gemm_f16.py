@@ -64,6 +64,8 @@ def test_default_config_f16_branch():
     assert pick(3328, 14336) == ("wide", False, 1)  # 1456: 11 whole waves, last 4
     big = default_config(2048, 21504, 5376, 132, prepacked=True, f16=True)
     assert big.tile_m == 256
+    # cached: one object per question (a plan keyed by the config hits; ~50 µs a build)
+    assert default_config(2048, 21504, 5376, 132, prepacked=True, f16=True) is big
     ring = default_config(2048, 21504, 5376, 132, prepacked=True, f16=True, stream_k=False)
     assert not ring.stream_k and ring.threads == 384
     assert not default_config(128, 5376, 5376, 132, prepacked=True).reads_f16_activation

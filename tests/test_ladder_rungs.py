@@ -49,17 +49,36 @@ def test_ladder_runner_writes_summary(tmp_path, monkeypatch):
         assert len(s["headline"]["trajectory_checksum"]) == 64
 
 
-def test_ladder_p2_phase_runs_p0s_rungs_with_the_ring(tmp_path, monkeypatch):
-    """The p2 phase is P0's ladder with the ring behind Nvfp4Linear (backend p2) and part 2c;
-    without a GPU its CPU parts run and every other part is named not-run with its reason."""
+@pytest.mark.parametrize("phase, part_2c", [("p1", "randomized P1 GEMMs"),
+                                             ("p2", "randomized ring chunks (P2)")])
+def test_streamed_phase_runs_p0s_rungs_with_its_producer(phase, part_2c, tmp_path, monkeypatch):
+    """The p1 and p2 phases are P0's ladder with their producer behind Nvfp4Linear (backend
+    p1: P1; p2: the ring) and a part 2c of their own against P0; without a GPU their CPU parts
+    run and every other part is named not-run with its reason."""
     from validators.runner import PassPart, _rungs, run_ladder
 
     parts = []  # rungs 5-7 are one PassPart where the backend can run, else a part each
-    for p in _rungs("p2", True, "cpu"):
+    for p in _rungs(phase, True, "cpu"):
         parts += list(p.ids) if isinstance(p, PassPart) else [p.id]
     assert parts == ["1a", "1b", "1c", "2a", "2b", "2c", "3", "4", "5", "6", "7", "8"]
-    # the scaled H3's 256 tokens cross a chunk boundary: its ring holds 128 rows
+    assert runner._model_backend(phase, True)[0] == phase
+    if HAVE_CUDA:
+        return  # the GPU runs are the ladder-p1-quick and ladder-p2-quick device steps
+    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
+    assert run_ladder(phase, quick=True) == 0  # incomplete, not failed
+    s = R.load(f"ladder-{phase}", tmp_path)
+    assert s["verdict"] == "incomplete" and s["headline"]["highest_rung_passed"] == 0
+    not_run = " ".join(s["notes"]["not_run"])
+    assert f"rung 2c ({part_2c}): needs a CUDA GPU" in not_run
+    assert f"the {phase} backend needs a CUDA GPU" in not_run  # rungs 3-8
+    assert {m["part"] for m in s["measurements"] if m["status"] == "pass"} == {"1a", "2a"}
+
+
+def test_ladder_p2_sets_the_rings_capacity():
+    """The scaled H3's 256 tokens cross a chunk boundary: its ring holds 128 rows; full size the
+    backend's default."""
     assert runner._model_backend("p0", True) == ("p0", None)
+    assert runner._model_backend("p1", True) == ("p1", None)
     for quick, rows in ((True, runner.P2_QUICK_CAPACITY), (False, 2048)):
         backend, wrap = runner._model_backend("p2", quick)
         lin = type("Lin", (), {"ring_capacity": 4096})()
@@ -67,16 +86,6 @@ def test_ladder_p2_phase_runs_p0s_rungs_with_the_ring(tmp_path, monkeypatch):
     from models.h3 import QUICK
 
     assert runner.P2_QUICK_CAPACITY < QUICK.tokens and runner.P2_QUICK_CAPACITY % 128 == 0
-    if HAVE_CUDA:
-        return  # the GPU run is the ladder-p2-quick device step
-    monkeypatch.setenv("WB_RESULTS_DIR", str(tmp_path))
-    assert run_ladder("p2", quick=True) == 0  # incomplete, not failed
-    s = R.load("ladder-p2", tmp_path)
-    assert s["verdict"] == "incomplete" and s["headline"]["highest_rung_passed"] == 0
-    not_run = " ".join(s["notes"]["not_run"])
-    assert "rung 2c (randomized ring chunks (P2)): needs a CUDA GPU" in not_run
-    assert "the p2 backend needs a CUDA GPU" in not_run  # rungs 3-8
-    assert {m["part"] for m in s["measurements"] if m["status"] == "pass"} == {"1a", "2a"}
 
 
 # --- rungs 3-8 on the synthetic H3 (tiny config: every rung's machinery in seconds) ---------

@@ -293,3 +293,81 @@ def test_p1_debug_dump_equals_comfys_bits(shape, kind):
     bad_scales = int((scales != want_s.unsqueeze(0)).sum())
     assert bad_codes == 0 and bad_scales == 0, (bad_codes, bad_scales)
     assert int(unwritten) == 0
+
+
+# ---- the p1 backend of Nvfp4Linear and P1's config chooser ------------------------------------
+def test_p1_config_follows_p0s_split_and_says_where_its_bits_are_p0s():
+    """choose_config: P1's baseline at the K split of the 128 x 128 builds; its bits are
+    p0's default call's where p0 runs the swap-AB f16 build without stream-K."""
+    from kernels.nvfp4.gemm import default_config, k_splits
+    from kernels.nvfp4.gemm_p1 import choose_config
+    for M, N, K, same in ((128, 14336, 5376, True),   # p0: swap-AB f16, one split
+                          (128, 5376, 5376, True),    # p0: swap-AB f16, three splits
+                          (128, 21504, 5376, False),  # p0: stream-K
+                          (2048, 21504, 5376, False),  # p0: the 256-token build
+                          (256, 5376, 14336, True)):
+        cfg, got_same = choose_config(M, N, K, 132)
+        p0 = default_config(M, N, K, 132, prepacked=True, f16=True)
+        assert got_same == same and cfg.splits == k_splits(M, N, K, 132)
+        if same:
+            assert (p0.threads, p0.stream_k, p0.splits) == (cfg.threads, False, cfg.splits)
+        assert isinstance(cfg.activation, QuantizingActivationStage)
+
+
+@pytest.mark.compile
+def test_p1_with_the_gated_residual_epilogue_compiles_without_spills():
+    """The p1 backend's out projection: P1's build with P4's gated residual store."""
+    from kernels.nvfp4.gemm import GATE_RESIDUAL
+    cfg = P1Study().build().with_output(GATE_RESIDUAL)
+    assert cfg.epilogue.operands == ("gate", "residual")
+    r = compile_report(cfg, *compile_args())
+    assert r.frame_bytes == 0 and r.spill_bytes == 0 and r.registers <= 128
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(128, 512, 2048), (256, 1024, 1024), (300, 528, 1056),
+                                     (1, 64, 64)])
+def test_nvfp4_linear_p1_equals_p0(M, N, K):
+    """Nvfp4Linear's p1 backend: p0's bits where p0 runs the swap-AB f16 build without
+    stream-K (these shapes), with P4's gated residual (in place too), on a row slice, into a
+    poisoned ``out``; two calls equal; FC2 stays on p0."""
+    from kernels.nvfp4.gemm_p1 import choose_config
+    from models.nvfp4_linear import Nvfp4Linear
+    gen = torch.Generator(device="cuda").manual_seed(M + N + K)
+    w = (torch.randn(N, K, generator=gen, device="cuda") / K**0.5).to(torch.bfloat16)
+    x = (torch.randn(M, K, generator=gen, device="cuda")
+         * torch.exp(torch.randn(K, generator=gen, device="cuda"))).to(torch.bfloat16)
+    p0 = Nvfp4Linear(w, backend="p0", role="qkv")
+    p1 = p0.with_backend("p1")
+    assert p1.backend == "p1" and p0.with_backend("p1").with_backend("p0").backend == "p0"
+    assert Nvfp4Linear(w, backend="p1", role="fc2").backend == "p0"
+    assert choose_config(M, N, K)[1]
+    want = p0(x)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got = p1(x, out=out)
+    assert got is out and not out.isnan().any()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(p1(x).view(torch.int16), out.view(torch.int16))
+    gate = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
+    res = torch.randn(M, N, generator=gen, device="cuda").to(torch.bfloat16)
+    want_g = p0(x, gate=gate, residual=res.clone())
+    assert torch.equal(p1(x, gate=gate, residual=res.clone()).view(torch.int16),
+                       want_g.view(torch.int16))
+    in_place = res.clone()
+    p1(x, gate=gate, residual=in_place, out=in_place)
+    assert torch.equal(in_place.view(torch.int16), want_g.view(torch.int16))
+    if M > 128:  # a row slice: the whole x's tensor scale, the slice's rows
+        assert torch.equal(p1(x, rows=(128, M)).view(torch.int16),
+                           p0(x, rows=(128, M)).view(torch.int16))
+
+
+@pytest.mark.gpu
+def test_p1_entry_refuses_half_an_epilogue():
+    from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
+    x, g_x, pre, _, _, g_w = _operands(128, 256, 512, seed=4)
+    gate = torch.ones(256, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="gate and residual"):
+        gemm_nvfp4_p1(x, g_x, pre, g_w, gate=gate)
+    with pytest.raises(ValueError, match="gate"):
+        gemm_nvfp4_p1(x, g_x, pre, g_w, gate=gate[:128],
+                      residual=torch.ones(128, 256, dtype=torch.bfloat16, device="cuda"))

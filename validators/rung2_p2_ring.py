@@ -43,6 +43,17 @@ def _activation(kind: str, M: int, K: int, seed: int) -> torch.Tensor:
     return x.to(torch.bfloat16).cuda()
 
 
+def case_operands(kind: str, M: int, N: int, K: int, s: int):
+    """(x, w_q, w_s, g_w, g) of one randomized case: a ``kind`` activation [M, K] and a normal
+    weight [N, K] from seed ``s``, the weight quantized (16-padded) with its tensor scale, and
+    the activation's tensor scale, both from the amax kernel."""
+    x = _activation(kind, M, K, s)
+    w = _activation("normal", N, K, s + 1)
+    g_w = nvfp4.global_scale_from_amax(amax(w)).reshape(1)
+    w_q, w_s = quantize_nvfp4(w, g_w, pad_16x=True)
+    return x, w_q, w_s, g_w, nvfp4.global_scale_from_amax(amax(x)).reshape(1)
+
+
 def run(quick: bool = False, seed: int = 0) -> RungResult:
     if not torch.cuda.is_available():
         return RungResult(2, NAME, "not-run", "needs a CUDA GPU")
@@ -50,11 +61,7 @@ def run(quick: bool = False, seed: int = 0) -> RungResult:
     for (M, N, K, cap, r0) in (SHAPES[:3] if quick else SHAPES):
         for kind in KINDS:
             s = zlib.crc32(f"p2:{M}x{N}x{K}:{cap}:{kind}:{seed}".encode())
-            x = _activation(kind, M, K, s)
-            w = _activation("normal", N, K, s + 1)
-            g_w = nvfp4.global_scale_from_amax(amax(w)).reshape(1)
-            w_q, w_s = quantize_nvfp4(w, g_w, pad_16x=True)
-            g = nvfp4.global_scale_from_amax(amax(x)).reshape(1)
+            x, w_q, w_s, g_w, g = case_operands(kind, M, N, K, s)
             for f16 in (False, True):
                 several = len(chunk_plan(r0, M, cap)) > 1
                 config = default_config(M - r0, N, K, prepacked=True, f16=f16,

@@ -72,11 +72,14 @@ PENDING = {
     "numerics": {},
     "p0": {},
     # every P1/P2 rung, the adversarial cases first, runs through the phase's producer
-    "p1": {1: "P1 software A producer not built yet (depends on P0, issue #4)"},
+    "p1": {},  # P0's rungs with P1 behind Nvfp4Linear (backend p1), and part 2c
     "p2": {},  # P0's rungs with the ring behind Nvfp4Linear (backend p2), and part 2c
     "frame": {1: FRAME_NOT_BUILT},
 }
 PHASES = tuple(PENDING)
+# rung 2's part 2c per streamed phase: (title, validators module), loaded only on a GPU
+PRODUCER_PARTS = {"p1": ("randomized P1 GEMMs", "rung2_p1_gemm"),
+                  "p2": ("randomized ring chunks (P2)", "rung2_p2_ring")}
 
 
 @dataclass
@@ -147,17 +150,16 @@ def _rungs(phase: str, quick: bool, device: str):
         elif rung == 2:
             yield Part("2a", "randomized tiles",
                        lambda: rung2_randomized.run(quick=quick, device=device, kernel=kernel))
-            if phase in ("p0", "p2"):
+            if phase in ("p0", "p1", "p2"):
                 # here, not at the top: only the GEMM phases load the CuTe DSL GEMM they check
                 from validators import rung2_p0_gemm
 
                 yield Part("2b", "randomized GEMMs (P0)", lambda: rung2_p0_gemm.run(quick=quick))
-            if phase == "p2":
-                t = "randomized ring chunks (P2)"
+            if phase in PRODUCER_PARTS:  # the phase's own producer against P0, bit for bit
+                t, module = PRODUCER_PARTS[phase]
                 if device == "cuda":
-                    from validators import rung2_p2_ring
-
-                    yield Part("2c", t, lambda: rung2_p2_ring.run(quick=quick))
+                    mod = importlib.import_module(f"validators.{module}")
+                    yield Part("2c", t, lambda: mod.run(quick=quick))
                 else:
                     yield Part("2c", t, _not_run(2, t, "needs a CUDA GPU"))
         else:

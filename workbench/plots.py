@@ -7,6 +7,8 @@ show`` lists everything).
 ``p0_ratio_png``: p0-baseline's speed ratios per projection and M, with the targets, in three
 panels: vs cuBLAS bf16, vs quack's W4A16 GEMM, end to end vs Comfy (results/p0-baseline.png;
 the experiment can call it after writing its summary).
+``p1_stream_png``: p1-stream-a's ratios per projection and M (P1 against the unfused path, against
+P0's GEMM alone and against Comfy), with the targets.
 ``p2_capacity_png``: p2-ring-capacity's latency against ring capacity per projection (the ring's
 total over the complete path, and one chunk's latency).
 ``frame_timeline_png``: one traced depth frame, the tasks of every CTA over time coloured by
@@ -186,23 +188,22 @@ def _p0_panel(ax, rows, key, title, ylabel, projections, ms, targets, not_run) -
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no bar hidden
 
 
-def p0_ratio_png(summary: dict, out: Path) -> Path:
-    """p0-baseline's speed ratios per projection and M (X's time / ours, > 1: ours faster), one
-    panel each (:data:`P0_PANELS`): P0 vs cuBLAS bf16, P0 vs quack's W4A16 GEMM, our linear vs
-    Comfy end to end; a bar per M, each M's target a dashed line in its colour. A column the
-    run did not measure keeps its panel, with the reason from notes.not_run."""
-    rows = [r for r in summary["measurements"] if P0_PANELS[0][0] in r]
+def _ratio_panels_png(summary: dict, out: Path, panels: tuple) -> Path:
+    """A summary's per-case ratios by projection and M, one panel per (headline key, title, y
+    label) of ``panels`` (:func:`_p0_panel`), the cases being the measurements holding the
+    first panel's key; a panel whose key no case holds says why (notes.not_run)."""
+    rows = [r for r in summary["measurements"] if panels[0][0] in r]
     if not rows:
-        raise WorkbenchError(f"summary '{summary['name']}' has no {P0_PANELS[0][0]} "
+        raise WorkbenchError(f"summary '{summary['name']}' has no {panels[0][0]} "
                              "measurements")
     plt = _pyplot()
     projections = list(dict.fromkeys(r["projection"] for r in rows))
     ms = sorted({r["M"] for r in rows})
     targets = summary["parameters"].get("targets", {})
     not_run = (summary.get("notes") or {}).get("not_run") or []
-    fig, axes = plt.subplots(len(P0_PANELS), 1, figsize=(12, 4 * len(P0_PANELS)), sharex=True,
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4 * len(panels)), sharex=True,
                              layout="constrained")
-    for ax, (key, title, ylabel) in zip(axes, P0_PANELS):
+    for ax, (key, title, ylabel) in zip(axes, panels):
         _p0_panel(ax, rows, key, title, ylabel, projections, ms, targets.get(key, {}), not_run)
     shapes = {r["projection"]: f"N={r['N']} K={r['K']}" for r in rows}
     axes[-1].set_xticks(range(len(projections)), [f"{p}\n{shapes[p]}" for p in projections],
@@ -212,6 +213,30 @@ def p0_ratio_png(summary: dict, out: Path) -> Path:
         return _save(fig, out)
     finally:
         plt.close(fig)
+
+
+def p0_ratio_png(summary: dict, out: Path) -> Path:
+    """p0-baseline's speed ratios per projection and M (X's time / ours, > 1: ours faster), one
+    panel each (:data:`P0_PANELS`): P0 vs cuBLAS bf16, P0 vs quack's W4A16 GEMM, our linear vs
+    Comfy end to end; a bar per M, each M's target a dashed line in its colour. A column the
+    run did not measure keeps its panel, with the reason from notes.not_run."""
+    return _ratio_panels_png(summary, out, P0_PANELS)
+
+
+P1_PANELS = (
+    ("speedup_vs_unfused", "P1 (amax + the GEMM quantizing inside) vs amax + quantize + P0",
+     "unfused time / P1 time"),
+    ("p0_over_p1", "P1 vs P0's GEMM alone (target: P1 within 1.03x of its time)",
+     "P0 GEMM time / P1 time"),
+    ("speedup_vs_comfy", "P1 vs Comfy Kitchen's Hopper path, end to end, under CUDA graphs",
+     "Comfy time / P1 time"),
+)
+
+
+def p1_stream_png(summary: dict, out: Path) -> Path:
+    """p1-stream-a's ratios per projection and M (> 1: P1 faster), one panel each
+    (:data:`P1_PANELS`), a bar per M, each M's target dashed; fc2 (pinned to P0) included."""
+    return _ratio_panels_png(summary, out, P1_PANELS)
 
 
 def p2_capacity_series(summary: dict) -> dict:
@@ -280,7 +305,8 @@ def frame_timeline_png(timeline: list, title: str, out: Path) -> Path:
     return _save(fig, out)
 
 
-OWN_PLOTS = {"p0-baseline": p0_ratio_png, "p2-ring-capacity": p2_capacity_png}
+OWN_PLOTS = {"p0-baseline": p0_ratio_png, "p1-stream-a": p1_stream_png,
+             "p2-ring-capacity": p2_capacity_png}
 
 
 def summary_png(summary: dict, out: Path, headline: bool = False) -> Path:

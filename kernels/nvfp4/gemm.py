@@ -32,6 +32,14 @@ GATE_RESIDUAL = GateResidualBf16()
 _CODES, _SCALES, _G = (torch.uint8,), (torch.float8_e4m3fn, torch.uint8), (torch.float32,)
 
 
+def k_splits(M: int, N: int, K: int, sms: int) -> int:
+    """The K split of the 128 x 128 builds: only below one wave of tiles, each split keeping a
+    pipelined K loop (schedules/plan.py ``MAX_SPLITS``, ``MIN_K_BLOCKS_PER_SPLIT``)."""
+    tiles = -(-M // plan.ROW_TILE) * -(-N // plan.NARROW.tile_n)
+    k_blocks = -(-K // K_BLOCK)
+    return max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
+
+
 @functools.lru_cache(maxsize=1024)
 def default_config(M: int, N: int, K: int, sms: int | None = None,
                    prepacked: bool = False, f16: bool = False,
@@ -52,8 +60,7 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
     sms = sms or sm_count()
     row_tiles = -(-M // plan.ROW_TILE)
     tiles = row_tiles * -(-N // plan.NARROW.tile_n)
-    k_blocks = -(-K // K_BLOCK)
-    splits = max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
+    splits = k_splits(M, N, K, sms)
     if f16:
         if not prepacked:
             raise ValueError("the f16 builds read the weight's register-order prepack")

@@ -15,7 +15,9 @@ import torch
 from device.ffi import require_hopper
 from device.runtime import check_cuda_tensor, sm_count
 from epilogues.tile_store import workspace_floats
-from kernels.nvfp4.gemm import _mailbox_address
+from kernels.nvfp4.gemm import (GATE_RESIDUAL, _check_epilogue_operands, _mailbox_address,
+                                k_splits)
+from kernels.nvfp4.gemm import default_config as p0_default_config
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, P1Study
 from kernels.nvfp4.prepack import weight_rows
 from numerics.nvfp4 import BLOCK
@@ -31,7 +33,20 @@ def default_config(splits: int = 1) -> BlockscaledGemmSm90:
     return _DEFAULT[splits]
 
 
-def validate(x, g_x, prepacked, g_w, out):
+def choose_config(M: int, N: int, K: int, sms: int | None = None):
+    """(P1's build for an M x N x K call, whether its bits are P0's default call's): the
+    baseline at the K split P0's chooser gives its swap-AB f16 build, so where P0 runs that
+    build without stream-K the two are the same sums in the same order (bit-identical); where
+    P0 takes stream-K or the 256-token build, P1 runs the same split rule and its bits differ
+    from P0's default (they equal gemm_nvfp4 on the same swap-AB config)."""
+    sms = sms or sm_count()
+    p0 = p0_default_config(M, N, K, sms, prepacked=True, f16=True)
+    # P0's swap-AB f16 build (128 tokens a tile; the 256-token build has 256), on the split rule
+    same = p0.tile_m == 128 and not p0.stream_k
+    return default_config(k_splits(M, N, K, sms)), same
+
+
+def validate(x, g_x, prepacked, g_w, out, gate=None, residual=None):
     """All checks, in order; returns (M, N, K). Raises before any launch."""
     require_hopper()
     check_cuda_tensor("x", x, dtypes=(torch.bfloat16,))
@@ -58,17 +73,26 @@ def validate(x, g_x, prepacked, g_w, out):
                              f"{tuple(out.shape)} on {out.device}")
     if M * N >= 2**31:
         raise ValueError("problem too large for the kernel's 32-bit output indexing")
+    _check_epilogue_operands(gate, residual, M, N, x.device)
     return M, N, K
 
 
-def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm90 | None = None):
+def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm90 | None = None,
+                  gate=None, residual=None):
     """bf16 [M, N] = x·Wᵀ with x quantized inside the GEMM (module docstring). ``g_x``: fp32 [1]
     on the device, g = global_scale_from_amax(amax(x)) (kernels.nvfp4.amax, numerics.nvfp4);
-    ``prepacked``: the weight's register-order prepack; ``g_w``: its fp32 [1] tensor scale."""
-    M, N, K = validate(x, g_x, prepacked, g_w, out)
-    config = config or default_config()
+    ``prepacked``: the weight's register-order prepack; ``g_w``: its fp32 [1] tensor scale.
+    ``config``: a P1Study build (default: :func:`choose_config`'s). With ``gate`` (bf16 [N])
+    and ``residual`` (bf16 [M, N]; may be ``out`` itself) the store is P4's gated residual add,
+    as gemm_nvfp4's."""
+    M, N, K = validate(x, g_x, prepacked, g_w, out, gate, residual)
+    config = config or choose_config(M, N, K)[0]
     if not isinstance(config.producer, Bf16RegisterOrderProducer):
         raise TypeError("config must be a P1 build (kernels.nvfp4.gemm_shell.P1Study)")
+    if gate is not None:
+        config = config.with_output(GATE_RESIDUAL)
+    elif config.epilogue.operands:
+        raise ValueError("config's epilogue reads gate and residual: pass both")
     if config.cluster_n > 1 and -(-N // config.tile_n) % config.cluster_n:
         raise ValueError(f"config pairs CTAs on neighbouring {config.tile_n}-row weight tiles; "
                          f"N = {N} gives {-(-N // config.tile_n)} tiles, not a multiple of "
@@ -88,7 +112,7 @@ def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm
     xb = x.view(torch.uint8)  # the kernel reads it as bf16 [M, K] (its TMA view)
     ENTRY(config, config.static_key(),
           (xb, xb, prepacked.codes, prepacked.scales, g_x, g_w, out, _mailbox_address(), work,
-           counters, out, out),
+           counters, out if gate is None else gate, out if residual is None else residual),
           (M, N, K // 32, sm_count()))
     return out
 
