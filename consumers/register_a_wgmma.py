@@ -295,7 +295,7 @@ class GroupedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
 
     TOKENS = (64,)
     REGS = {64: 200}
-    groups = 2
+    groups = 2  # the A sets a_x and a_y: one a group
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
         super().__init__(tokens, stages, act_tiles)
@@ -324,19 +324,21 @@ class GroupedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             s, ph = ring_position(count, self.stages)
             wait_parity(v.full + s, ph, Barrier.FULL, s, v.mailbox)
-            for g, a in ((0, v.a_x), (1, v.a_y)):
-                frag = cute.make_rmem_tensor((4,), Uint32)
-                sc = cute.make_rmem_tensor((2,), Uint32)
-                slot = s * (2 * self.groups) + v.wg + 2 * g
-                cute.autovec_copy(v.codes[(None, slot * (SLAB_CODE_BYTES // 16) + v.t)], frag)
+            frags = [cute.make_rmem_tensor((4,), Uint32) for _ in range(self.groups)]
+            scs = [cute.make_rmem_tensor((2,), Uint32) for _ in range(self.groups)]
+            for g in cutlass.range_constexpr(self.groups):  # both slabs' fragments, then free
+                slot = s * (2 * self.groups) + v.wg + 2 * g  # the stage for the producer
+                cute.autovec_copy(v.codes[(None, slot * (SLAB_CODE_BYTES // 16) + v.t)],
+                                  frags[g])
                 base = slot * (SLAB_SCALE_BYTES // 4) + (v.t // 4) * 2
-                sc[0] = v.scales[base]
-                sc[1] = v.scales[base + 1]
-                for st in cutlass.range_constexpr(STEPS):
-                    self._convert_slot(a, frag, sc, st)
+                scs[g][0] = v.scales[base]
+                scs[g][1] = v.scales[base + 1]
             cute.arch.sync_warp()
             if v.t % 32 == 0:
                 cute.arch.mbarrier_arrive(v.empty + s)
+            for g, a in ((0, v.a_x), (1, v.a_y)):
+                for st in cutlass.range_constexpr(STEPS):
+                    self._convert_slot(a, frags[g], scs[g], st)
             b, bph = ring_position(count, self.act_tiles.buffers)
             wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox)
             if cutlass.const_expr(self.mma):

@@ -47,7 +47,7 @@ class F16Tiles(NamedTuple):
 
 
 class ExpandedActivationStage:
-    """Static config: ``tokens`` rows a tile (a multiple of 128), the producer's ring depth
+    """Static config: ``tokens`` rows a tile (one of ``TOKENS``), the producer's ring depth
     ``stages`` and ``buffers`` f16 tiles. ``expand``: off only in the measurement build that
     times the rest without the expansion (kernels.nvfp4.gemm_shell.P0Variant). ``multicast``:
     the CTAs the producer multicasts the packed activation to (2 in the study

@@ -313,15 +313,17 @@ def test_p1_group_reuse_compiles_two_accumulator_sets_without_spills():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(64, 256, 256), (200, 520, 1056), (700, 1024, 160),
-                                   (128, 4096, 2048)])
+@pytest.mark.parametrize("shape", [(1, 8, 32), (64, 256, 256), (200, 520, 1056),
+                                   (300, 384, 1056), (150, 704, 512), (700, 1024, 160),
+                                   (128, 4096, 2048), (1100, 2048, 320)])
 @pytest.mark.parametrize("splits", [1, 2])
-def test_p1_group_reuse_within_bound_and_equal_to_p0(shape, splits):
-    """G = 2: every element within the oracle's bound into a NaN-poisoned output (partial
-    token tile, partial 256-row weight tile with a missing slab, a partial k-block), a rerun
-    equal; and equal to P0's swap-AB GEMM at the same split, bit for bit (each output
-    element's k16 products are accumulated in the same order whatever the wgmma's N)."""
-    from kernels.nvfp4.gemm import gemm_nvfp4
+def test_p1_group_reuse_within_bound(shape, splits):
+    """G = 2: every element within the oracle's bound into a NaN-poisoned output, a rerun
+    equal. The shapes: a partial token tile; a last 256-row weight tile with one, two and three
+    valid slabs (N = 520, 384, 704); a partial k-block; CTAs that take several tiles (1100 x
+    2048: 144 tiles, so accumulators, ring and tile phases carry over). The contract is the
+    oracle's bound, not P0's bits: another wgmma shape (m64n64) may round its sums in its own
+    order (p1_ab.py --groups 2 reports whether they happen to be equal)."""
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
     from kernels.nvfp4.quantize import quantize_nvfp4
     from tests.test_gemm_nvfp4 import _check
@@ -332,10 +334,7 @@ def test_p1_group_reuse_within_bound_and_equal_to_p0(shape, splits):
     gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
     again = gemm_nvfp4_p1(x, g_x, pre, g_w, config=cfg)
     q, s = quantize_nvfp4(x, g_x, pad_16x=True)
-    want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
-                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
     torch.cuda.synchronize()
     assert not out.isnan().any()
     _check(out, (q[:M], s, g_x), (w_q, w_s, g_w), M, N, K)
     assert torch.equal(again.view(torch.int16), out.view(torch.int16))
-    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
