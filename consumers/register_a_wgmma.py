@@ -282,6 +282,101 @@ class PeerFedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
         self.act_peers = peers
 
 
+class GroupedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
+    """Study (kernels.nvfp4.gemm_shell.P1Study(groups=2, tokens=64); notes/p1.md, "N-group
+    reuse"): P1's N-group reuse G = 2. Each activation tile (``tokens`` = 64 rows, so that two
+    accumulator sets fit ptxas's 128-register cap of a 512-thread CTA) feeds two weight tiles:
+    the CTA's weight tile is four 64-row slabs, consumer warpgroup wg owning slabs wg and
+    wg + 2 with one accumulator set each (2 x tokens / 2 fp32 a thread). Per k-block: one wait
+    on ``full[s]``, both slabs' fragments loaded and converted (A sets ``a_x`` and ``a_y``), one
+    arrival on ``empty[s]``; one wait on ``act_full``, then per k16 step a wgmma for each slab on
+    the same f16 B tile, one commit group, retired before the next k-block's conversion
+    rewrites the A sets. Barriers and arrival counts are the parent's."""
+
+    TOKENS = (64,)
+    REGS = {64: 200}
+    groups = 2  # the A sets a_x and a_y: one a group
+
+    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
+        super().__init__(tokens, stages, act_tiles)
+        self.tile_n = 2 * self.groups * SLAB_ROWS
+
+    @cute.jit
+    def run(self, ctx, ct: Int32):
+        sm = ctx.smem
+        wg = ct // WARPGROUP
+        t = ct % WARPGROUP
+        codes = word_view(sm["w_codes"].iterator, cute.cosize(sm["w_codes"].layout))
+        scales = cute.make_tensor(cute.recast_ptr(sm["w_scales"].iterator, dtype=Uint32),
+                                  cute.make_layout(cute.cosize(sm["w_scales"].layout) // 4))
+        n_tiles = (ctx.epi.d.shape[1] * 2 + self.tile_n - 1) // self.tile_n
+        acc = cute.make_rmem_tensor((self.groups * self.tile_m // 2,), Float32)
+        a_x = cute.make_rmem_tensor((4 * STEPS,), Uint32)
+        a_y = cute.make_rmem_tensor((4 * STEPS,), Uint32)
+        for_each_tile(ctx.tiles, self.consume_tile,
+                      TileViews(acc, a_x, a_y, codes, scales, smem_u32(sm["act_f16"]),
+                                ctx.bars["full"], ctx.bars["empty"], ctx.bars["act_full"],
+                                ctx.bars["act_empty"], ctx.epilogue, ctx.epi, ctx.mailbox,
+                                ctx.tiles.k_tiles, n_tiles, ct, wg, t, t % WARP))
+
+    @cute.jit
+    def mainloop(self, tile, v: TileViews, count: Int32) -> Int32:
+        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
+            s, ph = ring_position(count, self.stages)
+            wait_parity(v.full + s, ph, Barrier.FULL, s, v.mailbox)
+            frags = [cute.make_rmem_tensor((4,), Uint32) for _ in range(self.groups)]
+            scs = [cute.make_rmem_tensor((2,), Uint32) for _ in range(self.groups)]
+            for g in cutlass.range_constexpr(self.groups):  # both slabs' fragments, then free
+                slot = s * (2 * self.groups) + v.wg + 2 * g  # the stage for the producer
+                cute.autovec_copy(v.codes[(None, slot * (SLAB_CODE_BYTES // 16) + v.t)],
+                                  frags[g])
+                base = slot * (SLAB_SCALE_BYTES // 4) + (v.t // 4) * 2
+                scs[g][0] = v.scales[base]
+                scs[g][1] = v.scales[base + 1]
+            cute.arch.sync_warp()
+            if v.t % 32 == 0:
+                cute.arch.mbarrier_arrive(v.empty + s)
+            for g, a in ((0, v.a_x), (1, v.a_y)):
+                for st in cutlass.range_constexpr(STEPS):
+                    self._convert_slot(a, frags[g], scs[g], st)
+            b, bph = ring_position(count, self.act_tiles.buffers)
+            wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox)
+            if cutlass.const_expr(self.mma):
+                warpgroup.fence()
+                tile_addr = v.f16_base + b * self.act_tiles.tile_bytes
+                for st in cutlass.range_constexpr(STEPS):
+                    for g, a in ((0, v.a_x), (1, v.a_y)):
+                        self._wgmma_group(v.acc, g, a, tile_addr, st)
+                warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            if v.lane == 0:
+                self._release_act(v, b)
+            count = count + 1
+        return count
+
+    @cute.jit
+    def _wgmma_group(self, acc: cute.Tensor, g: cutlass.Constexpr, a: cute.Tensor, tile_addr,
+                     st: cutlass.Constexpr):
+        """Accumulator set ``g`` += A slot ``st`` of ``a`` x the f16 tile's k16 step ``st``."""
+        n = self.tile_m // 2
+        desc = sw128_kmajor_descriptor(tile_addr + st * 32, SW128_ATOM)
+        res = wgmma_rs_m64k16([acc[g * n + i] for i in range(n)],
+                              [a[4 * st + j] for j in range(4)], desc, "f16")
+        for i in cutlass.range_constexpr(n):
+            acc[g * n + i] = res[i]
+
+    def output_pairs(self, acc, wg, t):
+        """The parent's pairs for each accumulator set, set g's weight rows 128 further on
+        (slab wg + 2g)."""
+        n = self.tile_m // 2
+        out = []
+        for g in range(self.groups):
+            part = [acc[g * n + i] for i in range(n)]
+            out += [(m, c + 2 * g * SLAB_ROWS, x0, x1)
+                    for m, c, x0, x1 in RegisterAWgmmaConsumer.output_pairs(self, part, wg, t)]
+        return out
+
+
 class OverlappedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
     """Study (kernels.nvfp4.gemm_shell.SwapAbStudy(overlap=True)): one wgmma group in flight per
     warpgroup, k-blocks alternating between two A register sets. Measured within 2 % of the

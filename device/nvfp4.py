@@ -431,7 +431,8 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
     and expanded to exact f16 (:func:`dequant_e2m1_word`: e2m1 · scale, the values
     :func:`expand_stage_rows` writes from the quantize kernel's packed output) into buffer
     ``buf`` of the f16 tiles, same swizzle. ``threads`` threads share the rows, one row a thread
-    a pass; a 16-element block is two 16-byte chunks, read and written at the same swizzled
+    a pass (with fewer rows than threads, threads / rows threads a row, each some of its four
+    blocks: the 64-row tile of P1's N-group reuse); a 16-element block is two 16-byte chunks, read and written at the same swizzled
     chunk positions (conflict-free: the 8 lanes of a phase hit 8 different chunk columns).
 
     ``x_words`` / ``f16_words``: (4 words, 16-byte chunk) views of the bf16 ring and the f16
@@ -444,27 +445,29 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
 
     ``peer`` (P1's cluster study only; None compiles none of it): the cluster rank of a CTA
     whose f16 tiles receive the same chunks at the same shared offsets (DSMEM stores)."""
-    if cutlass.const_expr(rows % threads):
+    if cutlass.const_expr(rows >= threads and rows % threads):
         raise ValueError(f"{threads} threads cannot share {rows} rows evenly")
+    if cutlass.const_expr(rows < threads):  # several threads a row, each some of its blocks
+        share = threads // rows
+        if cutlass.const_expr(threads % rows or (ROW_CHUNKS // 2) % share or dump is not None
+                              or peer is not None):
+            raise ValueError(f"{threads} threads on {rows} rows: each row's 4 blocks must split "
+                             "evenly, without the debug dump or a peer")
+        r = t % rows
+        first = (t // rows) * (ROW_CHUNKS // 2 // share)
+        for jj in cutlass.range_constexpr(ROW_CHUNKS // 2 // share):
+            _quantize_expand_block(first + jj, r, (stage * rows + r) * ROW_CHUNKS,
+                                   (buf * rows + r) * ROW_CHUNKS, x_words, f16_words, g, rcp_g,
+                                   None, None)
+        return
     for i in cutlass.range_constexpr(rows // threads):
         r = i * threads + t
-        phase = r & 7
         src_row = (stage * rows + r) * ROW_CHUNKS
         dst_row = (buf * rows + r) * ROW_CHUNKS
         scale_word = Uint32(0)
         for j in cutlass.range_constexpr(ROW_CHUNKS // 2):  # the row's four 16-element blocks
-            lo_chunk = (2 * j) ^ phase
-            hi_chunk = (2 * j + 1) ^ phase
-            w = cute.make_rmem_tensor((8,), Uint32)
-            lo = cute.make_rmem_tensor((4,), Uint32)
-            hi = cute.make_rmem_tensor((4,), Uint32)
-            cute.autovec_copy(x_words[(None, src_row + lo_chunk)], lo)
-            cute.autovec_copy(x_words[(None, src_row + hi_chunk)], hi)
-            for e in cutlass.range_constexpr(4):
-                w[e] = lo[e]
-                w[4 + e] = hi[e]
-            codes = cute.make_rmem_tensor((2,), Uint32)
-            s8 = quantize_block16(w, g, rcp_g, codes, True)
+            codes, s8 = _quantize_expand_block(j, r, src_row, dst_row, x_words, f16_words, g,
+                                               rcp_g, dump, peer)
             if cutlass.const_expr(dump is not None):
                 dump_words, row0, row_stride, rows_valid = dump
                 if r < rows_valid:
@@ -472,20 +475,43 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                     dump_words[base + 2 * j] = codes[0]
                     dump_words[base + 2 * j + 1] = codes[1]
                 scale_word = scale_word | (s8 << Uint32(8 * j))
-            scale = e4m3x2_scales_x64(s8 | (s8 << Uint32(8)))
-            for h, chunk in ((0, lo_chunk), (1, hi_chunk)):
-                words = dequant_e2m1_word(codes[h], scale)
-                out = cute.make_rmem_tensor((4,), Uint32)
-                for e in cutlass.range_constexpr(4):
-                    out[e] = words[e]
-                cute.autovec_copy(out, f16_words[(None, dst_row + chunk)])
-                if cutlass.const_expr(peer is not None):
-                    st_cluster_v4(f16_words[(None, dst_row + chunk)].iterator, peer,
-                                  [out[e] for e in range(4)])
         if cutlass.const_expr(dump is not None):
             dump_words, row0, row_stride, rows_valid = dump
             if r < rows_valid:
                 dump_words[(row0 + r * row_stride) * 9 + 8] = scale_word
+
+
+@cute.jit
+def _quantize_expand_block(j, r, src_row, dst_row, x_words: cute.Tensor,
+                           f16_words: cute.Tensor, g: Float32, rcp_g: Float32, dump, peer):
+    """Block ``j`` (0-3) of row ``r``: its two 16-byte chunks read at their swizzled positions
+    (row phase r mod 8), quantized (:func:`quantize_block16`), expanded to exact f16 and stored
+    at the same positions of the f16 row (and of the peer CTA's, given ``peer``). Returns
+    (the two code words, the scale byte)."""
+    phase = r & 7
+    lo_chunk = (2 * j) ^ phase
+    hi_chunk = (2 * j + 1) ^ phase
+    w = cute.make_rmem_tensor((8,), Uint32)
+    lo = cute.make_rmem_tensor((4,), Uint32)
+    hi = cute.make_rmem_tensor((4,), Uint32)
+    cute.autovec_copy(x_words[(None, src_row + lo_chunk)], lo)
+    cute.autovec_copy(x_words[(None, src_row + hi_chunk)], hi)
+    for e in cutlass.range_constexpr(4):
+        w[e] = lo[e]
+        w[4 + e] = hi[e]
+    codes = cute.make_rmem_tensor((2,), Uint32)
+    s8 = quantize_block16(w, g, rcp_g, codes, True)
+    scale = e4m3x2_scales_x64(s8 | (s8 << Uint32(8)))
+    for h, chunk in ((0, lo_chunk), (1, hi_chunk)):
+        words = dequant_e2m1_word(codes[h], scale)
+        out = cute.make_rmem_tensor((4,), Uint32)
+        for e in cutlass.range_constexpr(4):
+            out[e] = words[e]
+        cute.autovec_copy(out, f16_words[(None, dst_row + chunk)])
+        if cutlass.const_expr(peer is not None):
+            st_cluster_v4(f16_words[(None, dst_row + chunk)].iterator, peer,
+                          [out[e] for e in range(4)])
+    return codes, s8
 
 
 def word_view(byte_ptr, nbytes: int):

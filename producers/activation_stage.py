@@ -47,7 +47,7 @@ class F16Tiles(NamedTuple):
 
 
 class ExpandedActivationStage:
-    """Static config: ``tokens`` rows a tile (a multiple of 128), the producer's ring depth
+    """Static config: ``tokens`` rows a tile (one of ``TOKENS``), the producer's ring depth
     ``stages`` and ``buffers`` f16 tiles. ``expand``: off only in the measurement build that
     times the rest without the expansion (kernels.nvfp4.gemm_shell.P0Variant). ``multicast``:
     the CTAs the producer multicasts the packed activation to (2 in the study
@@ -56,10 +56,11 @@ class ExpandedActivationStage:
     warpgroups, regs = 1, 80
     expand = True
     multicast = 1
+    TOKENS = (128, 256)
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2):
-        if tokens % 128 or not 128 <= tokens <= 256:
-            raise ValueError(f"tokens = {tokens}: choose 128 or 256")
+        if tokens not in self.TOKENS:
+            raise ValueError(f"tokens = {tokens}: choose from {self.TOKENS}")
         if not isinstance(buffers, int) or buffers < 2:
             # one tile cannot be refilled while the consumers still read it (with a wgmma group
             # in flight, use u is released only after u + 1 is issued: a deadlock)
@@ -290,10 +291,12 @@ class QuantizingActivationStage(ExpandedActivationStage):
 
     regs = 80
     dump = False
+    TOKENS = (64, 128)  # 64: the N-group reuse study's tile (P1Study(groups=2, tokens=64))
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2):
-        if tokens != 128:
-            raise ValueError(f"tokens = {tokens}: P1's stage quantizes 128-row tiles")
+        if tokens not in self.TOKENS:
+            raise ValueError(f"tokens = {tokens}: P1's stage quantizes tiles of "
+                             f"{' or '.join(map(str, self.TOKENS))} rows")
         super().__init__(tokens, stages, buffers)
 
     @cute.jit

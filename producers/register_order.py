@@ -57,15 +57,21 @@ class RegisterOrderProducer(PackedRingOwner):
     warpgroups, regs = 1, 24
 
     def __init__(self, tile_m: int, tile_n: int, stages: int):
-        check_rows("tokens", tile_m)
-        if tile_n != 2 * SLAB_ROWS:
-            raise ValueError(f"tile_n = {tile_n}: the consumer's two warpgroups take one "
-                             f"{SLAB_ROWS}-row slab each")
+        self.check_tile(tile_m, tile_n)
         self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
         self.slabs = tile_n // SLAB_ROWS
         self.act_bytes = operand_bytes(tile_m)
         self.slab_bytes = SLAB_CODE_BYTES + SLAB_SCALE_BYTES
         self.stage_bytes = self.act_bytes + self.slabs * self.slab_bytes
+
+    @staticmethod
+    def check_tile(tile_m: int, tile_n: int) -> None:
+        """Tokens in whole scale tiles (the packed activation's); two weight slabs, one a
+        consumer warpgroup."""
+        check_rows("tokens", tile_m)
+        if tile_n != 2 * SLAB_ROWS:
+            raise ValueError(f"tile_n = {tile_n}: the consumer's two warpgroups take one "
+                             f"{SLAB_ROWS}-row slab each")
 
     def allocate(self, alloc) -> dict:
         qa, sa = operand_smem(alloc, self.tile_m, self.stages)
@@ -205,6 +211,16 @@ class Bf16RegisterOrderProducer(RegisterOrderProducer):
         super().__init__(tile_m, tile_n, stages)
         self.act_bytes = tile_m * K_BLOCK * 2
         self.stage_bytes = self.act_bytes + self.slabs * self.slab_bytes
+
+    @staticmethod
+    def check_tile(tile_m: int, tile_n: int) -> None:
+        """Tokens 64 or 128 (no scale tiles: the ring holds bf16); two weight slabs, or four
+        for P1's N-group reuse (consumers.register_a_wgmma.GroupedRegisterAWgmmaConsumer)."""
+        if tile_m not in (64, 128):
+            raise ValueError(f"tokens = {tile_m}: P1's bf16 ring holds 64 or 128 rows")
+        if tile_n not in (2 * SLAB_ROWS, 4 * SLAB_ROWS):
+            raise ValueError(f"tile_n = {tile_n}: two {SLAB_ROWS}-row slabs, or four (N-group "
+                             "reuse)")
 
     def allocate(self, alloc) -> dict:
         raw = alloc.allocate(self.stages * self.act_bytes, 1024)

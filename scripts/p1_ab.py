@@ -19,6 +19,9 @@ the same bf16 activation x and the same weight:
   ``p1_c2_b4`` (three and four f16 buffers: the owner of k-block c + 2 no longer waits for both
   CTAs to finish c), ``p1_c2_local`` (no DSMEM stores: wrong results, timing only) and
   ``p1_b3`` (one CTA, three buffers).
+* with ``--groups 2``: ``p1_g2``, P1 with N-group reuse G = 2 (64-token tiles, each quantized
+  tile multiplied into two 128-row weight tiles; notes/p1.md), its bits against P0's. Its
+  ns/kblock counts the 128 x 128 k-blocks of work, as the other columns.
 Rows report µs (CUDA-graph replay, operand sets rotated past L2), ns per k-block a CTA runs in
 sequence, p1 over p0_gemm and over p0_e2e, and whether P1's output equals P0's bits (into a
 NaN-poisoned buffer) and reruns identically. Jobs run in order until --seconds is spent; those
@@ -114,6 +117,16 @@ def run_job(name, M, args, rows):
         def p1_c2(x, g, w_q, w_s, pre, g_w, q, s):
             return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=pair_cfg)
         timed.append(("p1_c2", p1_c2))
+    if args.groups == 2:  # N-group reuse: each quantized 64-row tile into two weight tiles
+        g2_cfg = P1Study(groups=2, tokens=64, splits=splits).build()
+        g2 = torch.full_like(out, float("nan"))
+        gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=g2, config=g2_cfg)
+        synchronize()
+        row["g2_bits_equal_p0"] = bool(torch.equal(g2.view(torch.int16), want.view(torch.int16)))
+
+        def p1_g2(x, g, w_q, w_s, pre, g_w, q, s):
+            return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=g2_cfg)
+        timed.append(("p1_g2", p1_g2))
     if args.ablate:
         studies = [("p1_no_quantizer", P1Study(splits=splits,
                                                variant=P0Variant(skip_dequant=True))),
@@ -142,9 +155,10 @@ def run_job(name, M, args, rows):
     row["p1_over_p0_gemm"] = row["p1"]["us"] / row["p0_gemm"]["us"]
     row["p1_over_p0_e2e"] = row["p1"]["us"] / row["p0_e2e"]["us"]
     ablation = "".join(f"  {k} {row[k]['ns_per_kblock']:.0f} ns/kblock" for k in
-                       ("p1_c2", "p1_no_quantizer", "p1_no_mma", "p1_b3", "p1_c2_b3",
-                        "p1_c2_b4", "p1_c2_local") if k in row)
-    for k, short in (("c2_bits_equal_p0", "c2"), ("p1_b3_bits_equal_p0", "b3"),
+                       ("p1_c2", "p1_g2", "p1_no_quantizer", "p1_no_mma", "p1_b3",
+                        "p1_c2_b3", "p1_c2_b4", "p1_c2_local") if k in row)
+    for k, short in (("c2_bits_equal_p0", "c2"), ("g2_bits_equal_p0", "g2"),
+                     ("p1_b3_bits_equal_p0", "b3"),
                      ("p1_c2_b3_bits_equal_p0", "c2_b3"), ("p1_c2_b4_bits_equal_p0", "c2_b4")):
         if k in row:
             ablation += f" {short}_bits_equal={row[k]}"
@@ -167,6 +181,9 @@ def main(argv=None) -> int:
     p.add_argument("--cluster", type=int, choices=(1, 2), default=1,
                    help="2: also time P1 on a CTA pair sharing each quantized tile (one split, "
                         "an even count of weight tiles)")
+    p.add_argument("--groups", type=int, choices=(1, 2), default=1,
+                   help="2: also time P1's N-group reuse (64-token tiles, each quantized tile "
+                        "into two weight tiles; P1Study(groups=2, tokens=64))")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

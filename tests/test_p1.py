@@ -371,3 +371,48 @@ def test_p1_entry_refuses_half_an_epilogue():
     with pytest.raises(ValueError, match="gate"):
         gemm_nvfp4_p1(x, g_x, pre, g_w, gate=gate[:128],
                       residual=torch.ones(128, 256, dtype=torch.bfloat16, device="cuda"))
+
+
+# ---- N-group reuse, G = 2 at 64 tokens (notes/p1.md) -------------------------------------------
+@pytest.mark.compile
+def test_p1_group_reuse_compiles_two_accumulator_sets_without_spills():
+    """P1Study(groups=2, tokens=64): a 64 x 256 tile, four weight slabs a stage, each consumer
+    warpgroup two m64n64 accumulator sets on one f16 B tile (8 wgmmas a k-block), inside
+    ptxas's 128-register cap of the 512-thread CTA without spills; refused where not built."""
+    cfg = P1Study(groups=2, tokens=64).build()
+    assert (cfg.tile_m, cfg.tile_n, cfg.threads) == (64, 256, 512)
+    r = compile_report(cfg, *compile_args())
+    assert r.frame_bytes == 0 and r.spill_bytes == 0 and r.registers <= 128
+    assert r.ptx.count("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16") == 8
+    for bad in (dict(groups=2), dict(groups=2, tokens=64, cluster=2),
+                dict(groups=2, tokens=64, dump=True), dict(tokens=64), dict(groups=3)):
+        with pytest.raises(ValueError):
+            P1Study(**bad).build()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8, 32), (64, 256, 256), (200, 520, 1056),
+                                   (300, 384, 1056), (150, 704, 512), (700, 1024, 160),
+                                   (128, 4096, 2048), (1100, 2048, 320)])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_p1_group_reuse_within_bound(shape, splits):
+    """G = 2: every element within the oracle's bound into a NaN-poisoned output, a rerun
+    equal. The shapes: a partial token tile; a last 256-row weight tile with one, two and three
+    valid slabs (N = 520, 384, 704); a partial k-block; CTAs that take several tiles (1100 x
+    2048: 144 tiles, so accumulators, ring and tile phases carry over). The contract is the
+    oracle's bound, not P0's bits: another wgmma shape (m64n64) may round its sums in its own
+    order (p1_ab.py --groups 2 reports whether they happen to be equal)."""
+    from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
+    from kernels.nvfp4.quantize import quantize_nvfp4
+    from tests.test_gemm_nvfp4 import _check
+    M, N, K = shape
+    x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + splits, kind="lognormal")
+    cfg = P1Study(groups=2, tokens=64, splits=splits).build()
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
+    again = gemm_nvfp4_p1(x, g_x, pre, g_w, config=cfg)
+    q, s = quantize_nvfp4(x, g_x, pad_16x=True)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    _check(out, (q[:M], s, g_x), (w_q, w_s, g_w), M, N, K)
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))

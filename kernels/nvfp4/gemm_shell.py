@@ -79,7 +79,8 @@ from typing import NamedTuple
 
 from configs.arch import K_BLOCK, SMEM_PER_CTA_MAX, WARPGROUP
 from consumers.dequant_wgmma import DequantWgmmaConsumer
-from consumers.register_a_wgmma import (OverlappedRegisterAWgmmaConsumer,
+from consumers.register_a_wgmma import (GroupedRegisterAWgmmaConsumer,
+                                         OverlappedRegisterAWgmmaConsumer,
                                          PeerFedRegisterAWgmmaConsumer,
                                          PipelinedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer,
                                          RingReleasingConsumer)
@@ -740,7 +741,9 @@ class P1Study:
     the epilogue are the production ones. The ``a`` buffer is the bf16 activation [M, K]; the
     ``sfa`` slot is never read; ``g_a`` is g = global_scale_from_amax(amax(x)). Exact: the
     production swap-AB bits on the packed activation the quantize kernel writes with that g.
-    Sharing knobs (cluster size C, N-group reuse G) come after this C = G = 1 baseline.
+    Sharing knobs: ``cluster`` C = 2 (a CTA pair along N, each k-block quantized by one of
+    them for both through DSMEM) and ``groups`` G = 2 at ``tokens`` = 64 (each quantized tile
+    multiplied into two weight tiles: consumers.register_a_wgmma.GroupedRegisterAWgmmaConsumer).
     ``variant``: the ablations (:class:`P0Variant`; wrong results, timing only): skip_dequant
     leaves out the quantizer (the stage only waits and publishes), skip_mma the wgmmas.
     ``dump``: the debug build (one K split): every consumed tile's packed codes and scale bytes
@@ -755,6 +758,8 @@ class P1Study:
     dump: bool = False
     cluster: int = 1  # C: CTAs along N sharing each quantized tile (1 or 2)
     pair_local_only: bool = False
+    groups: int = 1  # G: weight tiles a CTA multiplies each quantized tile into (1, or 2)
+    tokens: int = 128  # token rows a tile (64 with groups=2: two accumulator sets fit)
 
     def build(self) -> BlockscaledGemmSm90:
         _check_ring(self.stages, self.splits)
@@ -764,12 +769,22 @@ class P1Study:
             raise ValueError("the pair is built without the debug dump and the ablations")
         if self.pair_local_only and self.cluster != 2:
             raise ValueError("pair_local_only ablates the pair's DSMEM stores: cluster=2")
+        if (self.groups, self.tokens) not in ((1, 128), (2, 64)):
+            raise ValueError(f"groups = {self.groups!r}, tokens = {self.tokens!r}: G = 1 at 128 "
+                             "tokens, or G = 2 at 64 (notes/p1.md, N-group reuse)")
+        if self.groups != 1 and (self.cluster != 1 or self.dump
+                                 or self.variant != PRODUCTION):
+            raise ValueError("N-group reuse is built without the pair, the debug dump and the "
+                             "ablations")
         if self.dump and self.splits != 1:
             raise ValueError("the debug build writes through the split-K workspace: splits 1")
         if self.dump and self.variant.skip_dequant:
             raise ValueError("the debug build writes what the quantizer makes: not without it")
-        tokens = RegisterAWgmmaConsumer.TOKENS[0]
-        if self.cluster == 2:
+        tokens = self.tokens
+        if self.groups == 2:
+            activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
+            consumer = GroupedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
+        elif self.cluster == 2:
             activation = PairedQuantizingActivationStage(tokens, self.stages, self.buffers)
             if self.pair_local_only:
                 activation = copy.copy(activation)
