@@ -33,8 +33,8 @@ survive is two queue launches each holding part of the GPU while the other's CTA
 (each would wait on tiles of its own CTAs that are not resident); the hardware dispatches a
 grid's CTAs before a later grid's, so a launch that started first becomes wholly resident and
 finishes, but a launch must not depend on residency it cannot check: the waits then trap after
-1 s (the counters) or 2 s (the barriers) with a report instead of hanging (notes/p2.md). Claiming tiles from an atomic ticket would
-remove that case; it is not built.
+1 s (the counters) or 2 s (the barriers) with a report instead of hanging (notes/p2.md).
+Claiming tiles from an atomic ticket would remove that case; it is not built.
 """
 from __future__ import annotations
 

@@ -324,8 +324,8 @@ synchronize(p)
 @pytest.mark.gpu
 def test_a_chunk_that_never_becomes_ready_traps_with_the_counters_name():
     """A wait that can never complete ends the launch after 1 s (no hang) and the error names
-    the counter, not a barrier behind it (a trapped kernel ends its CUDA context: a fresh process). The ready word starts
-    at -1, so chunk 3 holds one quantizer signal short."""
+    the counter, not a barrier behind it (a trapped kernel ends its CUDA context: a fresh
+    process). The ready word starts at -1, so chunk 3 holds one quantizer signal short."""
     import os
     import subprocess
     import sys

@@ -96,9 +96,10 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
     (K a multiple of 32); ``prepacked``: the weight's register-order prepack [N, K]; ``g_w``: its
     tensor scale (one-element fp32 device tensor); ``capacity`` rows a chunk (a multiple of
     256), ``slots`` ring slots (>= 2), ``producers`` quantizer CTAs (defaults:
-    schedules/plan.py ``WORKQUEUE``, the quantizers by the build's weight tiles); ``config``: the whole call's 256-token build (default:
-    the chooser's, without stream-K); ``out``: bf16 [M, N]; ``gate`` and ``residual``: P4's
-    gated residual add in the epilogue (bf16 [N] and [M, N]; residual may be ``out``)."""
+    schedules/plan.py ``WORKQUEUE``, the quantizers by the build's weight tiles); ``config``:
+    the whole call's 256-token build (default: the chooser's, without stream-K); ``out``: bf16
+    [M, N]; ``gate`` and ``residual``: P4's gated residual add in the epilogue (bf16 [N] and
+    [M, N]; residual may be ``out``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in X_DTYPES:
