@@ -65,8 +65,8 @@ M_VALUES = (128, 2048, 37810)
 WGMMA_PEAK = 790e12
 TARGETS = {"p0_over_cublas_bf16": {128: 1.15, 2048: 0.90, 37810: 0.90},
            "p0_over_quack_w4a16": {128: 1.0, 2048: 1.0, 37810: 1.0},
-           "e2e_speedup_vs_comfy": {128: 3.0, 2048: 1.3, 37810: 1.1},  # eager, as a user calls
-           "e2e_speedup_vs_comfy_graph": {128: 3.0, 2048: 1.3, 37810: 1.1}}
+           "e2e_speedup_vs_comfy": {128: 3.0, 2048: 1.3, 37810: 1.05},  # eager, as a user calls
+           "e2e_speedup_vs_comfy_graph": {128: 3.0, 2048: 1.3, 37810: 1.05}}  # issue #34
 HEADLINE_KEYS = ("p0_over_cublas_bf16", "p0_over_quack_w4a16", "e2e_speedup_vs_comfy",
                  "e2e_speedup_vs_comfy_graph")
 QUACK_VERSION = "0.6.5"  # the pinned quack extra; another version runs, and the summary says so

@@ -48,6 +48,8 @@ def test_ratios_are_the_other_time_over_ours():
 
 def test_target_and_headline_key():
     assert B.TARGETS["p0_over_quack_w4a16"] == {128: 1.0, 2048: 1.0, 37810: 1.0}
+    for key in ("e2e_speedup_vs_comfy", "e2e_speedup_vs_comfy_graph"):  # issue #34's figures
+        assert B.TARGETS[key] == {128: 3.0, 2048: 1.3, 37810: 1.05}
     assert set(B.TARGETS) == set(B.HEADLINE_KEYS)
     for key in ("p0_over_cublas_bf16", "e2e_speedup_vs_comfy", "e2e_speedup_vs_comfy_graph"):
         assert key in B.HEADLINE_KEYS
