@@ -7,8 +7,9 @@ in one process (CUDA-graph replay, medians, operand sets rotated beyond L2 where
 smaller than 3x L2), every column from the same bf16 activation and NVFP4 weight:
 * ``p1``: amax (which writes the tensor scale g on the device), then the P1 GEMM that quantizes
   its activation tiles itself (kernels/nvfp4/gemm_p1.py): the whole linear from bf16, at the
-  best sharing built: C x G = 1 x 1 (``p1_1x1``) and, where its K split is one and the weight
-  tiles pair up, the CTA pair C = 2 (``p1_2x1``); G = 1 (N-group reuse is not built);
+  best sharing built: C x G = 1 x 1 (``p1_1x1``, the backend's), the CTA pair C = 2
+  (``p1_2x1``, where its K split is one and the weight tiles pair up) and the N-group reuse
+  G = 2 at 64-token tiles (``p1_1x2``, P1Study(groups=2, tokens=64));
 * ``unfused``: amax, the quantize kernel writing the packed activation and its f16 expansion,
   then P0's GEMM (Nvfp4Linear p0's launches);
 * ``p0``: P0's GEMM alone on the prepared operands;
@@ -16,8 +17,10 @@ smaller than 3x L2), every column from the same bf16 activation and NVFP4 weight
   the same weight values; experiments/p0_baseline.py says how) and ``comfy_e2e`` (Comfy
   Kitchen's Hopper path: torch amax, quantize, dequantize both, bf16 F.linear).
 
-Exactness in the same run: each P1 build's output on operand set 0 equal bit for bit to P0's
-swap-AB GEMM at the same K split on the quantize kernel's packed activation (the P1 contract).
+Exactness in the same run, on operand set 0: the 1 x 1 and 2 x 1 builds equal bit for bit to
+P0's swap-AB GEMM at the same K split on the quantize kernel's packed activation (the P1
+contract); every build, G = 2 included, within the oracle's fp32 bound on 32 sampled rows (G = 2's
+m64n64 wgmmas may round in another order: its bits against P0's are reported, not gated).
 
 Headline per M, each the worst shape's: ``speedup_vs_unfused`` (unfused time / P1's),
 ``time_over_p0`` (P1's time / P0's GEMM alone), ``speedup_vs_comfy`` (Comfy's time / P1's,
@@ -41,6 +44,7 @@ from kernels.nvfp4.gemm_p1 import choose_config, gemm_nvfp4_p1
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P1Study
 from kernels.nvfp4.prepack import prepack
 from kernels.nvfp4.quantize import quantize_expand_nvfp4, quantize_nvfp4
+from numerics import gemm_oracle as G
 from numerics import nvfp4
 from workbench import WorkbenchError
 from workbench import results as R
@@ -60,6 +64,11 @@ NOTES = {"prediction": "notes/p1.md, sessions 22-24: P1 at C = 1 runs 1,524-1,67
                        "bounds it), the pair slower still; so P1 ~2.3-2.6x P0's time and "
                        "~0.4-0.45x the unfused path's speed at every M: every target missed "
                        "until the quantizer's cost is shared (C x G)"}
+
+
+# the builds whose contract is P0's bits (same wgmma shape); G = 2's m64n64 wgmmas may round
+# in their own order, so its contract is the oracle's bound (its bits are reported)
+BITS_CONTRACT = ("1x1", "2x1")
 
 
 def pair_fits(config, N: int) -> bool:
@@ -87,6 +96,7 @@ def _case(name, N, K, M, ck, qk, quick, seed):
     builds = {"1x1": c1}
     if pair_fits(c1, N):
         builds["2x1"] = P1Study(cluster=2).build()
+    builds["1x2"] = P1Study(groups=2, tokens=64, splits=c1.splits).build()
 
     # exactness: each build against P0's swap-AB GEMM at the same split on the packed activation
     x, ga, aq, as_, _ = xs[0]
@@ -94,13 +104,20 @@ def _case(name, N, K, M, ck, qk, quick, seed):
     want = gemm_nvfp4(aq, as_, ga, bq, bs, gb, prepacked=pre, rows=(0, M),
                       config=BlockscaledGemmSm90.swap_ab(stages=c1.stages, splits=c1.splits))
     row = {"projection": name, "M": M, "N": N, "K": K, "operand_sets": sets,
-           "pinned_to_p0": name in PINNED, "p1_splits": c1.splits, "bits_equal_p0": {}}
+           "pinned_to_p0": name in PINNED, "p1_splits": c1.splits, "bits_equal_p0": {},
+           "within_oracle_bound": {}}
+    sample = torch.randperm(M, generator=torch.Generator().manual_seed(seed))[:32].sort().values
+    sample = sample.cuda()
+    _, real, bound = G.reference_gemm(aq[:M], as_, bq, bs, float(ga), float(gb), M, N, K,
+                                      row_ids=sample)
     for cxg, cfg in builds.items():
         got = torch.full_like(out, float("nan"))
         gemm_nvfp4_p1(x, ga, pre, gb, out=got, config=cfg)
         row["bits_equal_p0"][cxg] = bool(torch.equal(got.view(torch.int16),
                                                      want.view(torch.int16)))
-    del want
+        row["within_oracle_bound"][cxg] = bool(
+            ((got[sample].double() - real).abs() <= bound).all())
+    del want, real, bound
 
     t = {}
     e2e_sets = [(xs[i][0], *weights[i]) for i in range(sets)]
@@ -175,9 +192,15 @@ def headline_and_gates(rows: list, ms) -> tuple[dict, dict]:
                                               f"worst shape {min(vals):.3f} vs target "
                                               f"{target:.3f}")
     bad = [f"{r['projection']} M={r['M']} C x G {cxg}" for r in rows
-           for cxg, ok in r["bits_equal_p0"].items() if not ok]
-    gates["bits_equal_p0"] = R.gate(not bad, "every P1 build equal to P0's swap-AB GEMM at the "
-                                    "same split" if not bad else "differ: " + "; ".join(bad))
+           for cxg, ok in r["bits_equal_p0"].items() if not ok and cxg in BITS_CONTRACT]
+    gates["bits_equal_p0"] = R.gate(not bad, "every P1 build with P0's wgmma shape (C x G "
+                                    f"{', '.join(BITS_CONTRACT)}) equal to P0's swap-AB GEMM at "
+                                    "the same split" if not bad else "differ: " + "; ".join(bad))
+    out = [f"{r['projection']} M={r['M']} C x G {cxg}" for r in rows
+           for cxg, ok in r.get("within_oracle_bound", {}).items() if not ok]
+    gates["within_oracle_bound"] = R.gate(not out, "every build on 32 sampled rows within the "
+                                          "oracle's fp32 bound" if not out
+                                          else "outside: " + "; ".join(out))
     return headline, gates
 
 

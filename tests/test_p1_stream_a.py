@@ -72,3 +72,19 @@ def test_refuses_bad_arguments_before_any_gpu_work(tmp_path, capsys):
     assert "choose from" in capsys.readouterr().err
     assert E.main(["--m", "0", "--results-dir", str(tmp_path)]) == 2
     assert not any(tmp_path.iterdir())
+
+
+def test_g2_is_gated_on_the_oracles_bound_not_on_p0s_bits():
+    row = _row("qkv", 128, 100.0, None, 110.0, 95.0, 400.0)
+    row["timings"]["p1_1x2"] = _t(70.0)
+    row.update(E.ratios(row["timings"]))
+    row["bits_equal_p0"]["1x2"] = False  # another wgmma shape: reported, not gated
+    row["within_oracle_bound"] = {"1x1": True, "1x2": True}
+    head, gates = E.headline_and_gates([row], [128])
+    assert head["best_cluster_x_group"]["128"] == "1x2"
+    assert gates["bits_equal_p0"]["pass"] and gates["within_oracle_bound"]["pass"]
+    row["within_oracle_bound"]["1x2"] = False
+    _, gates = E.headline_and_gates([row], [128])
+    assert not gates["within_oracle_bound"]["pass"]
+    assert "C x G 1x2" in gates["within_oracle_bound"]["detail"]
+    assert E.BITS_CONTRACT == ("1x1", "2x1")

@@ -181,7 +181,7 @@ def _p0_panel(ax, rows, key, title, ylabel, projections, ms, targets, not_run) -
     for target, js in by_target.items():
         ax.axhline(target, color=f"C{js[0][0]}" if len(js) == 1 else "grey", linestyle="--",
                    linewidth=1, label=f"target at M = {', '.join(str(m) for _, m in js)}: "
-                   f"{target:g}")
+                   f"{target:.3g}")
     ax.axhline(1.0, color="black", linewidth=0.8)
     finite = [v for v in drawn if v == v]  # not NaN
     ax.set_ylim(0, max(1.3, *finite, *by_target) * 1.12)
