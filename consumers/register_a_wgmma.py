@@ -91,7 +91,7 @@ class RegisterAWgmmaConsumer:
     REGS = {128: 200, 256: 232}
     warpgroups, regs = 2, 200
     mma = True
-    act_peers = 1  # CTAs whose activation stage writes this CTA's f16 tiles (P1's pair: 2)
+    act_peers = 1  # CTAs whose activation stage writes this CTA's f16 tiles (P1's C)
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
         if tokens not in self.TOKENS:
@@ -272,10 +272,10 @@ class RegisterAWgmmaConsumer:
 
 
 class PeerFedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
-    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=2)): the production consumer for f16
-    tiles that either CTA of a pair writes (producers.activation_stage.
-    PairedQuantizingActivationStage): waits on ``act_full`` at cluster scope and frees each
-    tile in both CTAs (``act_empty``: 8 + 8 arrivals)."""
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C)): the production consumer for f16
+    tiles that any CTA of a cluster of ``peers`` writes (producers.activation_stage.
+    ClusterQuantizingActivationStage): waits on ``act_full`` at cluster scope and frees each
+    tile in every CTA of the cluster (``act_empty``: 8 x C arrivals)."""
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2):
         super().__init__(tokens, stages, act_tiles)

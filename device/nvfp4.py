@@ -424,7 +424,7 @@ def expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int], rows: cutlass.C
 def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                                rows: cutlass.Constexpr[int], x_words: cute.Tensor,
                                f16_words: cute.Tensor, stage: Int32, buf: Int32, g: Float32,
-                               rcp_g: Float32, dump=None, peer=None):
+                               rcp_g: Float32, dump=None, peers=None):
     """P1's activation stage: ``rows`` x 64 bf16 of ring stage ``stage`` (a [rows, 64]
     128-byte-swizzled K-major tile, as the producer's TMA wrote it) quantized block by block
     with :func:`quantize_block16` (Comfy's rule, tensor scale ``g``, ``rcp_g`` its rcp.approx)
@@ -443,14 +443,14 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
     quantize kernel's byte order) and their 4 scale bytes (1 word, block j in byte j) to
     ``words`` at 9 x (row0 + r x row_stride).
 
-    ``peer`` (P1's cluster study only; None compiles none of it): the cluster rank of a CTA
-    whose f16 tiles receive the same chunks at the same shared offsets (DSMEM stores)."""
+    ``peers`` (P1's cluster study only; None compiles none of it): the cluster ranks of the
+    CTAs whose f16 tiles receive the same chunks at the same shared offsets (DSMEM stores)."""
     if cutlass.const_expr(rows >= threads and rows % threads):
         raise ValueError(f"{threads} threads cannot share {rows} rows evenly")
     if cutlass.const_expr(rows < threads):  # several threads a row, each some of its blocks
         share = threads // rows
         if cutlass.const_expr(threads % rows or (ROW_CHUNKS // 2) % share or dump is not None
-                              or peer is not None):
+                              or peers is not None):
             raise ValueError(f"{threads} threads on {rows} rows: each row's 4 blocks must split "
                              "evenly, without the debug dump or a peer")
         r = t % rows
@@ -467,7 +467,7 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
         scale_word = Uint32(0)
         for j in cutlass.range_constexpr(ROW_CHUNKS // 2):  # the row's four 16-element blocks
             codes, s8 = _quantize_expand_block(j, r, src_row, dst_row, x_words, f16_words, g,
-                                               rcp_g, dump, peer)
+                                               rcp_g, dump, peers)
             if cutlass.const_expr(dump is not None):
                 dump_words, row0, row_stride, rows_valid = dump
                 if r < rows_valid:
@@ -483,11 +483,11 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
 
 @cute.jit
 def _quantize_expand_block(j, r, src_row, dst_row, x_words: cute.Tensor,
-                           f16_words: cute.Tensor, g: Float32, rcp_g: Float32, dump, peer):
+                           f16_words: cute.Tensor, g: Float32, rcp_g: Float32, dump, peers):
     """Block ``j`` (0-3) of row ``r``: its two 16-byte chunks read at their swizzled positions
     (row phase r mod 8), quantized (:func:`quantize_block16`), expanded to exact f16 and stored
-    at the same positions of the f16 row (and of the peer CTA's, given ``peer``). Returns
-    (the two code words, the scale byte)."""
+    at the same positions of the f16 row (and of each peer CTA's, given ``peers``, a tuple of
+    cluster ranks). Returns (the two code words, the scale byte)."""
     phase = r & 7
     lo_chunk = (2 * j) ^ phase
     hi_chunk = (2 * j + 1) ^ phase
@@ -508,9 +508,10 @@ def _quantize_expand_block(j, r, src_row, dst_row, x_words: cute.Tensor,
         for e in cutlass.range_constexpr(4):
             out[e] = words[e]
         cute.autovec_copy(out, f16_words[(None, dst_row + chunk)])
-        if cutlass.const_expr(peer is not None):
-            st_cluster_v4(f16_words[(None, dst_row + chunk)].iterator, peer,
-                          [out[e] for e in range(4)])
+        if cutlass.const_expr(peers is not None):
+            for peer in peers:  # a tuple: unrolled, C - 1 remote stores a chunk
+                st_cluster_v4(f16_words[(None, dst_row + chunk)].iterator, peer,
+                              [out[e] for e in range(4)])
     return codes, s8
 
 

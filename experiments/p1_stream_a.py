@@ -7,9 +7,10 @@ in one process (CUDA-graph replay, medians, operand sets rotated beyond L2 where
 smaller than 3x L2), every column from the same bf16 activation and NVFP4 weight:
 * ``p1``: amax (which writes the tensor scale g on the device), then the P1 GEMM that quantizes
   its activation tiles itself (kernels/nvfp4/gemm_p1.py): the whole linear from bf16, at the
-  best sharing built: C x G = 1 x 1 (``p1_1x1``, the backend's), the CTA pair C = 2
-  (``p1_2x1``, where its K split is one and the weight tiles pair up) and the N-group reuse
-  G = 2 at 64-token tiles (``p1_1x2``, P1Study(groups=2, tokens=64));
+  best sharing built: C x G = 1 x 1 (``p1_1x1``, the backend's), clusters of C = 2, 4 and 8
+  CTAs (``p1_2x1``, ``p1_4x1``, ``p1_8x1``, where the K split is one and C divides the weight
+  tiles) and the N-group reuse G = 2 at 64-token tiles (``p1_1x2``, P1Study(groups=2,
+  tokens=64));
 * ``unfused``: amax, the quantize kernel writing the packed activation and its f16 expansion,
   then P0's GEMM (Nvfp4Linear p0's launches);
 * ``p0``: P0's GEMM alone on the prepared operands;
@@ -17,10 +18,11 @@ smaller than 3x L2), every column from the same bf16 activation and NVFP4 weight
   the same weight values; experiments/p0_baseline.py says how) and ``comfy_e2e`` (Comfy
   Kitchen's Hopper path: torch amax, quantize, dequantize both, bf16 F.linear).
 
-Exactness in the same run, on operand set 0: the 1 x 1 and 2 x 1 builds equal bit for bit to
+Exactness in the same run, on operand set 0: the 1 x 1 and C x 1 builds equal bit for bit to
 P0's swap-AB GEMM at the same K split on the quantize kernel's packed activation (the P1
 contract); every build, G = 2 included, within the oracle's fp32 bound on 32 sampled rows (G = 2's
-m64n64 wgmmas may round in another order: its bits against P0's are reported, not gated).
+m64n64 wgmmas may round in another order: its bits against P0's are reported, not gated);
+every build's second run equal to its first.
 
 Headline per M, each the worst shape's: ``speedup_vs_unfused`` (unfused time / P1's),
 ``time_over_p0`` (P1's time / P0's GEMM alone), ``speedup_vs_comfy`` (Comfy's time / P1's,
@@ -68,13 +70,14 @@ NOTES = {"prediction": "notes/p1.md, sessions 22-24: P1 at C = 1 runs 1,524-1,67
 
 # the builds whose contract is P0's bits (same wgmma shape); G = 2's m64n64 wgmmas may round
 # in their own order, so its contract is the oracle's bound (its bits are reported)
-BITS_CONTRACT = ("1x1", "2x1")
+BITS_CONTRACT = ("1x1", "2x1", "4x1", "8x1")
+CLUSTERS = (2, 4, 8)  # the cluster sizes C built (P1Study(cluster=C))
 
 
-def pair_fits(config, N: int) -> bool:
-    """Whether the CTA pair (C = 2) can run where ``config`` (P1's choice) runs: one K split,
-    an even count of 128-row weight tiles."""
-    return config.splits == 1 and -(-N // config.tile_n) % 2 == 0
+def cluster_fits(config, N: int, cluster: int = 2) -> bool:
+    """Whether a cluster of ``cluster`` CTAs can run where ``config`` (P1's choice) runs: one K
+    split, a count of 128-row weight tiles that ``cluster`` divides."""
+    return config.splits == 1 and -(-N // config.tile_n) % cluster == 0
 
 
 def _case(name, N, K, M, ck, qk, quick, seed):
@@ -94,8 +97,9 @@ def _case(name, N, K, M, ck, qk, quick, seed):
     out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
     c1, _ = choose_config(M, N, K)
     builds = {"1x1": c1}
-    if pair_fits(c1, N):
-        builds["2x1"] = P1Study(cluster=2).build()
+    for c in CLUSTERS:
+        if cluster_fits(c1, N, c):
+            builds[f"{c}x1"] = P1Study(cluster=c).build()
     builds["1x2"] = P1Study(groups=2, tokens=64, splits=c1.splits).build()
 
     # exactness: each build against P0's swap-AB GEMM at the same split on the packed activation
@@ -105,7 +109,7 @@ def _case(name, N, K, M, ck, qk, quick, seed):
                       config=BlockscaledGemmSm90.swap_ab(stages=c1.stages, splits=c1.splits))
     row = {"projection": name, "M": M, "N": N, "K": K, "operand_sets": sets,
            "pinned_to_p0": name in PINNED, "p1_splits": c1.splits, "bits_equal_p0": {},
-           "within_oracle_bound": {}}
+           "within_oracle_bound": {}, "rerun_identical": {}}
     sample = torch.randperm(M, generator=torch.Generator().manual_seed(seed))[:32].sort().values
     sample = sample.cuda()
     _, real, bound = G.reference_gemm(aq[:M], as_, bq, bs, float(ga), float(gb), M, N, K,
@@ -117,6 +121,10 @@ def _case(name, N, K, M, ck, qk, quick, seed):
                                                      want.view(torch.int16)))
         row["within_oracle_bound"][cxg] = bool(
             ((got[sample].double() - real).abs() <= bound).all())
+        again = gemm_nvfp4_p1(x, ga, pre, gb, config=cfg)
+        row["rerun_identical"][cxg] = bool(torch.equal(again.view(torch.int16),
+                                                       got.view(torch.int16)))
+        del got, again
     del want, real, bound
 
     t = {}
@@ -201,6 +209,10 @@ def headline_and_gates(rows: list, ms) -> tuple[dict, dict]:
     gates["within_oracle_bound"] = R.gate(not out, "every build on 32 sampled rows within the "
                                           "oracle's fp32 bound" if not out
                                           else "outside: " + "; ".join(out))
+    moved = [f"{r['projection']} M={r['M']} C x G {cxg}" for r in rows
+             for cxg, ok in r.get("rerun_identical", {}).items() if not ok]
+    gates["rerun_identical"] = R.gate(not moved, "every build's second run equal bit for bit"
+                                      if not moved else "differ: " + "; ".join(moved))
     return headline, gates
 
 

@@ -344,41 +344,47 @@ class QuantizingActivationStage(ExpandedActivationStage):
         return count
 
 
-class PairedQuantizingActivationStage(QuantizingActivationStage):
-    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=2); notes/p1.md, "Next build: C = 2"):
-    P1's stage shared by a cluster of two CTAs on neighbouring weight tiles of one token tile.
-    Each k-block is quantized by one CTA of the pair (ring use ``count`` mod 2 == its rank),
-    into its own f16 tile and into the peer's at the same offset (DSMEM stores: device.nvfp4.
-    quantize_expand_stage_rows(peer=)), so each CTA quantizes half of the k-blocks.
+class ClusterQuantizingActivationStage(QuantizingActivationStage):
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C); notes/p1.md, "C = 2" and "C = 4
+    and 8"): P1's stage shared by a cluster of C CTAs (2, 4 or 8) on neighbouring weight tiles
+    of one token tile. Each k-block is quantized by one CTA of the cluster (ring use ``count``
+    mod C == its rank), into its own f16 tile and into each peer's at the same offset (C - 1
+    DSMEM stores a chunk: device.nvfp4.quantize_expand_stage_rows(peers=)), so each CTA
+    quantizes 1 / C of the k-blocks.
 
-    Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps, locally and on the peer
+    Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps, locally and on every peer
     (``mbarrier.arrive.release.cluster`` after ``fence.proxy.async.shared::cluster``: the
-    peer's wgmmas read those stores through the async proxy); ``act_empty[b]`` the consumer
-    warps of both CTAs (8 + 8, declared by the consumer: the owner writes both CTAs' tile, so it
-    waits for both at cluster scope); ``empty[s]`` this CTA's 4 warps every k-block (they wait
-    on ``full[s]`` whether or not they quantize it, which keeps the ring's phase) and its 8
-    consumer warps. The producer still TMAs the bf16 tile every k-block."""
+    peers' wgmmas read those stores through the async proxy); ``act_empty[b]`` the consumer
+    warps of all C CTAs (8 x C, declared by the consumer: the next owner of b may be any CTA,
+    so each waits for all at cluster scope); ``empty[s]`` this CTA's 4 warps every k-block
+    (they wait on ``full[s]`` whether or not they quantize it, which keeps the ring's phase)
+    and its 8 consumer warps. The producer still TMAs the bf16 tile every k-block."""
 
-    peers = 2
-    # the ablation P1Study(cluster=2, pair_local_only=True) sets it on an instance (its own
-    # compile key): the owner writes only its own tile, so the peer's wgmmas read stale f16
-    # (wrong results, timing only): what the DSMEM stores cost the pair
+    # the ablation P1Study(cluster=C, pair_local_only=True) sets it on an instance (its own
+    # compile key): the owner writes only its own tile, so the peers' wgmmas read stale f16
+    # (wrong results, timing only): what the DSMEM stores cost the cluster
     local_only = False
 
-    def __init__(self, tokens: int, stages: int, buffers: int = 2):
+    def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2):
         super().__init__(tokens, stages, buffers)
+        if peers not in (2, 4, 8):
+            raise ValueError(f"peers = {peers!r}: a cluster of 2, 4 or 8 CTAs")
+        self.peers = peers
 
     @cute.jit
     def quantize_tile(self, tile, args, count: Int32) -> Int32:
         (x_words, f16_words, g, rcp_g, full, empty, act_full, act_empty, mailbox, t, lane,
          _) = args
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        peer = rank ^ 1
+        others = []  # the other ranks, rank ^ i (a bijection on 0 .. C - 1 for C a power of 2)
+        for i in cutlass.range_constexpr(1, self.peers):
+            others.append(rank ^ i)
+        others = tuple(others)
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             s, ph = ring_position(count, self.stages)
             b, bph = ring_position(count, self.tiles.buffers)
             wait_parity(full + s, ph, Barrier.FULL, s, mailbox)
-            if count % 2 == rank:
+            if count % self.peers == rank:
                 wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox,
                             cluster=True)
                 if cutlass.const_expr(self.local_only):
@@ -386,15 +392,16 @@ class PairedQuantizingActivationStage(QuantizingActivationStage):
                                                f16_words, s, b, g, rcp_g, None, None)
                 else:
                     quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words,
-                                               f16_words, s, b, g, rcp_g, None, peer)
+                                               f16_words, s, b, g, rcp_g, None, others)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 fence_proxy_async_shared_cluster()
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)
                     cute.arch.mbarrier_arrive(act_full + b)
-                    arrive_cluster_release(act_full + b, peer)
-            else:  # the peer quantizes this k-block: only the stage goes back
+                    for peer in others:
+                        arrive_cluster_release(act_full + b, peer)
+            else:  # a peer quantizes this k-block: only the stage goes back
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)

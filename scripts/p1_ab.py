@@ -13,12 +13,11 @@ the same bf16 activation x and the same weight:
 * with ``--ablate``: ``p1_no_quantizer`` (the stage waits and publishes but never writes its
   f16 tiles) and ``p1_no_mma`` (the consumers skip their wgmmas), both wrong by design
   (P1Study(variant=P0Variant(...))): which half bounds P1 (notes/p1.md, session 22);
-* with ``--cluster 2``: ``p1_c2``, P1 on a CTA pair along N that quantizes each k-block once
-  for both (P1Study(cluster=2); notes/p1.md, "Next build: C = 2"), its bits against P0's; with
-  ``--ablate`` too, what slows the pair (notes/p1.md, session 24): ``p1_c2_b3`` and
-  ``p1_c2_b4`` (three and four f16 buffers: the owner of k-block c + 2 no longer waits for both
-  CTAs to finish c), ``p1_c2_local`` (no DSMEM stores: wrong results, timing only) and
-  ``p1_b3`` (one CTA, three buffers).
+* with ``--cluster 2 4 8``: ``p1_c2``, ``p1_c4``, ``p1_c8``, P1 on C CTAs along N that
+  quantize each k-block once for all (P1Study(cluster=C); notes/p1.md), their bits against
+  P0's; with ``--ablate`` too, ``p1_cC_local`` (no DSMEM stores: wrong results, timing only),
+  and for the pair what slows it (notes/p1.md, session 24): ``p1_c2_b3`` and ``p1_c2_b4``
+  (three and four f16 buffers) and ``p1_b3`` (one CTA, three buffers).
 * with ``--groups 2``: ``p1_g2``, P1 with N-group reuse G = 2 (64-token tiles, each quantized
   tile multiplied into two 128-row weight tiles; notes/p1.md), its bits against P0's. Its
   ns/kblock counts the 128 x 128 k-blocks of work, as the other columns.
@@ -106,17 +105,17 @@ def run_job(name, M, args, rows):
     tiles = -(-M // 128) * -(-N // 128) * splits
     kblocks = -(-tiles // min(tiles, sms)) * -(-(-(-K // K_BLOCK)) // splits)
     timed = [("p0_gemm", p0_gemm), ("p0_e2e", p0_e2e), ("p1", p1)]
-    if args.cluster == 2 and splits == 1 and -(-N // 128) % 2 == 0:
-        pair_cfg = P1Study(cluster=2).build()
-        pair = torch.full_like(out, float("nan"))
-        gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=pair, config=pair_cfg)
+    for c in (c for c in args.cluster if c > 1 and splits == 1 and -(-N // 128) % c == 0):
+        cluster_cfg = P1Study(cluster=c).build()
+        got_c = torch.full_like(out, float("nan"))
+        gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=got_c, config=cluster_cfg)
         synchronize()
-        row["c2_bits_equal_p0"] = bool(torch.equal(pair.view(torch.int16),
-                                                   want.view(torch.int16)))
+        row[f"c{c}_bits_equal_p0"] = bool(torch.equal(got_c.view(torch.int16),
+                                                      want.view(torch.int16)))
 
-        def p1_c2(x, g, w_q, w_s, pre, g_w, q, s):
-            return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=pair_cfg)
-        timed.append(("p1_c2", p1_c2))
+        def p1_cluster(x, g, w_q, w_s, pre, g_w, q, s, cfg=cluster_cfg):
+            return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=cfg)
+        timed.append((f"p1_c{c}", p1_cluster))
     if args.groups == 2:  # N-group reuse: each quantized 64-row tile into two weight tiles
         g2_cfg = P1Study(groups=2, tokens=64, splits=splits).build()
         g2 = torch.full_like(out, float("nan"))
@@ -132,10 +131,11 @@ def run_job(name, M, args, rows):
                                                variant=P0Variant(skip_dequant=True))),
                    ("p1_no_mma", P1Study(splits=splits, variant=P0Variant(skip_mma=True))),
                    ("p1_b3", P1Study(splits=splits, buffers=3))]
-        if any(label == "p1_c2" for label, _ in timed):
-            studies += [("p1_c2_b3", P1Study(cluster=2, buffers=3)),
-                        ("p1_c2_b4", P1Study(cluster=2, buffers=4)),
-                        ("p1_c2_local", P1Study(cluster=2, pair_local_only=True))]
+        for c in (c for c in args.cluster if any(lb == f"p1_c{c}" for lb, _ in timed)):
+            if c == 2:
+                studies += [("p1_c2_b3", P1Study(cluster=2, buffers=3)),
+                            ("p1_c2_b4", P1Study(cluster=2, buffers=4))]
+            studies.append((f"p1_c{c}_local", P1Study(cluster=c, pair_local_only=True)))
         for label, study in studies:
             cfg = study.build()
             if label in ("p1_b3", "p1_c2_b3", "p1_c2_b4"):  # exact builds: their bits too
@@ -152,16 +152,17 @@ def run_job(name, M, args, rows):
         t = bench(fn, arg_sets, graph=True, warmup_ms=5, rep_ms=args.rep_ms).as_dict()
         row[label] = {"timing": t, "us": t["median_us"],
                       "ns_per_kblock": 1e3 * t["median_us"] / kblocks}
+        if label.startswith("p1"):
+            row[label].update(build_figures(label, M, N, K, row[label]["us"]))
     row["p1_over_p0_gemm"] = row["p1"]["us"] / row["p0_gemm"]["us"]
     row["p1_over_p0_e2e"] = row["p1"]["us"] / row["p0_e2e"]["us"]
-    ablation = "".join(f"  {k} {row[k]['ns_per_kblock']:.0f} ns/kblock" for k in
-                       ("p1_c2", "p1_g2", "p1_no_quantizer", "p1_no_mma", "p1_b3",
-                        "p1_c2_b3", "p1_c2_b4", "p1_c2_local") if k in row)
-    for k, short in (("c2_bits_equal_p0", "c2"), ("g2_bits_equal_p0", "g2"),
-                     ("p1_b3_bits_equal_p0", "b3"),
-                     ("p1_c2_b3_bits_equal_p0", "c2_b3"), ("p1_c2_b4_bits_equal_p0", "c2_b4")):
-        if k in row:
-            ablation += f" {short}_bits_equal={row[k]}"
+    row.update(producer_cost(row))
+    ablation = "".join(f"  {label} {row[label]['ns_per_kblock']:.0f} ns/kblock"
+                       for label, _ in timed if label not in ("p0_gemm", "p0_e2e", "p1"))
+    for k in sorted(k for k in row if k.endswith("bits_equal_p0") and k != "bits_equal_p0"):
+        ablation += f" {k.removeprefix('p1_').removesuffix('_p0')}={row[k]}"
+    if "break_even_cxg" in row:
+        ablation += f"  break_even_cxg {row['break_even_cxg']:.2f}"
     rows.append(row)
     print(f"{name:>4} M={M:<5} s{splits} p0_gemm {row['p0_gemm']['us']:8.1f} us  p0_e2e "
           f"{row['p0_e2e']['us']:8.1f}  p1 {row['p1']['us']:8.1f} ({row['p1']['ns_per_kblock']:.0f}"
@@ -172,15 +173,62 @@ def run_job(name, M, args, rows):
     torch.cuda.empty_cache()
 
 
+WGMMA_DENSE_PEAK = 790e12  # f16 wgmma FLOP/s an H200 sustains (experiments/p0_baseline.py)
+
+
+def build_figures(label: str, M: int, N: int, K: int, us: float) -> dict:
+    """What the issue asks beside each P1 build's time, from its shape and build: threads and
+    registers a role (the setmaxnreg split), CTAs an SM (shared memory and threads), the tensor
+    pipe's busy fraction estimated as the FLOP rate over the dense wgmma rate (timing-derived,
+    not a counter), and the bf16 activation bytes its CTAs' TMAs read a call (each CTA reads its
+    token tile once a K pass; a cluster's CTAs each read it too)."""
+    study = study_of(label)
+    if study is None:
+        return {}
+    d = study.build().describe()
+    tokens = study.tokens
+    weight_rows = 128 * study.groups
+    per_sm = min(233472 // (d["smem_bytes"] + 1024), 2048 // d["threads"])
+    return {"threads": d["threads"], "role_registers": {k: v["regs"] for k, v in
+                                                        d["roles"].items()},
+            "cluster": d["cluster_n"], "ctas_per_sm": per_sm, "smem_bytes": d["smem_bytes"],
+            "tensor_pipe_busy_est": 2 * M * N * K / (us * 1e-6) / WGMMA_DENSE_PEAK,
+            "bf16_bytes_read": -(-M // tokens) * tokens * K * 2 * -(-N // weight_rows)}
+
+
+def study_of(label: str):
+    """The P1Study a timed label names (None for P0's columns and the ablations)."""
+    if label == "p1":
+        return P1Study()
+    if label == "p1_g2":
+        return P1Study(groups=2, tokens=64)
+    if label.startswith("p1_c") and label[4:].isdigit():
+        return P1Study(cluster=int(label[4:]))
+    return None
+
+
+def producer_cost(row: dict) -> dict:
+    """The seed's measure on Hopper: P1's extra time a (128-row N tile, 64-K tile) over P0's
+    GEMM at the same k-block count; with the ablations, the break-even C x G (the quantizer's
+    time a k-block alone over the MMA's alone: the sharing that would hide it)."""
+    r = {"producer_ns_per_ntile_ktile": row["p1"]["ns_per_kblock"]
+         - row["p0_gemm"]["ns_per_kblock"]}
+    if "p1_no_mma" in row and "p1_no_quantizer" in row:
+        r["break_even_cxg"] = (row["p1_no_mma"]["ns_per_kblock"]
+                               / row["p1_no_quantizer"]["ns_per_kblock"])
+    return r
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=150.0)
     p.add_argument("--rep-ms", type=float, default=40.0)
     p.add_argument("--ablate", action="store_true",
                    help="also time P1 without its quantizer and without its wgmmas")
-    p.add_argument("--cluster", type=int, choices=(1, 2), default=1,
-                   help="2: also time P1 on a CTA pair sharing each quantized tile (one split, "
-                        "an even count of weight tiles)")
+    p.add_argument("--cluster", type=int, nargs="+", choices=(1, 2, 4, 8), default=[1],
+                   help="cluster sizes C > 1 also timed: P1 on C CTAs sharing each quantized "
+                        "tile (one split, weight tiles a multiple of C); with --ablate each "
+                        "C's DSMEM-free ablation too")
     p.add_argument("--groups", type=int, choices=(1, 2), default=1,
                    help="2: also time P1's N-group reuse (64-token tiles, each quantized tile "
                         "into two weight tiles; P1Study(groups=2, tokens=64))")

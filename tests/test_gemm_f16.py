@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, V3Study, compile_args
 from workbench.compile import compile_report
@@ -83,12 +85,12 @@ def test_launch_config_refuses_a_mismatched_activation():
 
 
 # ---- exactness (GPU) ----------------------------------------------------------------------------
-def _operands(M, N, K, seed, kind="normal"):
+def _operands(M, N, K, seed, kind="normal", b_kind="lognormal"):
     from kernels.nvfp4.prepack import prepack
     from numerics import nvfp4
     from validators.gemm_operands import make_operand
     a = make_operand(kind, M, K, seed, "cuda")
-    b = make_operand("lognormal", N, K, seed + 1, "cuda")
+    b = make_operand(b_kind, N, K, seed + 1, "cuda")
     a16 = nvfp4.dequantize(a[0], a[1], 1.0, (M, K), dtype=torch.float16).contiguous()
     g = [torch.tensor([float(x[2])], dtype=torch.float32, device="cuda") for x in (a, b)]
     return (a[0], a[1], g[0]), (b[0], b[1], g[1]), prepack(b[0], b[1]), a16, (a, b)
@@ -143,6 +145,38 @@ def test_f16_default_within_bound_and_row_slices(shape, kind):
     if M > 128 and not cfg.stream_k:  # stream-K's bits depend on the call's tile count
         part = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, rows=(128, M), config=cfg)
         assert torch.equal(part.view(torch.int16), out[128:].view(torch.int16))
+
+
+F16_BUILDS = {"swap_ab_f16": lambda: BlockscaledGemmSm90.swap_ab_f16(),
+              "swap_ab_f16_split2": lambda: BlockscaledGemmSm90.swap_ab_f16(splits=2),
+              "swap_ab_f16_stream_k": lambda: BlockscaledGemmSm90.swap_ab_f16(stream_k=True),
+              "wide_f16": lambda: BlockscaledGemmSm90.wide_f16(),
+              "wide_f16_stream_k": lambda: BlockscaledGemmSm90.wide_f16(stream_k=True)}
+
+
+@pytest.mark.gpu
+@settings(max_examples=15, deadline=None)
+@given(M=st.integers(1, 600), n8=st.integers(1, 80), k32=st.integers(1, 30),
+       kinds=st.sampled_from([("normal", "lognormal"), ("raw", "raw"), ("lognormal", "cancel"),
+                              ("cancel", "raw")]),
+       build=st.sampled_from(sorted(F16_BUILDS)), seed=st.integers(0, 2**31 - 1))
+def test_f16_builds_drawn_shapes_within_bound(M, n8, k32, kinds, build, seed):
+    """Hypothesis shapes and operand kinds (raw: every code and scale byte drawn, the
+    adversarial kind; cancel: sums that cancel) on each production f16 build, split-K and
+    stream-K included: every element within the oracle's bound into a poisoned output, a rerun
+    identical."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from tests.test_gemm_nvfp4 import _check
+    N, K = 8 * n8, 32 * k32
+    a, b, pre, a16, (ra, rb) = _operands(M, N, K, seed=seed, kind=kinds[0], b_kind=kinds[1])
+    cfg = F16_BUILDS[build]()
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=cfg, out=out)
+    again = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=cfg)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    _check(out, ra, rb, M, N, K)
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -47,12 +47,13 @@ def test_headline_is_the_worst_streamed_shape_and_gates_follow_the_targets():
     assert not gates["bits_equal_p0"]["pass"] and "qkv M=2048" in gates["bits_equal_p0"]["detail"]
 
 
-def test_pair_fits_one_split_and_paired_weight_tiles():
+def test_cluster_fits_one_split_and_weight_tiles_the_cluster_divides():
     class C:
         tile_n, splits = 128, 1
-    assert E.pair_fits(C, 21504) and not E.pair_fits(C, 128 * 3)
+    assert E.cluster_fits(C, 21504) and not E.cluster_fits(C, 128 * 3)
+    assert E.cluster_fits(C, 21504, 8) and not E.cluster_fits(C, 5376, 4)  # 168 and 42 tiles
     C.splits = 3
-    assert not E.pair_fits(C, 21504)
+    assert not E.cluster_fits(C, 21504)
 
 
 def test_plot_draws_the_three_panels(tmp_path):
@@ -84,7 +85,8 @@ def test_g2_is_gated_on_the_oracles_bound_not_on_p0s_bits():
     assert head["best_cluster_x_group"]["128"] == "1x2"
     assert gates["bits_equal_p0"]["pass"] and gates["within_oracle_bound"]["pass"]
     row["within_oracle_bound"]["1x2"] = False
+    row["rerun_identical"] = {"1x1": True, "1x2": False}
     _, gates = E.headline_and_gates([row], [128])
-    assert not gates["within_oracle_bound"]["pass"]
+    assert not gates["within_oracle_bound"]["pass"] and not gates["rerun_identical"]["pass"]
     assert "C x G 1x2" in gates["within_oracle_bound"]["detail"]
-    assert E.BITS_CONTRACT == ("1x1", "2x1")
+    assert E.BITS_CONTRACT == ("1x1", "2x1", "4x1", "8x1")

@@ -94,7 +94,8 @@ def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm
     elif config.epilogue.operands:
         raise ValueError("config's epilogue reads gate and residual: pass both")
     if config.cluster_n > 1 and -(-N // config.tile_n) % config.cluster_n:
-        raise ValueError(f"config pairs CTAs on neighbouring {config.tile_n}-row weight tiles; "
+        raise ValueError(f"config clusters {config.cluster_n} CTAs on neighbouring "
+                         f"{config.tile_n}-row weight tiles; "
                          f"N = {N} gives {-(-N // config.tile_n)} tiles, not a multiple of "
                          f"{config.cluster_n}")
     if out is None:
