@@ -71,7 +71,7 @@ NOTES = {"prediction": "notes/p1.md, sessions 22-24: P1 at C = 1 runs 1,524-1,67
 # the builds whose contract is P0's bits (same wgmma shape); G = 2's m64n64 wgmmas may round
 # in their own order, so its contract is the oracle's bound (its bits are reported)
 BITS_CONTRACT = ("1x1", "2x1", "4x1", "8x1")
-CLUSTERS = (2, 4, 8)  # the cluster sizes C built (P1Study(cluster=C))
+CLUSTERS = (2, 4, 8)  # the cluster sizes C built (P1Study.of_cluster(C))
 
 
 def cluster_fits(config, N: int, cluster: int = 2) -> bool:
@@ -99,7 +99,7 @@ def _case(name, N, K, M, ck, qk, quick, seed):
     builds = {"1x1": c1}
     for c in CLUSTERS:
         if cluster_fits(c1, N, c):
-            builds[f"{c}x1"] = P1Study(cluster=c).build()
+            builds[f"{c}x1"] = P1Study.of_cluster(c).build()
     builds["1x2"] = P1Study(groups=2, tokens=64, splits=c1.splits).build()
 
     # exactness: each build against P0's swap-AB GEMM at the same split on the packed activation

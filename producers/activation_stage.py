@@ -350,7 +350,8 @@ class ClusterQuantizingActivationStage(QuantizingActivationStage):
     of one token tile. Each k-block is quantized by one CTA of the cluster (ring use ``count``
     mod C == its rank), into its own f16 tile and into each peer's at the same offset (C - 1
     DSMEM stores a chunk: device.nvfp4.quantize_expand_stage_rows(peers=)), so each CTA
-    quantizes 1 / C of the k-blocks.
+    quantizes 1 / C of the k-blocks. The f16 buffers are a multiple of C: buffer b is written by
+    rank b mod C only.
 
     Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps, locally and on every peer
     (``mbarrier.arrive.release.cluster`` after ``fence.proxy.async.shared::cluster``: the
@@ -369,6 +370,13 @@ class ClusterQuantizingActivationStage(QuantizingActivationStage):
         super().__init__(tokens, stages, buffers)
         if peers not in (2, 4, 8):
             raise ValueError(f"peers = {peers!r}: a cluster of 2, 4 or 8 CTAs")
+        if buffers % peers:
+            # ring use c is owned by rank c mod C and written into buffer c mod buffers: only
+            # with buffers a multiple of C does each buffer keep one owner, whose parity wait
+            # on act_empty then follows every phase of it; a buffer passed between owners lets
+            # an owner's wait alias a phase it never saw (session 25: C = 4 at 2 buffers hung)
+            raise ValueError(f"{buffers} f16 buffers for a cluster of {peers}: a multiple of "
+                             f"{peers}, so that each buffer has one writer")
         self.peers = peers
 
     @cute.jit

@@ -16,8 +16,9 @@ the same bf16 activation x and the same weight:
 * with ``--cluster 2 4 8``: ``p1_c2``, ``p1_c4``, ``p1_c8``, P1 on C CTAs along N that
   quantize each k-block once for all (P1Study(cluster=C); notes/p1.md), their bits against
   P0's; with ``--ablate`` too, ``p1_cC_local`` (no DSMEM stores: wrong results, timing only),
-  and for the pair what slows it (notes/p1.md, session 24): ``p1_c2_b3`` and ``p1_c2_b4``
-  (three and four f16 buffers) and ``p1_b3`` (one CTA, three buffers).
+  and for the pair what slows it (notes/p1.md, session 24): ``p1_c2_b4`` (four f16
+  buffers; three, measured in session 25, are now refused: a buffer needs one writer) and
+  ``p1_b3`` (one CTA, three buffers).
 * with ``--groups 2``: ``p1_g2``, P1 with N-group reuse G = 2 (64-token tiles, each quantized
   tile multiplied into two 128-row weight tiles; notes/p1.md), its bits against P0's. Its
   ns/kblock counts the 128 x 128 k-blocks of work, as the other columns.
@@ -106,7 +107,7 @@ def run_job(name, M, args, rows):
     kblocks = -(-tiles // min(tiles, sms)) * -(-(-(-K // K_BLOCK)) // splits)
     timed = [("p0_gemm", p0_gemm), ("p0_e2e", p0_e2e), ("p1", p1)]
     for c in (c for c in args.cluster if c > 1 and splits == 1 and -(-N // 128) % c == 0):
-        cluster_cfg = P1Study(cluster=c).build()
+        cluster_cfg = P1Study.of_cluster(c).build()
         got_c = torch.full_like(out, float("nan"))
         gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=got_c, config=cluster_cfg)
         synchronize()
@@ -133,12 +134,11 @@ def run_job(name, M, args, rows):
                    ("p1_b3", P1Study(splits=splits, buffers=3))]
         for c in (c for c in args.cluster if any(lb == f"p1_c{c}" for lb, _ in timed)):
             if c == 2:
-                studies += [("p1_c2_b3", P1Study(cluster=2, buffers=3)),
-                            ("p1_c2_b4", P1Study(cluster=2, buffers=4))]
-            studies.append((f"p1_c{c}_local", P1Study(cluster=c, pair_local_only=True)))
+                studies.append(("p1_c2_b4", P1Study(cluster=2, buffers=4)))
+            studies.append((f"p1_c{c}_local", P1Study.of_cluster(c, pair_local_only=True)))
         for label, study in studies:
             cfg = study.build()
-            if label in ("p1_b3", "p1_c2_b3", "p1_c2_b4"):  # exact builds: their bits too
+            if label in ("p1_b3", "p1_c2_b4"):  # exact builds: their bits too
                 got_b = torch.full_like(out, float("nan"))
                 gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=got_b, config=cfg)
                 synchronize()
@@ -203,7 +203,7 @@ def study_of(label: str):
     if label == "p1_g2":
         return P1Study(groups=2, tokens=64)
     if label.startswith("p1_c") and label[4:].isdigit():
-        return P1Study(cluster=int(label[4:]))
+        return P1Study.of_cluster(int(label[4:]))
     return None
 
 

@@ -68,7 +68,7 @@ def test_p1_cluster_compiles_with_dsmem_stores_and_cluster_barriers(cluster):
     arrives (one per peer), the consumers' cluster-scope acquire; act_empty counts every CTA's
     consumer warps."""
     from workbench.compile import compile_report
-    cfg = P1Study(cluster=cluster).build()
+    cfg = P1Study.of_cluster(cluster).build()
     assert cfg.cluster_n == cluster
     bars = cfg.describe()["barriers"]
     assert (bars["act_full"]["arrive_count"], bars["act_empty"]["arrive_count"],
@@ -83,7 +83,8 @@ def test_p1_cluster_compiles_with_dsmem_stores_and_cluster_barriers(cluster):
     if r.sass is not None:
         assert r.spill_bytes == 0
     for bad in (dict(cluster=2, dump=True), dict(cluster=4, variant=P0Variant(skip_mma=True)),
-                dict(cluster=3), dict(cluster=16), dict(pair_local_only=True)):
+                dict(cluster=3), dict(cluster=16), dict(pair_local_only=True),
+                dict(cluster=4), dict(cluster=2, buffers=3)):  # a buffer with two writers
         with pytest.raises(ValueError):
             P1Study(**bad).build()
     assert P1Study().build().cluster_n == 1  # production: no cluster
@@ -222,7 +223,7 @@ def test_p1_cluster_of_4_and_8_bits_equal_p0(cluster, shape, splits):
     q, s = quantize_nvfp4(x, g_x, pad_16x=True)
     want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
                       config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
-    cfg = P1Study(cluster=cluster, splits=splits).build()
+    cfg = P1Study.of_cluster(cluster, splits=splits).build()
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
     again = gemm_nvfp4_p1(x, g_x, pre, g_w, config=cfg)
@@ -239,13 +240,13 @@ def test_p1_cluster_of_4_and_8_bits_equal_p0(cluster, shape, splits):
 @pytest.mark.parametrize("shape", [(128, 512, 2048), (300, 1024, 1056), (700, 256, 160),
                                    (1100, 2048, 320)])
 @pytest.mark.parametrize("kind", ["normal", "lognormal"])
-@pytest.mark.parametrize("splits, buffers", [(1, 2), (2, 2), (1, 3)])
+@pytest.mark.parametrize("splits, buffers", [(1, 2), (2, 2), (1, 4)])
 def test_p1_pair_bits_equal_p0(shape, kind, splits, buffers):
     """C = 2 (each k-block quantized by one CTA of the pair for both): P0's bits on the
     quantize kernel's output, into a NaN-poisoned output, a rerun equal. 1100 x 2048 x 320 is
     72 clusters (more than the 66 an H200 runs at once: some CTAs take two tiles) of 5
     k-blocks (the second tile starts on an odd ring count, so the owners swap); K splits and
-    three f16 buffers too."""
+    four f16 buffers too."""
     from kernels.nvfp4.gemm import gemm_nvfp4
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
     from kernels.nvfp4.quantize import quantize_nvfp4

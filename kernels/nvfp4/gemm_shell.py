@@ -762,6 +762,13 @@ class P1Study:
     groups: int = 1  # G: weight tiles a CTA multiplies each quantized tile into (1, or 2)
     tokens: int = 128  # token rows a tile (64 with groups=2: two accumulator sets fit)
 
+    @classmethod
+    def of_cluster(cls, cluster: int, **kw) -> "P1Study":
+        """C CTAs with what their shared memory allows: a buffer per CTA (each with one writer),
+        at least two; six ring stages, four at C = 8 (eight f16 tiles take 128 KB)."""
+        return cls(cluster=cluster, buffers=max(2, cluster), stages=4 if cluster == 8 else 6,
+                   **kw)
+
     def build(self) -> BlockscaledGemmSm90:
         _check_ring(self.stages, self.splits)
         if self.cluster not in (1, 2, 4, 8):
