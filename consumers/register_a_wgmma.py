@@ -187,6 +187,11 @@ class RegisterAWgmmaConsumer:
         ``act_peers`` > 1 every CTA of the cluster (any of them may write it next)."""
         if cutlass.const_expr(self.act_peers == 1):
             cute.arch.mbarrier_arrive(v.act_empty + b)
+        elif cutlass.const_expr(self.relaxed_release):  # diagnostic: one fence for all
+            cute.arch.fence_acq_rel_cluster()
+            for r in cutlass.range_constexpr(self.act_peers):
+                cute.arch.mbarrier_arrive(v.act_empty + b, r, relaxed=True,
+                                          scope=MemScopeKind.CLUSTER)
         else:
             for r in cutlass.range_constexpr(self.act_peers):  # release at cluster scope:
                 # the peer acquires it before its DSMEM stores overwrite this tile
@@ -276,6 +281,9 @@ class PeerFedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
     tiles that any CTA of a cluster of ``peers`` writes (producers.activation_stage.
     ClusterQuantizingActivationStage): waits on ``act_full`` at cluster scope and frees each
     tile in every CTA of the cluster (``act_empty``: 8 x C arrivals)."""
+
+    relaxed_release = False  # diagnostic (an instance's own compile key): one cluster fence,
+    # then relaxed arrives on every CTA's act_empty (scripts/p1_cluster_diag.py)
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2):
         super().__init__(tokens, stages, act_tiles)

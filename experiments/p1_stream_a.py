@@ -80,7 +80,7 @@ def cluster_fits(config, N: int, cluster: int = 2) -> bool:
     return config.splits == 1 and -(-N // config.tile_n) % cluster == 0
 
 
-def _case(name, N, K, M, ck, qk, quick, seed):
+def _case(name, N, K, M, ck, qk, quick, seed, clusters=CLUSTERS):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     per_set = M * K * 2 + N * (K // 2 + K // 16)
     sets = rotation_count(per_set, factor=2.0, cap=8)
@@ -97,7 +97,7 @@ def _case(name, N, K, M, ck, qk, quick, seed):
     out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
     c1, _ = choose_config(M, N, K)
     builds = {"1x1": c1}
-    for c in CLUSTERS:
+    for c in clusters:
         if cluster_fits(c1, N, c):
             builds[f"{c}x1"] = P1Study.of_cluster(c).build()
     builds["1x2"] = P1Study(groups=2, tokens=64, splits=c1.splits).build()
@@ -220,6 +220,8 @@ def _main(argv) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--m", type=int, nargs="*", default=list(M_VALUES))
     p.add_argument("--projections", nargs="*", default=list(PROJECTIONS))
+    p.add_argument("--clusters", type=int, nargs="*", default=list(CLUSTERS),
+                   choices=CLUSTERS, help="the cluster sizes C timed beside 1 x 1 and 1 x 2")
     args = p.parse_args(argv)
     unknown = [n for n in args.projections if n not in PROJECTIONS]
     if unknown or not args.projections:
@@ -234,7 +236,8 @@ def _main(argv) -> int:
         for name in args.projections:
             N, K = PROJECTIONS[name]
             progress(f"{name} M={M} (N={N}, K={K})")
-            r = _case(name, N, K, M, ck, qk, args.quick, seed=args.seed + M + N + K)
+            r = _case(name, N, K, M, ck, qk, args.quick, seed=args.seed + M + N + K,
+                      clusters=tuple(args.clusters))
             rows.append(r)
             progress(f"  P1 {r['p1_us']:.1f} us (C x G {r['best_cluster_x_group']}), unfused "
                      f"{r['timings']['unfused']['median_us']:.1f}, P0 "
@@ -246,6 +249,7 @@ def _main(argv) -> int:
     summary = R.make_summary(
         NAME, parameters={"projections": {k: PROJECTIONS[k] for k in args.projections},
                           "M": args.m, "targets": TARGETS, "pinned_to_p0": list(PINNED),
+                          "clusters": args.clusters,
                           "quack_kernels": quack_version or "not importable"},
         measurements=rows, headline=headline, gates=gates, seeds={"operands": args.seed},
         notes=NOTES, not_run=not_run, quick="operand timing shortened" if args.quick else None)

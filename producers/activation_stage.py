@@ -34,6 +34,7 @@ from producers.register_order import WeightsOnlyRegisterOrderProducer, f16_box_l
 cutlass, cute = cute_modules()
 from cutlass import Float16, Int32, Uint16, Uint32  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
+from cutlass._mlir.dialects.nvvm import MemScopeKind  # noqa: E402
 
 ROW_BYTES = K_BLOCK * 2  # one f16 row of a k-block
 WARPS = 4
@@ -365,6 +366,12 @@ class ClusterQuantizingActivationStage(QuantizingActivationStage):
     # compile key): the owner writes only its own tile, so the peers' wgmmas read stale f16
     # (wrong results, timing only): what the DSMEM stores cost the cluster
     local_only = False
+    # diagnostic (set on an instance, its own compile key): each quantizer thread fences its
+    # DSMEM stores at cluster scope before the warp's release arrive (scripts/p1_cluster_diag.py)
+    thread_fence = False
+    # diagnostic: one cluster-scope fence, then relaxed remote arrives (instead of C - 1
+    # release arrives, each its own fence)
+    relaxed_release = False
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2):
         super().__init__(tokens, stages, buffers)
@@ -403,12 +410,20 @@ class ClusterQuantizingActivationStage(QuantizingActivationStage):
                                                f16_words, s, b, g, rcp_g, None, others)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 fence_proxy_async_shared_cluster()
+                if cutlass.const_expr(self.thread_fence):
+                    cute.arch.fence_acq_rel_cluster()
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)
                     cute.arch.mbarrier_arrive(act_full + b)
-                    for peer in others:
-                        arrive_cluster_release(act_full + b, peer)
+                    if cutlass.const_expr(self.relaxed_release):
+                        cute.arch.fence_acq_rel_cluster()
+                        for peer in others:
+                            cute.arch.mbarrier_arrive(act_full + b, peer, relaxed=True,
+                                                      scope=MemScopeKind.CLUSTER)
+                    else:
+                        for peer in others:
+                            arrive_cluster_release(act_full + b, peer)
             else:  # a peer quantizes this k-block: only the stage goes back
                 cute.arch.sync_warp()
                 if lane == 0:
