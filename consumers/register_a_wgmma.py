@@ -92,6 +92,7 @@ class RegisterAWgmmaConsumer:
     warpgroups, regs = 2, 200
     mma = True
     act_peers = 1  # CTAs whose activation stage writes this CTA's f16 tiles (P1's C)
+    proxy_fence_release = False  # diagnostic (scripts/p1_cluster_diag.py), an instance's key
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
         if tokens not in self.TOKENS:
@@ -176,6 +177,10 @@ class RegisterAWgmmaConsumer:
             self._load_convert(v.a_x, v, count)
             self._issue(v.a_x, v, count)
             warpgroup.wait_group(0)
+            if cutlass.const_expr(self.proxy_fence_release):
+                # diagnostic: the wgmmas' async-proxy reads ordered before the release that lets a
+                # generic-proxy writer (the quantizer, or a peer's DSMEM stores) overwrite them
+                cute.arch.fence_proxy("async.shared", space="cta")
             if v.lane == 0:
                 self._release_act(v, count % self.act_tiles.buffers)
             count = count + 1

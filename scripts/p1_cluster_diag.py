@@ -36,9 +36,12 @@ def variant(name: str):
     else:
         study = P1Study.of_cluster(c)
     cfg = study.build()
-    if name.endswith(("_fence", "_relaxed")):
+    if name.endswith(("_fence", "_relaxed", "_pfence")):
         act, consumer = copy.copy(cfg.activation), cfg.consumer
-        if name.endswith("_fence"):
+        if name.endswith("_pfence"):
+            consumer = copy.copy(consumer)
+            consumer.proxy_fence_release = True
+        elif name.endswith("_fence"):
             act.thread_fence = True
         else:
             act.relaxed_release = True
@@ -65,6 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+",
                    default=["c2", "c2_relaxed", "c4", "c4_fence", "c4_relaxed", "c4_b2c", "c8",
                             "c8_fence", "c8_relaxed"])
+    p.add_argument("--runs", type=int, default=3)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -82,7 +86,7 @@ def main(argv=None) -> int:
             if (N // 128) % c:
                 continue
             runs = []
-            for _ in range(3):
+            for _ in range(args.runs):
                 out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
                 try:
                     gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
@@ -117,7 +121,7 @@ def main(argv=None) -> int:
 
 def finish(rows, args) -> int:
     out_dir = args.out or Path(os.environ.get("WB_RESULTS_DIR", "."))
-    path = out_dir / "p1-cluster-diag.json"
+    path = out_dir / f"p1-cluster-diag-{'-'.join(args.variants)}.json"[:120]
     if path.exists():
         print(f"{path} exists; not overwritten", file=sys.stderr)
         return 1
