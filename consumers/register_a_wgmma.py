@@ -91,8 +91,7 @@ class RegisterAWgmmaConsumer:
     REGS = {128: 200, 256: 232}
     warpgroups, regs = 2, 200
     mma = True
-    act_peers = 1  # CTAs whose activation stage writes this CTA's f16 tiles (P1's C)
-    proxy_fence_release = False  # diagnostic (scripts/p1_cluster_diag.py), an instance's key
+    act_peers = 1  # CTAs whose activation stage writes this CTA's f16 tiles (P1's pair: 2)
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
         if tokens not in self.TOKENS:
@@ -177,10 +176,6 @@ class RegisterAWgmmaConsumer:
             self._load_convert(v.a_x, v, count)
             self._issue(v.a_x, v, count)
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.proxy_fence_release):
-                # diagnostic: the wgmmas' async-proxy reads ordered before the release that lets a
-                # generic-proxy writer (the quantizer, or a peer's DSMEM stores) overwrite them
-                cute.arch.fence_proxy("async.shared", space="cta")
             if v.lane == 0:
                 self._release_act(v, count % self.act_tiles.buffers)
             count = count + 1
@@ -192,11 +187,6 @@ class RegisterAWgmmaConsumer:
         ``act_peers`` > 1 every CTA of the cluster (any of them may write it next)."""
         if cutlass.const_expr(self.act_peers == 1):
             cute.arch.mbarrier_arrive(v.act_empty + b)
-        elif cutlass.const_expr(self.relaxed_release):  # diagnostic: one fence for all
-            cute.arch.fence_acq_rel_cluster()
-            for r in cutlass.range_constexpr(self.act_peers):
-                cute.arch.mbarrier_arrive(v.act_empty + b, r, relaxed=True,
-                                          scope=MemScopeKind.CLUSTER)
         else:
             for r in cutlass.range_constexpr(self.act_peers):  # release at cluster scope:
                 # the peer acquires it before its DSMEM stores overwrite this tile
@@ -282,13 +272,10 @@ class RegisterAWgmmaConsumer:
 
 
 class PeerFedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
-    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C)): the production consumer for f16
-    tiles that any CTA of a cluster of ``peers`` writes (producers.activation_stage.
-    ClusterQuantizingActivationStage): waits on ``act_full`` at cluster scope and frees each
-    tile in every CTA of the cluster (``act_empty``: 8 x C arrivals)."""
-
-    relaxed_release = False  # diagnostic (an instance's own compile key): one cluster fence,
-    # then relaxed arrives on every CTA's act_empty (scripts/p1_cluster_diag.py)
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=2)): the production consumer for f16
+    tiles that either CTA of a pair writes (producers.activation_stage.
+    PairedQuantizingActivationStage): waits on ``act_full`` at cluster scope and frees each
+    tile in both CTAs (``act_empty``: 8 + 8 arrivals)."""
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2):
         super().__init__(tokens, stages, act_tiles)

@@ -34,7 +34,6 @@ from producers.register_order import WeightsOnlyRegisterOrderProducer, f16_box_l
 cutlass, cute = cute_modules()
 from cutlass import Float16, Int32, Uint16, Uint32  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
-from cutlass._mlir.dialects.nvvm import MemScopeKind  # noqa: E402
 
 ROW_BYTES = K_BLOCK * 2  # one f16 row of a k-block
 WARPS = 4
@@ -345,38 +344,36 @@ class QuantizingActivationStage(ExpandedActivationStage):
         return count
 
 
-class ClusterQuantizingActivationStage(QuantizingActivationStage):
-    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C); notes/p1.md, "C = 2" and "C = 4
-    and 8"): P1's stage shared by a cluster of C CTAs (2, 4 or 8) on neighbouring weight tiles
-    of one token tile. Each k-block is quantized by one CTA of the cluster (ring use ``count``
-    mod C == its rank), into its own f16 tile and into each peer's at the same offset (C - 1
-    DSMEM stores a chunk: device.nvfp4.quantize_expand_stage_rows(peers=)), so each CTA
-    quantizes 1 / C of the k-blocks. The f16 buffers are a multiple of C: buffer b is written by
-    rank b mod C only.
+class PairedQuantizingActivationStage(QuantizingActivationStage):
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=2); notes/p1.md, "C = 2"): P1's stage
+    shared by a cluster of two CTAs on neighbouring weight tiles of one token tile. Each k-block
+    is quantized by one CTA of the pair (ring use ``count`` mod 2 == its rank), into its own f16
+    tile and into the peer's at the same offset (DSMEM stores: device.nvfp4.
+    quantize_expand_stage_rows(peers=)), so each CTA quantizes half of the k-blocks. The f16
+    buffers are a multiple of 2: buffer b is written by rank b mod 2 only. The body is written
+    for C CTAs, but only the pair is allowed: C = 4 and 8 raced on the H200 (notes/p1.md,
+    session 25).
 
-    Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps, locally and on every peer
+    Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps, locally and on the peer
     (``mbarrier.arrive.release.cluster`` after ``fence.proxy.async.shared::cluster``: the
-    peers' wgmmas read those stores through the async proxy); ``act_empty[b]`` the consumer
-    warps of all C CTAs (8 x C, declared by the consumer: the next owner of b may be any CTA,
-    so each waits for all at cluster scope); ``empty[s]`` this CTA's 4 warps every k-block
-    (they wait on ``full[s]`` whether or not they quantize it, which keeps the ring's phase)
-    and its 8 consumer warps. The producer still TMAs the bf16 tile every k-block."""
+    peer's wgmmas read those stores through the async proxy); ``act_empty[b]`` the consumer
+    warps of both CTAs (8 + 8, declared by the consumer: the owner writes both CTAs' tile, so it
+    waits for both at cluster scope); ``empty[s]`` this CTA's 4 warps every k-block (they wait
+    on ``full[s]`` whether or not they quantize it, which keeps the ring's phase) and its 8
+    consumer warps. The producer still TMAs the bf16 tile every k-block."""
 
-    # the ablation P1Study(cluster=C, pair_local_only=True) sets it on an instance (its own
-    # compile key): the owner writes only its own tile, so the peers' wgmmas read stale f16
-    # (wrong results, timing only): what the DSMEM stores cost the cluster
+    # the ablation P1Study(cluster=2, pair_local_only=True) sets it on an instance (its own
+    # compile key): the owner writes only its own tile, so the peer's wgmmas read stale f16
+    # (wrong results, timing only): what the DSMEM stores cost the pair
     local_only = False
-    # diagnostic (set on an instance, its own compile key): each quantizer thread fences its
-    # DSMEM stores at cluster scope before the warp's release arrive (scripts/p1_cluster_diag.py)
-    thread_fence = False
-    # diagnostic: one cluster-scope fence, then relaxed remote arrives (instead of C - 1
-    # release arrives, each its own fence)
-    relaxed_release = False
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2):
         super().__init__(tokens, stages, buffers)
-        if peers not in (2, 4, 8):
-            raise ValueError(f"peers = {peers!r}: a cluster of 2, 4 or 8 CTAs")
+        if peers != 2:
+            # C = 4 and 8 were built and ran on the H200 (notes/p1.md, session 25): a
+            # write-after-read race on the f16 buffers at one buffer an owner (whole k-blocks of
+            # one CTA's tile wrong, run to run), cause not found; and 2.6-4.2x slower than C = 1
+            raise ValueError(f"peers = {peers!r}: the pair only (C = 4 and 8 race: notes/p1.md)")
         if buffers % peers:
             # ring use c is owned by rank c mod C and written into buffer c mod buffers: only
             # with buffers a multiple of C does each buffer keep one owner, whose parity wait
@@ -410,20 +407,12 @@ class ClusterQuantizingActivationStage(QuantizingActivationStage):
                                                f16_words, s, b, g, rcp_g, None, others)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 fence_proxy_async_shared_cluster()
-                if cutlass.const_expr(self.thread_fence):
-                    cute.arch.fence_acq_rel_cluster()
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)
                     cute.arch.mbarrier_arrive(act_full + b)
-                    if cutlass.const_expr(self.relaxed_release):
-                        cute.arch.fence_acq_rel_cluster()
-                        for peer in others:
-                            cute.arch.mbarrier_arrive(act_full + b, peer, relaxed=True,
-                                                      scope=MemScopeKind.CLUSTER)
-                    else:
-                        for peer in others:
-                            arrive_cluster_release(act_full + b, peer)
+                    for peer in others:
+                        arrive_cluster_release(act_full + b, peer)
             else:  # a peer quantizes this k-block: only the stage goes back
                 cute.arch.sync_warp()
                 if lane == 0:

@@ -13,12 +13,12 @@ the same bf16 activation x and the same weight:
 * with ``--ablate``: ``p1_no_quantizer`` (the stage waits and publishes but never writes its
   f16 tiles) and ``p1_no_mma`` (the consumers skip their wgmmas), both wrong by design
   (P1Study(variant=P0Variant(...))): which half bounds P1 (notes/p1.md, session 22);
-* with ``--cluster 2 4 8``: ``p1_c2``, ``p1_c4``, ``p1_c8``, P1 on C CTAs along N that
-  quantize each k-block once for all (P1Study(cluster=C); notes/p1.md), their bits against
-  P0's; with ``--ablate`` too, ``p1_cC_local`` (no DSMEM stores: wrong results, timing only),
-  and for the pair what slows it (notes/p1.md, session 24): ``p1_c2_b4`` (four f16
-  buffers; three, measured in session 25, are now refused: a buffer needs one writer) and
-  ``p1_b3`` (one CTA, three buffers).
+* with ``--cluster 2``: ``p1_c2``, P1 on a CTA pair along N that quantizes each k-block once
+  for both (P1Study(cluster=2); notes/p1.md), its bits against P0's; with ``--ablate`` too,
+  what slows the pair (notes/p1.md, sessions 24-25): ``p1_c2_local`` (no DSMEM stores: wrong
+  results, timing only), ``p1_c2_b4`` (four f16 buffers; three, measured in session 25, are
+  refused now: a buffer needs one writer) and ``p1_b3`` (one CTA, three buffers). C = 4 and 8
+  ran once at cfce294 (their log) and raced: P1Study refuses them.
 * with ``--groups 2``: ``p1_g2``, P1 with N-group reuse G = 2 (64-token tiles, each quantized
   tile multiplied into two 128-row weight tiles; notes/p1.md), its bits against P0's. Its
   ns/kblock counts the 128 x 128 k-blocks of work, as the other columns.
@@ -106,8 +106,8 @@ def run_job(name, M, args, rows):
     tiles = -(-M // 128) * -(-N // 128) * splits
     kblocks = -(-tiles // min(tiles, sms)) * -(-(-(-K // K_BLOCK)) // splits)
     timed = [("p0_gemm", p0_gemm), ("p0_e2e", p0_e2e), ("p1", p1)]
-    for c in (c for c in args.cluster if c > 1 and splits == 1 and -(-N // 128) % c == 0):
-        cluster_cfg = P1Study.of_cluster(c).build()
+    for c in (c for c in (args.cluster,) if c > 1 and splits == 1 and -(-N // 128) % c == 0):
+        cluster_cfg = P1Study(cluster=c).build()
         got_c = torch.full_like(out, float("nan"))
         gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=got_c, config=cluster_cfg)
         synchronize()
@@ -132,10 +132,9 @@ def run_job(name, M, args, rows):
                                                variant=P0Variant(skip_dequant=True))),
                    ("p1_no_mma", P1Study(splits=splits, variant=P0Variant(skip_mma=True))),
                    ("p1_b3", P1Study(splits=splits, buffers=3))]
-        for c in (c for c in args.cluster if any(lb == f"p1_c{c}" for lb, _ in timed)):
-            if c == 2:
-                studies.append(("p1_c2_b4", P1Study(cluster=2, buffers=4)))
-            studies.append((f"p1_c{c}_local", P1Study.of_cluster(c, pair_local_only=True)))
+        if any(label == "p1_c2" for label, _ in timed):
+            studies += [("p1_c2_b4", P1Study(cluster=2, buffers=4)),
+                        ("p1_c2_local", P1Study(cluster=2, pair_local_only=True))]
         for label, study in studies:
             cfg = study.build()
             if label in ("p1_b3", "p1_c2_b4"):  # exact builds: their bits too
@@ -203,7 +202,7 @@ def study_of(label: str):
     if label == "p1_g2":
         return P1Study(groups=2, tokens=64)
     if label.startswith("p1_c") and label[4:].isdigit():
-        return P1Study.of_cluster(int(label[4:]))
+        return P1Study(cluster=int(label[4:]))
     return None
 
 
@@ -225,10 +224,9 @@ def main(argv=None) -> int:
     p.add_argument("--rep-ms", type=float, default=40.0)
     p.add_argument("--ablate", action="store_true",
                    help="also time P1 without its quantizer and without its wgmmas")
-    p.add_argument("--cluster", type=int, nargs="+", choices=(1, 2, 4, 8), default=[1],
-                   help="cluster sizes C > 1 also timed: P1 on C CTAs sharing each quantized "
-                        "tile (one split, weight tiles a multiple of C); with --ablate each "
-                        "C's DSMEM-free ablation too")
+    p.add_argument("--cluster", type=int, choices=(1, 2), default=1,
+                   help="2: also time P1 on a CTA pair sharing each quantized tile (one split, "
+                        "an even count of weight tiles); with --ablate its ablations too")
     p.add_argument("--groups", type=int, choices=(1, 2), default=1,
                    help="2: also time P1's N-group reuse (64-token tiles, each quantized tile "
                         "into two weight tiles; P1Study(groups=2, tokens=64))")

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant, P1Study, compile_args
-from producers.activation_stage import QuantizingActivationStage
+from producers.activation_stage import (PairedQuantizingActivationStage,
+                                        QuantizingActivationStage)
 from workbench.compile import compile_report
 
 
@@ -61,32 +62,34 @@ def test_p1_compiles_with_one_bf16_tma_and_the_quantizer():
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("cluster", [2, 4, 8])
-def test_p1_cluster_compiles_with_dsmem_stores_and_cluster_barriers(cluster):
-    """C CTAs: the quantizer's f16 chunks also stored into each peer CTA (st.shared::cluster.v4,
-    8 a row pass per peer), the async-proxy fence at cluster scope, the owner's remote release
-    arrives (one per peer), the consumers' cluster-scope acquire; act_empty counts every CTA's
-    consumer warps."""
+def test_p1_pair_compiles_with_dsmem_stores_and_cluster_barriers():
+    """C = 2: the quantizer's f16 chunks also stored into the peer CTA (st.shared::cluster.v4,
+    8 a row pass), the async-proxy fence at cluster scope, the owner's remote release arrive
+    and the consumers' on both CTAs' act_empty, the consumers' cluster-scope acquire; act_empty
+    counts both CTAs' consumer warps. C = 4 and 8 (they raced on the H200), a buffer count with
+    two writers (odd) and the pair's refused combinations are refused before compiling."""
     from workbench.compile import compile_report
-    cfg = P1Study.of_cluster(cluster).build()
-    assert cfg.cluster_n == cluster
+    cfg = P1Study(cluster=2).build()
+    assert cfg.cluster_n == 2
     bars = cfg.describe()["barriers"]
     assert (bars["act_full"]["arrive_count"], bars["act_empty"]["arrive_count"],
-            bars["empty"]["arrive_count"]) == (4, 8 * cluster, 12)
+            bars["empty"]["arrive_count"]) == (4, 16, 12)
     r = compile_report(cfg, *compile_args())
     assert r.frame_bytes == 0 and r.registers <= 128
-    assert r.ptx.count("st.shared::cluster.v4.b32") == 8 * (cluster - 1)
-    # the owner's on each peer's act_full, the consumers' on every CTA's act_empty
-    assert r.ptx.count("mbarrier.arrive.release.cluster") == (cluster - 1) + cluster
+    assert r.ptx.count("st.shared::cluster.v4.b32") == 8
+    # the owner's on the peer's act_full, the consumers' on both CTAs' act_empty
+    assert r.ptx.count("mbarrier.arrive.release.cluster") == 1 + 2
     assert "fence.proxy.async.shared::cluster" in r.ptx
     assert "mbarrier.try_wait.parity.acquire.cluster" in r.ptx
     if r.sass is not None:
         assert r.spill_bytes == 0
-    for bad in (dict(cluster=2, dump=True), dict(cluster=4, variant=P0Variant(skip_mma=True)),
-                dict(cluster=3), dict(cluster=16), dict(pair_local_only=True),
-                dict(cluster=4), dict(cluster=2, buffers=3)):  # a buffer with two writers
+    for bad in (dict(cluster=2, dump=True), dict(cluster=2, variant=P0Variant(skip_mma=True)),
+                dict(cluster=3), dict(cluster=4), dict(cluster=8), dict(pair_local_only=True),
+                dict(cluster=2, buffers=3)):
         with pytest.raises(ValueError):
             P1Study(**bad).build()
+    with pytest.raises(ValueError, match="the pair only"):
+        PairedQuantizingActivationStage(128, 6, buffers=4, peers=4)
     assert P1Study().build().cluster_n == 1  # production: no cluster
 
 
@@ -199,37 +202,6 @@ def test_p1_drawn_shapes_bits_equal_p0(M, n8, k32, kind, splits, seed):
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
     again = gemm_nvfp4_p1(x, g_x, pre, g_w, config=cfg)
-    torch.cuda.synchronize()
-    assert not out.isnan().any()
-    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
-    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("cluster, shape", [(4, (128, 1024, 2048)), (4, (300, 2048, 1056)),
-                                            (8, (200, 1024, 704)), (8, (1100, 2048, 320))])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_p1_cluster_of_4_and_8_bits_equal_p0(cluster, shape, splits):
-    """C = 4 and 8 (each k-block quantized by one CTA of the cluster, stored into all): P0's
-    bits on the quantize kernel's output, into a NaN-poisoned output, a rerun equal. K = 704
-    is 11 k-blocks (owners wrap unevenly); 1100 x 2048 x 320 at C = 8 is 9 x 16 tiles in 18
-    clusters of 5 k-blocks; a weight-tile count not a multiple of C is refused."""
-    from kernels.nvfp4.gemm import gemm_nvfp4
-    from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
-    from kernels.nvfp4.quantize import quantize_nvfp4
-    M, N, K = shape
-    x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + cluster + splits,
-                                           kind="lognormal")
-    q, s = quantize_nvfp4(x, g_x, pad_16x=True)
-    want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
-                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
-    cfg = P1Study.of_cluster(cluster, splits=splits).build()
-    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
-    again = gemm_nvfp4_p1(x, g_x, pre, g_w, config=cfg)
-    odd = _operands(M, 128 * (cluster + 2), K, seed=1)
-    with pytest.raises(ValueError, match=f"not a multiple of {cluster}"):
-        gemm_nvfp4_p1(odd[0], odd[1], odd[2], odd[5], config=cfg)
     torch.cuda.synchronize()
     assert not out.isnan().any()
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
