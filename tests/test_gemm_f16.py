@@ -32,6 +32,31 @@ def test_f16_builds_compile_to_the_measured_studies(build, study):
     b = compile_report(study().build(), *compile_args())
     assert a.ptx == b.ptx
     assert a.spill_bytes == 0 and a.registers <= (168 if a.ptx.count(".reqntid 384") else 128)
+    if a.sass is not None:  # ptxas kept every register hint: one USETMAXREG a setmaxnreg
+        assert a.sass.count("USETMAXREG") == a.census["setmaxnreg"] > 0
+        if a.ptx.count(".reqntid 384"):  # the wide build: producer 40, consumers 232
+            assert "USETMAXREG.DEALLOC.CTAPOOL 0x28" in a.sass
+            assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8" in a.sass
+
+
+@pytest.mark.compile
+def test_weight_conversion_sass_per_8_weights():
+    """The weights' conversion recipe in the small-M production build, counted in SASS: the
+    mainloop body (4 HGMMA, one k-block, unrolled once) converts 4 code words (8 e2m1 weights
+    each) a thread, each word as 4 F2FP.F16.E4M3.UNPACK_B (e2m1 read as e4m3 bytes) and 4 HMUL2
+    (the block scale, exact: every product a normal f16), plus one of each a k16 step for the
+    scale pair (e4m3x2 scales x 64): 5 + 5 per 8 weights (device.nvfp4.dequant_a_fragment).
+    The conversion's pipes take ~20 % of the MMA's time (notes/p0-gemm.md, session 20)."""
+    import re
+    r = compile_report(BlockscaledGemmSm90.swap_ab_f16(), *compile_args())
+    if r.sass is None:
+        pytest.skip("nvdisasm not installed: no SASS to count")
+    hgmma = len(re.findall(r"\bHGMMA\.64x128x16", r.sass))
+    words = 4  # code words a consumer thread converts a k-block
+    assert hgmma == 4
+    assert r.sass.count("F2FP.F16.E4M3.UNPACK_B") == 5 * words
+    assert len(re.findall(r"\bHMUL2\b", r.sass)) == 5 * words
+    assert "HFMA2" not in r.sass  # no multiply turned into an FMA with a rounding of its own
 
 
 def test_default_config_f16_branch():
