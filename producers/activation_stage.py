@@ -372,7 +372,8 @@ class PairedQuantizingActivationStage(QuantizingActivationStage):
         if peers != 2:
             # C = 4 and 8 were built and ran on the H200 (notes/p1.md, session 25): a
             # write-after-read race on the f16 buffers at one buffer an owner (whole k-blocks of
-            # one CTA's tile wrong, run to run), cause not found; and 2.6-4.2x slower than C = 1
+            # one CTA's tile wrong, run to run), cause not found; and slower than C = 1
+            # (2.6-4.2x at M = 2048, 1.3-2.1x at M = 128)
             raise ValueError(f"peers = {peers!r}: the pair only (C = 4 and 8 race: notes/p1.md)")
         if buffers % peers:
             # ring use c is owned by rank c mod C and written into buffer c mod buffers: only

@@ -187,7 +187,8 @@ def build_figures(label: str, M: int, N: int, K: int, us: float) -> dict:
     d = study.build().describe()
     tokens = study.tokens
     weight_rows = 128 * study.groups
-    per_sm = min(233472 // (d["smem_bytes"] + 1024), 2048 // d["threads"])
+    per_sm = min(233472 // (d["smem_bytes"] + 1024), 2048 // d["threads"],
+                 65536 // (d["threads"] * 128))  # compiled at the 128-register cap
     return {"threads": d["threads"], "role_registers": {k: v["regs"] for k, v in
                                                         d["roles"].items()},
             "cluster": d["cluster_n"], "ctas_per_sm": per_sm, "smem_bytes": d["smem_bytes"],
@@ -196,7 +197,9 @@ def build_figures(label: str, M: int, N: int, K: int, us: float) -> dict:
 
 
 def study_of(label: str):
-    """The P1Study a timed label names (None for P0's columns and the ablations)."""
+    """The P1Study a timed label names (None for P0's columns and the ablations), at one K
+    split: what :func:`build_figures` reads from it (threads, registers, shared memory) does
+    not depend on the split."""
     if label == "p1":
         return P1Study()
     if label == "p1_g2":

@@ -17,9 +17,11 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-settings.register_profile("ci", max_examples=40, deadline=None,
+# print_blob: a failure on the GPU machine (a fresh one each call, no example database) prints
+# the @reproduce_failure line that replays it anywhere
+settings.register_profile("ci", max_examples=40, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("deep", max_examples=2000, deadline=None,
+settings.register_profile("deep", max_examples=2000, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

@@ -4,6 +4,8 @@ expansion read by TMA (``gemm_nvfp4(..., a16=)``, ``BlockscaledGemmSm90.swap_ab_
 the p0 linear on that path."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -35,19 +37,18 @@ def test_f16_builds_compile_to_the_measured_studies(build, study):
     if a.sass is not None:  # ptxas kept every register hint: one USETMAXREG a setmaxnreg
         assert a.sass.count("USETMAXREG") == a.census["setmaxnreg"] > 0
         if a.ptx.count(".reqntid 384"):  # the wide build: producer 40, consumers 232
-            assert "USETMAXREG.DEALLOC.CTAPOOL 0x28" in a.sass
-            assert "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8" in a.sass
+            assert re.search(r"USETMAXREG\.DEALLOC\S* (\w+, )?0x28\b", a.sass)
+            assert re.search(r"USETMAXREG\.TRY_ALLOC\S* (\w+, )?0xe8\b", a.sass)
 
 
 @pytest.mark.compile
 def test_weight_conversion_sass_per_8_weights():
-    """The weights' conversion recipe in the small-M production build, counted in SASS: the
-    mainloop body (4 HGMMA, one k-block, unrolled once) converts 4 code words (8 e2m1 weights
-    each) a thread, each word as 4 F2FP.F16.E4M3.UNPACK_B (e2m1 read as e4m3 bytes) and 4 HMUL2
+    """The weights' conversion recipe in the small-M production build, counted in the kernel's
+    whole SASS (these two instructions appear only there): the mainloop body (4 HGMMA, one
+    k-block, unrolled once) converts 4 code words (8 e2m1 weights each) a thread, each word as 4 F2FP.F16.E4M3.UNPACK_B (e2m1 read as e4m3 bytes) and 4 HMUL2
     (the block scale, exact: every product a normal f16), plus one of each a k16 step for the
     scale pair (e4m3x2 scales x 64): 5 + 5 per 8 weights (device.nvfp4.dequant_a_fragment).
     The conversion's pipes take ~20 % of the MMA's time (notes/p0-gemm.md, session 20)."""
-    import re
     r = compile_report(BlockscaledGemmSm90.swap_ab_f16(), *compile_args())
     if r.sass is None:
         pytest.skip("nvdisasm not installed: no SASS to count")
