@@ -19,9 +19,9 @@ when the wgmmas that read tile b have retired (8 arrivals). Its 256 threads (``t
 the epilogue after each tile. Each warpgroup retires its k-block's wgmmas before converting the
 next one (the loop rewrites the same A registers, which an in-flight wgmma still reads: a first
 build that kept one group in flight computed garbage on the H200); the two warpgroups
-interleave, so one converts while the other's wgmmas run. The study
-:class:`OverlappedRegisterAWgmmaConsumer` keeps one group in flight instead (not chosen:
-notes/p0-gemm.md v5).
+interleave, so one converts while the other's wgmmas run. A study that kept one group in
+flight over two A register sets (v5) measured within 2 % and was correct only by ptxas's
+scheduling; it left the code (notes/p0-gemm.md v5).
 
 The accumulator of thread (warp q, groupID g, tig) holds rows 16q + g + 8h (weight rows) and
 columns 8j + 2·tig + e (tokens); D pairs adjacent weight rows, which live in lanes g and g ^ 1,
@@ -38,7 +38,7 @@ from device.ptx import fence_proxy_async_global, red_release_gpu_add, smem_u32
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import ring_position, wait_parity
-from device.wgmma import keep_alive, sw128_kmajor_descriptor, wgmma_rs_m64k16
+from device.wgmma import sw128_kmajor_descriptor, wgmma_rs_m64k16
 from epilogues import OutputTile
 from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS
 from numerics.nvfp4 import PREPACK_STEPS as STEPS
@@ -59,7 +59,7 @@ class TileViews(NamedTuple):
     """What a consumer thread's tile loop reads, built once before it."""
     acc: object  # fp32 accumulators (tokens / 2)
     a_x: object  # A registers (4 k16 steps x 4 f16x2)
-    a_y: object  # a second A register set (the overlapped study's)
+    a_y: object  # a second A register set (the N-group reuse's second slab pair)
     codes: object  # the ring's weight codes, as 16-byte words
     scales: object  # the ring's weight scales, as 32-bit words
     f16_base: object  # shared address of the activation's f16 tiles
@@ -375,48 +375,6 @@ class GroupedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
             out += [(m, c + 2 * g * SLAB_ROWS, x0, x1)
                     for m, c, x0, x1 in RegisterAWgmmaConsumer.output_pairs(self, part, wg, t)]
         return out
-
-
-class OverlappedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
-    """Study (kernels.nvfp4.gemm_shell.SwapAbStudy(overlap=True)): one wgmma group in flight per
-    warpgroup, k-blocks alternating between two A register sets. Measured within 2 % of the
-    production mainloop (inside the run's spread), and correct only by ptxas's scheduling: the
-    reads that guard a set (device.wgmma.keep_alive) may be placed above the wait that retires
-    its wgmmas (notes/p0-gemm.md v5)."""
-
-    @cute.jit
-    def mainloop(self, tile, v: TileViews, count: Int32) -> Int32:
-        """A set is read once more (keep_alive) after the wait that retires its wgmmas, so it
-        cannot be reassigned while they may still read it."""
-        n = tile.k1 - tile.k0
-        if n > 0:  # a K split past the end has no k-block (its partial is 0)
-            self._load_convert(v.a_x, v, count)
-            for p in cutlass.range((n + 1) // 2, unroll=1):
-                i = 2 * p
-                self._issue(v.a_x, v, count + i)
-                warpgroup.wait_group(1)
-                if i > 0:
-                    self._retire(v.a_y, v, count + i - 1)
-                if i + 1 < n:
-                    self._load_convert(v.a_y, v, count + i + 1)
-                    self._issue(v.a_y, v, count + i + 1)
-                    warpgroup.wait_group(1)
-                    self._retire(v.a_x, v, count + i)
-                    if i + 2 < n:
-                        self._load_convert(v.a_x, v, count + i + 2)
-            warpgroup.wait_group(0)
-            if v.lane == 0:
-                cute.arch.mbarrier_arrive(v.act_empty + (count + n - 1) % self.act_tiles.buffers)
-            count = count + n
-        return count
-
-    @cute.jit
-    def _retire(self, a: cute.Tensor, v: TileViews, cnt: Int32):
-        """After the wait that retired use ``cnt``'s wgmmas: release its activation tile and
-        read its A registers once more, under the never-true predicate k_tiles < 0."""
-        if v.lane == 0:
-            cute.arch.mbarrier_arrive(v.act_empty + cnt % self.act_tiles.buffers)
-        keep_alive([a[i] for i in range(4 * STEPS)], v.k_tiles, v.mailbox.iterator)
 
 
 class PipelinedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from device.runtime import cute_modules
 
 cutlass, cute = cute_modules()
-from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
+from cutlass import Float32, Int64, Uint32  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
@@ -66,23 +66,3 @@ def sw128_kmajor_descriptor(start_addr, sbo_bytes: int = 1024) -> Int64:
     return Int64((start_addr >> 4) & 0x3FFF) | Int64(1 << 16) | (Int64(sbo_bytes >> 4) << 32) \
         | (Int64(1) << 62)
 
-
-@dsl_user_op
-def keep_alive(words, never, addr, *, loc=None, ip=None):
-    """Read ``words`` (32-bit registers) where ptxas cannot drop the read: their xor goes to
-    global ``addr`` (a Pointer) under a predicate that is false at run time (``never`` < 0,
-    e.g. a count that is never negative). Placed after the ``wait_group`` that retires a
-    register-A wgmma, it is meant to keep that wgmma's A registers from being reassigned while
-    the wgmma may still read them. Caveat (seen in SASS): ptxas may schedule these reads above
-    the ``WARPGROUP.DEPBAR``, so it is no ordering guarantee; no default config relies on it
-    (SwapAbStudy(overlap=True) is a study knob)."""
-    n = len(words)
-    ops = [Uint32(w).ir_value(loc=loc, ip=ip) for w in words] + [
-        Int32(never).ir_value(loc=loc, ip=ip),
-        llvm.ptrtoint(T.i64(), addr.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)]
-    body = "".join(f" xor.b32 t, t, ${i};" for i in range(1, n))
-    llvm.inline_asm(None, ops,
-                    f"{{ .reg .pred p; .reg .b32 t; setp.lt.s32 p, ${n}, 0; mov.b32 t, $0;{body}"
-                    f" @p st.global.b32 [${n + 1}], t; }}",
-                    ",".join(["r"] * n + ["r", "l"]), has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)

@@ -284,7 +284,7 @@ def test_swap_ab_roles_and_barriers_are_checked_before_compiling():
     with pytest.raises(ValueError, match=r"roles ask for 72704 registers"):
         SwapAbStudy(tokens=256).build()  # 256 tokens need the three-warpgroup f16 build
     with pytest.raises(ValueError, match=r"buffers = 1: the activation stage needs >= 2"):
-        SwapAbStudy(buffers=1, overlap=True).build()
+        SwapAbStudy(buffers=1).build()
     # the production build is the study's default setting
     assert BlockscaledGemmSm90.swap_ab(stages=8, splits=3).static_key() == \
         SwapAbStudy(splits=3).build().static_key()
@@ -628,10 +628,8 @@ def test_swap_ab_small_gemm_within_fp32_bound_and_deterministic():
 @pytest.mark.parametrize("shape", [(1, 8, 32), (300, 520, 1056), (256, 1024, 5376),
                                    (128, 5376, 5376), (700, 384, 160)])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("overlap,buffers", [(False, 2), (True, 2), (True, 4)])
-def test_swap_ab_within_fp32_bound_and_deterministic(shape, splits, overlap, buffers):
-    _swap_ab_within_bound(*shape, seed=sum(shape) + splits, splits=splits, overlap=overlap,
-                          buffers=buffers)
+def test_swap_ab_within_fp32_bound_and_deterministic(shape, splits):
+    _swap_ab_within_bound(*shape, seed=sum(shape) + splits, splits=splits)
 
 
 @pytest.mark.gpu

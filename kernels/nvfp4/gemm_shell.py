@@ -80,7 +80,6 @@ from typing import NamedTuple
 from configs.arch import K_BLOCK, SMEM_PER_CTA_MAX, WARPGROUP
 from consumers.dequant_wgmma import DequantWgmmaConsumer
 from consumers.register_a_wgmma import (GroupedRegisterAWgmmaConsumer,
-                                         OverlappedRegisterAWgmmaConsumer,
                                          PeerFedRegisterAWgmmaConsumer,
                                          PipelinedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer,
                                          RingReleasingConsumer)
@@ -614,8 +613,6 @@ def _with_hooks(role, hooks: dict):
 class SwapAbStudy:
     """The swap-AB design with its study knobs (scripts/p0_v2_ab.py and tests vary them; the
     production build is :meth:`BlockscaledGemmSm90.swap_ab`, schedules/plan.py's choice):
-    ``overlap``: one wgmma group in flight per consumer warpgroup
-    (consumers.register_a_wgmma.OverlappedRegisterAWgmmaConsumer; v5, not chosen);
     ``multicast`` = 2: CTA pairs on neighbouring weight tiles share the activation's TMA (the
     Paired producer and activation stage; v6, not chosen); ``buffers`` f16 activation tiles,
     the raster order, ``tokens`` and a :class:`P0Variant`."""
@@ -625,7 +622,6 @@ class SwapAbStudy:
     splits: int = 1
     raster_along_m: bool = False
     buffers: int = 2
-    overlap: bool = False
     multicast: int = 1
     variant: P0Variant = PRODUCTION
 
@@ -636,8 +632,7 @@ class SwapAbStudy:
         paired = self.multicast == 2
         activation = (PairedActivationStage if paired else ExpandedActivationStage)(
             self.tokens, self.stages, self.buffers)
-        consumer = (OverlappedRegisterAWgmmaConsumer if self.overlap
-                    else RegisterAWgmmaConsumer)(self.tokens, self.stages, activation.tiles)
+        consumer = RegisterAWgmmaConsumer(self.tokens, self.stages, activation.tiles)
         producer = (PairedRegisterOrderProducer if paired else RegisterOrderProducer)(
             self.tokens, consumer.tile_n, self.stages)
         config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
