@@ -13,9 +13,8 @@ f16 tiles (:class:`F16Tiles`, which the consumer is built with) and their barrie
 ``act_full[b]`` (4 arrivals: each warp after its stores and a ``fence.proxy.async``),
 ``act_empty[b]`` (the consumers' 8 warp arrivals after the wgmmas that read it retired). Reads
 the producer's ring of ``stages`` stages: waits on its ``full[s]``, arrives on its ``empty[s]``
-(4 arrivals; with the activation multicast to a CTA pair, the study
-:class:`PairedActivationStage`, on both CTAs' ``empty[s]``: 4 + 4 on each, since either CTA's
-producer writes its half of the activation into both).
+(4 arrivals). (A study multicasting the packed activation to CTA pairs, v6, lost and left the
+code: notes/p0-gemm.md.)
 """
 from __future__ import annotations
 
@@ -49,13 +48,10 @@ class F16Tiles(NamedTuple):
 class ExpandedActivationStage:
     """Static config: ``tokens`` rows a tile (one of ``TOKENS``), the producer's ring depth
     ``stages`` and ``buffers`` f16 tiles. ``expand``: off only in the measurement build that
-    times the rest without the expansion (kernels.nvfp4.gemm_shell.P0Variant). ``multicast``:
-    the CTAs the producer multicasts the packed activation to (2 in the study
-    :class:`PairedActivationStage`)."""
+    times the rest without the expansion (kernels.nvfp4.gemm_shell.P0Variant)."""
 
     warpgroups, regs = 1, 80
     expand = True
-    multicast = 1
     TOKENS = (128, 256)
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2):
@@ -72,7 +68,7 @@ class ExpandedActivationStage:
         return {"act_full": self.tiles.buffers, "act_empty": self.tiles.buffers}
 
     def arrivals(self) -> dict:
-        return {"empty": WARPS * self.multicast, "act_full": WARPS}
+        return {"empty": WARPS, "act_full": WARPS}
 
     def waits(self) -> tuple:
         return ("full", "act_empty")
@@ -111,22 +107,10 @@ class ExpandedActivationStage:
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_warp()
             if lane == 0:
-                if cutlass.const_expr(self.multicast == 1):
-                    cute.arch.mbarrier_arrive(empty + s)
-                else:  # both CTAs' producers write into this stage
-                    for r in cutlass.range_constexpr(self.multicast):
-                        cute.arch.mbarrier_arrive(empty + s, r)
+                cute.arch.mbarrier_arrive(empty + s)
                 cute.arch.mbarrier_arrive(act_full + b)
             count = count + 1
         return count
-
-
-class PairedActivationStage(ExpandedActivationStage):
-    """Study (kernels.nvfp4.gemm_shell.SwapAbStudy(multicast=2), beside
-    producers.register_order.PairedRegisterOrderProducer): releases each stage in both CTAs of
-    the pair."""
-
-    multicast = 2
 
 
 class F16TmaActivationStage:
@@ -143,7 +127,6 @@ class F16TmaActivationStage:
     (producers.register_order.WeightsOnlyRegisterOrderProducer, ``ctx.tma[0]``)."""
 
     warpgroups, regs = 1, 24
-    multicast = 1
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2):
         if tokens not in (128, 256):
@@ -225,7 +208,6 @@ class WeightsAndF16Producer:
     compile key is its four integers."""
 
     warpgroups, regs = 1, 40
-    multicast = 1
     extra_tx_bytes = 0
 
     def __init__(self, tile_m: int, tile_n: int, stages: int, buffers: int = 2):

@@ -7,14 +7,8 @@ Owns the packed ring: stage ``s`` holds activation codes [tokens, 32 B] and ``to
 tiles, and per weight slab w (0, 1) its codes [128 threads][16 B] (2048 B) and scales
 [32 groups][8 B] (256 B), both contiguous in the prepack, so one bulk copy each. ``full[s]``:
 one arrive + the stage's bytes (a last tile's missing slab is neither copied nor counted);
-waits on ``empty[s]`` (the activation stage's and the consumers' arrivals).
-
-With ``multicast`` = 2 (the study :class:`PairedRegisterOrderProducer`: a cluster of two CTAs on
-neighbouring weight tiles of one token tile):
-each CTA's producer TMAs half of the activation box to both CTAs (same stage, same barrier
-offset), so each CTA's ``full[s]`` still counts the whole activation plus its own weights, and
-``empty[s]`` also counts the peer's activation-stage arrivals (the peer's producer writes into
-this CTA's stage only once both activation stages have read it).
+waits on ``empty[s]`` (the activation stage's and the consumers' arrivals). (A study
+multicasting the activation to CTA pairs, v6, lost and left the code: notes/p0-gemm.md.)
 """
 from __future__ import annotations
 
@@ -27,9 +21,8 @@ from device.waits import acquire_stage
 from numerics.nvfp4 import PREPACK_GROUPS as GROUPS
 from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS
 from numerics.nvfp4 import PREPACK_THREADS as THREADS
-from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, multicast_group,
-                                     operand_bytes, operand_smem, operand_tma, operand_views,
-                                     partition_tma)
+from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, operand_bytes,
+                                     operand_smem, operand_tma, operand_views, partition_tma)
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float16, Int32, Uint8  # noqa: E402
@@ -51,8 +44,7 @@ def weight_slab_views(b_ptr, sfb_ptr, N: Int32, k32: Int32):
 
 class RegisterOrderProducer(PackedRingOwner):
     """Static config: ``tile_m`` token rows (a multiple of 128), ``tile_n`` weight rows (two
-    64-row slabs) and the ring depth ``stages``. ``multicast``: the CTAs (1, or a pair: the
-    study :class:`PairedRegisterOrderProducer`) the activation is multicast to."""
+    64-row slabs) and the ring depth ``stages``."""
 
     warpgroups, regs = 1, 24
 
@@ -82,33 +74,31 @@ class RegisterOrderProducer(PackedRingOwner):
 
     def global_views(self, a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
         """(TMA atoms: activation codes and scales; (prepacked codes, scales, slab count))."""
-        tma = operand_tma(*operand_views(a_ptr, sfa_ptr, M, k32), self.tile_m, self.stages,
-                          self.multicast)
+        tma = operand_tma(*operand_views(a_ptr, sfa_ptr, M, k32), self.tile_m, self.stages)
         return tma, weight_slab_views(b_ptr, sfb_ptr, N, k32)
 
     @cute.jit
     def run(self, ctx, rt: Int32):
         if rt // 32 == 0:
             sm = ctx.smem
-            rank, mask = multicast_group(self.multicast)
-            parts = partition_tma(ctx.tma, (sm["q_a"], sm["s_a"]), rank, self.multicast)
+            parts = partition_tma(ctx.tma, (sm["q_a"], sm["s_a"]))
             for_each_tile(ctx.tiles, self.fill_tile,
-                          (parts, mask, ctx.globals, sm["w_codes"].iterator,
+                          (parts, ctx.globals, sm["w_codes"].iterator,
                            sm["w_scales"].iterator, ctx.bars["full"], ctx.bars["empty"],
                            ctx.mailbox, ctx.tiles.k_tiles))
 
     @cute.jit
     def fill_tile(self, tile, args, count: Int32) -> Int32:
         """Per k-block of ``tile``: wait for the stage to be free, announce its bytes, TMA the
-        activation (this CTA's slice of it, multicast) and bulk-copy the tile's weight slabs
+        activation and bulk-copy the tile's weight slabs
         (those inside N)."""
-        parts, mask, (codes, scales, n_slabs), wq, ws, full, empty, mailbox, k_tiles = args
+        parts, (codes, scales, n_slabs), wq, ws, full, empty, mailbox, k_tiles = args
         slab0 = tile.n * self.slabs
         valid = cutlass.min(n_slabs - slab0, self.slabs)
         tx = self.act_bytes + valid * self.slab_bytes + self.extra_tx_bytes
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY, mailbox)
-            copy_operand(parts, tile.m, kt, s, bar, mask)
+            copy_operand(parts, tile.m, kt, s, bar)
             with cute.arch.elect_one():
                 self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
             count = count + 1
@@ -127,14 +117,6 @@ class RegisterOrderProducer(PackedRingOwner):
                               codes.iterator + blk * SLAB_CODE_BYTES, SLAB_CODE_BYTES, bar)
                 bulk_copy_g2s(ws + dst * SLAB_SCALE_BYTES,
                               scales.iterator + blk * SLAB_SCALE_BYTES, SLAB_SCALE_BYTES, bar)
-
-
-class PairedRegisterOrderProducer(RegisterOrderProducer):
-    """Study (kernels.nvfp4.gemm_shell.SwapAbStudy(multicast=2); measured 0.5-2 % slower, not
-    chosen: schedules/plan.py): clusters of two CTAs on neighbouring weight tiles of one token
-    tile, each TMA-ing half of the activation box into both CTAs' stage."""
-
-    multicast = 2
 
 
 class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):

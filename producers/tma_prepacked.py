@@ -62,18 +62,15 @@ def operand_views(q_ptr, s_ptr, rows: Int32, k32: Int32):
     return codes, scales
 
 
-def operand_tma(codes, scales, rows: int, stages: int, multicast: int = 1):
-    """[(atom, tensor)] for the codes and the scales of one operand. With ``multicast`` > 1
-    each of that many CTAs of a cluster copies a 1/multicast slice of the box to all of them
-    (:func:`partition_tma` picks the slice, :func:`copy_operand` sends it)."""
-    op = (cpasync.CopyBulkTensorTileG2SOp() if multicast == 1
-          else cpasync.CopyBulkTensorTileG2SMulticastOp())
+def operand_tma(codes, scales, rows: int, stages: int):
+    """[(atom, tensor)] for the codes and the scales of one operand."""
+    op = cpasync.CopyBulkTensorTileG2SOp()
     out = []
     for t, lay, box in ((codes, codes_layout(rows, stages), (rows, PACKED_ROW_BYTES)),
                         (scales, scales_layout(rows, stages),
                          (rows // SCALE_TILE_ROWS, 2, HALF_TILE))):
         one = cute.slice_(lay, (*([None] * len(box)), 0))
-        out.append(cpasync.make_tiled_tma_atom(op, t, one, box, num_multicast=multicast))
+        out.append(cpasync.make_tiled_tma_atom(op, t, one, box, num_multicast=1))
     return out
 
 
@@ -88,45 +85,27 @@ def operand_bytes(rows: int) -> int:
     return rows * PACKED_ROW_BYTES + rows // SCALE_TILE_ROWS * SCALE_TILE_BYTES
 
 
-def multicast_group(multicast: int):
-    """(this CTA's rank in its cluster, the mask of every CTA in it) for a ``multicast``-CTA
-    cluster; (0, None) without one. Called while tracing a role (``multicast`` is static)."""
-    if multicast == 1:
-        return 0, None
-    rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-    return rank, cutlass.Int16((1 << multicast) - 1)
-
-
 @cute.jit
-def partition_tma(tma, smem, cta=0, multicast: cutlass.Constexpr = 1):
-    """Per TMA'd tensor: (atom, global tiles indexed [(None, tile, k, ...)], smem [(None, s)]);
-    with ``multicast`` > 1, cluster CTA ``cta``'s slice of each box."""
+def partition_tma(tma, smem):
+    """Per TMA'd tensor: (atom, global tiles indexed [(None, tile, k, ...)], smem [(None, s)])."""
     parts = []
     for (atom, t), s in zip(tma, smem):
         rank = cute.rank(s) - 1
         box = cute.slice_(s.layout.shape, (*([None] * rank), 0))
         g = cute.local_tile(t, box, (None,) * rank)
         # group the box modes into one TMA mode; the scale views carry a trailing 256 mode
-        ts, tg = cpasync.tma_partition(atom, cta, cute.make_layout(multicast),
+        ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1),
                                        cute.group_modes(s, 0, rank), cute.group_modes(g, 0, rank))
         parts.append((atom, tg, ts))
     return parts
 
 
 @cute.jit
-def copy_operand(parts, tile: Int32, kt: Int32, s: Int32, bar, mask=None):
-    """TMA of one operand's codes and scales for (row tile, k-block) into stage ``s``; with a
-    multicast ``mask``, this CTA's slice into stage ``s`` and barrier ``bar`` of every CTA in
-    the mask (the same shared-memory offsets in each)."""
+def copy_operand(parts, tile: Int32, kt: Int32, s: Int32, bar):
+    """TMA of one operand's codes and scales for (row tile, k-block) into stage ``s``."""
     (q_atom, q_g, q_s), (f_atom, f_g, f_s) = parts
-    if cutlass.const_expr(mask is None):
-        cute.copy(q_atom, q_g[(None, tile, kt)], q_s[(None, s)], tma_bar_ptr=bar)
-        cute.copy(f_atom, f_g[(None, tile, kt, 0)], f_s[(None, s)], tma_bar_ptr=bar)
-    else:
-        cute.copy(q_atom, q_g[(None, tile, kt)], q_s[(None, s)], tma_bar_ptr=bar,
-                  mcast_mask=mask)
-        cute.copy(f_atom, f_g[(None, tile, kt, 0)], f_s[(None, s)], tma_bar_ptr=bar,
-                  mcast_mask=mask)
+    cute.copy(q_atom, q_g[(None, tile, kt)], q_s[(None, s)], tma_bar_ptr=bar)
+    cute.copy(f_atom, f_g[(None, tile, kt, 0)], f_s[(None, s)], tma_bar_ptr=bar)
 
 
 class PackedRingOwner:
@@ -137,11 +116,9 @@ class PackedRingOwner:
 
     ``extra_tx_bytes``: bytes announced on ``full[s]`` beyond what the copies deliver. Only the
     stall study (kernels.nvfp4.gemm_shell.P0Variant) sets it: then the first ``full`` never
-    completes and the bounded wait traps. ``multicast``: the CTAs of a cluster each stage's
-    activation is multicast to (1: no cluster; the shell launches clusters of that many)."""
+    completes and the bounded wait traps."""
 
     extra_tx_bytes = 0
-    multicast = 1
 
     def barriers(self) -> dict:
         return {"full": self.stages, "empty": self.stages}

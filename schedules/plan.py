@@ -308,10 +308,10 @@ MIN_K_BLOCKS_PER_SPLIT = 16  # v4 (4d741a1) design: each split keeps a pipelined
 # M = 512 qkv (5.1 waves) and at every shape from M = 2048 on. Splits: the rule above (v5: the
 # best split at M = 128 was SMs // tiles for all five shapes).
 SWAP_AB_MAX_WAVES = 4  # v5 (6148474): between 3.4 waves (won) and 5.1 (lost)
-# The activation multicast across CTA pairs (SwapAbStudy(multicast=2)) is not chosen: v6
-# (dedfb51) measured it 0.5-2 % slower than single CTAs at every H3 shape and M = 128-2048 (the
-# activation's L2 traffic does not limit; the consumer's weight conversion does). It stays a
-# study knob for P1, whose activation arrives as bf16, 3.6x the packed bytes.
+# The activation multicast across CTA pairs (the study SwapAbStudy(multicast=2), since removed)
+# was not chosen: v6 (dedfb51) measured it 0.5-2 % slower than single CTAs at every H3 shape and
+# M = 128-2048 (the activation's L2 traffic does not limit; the consumer's weight conversion
+# does).
 SWAP_AB = TileChoice(
     tile_n=128, stages=8,
     source="v5 (6148474): tokens 128, each k-block's wgmmas retired before the next "

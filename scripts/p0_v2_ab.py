@@ -6,8 +6,8 @@ activations expanded once per CTA tile), beside cuBLAS bf16 on the dequantized o
 
 Per H3 projection and M: every config's output checked on 32 sampled rows against the exact
 oracle (fp32 bound) and a rerun bit-identical; then CUDA-graph medians with operand sets rotated
-past L2. The swap_ab configs vary the K split (small M) and whether CTA pairs share the
-activation's TMA (multicast). Ablations of swap_ab (no activation expansion, no wgmma) say
+past L2. The swap_ab configs vary the K split (small M; the CTA pairs sharing the activation's
+TMA that v6 compared, ``mc2``, lost and left the code). Ablations of swap_ab (no activation expansion, no wgmma) say
 which half limits it. Writes
 ``p0-v2-ab.json`` (provenance, all rows) under --out or $WB_RESULTS_DIR and prints a table.
 """
@@ -46,8 +46,7 @@ def _operands(M, N, K, seed):
 
 def _configs(M, N, K, args):
     """(label, config): P0's design as the chooser builds it, the chooser's pick with the
-    prepack, and the swap-AB design per K split, alone and as CTA pairs sharing the
-    activation's TMA (multicast; only where the weight tiles pair up)."""
+    prepack, and the swap-AB design per K split."""
     out = [("p0 default", default_config(M, N, K)),
            ("chosen", default_config(M, N, K, prepacked=True))]
     tiles = -(-M // 128) * -(-N // 128)
@@ -55,11 +54,8 @@ def _configs(M, N, K, args):
     splits = sorted({1, *[s for s in (2, 3, 4) if tiles * s <= 2 * 132 and kb // s >= 8]})
     if M > 1024:
         splits = [1]
-    pairs = (-(-N // 128)) % 2 == 0
     for sp in splits:
-        for mc in (1, 2) if pairs else (1,):
-            out.append((f"swap_ab s{sp} mc{mc}",
-                        SwapAbStudy(tokens=128, stages=8, splits=sp, multicast=mc).build()))
+        out.append((f"swap_ab s{sp} mc1", SwapAbStudy(tokens=128, stages=8, splits=sp).build()))
     if args.ablations:
         sp = max(splits)
         for name, v in (("no expand", P0Variant(skip_dequant=True)),

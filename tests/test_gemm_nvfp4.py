@@ -26,8 +26,8 @@ from numerics import gemm_oracle as G
 from numerics.epilogue import gate_residual
 from numerics.formats import e2m1_decode, e4m3_decode
 from numerics.nvfp4 import unpack_codes
-from producers.activation_stage import ExpandedActivationStage, PairedActivationStage
-from producers.register_order import RegisterOrderProducer
+from producers.activation_stage import ExpandedActivationStage, PairedQuantizingActivationStage
+from producers.register_order import Bf16RegisterOrderProducer, RegisterOrderProducer
 from producers.tma_prepacked import TmaPrepackedProducer
 from validators.gemm_operands import make_operand
 from workbench.compile import compile_report
@@ -212,13 +212,12 @@ def test_p0_variants_build_what_they_say(variant):
 
 
 # ---- the swap-AB design (compile) -------------------------------------------------------------
-SWAP_AB_BUILDS = {"swap_ab-128-8-1": (128, 8, 1, 1), "swap_ab-128-8-3": (128, 8, 3, 1),
-                  "swap_ab-128-8-1-mc2": (128, 8, 1, 2), "swap_ab-128-8-3-mc2": (128, 8, 3, 2)}
+SWAP_AB_BUILDS = {"swap_ab-128-8-1": (128, 8, 1), "swap_ab-128-8-3": (128, 8, 3)}
 
 
 @functools.cache
-def _swap_ab_build(tokens: int, stages: int, splits: int, multicast: int):
-    cfg = SwapAbStudy(tokens=tokens, stages=stages, splits=splits, multicast=multicast).build()
+def _swap_ab_build(tokens: int, stages: int, splits: int):
+    cfg = SwapAbStudy(tokens=tokens, stages=stages, splits=splits).build()
     return cfg, compile_report(cfg, *compile_args())
 
 
@@ -229,7 +228,7 @@ def test_swap_ab_compiles_with_the_instructions_we_meant(build):
     per k-block a consumer thread converts its 32 weight elements with 16 packed converts and
     16 packed multiplies (1 + 1 per two elements; + 4 + 4 for its 8 scales, 4 k16 steps x
     (4 + 1)); the activation stage's thread expands 2 chunks of 32 codes (17 + 17 each)."""
-    tokens, _, splits, multicast = SWAP_AB_BUILDS[build]
+    tokens, _, splits = SWAP_AB_BUILDS[build]
     cfg, r = _swap_ab_build(*SWAP_AB_BUILDS[build])
     assert r.census["wgmma.mma_async"] == 4
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{tokens}k16\.f32\.f16\.f16 "
@@ -238,17 +237,7 @@ def test_swap_ab_compiles_with_the_instructions_we_meant(build):
     assert r.ptx.count("cvt.rn.f16x2.e4m3x2") == 4 * (4 + 1) + 17 * chunks
     assert r.ptx.count("mul.rn.f16x2") == 4 * (4 + 1) + 17 * chunks
     assert r.census["cp.async.bulk.tensor"] == 2, "TMA: activation codes and scales"
-    if multicast == 1:
-        assert "multicast" not in r.ptx and "barrier.cluster" not in r.ptx
-    else:  # each CTA sends its half of both boxes to the pair; its readers free both CTAs'
-        assert r.ptx.count(".multicast::cluster") == 2
-        assert len(re.findall(r"mapa\.shared::cluster\.u32\s+%r\d+, %r\d+, [01];", r.ptx)) == 2
-        assert r.ptx.count("mbarrier.arrive.shared::cluster.b64") == 2
-        assert r.ptx.count("fence.mbarrier_init.release.cluster") == 1
-        # barriers armed pair-wide before use; neither CTA exits while its peer may write
-        assert r.ptx.count("barrier.cluster.arrive.relaxed;") == 1
-        assert r.ptx.count("barrier.cluster.arrive;") == 1
-        assert r.ptx.count("barrier.cluster.wait;") == 2
+    assert "multicast" not in r.ptx and "barrier.cluster" not in r.ptx
     assert r.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier") == 4, "2 weight slabs"
     assert r.ptx.count("ld.shared.v4") == 1 + chunks and r.ptx.count("ld.shared.v2") == 1
     assert r.ptx.count("shfl.sync.bfly") == tokens // 4, "one swap per accumulator pair"
@@ -267,11 +256,7 @@ def test_swap_ab_roles_and_barriers_are_checked_before_compiling():
     cfg = SwapAbStudy(tokens=128).build()
     counts = {k: v[1] for k, v in cfg.barrier_table.items()}
     assert counts == {"full": 1, "empty": 12, "act_full": 4, "act_empty": 8}
-    pair = SwapAbStudy(tokens=128, multicast=2).build()
-    assert pair.barrier_table["empty"][1] == 16 and pair.cluster_n == 2  # + the peer's 4
-    assert pair.static_key() != cfg.static_key()
-    with pytest.raises(ValueError, match=r"multicast = 4: 1 or a CTA pair"):
-        SwapAbStudy(multicast=4).build()
+    assert cfg.cluster_n == 1
     assert cfg.threads == 512 and cfg.needs_prepacked_weights
     assert {k: v[1] for k, v in BlockscaledGemmSm90(tile_n=128, stages=8)
             .barrier_table.items()} == {"full": 1, "empty": 8}
@@ -291,7 +276,7 @@ def test_swap_ab_roles_and_barriers_are_checked_before_compiling():
 
 
 def test_shell_checks_what_crosses_between_modules():
-    """A module built for another ring depth, other f16 tiles, another multicast, or an
+    """A module built for another ring depth, other f16 tiles or another cluster, or an
     epilogue built for another thread count or on the consumer's named barrier, is refused when
     the shell is built (each would compile to a kernel that hangs or races)."""
     with pytest.raises(ValueError, match=r"DequantWgmmaConsumer reads a ring of 4 stages; "
@@ -302,11 +287,11 @@ def test_shell_checks_what_crosses_between_modules():
         BlockscaledGemmSm90.from_roles(
             "swap_ab", RegisterOrderProducer(128, 128, 8),
             RegisterAWgmmaConsumer(128, 8, ExpandedActivationStage(128, 8, 4).tiles), act)
-    consumer = RegisterAWgmmaConsumer(128, 8, act.tiles)
-    with pytest.raises(ValueError, match=r"PairedActivationStage releases stages in 2 CTAs; "
-                                         r"RegisterOrderProducer multicasts to 1"):
-        BlockscaledGemmSm90.from_roles("swap_ab", RegisterOrderProducer(128, 128, 8), consumer,
-                                       PairedActivationStage(128, 8))
+    paired = PairedQuantizingActivationStage(128, 8)  # writes two CTAs' f16 tiles
+    with pytest.raises(ValueError, match=r"PairedQuantizingActivationStage writes the f16 tiles "
+                                         r"of 2 CTAs; RegisterAWgmmaConsumer frees them in 1"):
+        BlockscaledGemmSm90.from_roles("swap_ab", Bf16RegisterOrderProducer(128, 128, 8),
+                                       RegisterAWgmmaConsumer(128, 8, paired.tiles), paired)
     with pytest.raises(ValueError, match=r"the epilogue syncs 128 threads; "
                                          r"DequantWgmmaConsumer calls it from 256"):
         BlockscaledGemmSm90(tile_n=128, stages=8, epilogue=TileStore(128))
@@ -659,38 +644,6 @@ def test_swap_ab_stream_k_within_fp32_bound_and_deterministic(shape):
 def test_swap_ab_stream_k_drawn_shapes(M, n8, k32, seed):
     _swap_ab_within_bound(M, 8 * n8, 32 * k32, seed, kinds=("lognormal", "cancel"),
                           cfg=BlockscaledGemmSm90.swap_ab(stream_k=True))
-
-
-@pytest.mark.gpu
-@pytest.mark.fast
-def test_swap_ab_multicast_pair_small_gemm():
-    """A CTA pair sharing the activation TMA: ragged M and N inside the pair's tiles."""
-    _swap_ab_within_bound(130, 200, 96, seed=17, multicast=2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(1, 256, 32), (300, 1000, 1056), (256, 1024, 5376),
-                                   (128, 5376, 5376), (700, 256, 160)])
-@pytest.mark.parametrize("splits", [1, 3])
-def test_swap_ab_multicast_within_fp32_bound_and_deterministic(shape, splits):
-    _swap_ab_within_bound(*shape, seed=sum(shape) + splits + 2, splits=splits, multicast=2)
-
-
-@pytest.mark.gpu
-@settings(max_examples=10, deadline=None)
-@given(M=st.integers(1, 500), tiles=st.integers(1, 6), n8=st.integers(1, 16),
-       k32=st.integers(1, 30), seed=st.integers(0, 2**31 - 1))
-def test_swap_ab_multicast_drawn_shapes(M, tiles, n8, k32, seed):
-    """N drawn to give an even tile count (2·tiles 128-row tiles, the last one ragged)."""
-    _swap_ab_within_bound(M, 256 * tiles - 8 * n8 + 8, 32 * k32, seed, multicast=2)
-
-
-@pytest.mark.gpu
-def test_swap_ab_multicast_refuses_an_odd_tile_count():
-    a, b = _operands("normal", "normal", 128, 384, 64, seed=3)
-    with pytest.raises(ValueError, match=r"N = 384 gives 3 tiles, not a multiple of 2"):
-        gemm_nvfp4(*a, *b, config=SwapAbStudy(multicast=2).build(),
-                   prepacked=prepack(b[0], b[1]))
 
 
 @pytest.mark.gpu

@@ -56,11 +56,11 @@ producers/ring_queue.py), 384 threads and ``producers`` extra CTAs at the grid's
   global       ready[c]: one per quantizer CTA; done[c]: one per tile (consumer thread 0)
 
 Studies live beside the production classes and only scripts/ and tests build them:
-:class:`P0Variant` (measurement and fault-injection builds) and :class:`SwapAbStudy` (the
-swap-AB design's knobs that were measured and not chosen: one wgmma group in flight; the
-activation multicast, where clusters of 2 CTAs along N share the token tile, each producer
-TMA-ing half of the packed activation to both, and empty[s] counts 16: 4 + 4 activation warps
-of the pair, 8 consumer warps). schedules/plan.py says which config runs per problem.
+:class:`P0Variant` (measurement and fault-injection builds), :class:`SwapAbStudy` (the swap-AB
+design's token count, ring, splits, buffers and raster; the knobs measured and not chosen, one
+wgmma group in flight (v5) and the activation multicast to CTA pairs (v6), left the code:
+notes/p0-gemm.md), :class:`V3Study` and :class:`P1Study`. schedules/plan.py says which config
+runs per problem.
 
 Schedules (:mod:`device.tiles`): ``splits`` equal K splits a tile, or stream-K (``stream_k``,
 swap-AB: every CTA the same share of all tiles' k-blocks, a cut tile's segments reduced in K
@@ -89,11 +89,10 @@ from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_s
 from epilogues import EpilogueOperands
 from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore, workspace_floats
 from producers.activation_stage import (ExpandedActivationStage, F16TmaActivationStage,
-                                        PairedActivationStage,
                                         PairedQuantizingActivationStage,
                                         QuantizingActivationStage, WeightsAndF16Producer)
-from producers.register_order import (Bf16RegisterOrderProducer, PairedRegisterOrderProducer,
-                                      RegisterOrderProducer, WeightsOnlyRegisterOrderProducer)
+from producers.register_order import (Bf16RegisterOrderProducer, RegisterOrderProducer,
+                                      WeightsOnlyRegisterOrderProducer)
 from producers.ring_queue import TOKENS as TOKENS_QUEUE
 from producers.ring_queue import RingWeightsAndF16Producer
 from producers.tma_prepacked import TmaPrepackedProducer
@@ -175,8 +174,7 @@ def check_links(producer, activation, consumer, epilogue) -> None:
     """What one module was built to expect of another, checked before compiling (a mismatch
     compiles to a kernel that hangs, races or reads the wrong bytes); raises ValueError. Every
     reader of the packed ring was built for the producer's ring depth; the consumer for the
-    activation stage's f16 tiles, and the activation stage for the producer's multicast; the
-    epilogue for the consumer's thread count, on a named barrier the consumer does not use."""
+    activation stage's f16 tiles and its CTAs; the epilogue for the consumer's thread count, on a named barrier the consumer does not use."""
     for r in (activation, consumer):
         if r is not None and r.stages != producer.stages:
             raise ValueError(f"{type(r).__name__} reads a ring of {r.stages} stages; "
@@ -185,10 +183,6 @@ def check_links(producer, activation, consumer, epilogue) -> None:
         if consumer.act_tiles != activation.tiles:
             raise ValueError(f"{type(consumer).__name__} reads f16 tiles {consumer.act_tiles}; "
                              f"{type(activation).__name__} writes {activation.tiles}")
-        if activation.multicast != producer.multicast:
-            raise ValueError(f"{type(activation).__name__} releases stages in "
-                             f"{activation.multicast} CTAs; {type(producer).__name__} "
-                             f"multicasts to {producer.multicast}")
         peers = getattr(activation, "peers", 1)
         if getattr(consumer, "act_peers", 1) != peers:
             raise ValueError(f"{type(activation).__name__} writes the f16 tiles of {peers} "
@@ -319,15 +313,15 @@ class BlockscaledGemmSm90:
 
     def _configure(self, design, splits, raster_along_m, producer, activation, consumer,
                    epilogue, stream_k=False):
-        cluster_n = max(producer.multicast, getattr(activation, "peers", 1))
+        cluster_n = getattr(activation, "peers", 1)
         if stream_k and (splits != 1 or cluster_n != 1):
             raise ValueError(f"stream_k with splits = {splits}, cluster of {cluster_n}: "
                              "stream-K cuts K itself, one CTA a cluster")
         self.design, self.stream_k = design, bool(stream_k)
         self.tile_m, self.tile_n = consumer.tile_m, consumer.tile_n
         self.stages, self.splits = producer.stages, splits
-        # CTAs of a cluster, along N (one token tile): the producer's multicast, or the
-        # activation stage's peers (P1's pair writing each other's f16 tiles)
+        # CTAs of a cluster, along N (one token tile): the activation stage's peers (P1's pair
+        # writing each other's f16 tiles)
         self.cluster_n = cluster_n
         self.producer, self.activation, self.consumer = producer, activation, consumer
         if (producer.tile_m, producer.tile_n) != (self.tile_m, self.tile_n):
@@ -518,7 +512,7 @@ class BlockscaledGemmSm90:
         else:
             self._dispatch(ctx, warp // 4, tidx, 0, 0)
         if cutlass.const_expr(self.cluster_n > 1):
-            # no CTA leaves while its peer may still multicast into it or arrive on its barriers
+            # no CTA leaves while its peer may still store into it or arrive on its barriers
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
 
@@ -613,28 +607,22 @@ def _with_hooks(role, hooks: dict):
 class SwapAbStudy:
     """The swap-AB design with its study knobs (scripts/p0_v2_ab.py and tests vary them; the
     production build is :meth:`BlockscaledGemmSm90.swap_ab`, schedules/plan.py's choice):
-    ``multicast`` = 2: CTA pairs on neighbouring weight tiles share the activation's TMA (the
-    Paired producer and activation stage; v6, not chosen); ``buffers`` f16 activation tiles,
-    the raster order, ``tokens`` and a :class:`P0Variant`."""
+    ``buffers`` f16 activation tiles, the raster order, ``tokens`` and a :class:`P0Variant`.
+    Two knobs that lost left the code (notes/p0-gemm.md): one wgmma group in flight (v5) and
+    the activation's TMA multicast to CTA pairs (v6)."""
 
     tokens: int = 128
     stages: int = 8
     splits: int = 1
     raster_along_m: bool = False
     buffers: int = 2
-    multicast: int = 1
     variant: P0Variant = PRODUCTION
 
     def build(self) -> BlockscaledGemmSm90:
-        if self.multicast not in (1, 2):
-            raise ValueError(f"multicast = {self.multicast!r}: 1 or a CTA pair (2)")
         _check_ring(self.stages, self.splits)
-        paired = self.multicast == 2
-        activation = (PairedActivationStage if paired else ExpandedActivationStage)(
-            self.tokens, self.stages, self.buffers)
+        activation = ExpandedActivationStage(self.tokens, self.stages, self.buffers)
         consumer = RegisterAWgmmaConsumer(self.tokens, self.stages, activation.tiles)
-        producer = (PairedRegisterOrderProducer if paired else RegisterOrderProducer)(
-            self.tokens, consumer.tile_n, self.stages)
+        producer = RegisterOrderProducer(self.tokens, consumer.tile_n, self.stages)
         config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
                                                 splits=self.splits,
                                                 raster_along_m=self.raster_along_m)
