@@ -333,6 +333,15 @@ def not_run_parts(rows: list, comfy_why: str | None, quack_why: str | None) -> l
     return parts
 
 
+def config_label(desc: dict) -> str:
+    """A build's short name from its ``describe()``: the design and its token rows a CTA (the
+    256-token build is the swap-AB design too), then stream-K or the K split."""
+    label = f"{desc['design']} {desc['tile'][0]}t"
+    if desc.get("stream_k"):
+        return label + " sk"
+    return label + (f" s{desc['splits']}" if desc.get("splits", 1) > 1 else "")
+
+
 def _main(argv) -> int:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--m", type=int, nargs="*", default=list(M_VALUES))
@@ -347,7 +356,7 @@ def _main(argv) -> int:
             progress(f"{name} M={M} (N={N}, K={K})")
             rows.append(_case(name, N, K, M, ck, qk, args.quick, seed=args.seed + M + N + K))
             r = rows[-1]
-            progress(f"  p0 ({r['config']['design']}) {r['timings']['p0']['median_us']:.1f} us, "
+            progress(f"  p0 ({config_label(r['config'])}) {r['timings']['p0']['median_us']:.1f} us, "
                      f"cuBLAS bf16 {r['timings']['cublas_bf16']['median_us']:.1f} us, ratio "
                      f"{r['p0_over_cublas_bf16']:.2f}; quack W4A16 "
                      f"{r['timings'].get('quack_w4a16', {}).get('median_us', float('nan')):.1f}"
@@ -372,7 +381,7 @@ def _main(argv) -> int:
     except WorkbenchError as e:
         progress(f"no plot: {e}")
     nan = float("nan")
-    table = [[r["projection"], r["M"], r["config"]["design"],
+    table = [[r["projection"], r["M"], config_label(r["config"]),
               f"{r['timings']['p0']['median_us']:.1f}",
               f"{r['timings']['cublas_bf16']['median_us']:.1f}", f"{r['p0_over_cublas_bf16']:.2f}",
               f"{r['timings'].get('quack_w4a16', {}).get('median_us', nan):.1f}",

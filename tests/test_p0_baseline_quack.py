@@ -152,3 +152,12 @@ def test_plot_draws_three_columns(tmp_path, monkeypatch, quack):
     assert bars[1] == (15 if quack else 0)
     if not quack:
         assert drawn["axes"][1][2] == [why]
+
+
+def test_config_label_names_the_build():
+    assert B.config_label({"design": "swap_ab", "tile": [256, 128, 64], "splits": 1,
+                           "stream_k": False}) == "swap_ab 256t"
+    assert B.config_label({"design": "swap_ab", "tile": [128, 128, 64], "splits": 1,
+                           "stream_k": True}) == "swap_ab 128t sk"
+    assert B.config_label({"design": "p0", "tile": [128, 128, 64], "splits": 3,
+                           "stream_k": False}) == "p0 128t s3"
