@@ -91,7 +91,8 @@ class RegisterAWgmmaConsumer:
     REGS = {128: 200, 256: 232}
     warpgroups, regs = 2, 200
     mma = True
-    act_peers = 1  # CTAs whose activation stage writes this CTA's f16 tiles (P1's pair: 2)
+    act_peers = 1  # CTAs whose activation stage writes this CTA's f16 tiles (P1's cluster: C)
+    release_owner_only = False
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
         if tokens not in self.TOKENS:
@@ -184,9 +185,12 @@ class RegisterAWgmmaConsumer:
     @cute.jit
     def _release_act(self, v: TileViews, b: Int32):
         """Free f16 tile ``b`` for whoever writes it: this CTA's activation stage, or with
-        ``act_peers`` > 1 every CTA of the cluster (any of them may write it next)."""
+        ``act_peers`` > 1 its owner in the cluster (or every CTA, the pair's first build)."""
         if cutlass.const_expr(self.act_peers == 1):
             cute.arch.mbarrier_arrive(v.act_empty + b)
+        elif cutlass.const_expr(self.release_owner_only):  # b's one writer: rank b mod C
+            cute.arch.mbarrier_arrive(v.act_empty + b, b % self.act_peers,
+                                      scope=MemScopeKind.CLUSTER)
         else:
             for r in cutlass.range_constexpr(self.act_peers):  # release at cluster scope:
                 # the peer acquires it before its DSMEM stores overwrite this tile
@@ -272,14 +276,17 @@ class RegisterAWgmmaConsumer:
 
 
 class PeerFedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
-    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=2)): the production consumer for f16
-    tiles that either CTA of a pair writes (producers.activation_stage.
-    PairedQuantizingActivationStage): waits on ``act_full`` at cluster scope and frees each
-    tile in both CTAs (``act_empty``: 8 + 8 arrivals)."""
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C)): the production consumer for f16
+    tiles that any CTA of a cluster of ``peers`` writes (producers.activation_stage.
+    ClusterQuantizingActivationStage): waits on ``act_full`` at cluster scope and frees each
+    tile for its writer at cluster scope: ``owner_only`` on the owner's ``act_empty[b]`` alone
+    (rank b mod C, the buffer's one writer), else on every CTA's (the pair's first build: C
+    arrives a warp, C - 1 of them never waited on). ``act_empty``: 8 x C arrivals."""
 
-    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2):
+    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2,
+                 owner_only: bool = True):
         super().__init__(tokens, stages, act_tiles)
-        self.act_peers = peers
+        self.act_peers, self.release_owner_only = peers, owner_only
 
 
 class GroupedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):

@@ -182,6 +182,34 @@ def arrive_cluster_release(mbar: cute.Pointer, rank: Int32, *, loc=None, ip=None
 
 
 @dsl_user_op
+def arrive_expect_tx_cluster(mbar: cute.Pointer, rank: Int32, tx_bytes: int, *, loc=None,
+                             ip=None) -> None:
+    """Arrive on the mbarrier at ``mbar``'s offset in cluster CTA ``rank`` and raise its phase's
+    transaction count by ``tx_bytes`` (bytes a bulk copy into that CTA then completes)."""
+    _asm_effect(None, [_saddr(mbar, loc, ip), Int32(rank).ir_value(loc=loc, ip=ip),
+                       Int32(tx_bytes).ir_value(loc=loc, ip=ip)],
+                "{ .reg .b32 r; mapa.shared::cluster.u32 r, $0, $1; "
+                "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [r], $2; }",
+                "r,r,r", loc, ip)
+
+
+@dsl_user_op
+def bulk_copy_s2peer(src: cute.Pointer, size: int, mbar: cute.Pointer, rank: Int32, *,
+                     loc=None, ip=None) -> None:
+    """``cp.async.bulk.shared::cluster.shared::cta``: ``size`` bytes (a multiple of 16, 16-byte
+    aligned) of this CTA's shared memory at ``src`` to the same offset in cluster CTA ``rank``,
+    completing them on that CTA's mbarrier at ``mbar``'s offset. The bytes travel through the
+    async proxy, so the peer's wgmmas may read them once that phase completes (TMA's
+    contract); the writer's generic stores to ``src`` need a ``fence.proxy.async`` first."""
+    _asm_effect(None, [_saddr(src, loc, ip), Int32(size).ir_value(loc=loc, ip=ip),
+                       _saddr(mbar, loc, ip), Int32(rank).ir_value(loc=loc, ip=ip)],
+                "{ .reg .b32 d, m; mapa.shared::cluster.u32 d, $0, $3; "
+                "mapa.shared::cluster.u32 m, $2, $3; "
+                "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes "
+                "[d], [$0], $1, [m]; }", "r,r,r,r", loc, ip)
+
+
+@dsl_user_op
 def try_wait_acquire_cluster(mbar: cute.Pointer, parity: Int32, *, loc=None, ip=None) -> Int32:
     """1 when this CTA's mbarrier has completed the phase of ``parity``, acquiring at cluster
     scope what its arrivers released; else 0 (after the hardware's suspend time)."""

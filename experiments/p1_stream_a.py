@@ -7,10 +7,10 @@ in one process (CUDA-graph replay, medians, operand sets rotated beyond L2 where
 smaller than 3x L2), every column from the same bf16 activation and NVFP4 weight:
 * ``p1``: amax (which writes the tensor scale g on the device), then the P1 GEMM that quantizes
   its activation tiles itself (kernels/nvfp4/gemm_p1.py): the whole linear from bf16, at the
-  best sharing built: C x G = 1 x 1 (``p1_1x1``, the backend's), the CTA pair C = 2
-  (``p1_2x1``, where the K split is one and the weight tiles pair up; C = 4 and 8 raced and are
-  not built, notes/p1.md) and the N-group reuse G = 2 at 64-token tiles (``p1_1x2``,
-  P1Study(groups=2, tokens=64));
+  best sharing built: C x G = 1 x 1 (``p1_1x1``, the backend's), clusters of C = 2, 4 and 8
+  CTAs sharing each quantized tile by bulk DSMEM copies (``p1_2x1``, ``p1_4x1``, ``p1_8x1``,
+  P1Study.of_cluster(C), where the K split is one and C divides the weight tiles) and the
+  N-group reuse G = 2 at 64-token tiles (``p1_1x2``, P1Study(groups=2, tokens=64));
 * ``unfused``: amax, the quantize kernel writing the packed activation and its f16 expansion,
   then P0's GEMM (Nvfp4Linear p0's launches);
 * ``p0``: P0's GEMM alone on the prepared operands;
@@ -70,8 +70,8 @@ NOTES = {"prediction": "notes/p1.md, sessions 22-24: P1 at C = 1 runs 1,524-1,67
 
 # the builds whose contract is P0's bits (same wgmma shape); G = 2's m64n64 wgmmas may round
 # in their own order, so its contract is the oracle's bound (its bits are reported)
-BITS_CONTRACT = ("1x1", "2x1")
-CLUSTERS = (2,)  # the cluster sizes C built (C = 4 and 8 raced: notes/p1.md, session 25)
+BITS_CONTRACT = ("1x1", "2x1", "4x1", "8x1")
+CLUSTERS = (2, 4, 8)  # the cluster sizes C built (P1Study.of_cluster(C): the bulk transport)
 
 
 def cluster_fits(config, N: int, cluster: int = 2) -> bool:
@@ -99,7 +99,7 @@ def _case(name, N, K, M, ck, qk, quick, seed, clusters=CLUSTERS):
     builds = {"1x1": c1}
     for c in clusters:
         if cluster_fits(c1, N, c):
-            builds[f"{c}x1"] = P1Study(cluster=c).build()
+            builds[f"{c}x1"] = P1Study.of_cluster(c).build()
     builds["1x2"] = P1Study(groups=2, tokens=64, splits=c1.splits).build()
 
     # exactness: each build against P0's swap-AB GEMM at the same split on the packed activation

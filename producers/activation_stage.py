@@ -22,9 +22,10 @@ from typing import NamedTuple
 
 from configs.arch import K_BLOCK, WARP
 from device.barriers import Barrier
-from device.nvfp4 import expand_stage_rows, quantize_expand_stage_rows, word_view
-from device.ptx import (arrive_cluster_release, fence_proxy_async_shared_cluster,
-                        rcp_approx_ftz)
+from device.nvfp4 import (ROW_CHUNKS, expand_stage_rows, quantize_expand_stage_rows,
+                          word_view)
+from device.ptx import (arrive_cluster_release, arrive_expect_tx_cluster, bulk_copy_s2peer,
+                        fence_proxy_async_shared_cluster, rcp_approx_ftz)
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import acquire_stage, ring_position, wait_parity
@@ -326,37 +327,50 @@ class QuantizingActivationStage(ExpandedActivationStage):
         return count
 
 
-class PairedQuantizingActivationStage(QuantizingActivationStage):
-    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=2); notes/p1.md, "C = 2"): P1's stage
-    shared by a cluster of two CTAs on neighbouring weight tiles of one token tile. Each k-block
-    is quantized by one CTA of the pair (ring use ``count`` mod 2 == its rank), into its own f16
-    tile and into the peer's at the same offset (DSMEM stores: device.nvfp4.
-    quantize_expand_stage_rows(peers=)), so each CTA quantizes half of the k-blocks. The f16
-    buffers are a multiple of 2: buffer b is written by rank b mod 2 only. The body is written
-    for C CTAs, but only the pair is allowed: C = 4 and 8 raced on the H200 (notes/p1.md,
-    session 25).
+class ClusterQuantizingActivationStage(QuantizingActivationStage):
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C); notes/p1.md, "C = 2", "C = 4 and 8"
+    and session 26): P1's stage shared by a cluster of C CTAs (2, 4 or 8) on neighbouring
+    weight tiles of one token tile. Each k-block is quantized by one CTA of the cluster (ring
+    use ``count`` mod C == its rank, the *owner*) into its own f16 tile and sent to the C - 1
+    peers' tiles at the same offset, so each CTA quantizes 1 / C of the k-blocks. The f16
+    buffers are a multiple of C: buffer b is written by rank b mod C only.
 
-    Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps, locally and on the peer
-    (``mbarrier.arrive.release.cluster`` after ``fence.proxy.async.shared::cluster``: the
-    peer's wgmmas read those stores through the async proxy); ``act_empty[b]`` the consumer
-    warps of both CTAs (8 + 8, declared by the consumer: the owner writes both CTAs' tile, so it
-    waits for both at cluster scope); ``empty[s]`` this CTA's 4 warps every k-block (they wait
-    on ``full[s]`` whether or not they quantize it, which keeps the ring's phase) and its 8
-    consumer warps. The producer still TMAs the bf16 tile every k-block."""
+    ``transport`` (how the owner's tile reaches the peers):
+    * ``"bulk"``: each owner warp writes its rows locally, fences them to the async proxy, then
+      per peer one ``mbarrier.arrive.expect_tx`` of its slice's bytes on the peer's
+      ``act_full[b]`` and one ``cp.async.bulk.shared::cluster.shared::cta`` of the slice that
+      completes them there: the bytes land through the async proxy before the peer's phase
+      completes (TMA's contract). With it the producer loads the bf16 tile only on the owner
+      (producers.register_order.Bf16RegisterOrderProducer(peers=C)).
+    * ``"stores"`` (the pair only; session 24's build): ``st.shared::cluster.v4`` of every chunk
+      into the peer, ``fence.proxy.async.shared::cluster``, a release arrive on the peer. At
+      C = 4 and 8 it gave wrong bits (session 25): a peer's wgmma read stores not yet visible
+      to its async proxy.
 
-    # the ablation P1Study(cluster=2, pair_local_only=True) sets it on an instance (its own
-    # compile key): the owner writes only its own tile, so the peer's wgmmas read stale f16
-    # (wrong results, timing only): what the DSMEM stores cost the pair
+    Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps (locally, and on each peer:
+    remote arrives, with the slice's bytes under ``"bulk"``); ``act_empty[b]`` the consumer
+    warps of all C CTAs (8 x C, declared by the consumer), waited by its owner at cluster
+    scope before its next write; ``empty[s]`` this CTA's 4 warps every k-block (they wait on
+    ``full[s]`` whether or not they quantize it, which keeps the ring's phase) and its 8
+    consumer warps."""
+
+    # the ablation P1Study(cluster=C, pair_local_only=True) sets it on an instance (its own
+    # compile key): the owner writes only its own tile, so the peers' wgmmas read stale f16
+    # (wrong results, timing only): what sending the tiles costs the cluster
     local_only = False
+    TRANSPORTS = ("bulk", "stores")
 
-    def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2):
+    def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2,
+                 transport: str = "bulk"):
         super().__init__(tokens, stages, buffers)
-        if peers != 2:
-            # C = 4 and 8 were built and ran on the H200 (notes/p1.md, session 25): a
-            # write-after-read race on the f16 buffers at one buffer an owner (whole k-blocks of
-            # one CTA's tile wrong, run to run), cause not found; and slower than C = 1
-            # (2.6-4.2x at M = 2048, 1.3-2.1x at M = 128)
-            raise ValueError(f"peers = {peers!r}: the pair only (C = 4 and 8 race: notes/p1.md)")
+        if peers not in (2, 4, 8):
+            raise ValueError(f"peers = {peers!r}: a cluster of 2, 4 or 8 CTAs")
+        if transport not in self.TRANSPORTS:
+            raise ValueError(f"transport = {transport!r}: choose from {self.TRANSPORTS}")
+        if transport == "stores" and peers != 2:
+            # session 25: C = 4 and 8 with DSMEM stores gave wrong bits in 10-45 % of runs
+            raise ValueError(f"transport 'stores' at C = {peers}: the pair only (its stores "
+                             "raced at C = 4 and 8: notes/p1.md)")
         if buffers % peers:
             # ring use c is owned by rank c mod C and written into buffer c mod buffers: only
             # with buffers a multiple of C does each buffer keep one owner, whose parity wait
@@ -364,7 +378,11 @@ class PairedQuantizingActivationStage(QuantizingActivationStage):
             # an owner's wait alias a phase it never saw (session 25: C = 4 at 2 buffers hung)
             raise ValueError(f"{buffers} f16 buffers for a cluster of {peers}: a multiple of "
                              f"{peers}, so that each buffer has one writer")
-        self.peers = peers
+        if tokens % (WARPS * WARP):
+            raise ValueError(f"tokens = {tokens}: the cluster sends one row a thread")
+        self.peers, self.transport = peers, transport
+        # the rows each warp quantizes (one a thread): a contiguous slice of the f16 tile
+        self.slice_bytes = tokens // WARPS * ROW_BYTES
 
     @cute.jit
     def quantize_tile(self, tile, args, count: Int32) -> Int32:
@@ -375,6 +393,9 @@ class PairedQuantizingActivationStage(QuantizingActivationStage):
         for i in cutlass.range_constexpr(1, self.peers):
             others.append(rank ^ i)
         others = tuple(others)
+        stores = others if cutlass.const_expr(self.transport == "stores"
+                                              and not self.local_only) else None
+        warp_row = (t // WARP) * (self.tokens // WARPS)
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             s, ph = ring_position(count, self.stages)
             b, bph = ring_position(count, self.tiles.buffers)
@@ -382,20 +403,24 @@ class PairedQuantizingActivationStage(QuantizingActivationStage):
             if count % self.peers == rank:
                 wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox,
                             cluster=True)
-                if cutlass.const_expr(self.local_only):
-                    quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words,
-                                               f16_words, s, b, g, rcp_g, None, None)
-                else:
-                    quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words,
-                                               f16_words, s, b, g, rcp_g, None, others)
+                quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words, s,
+                                           b, g, rcp_g, None, stores)
+                # our f16 stores -> wgmma and the bulk copies (async proxy)
                 cute.arch.fence_proxy("async.shared", space="cta")
-                fence_proxy_async_shared_cluster()
+                if cutlass.const_expr(stores is not None):
+                    fence_proxy_async_shared_cluster()
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)
                     cute.arch.mbarrier_arrive(act_full + b)
-                    for peer in others:
-                        arrive_cluster_release(act_full + b, peer)
+                    if cutlass.const_expr(self.transport == "bulk" and not self.local_only):
+                        src = f16_words[(None, (b * self.tokens + warp_row) * ROW_CHUNKS)]
+                        for peer in others:
+                            arrive_expect_tx_cluster(act_full + b, peer, self.slice_bytes)
+                            bulk_copy_s2peer(src.iterator, self.slice_bytes, act_full + b, peer)
+                    else:
+                        for peer in others:
+                            arrive_cluster_release(act_full + b, peer)
             else:  # a peer quantizes this k-block: only the stage goes back
                 cute.arch.sync_warp()
                 if lane == 0:

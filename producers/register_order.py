@@ -187,12 +187,18 @@ class Bf16RegisterOrderProducer(RegisterOrderProducer):
     ``a`` buffer) beside the two weight slabs; no packed activation or activation scale exists
     anywhere. ``full[s]``: one arrive + the bf16 tile's bytes + the slabs'; ``empty[s]``: the
     quantizing activation stage's 4 warps and the consumers' 8
-    (producers.activation_stage.QuantizingActivationStage)."""
+    (producers.activation_stage.QuantizingActivationStage).
 
-    def __init__(self, tile_m: int, tile_n: int, stages: int):
+    ``peers`` C > 1 (P1's cluster with the bulk transport, producers.activation_stage.
+    ClusterQuantizingActivationStage): the bf16 tile of ring use ``count`` is loaded only by
+    its owner, rank ``count`` mod C (the others' ``full[s]`` then expects the slabs alone), so
+    the cluster reads the token tile once a K pass, as one CTA does."""
+
+    def __init__(self, tile_m: int, tile_n: int, stages: int, peers: int = 1):
         super().__init__(tile_m, tile_n, stages)
         self.act_bytes = tile_m * K_BLOCK * 2
         self.stage_bytes = self.act_bytes + self.slabs * self.slab_bytes
+        self.peers = peers
 
     @staticmethod
     def check_tile(tile_m: int, tile_n: int) -> None:
@@ -250,9 +256,21 @@ class Bf16RegisterOrderProducer(RegisterOrderProducer):
         slab0 = tile.n * self.slabs
         valid = cutlass.min(n_slabs - slab0, self.slabs)
         tx = self.act_bytes + valid * self.slab_bytes + self.extra_tx_bytes
+        rank = Int32(0)
+        if cutlass.const_expr(self.peers > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY, mailbox)
-            cute.copy(atom, tg[(None, tile.m, kt)], ts[(None, s)], tma_bar_ptr=bar)
+            if cutlass.const_expr(self.peers == 1):
+                s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY,
+                                       mailbox)
+                cute.copy(atom, tg[(None, tile.m, kt)], ts[(None, s)], tma_bar_ptr=bar)
+            else:
+                owner = count % self.peers == rank
+                s, bar = acquire_stage(count, self.stages, empty, full,
+                                       cutlass.select_(owner, tx, tx - self.act_bytes),
+                                       Barrier.EMPTY, mailbox)
+                if owner:
+                    cute.copy(atom, tg[(None, tile.m, kt)], ts[(None, s)], tma_bar_ptr=bar)
             with cute.arch.elect_one():
                 self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
             count = count + 1

@@ -13,12 +13,12 @@ the same bf16 activation x and the same weight:
 * with ``--ablate``: ``p1_no_quantizer`` (the stage waits and publishes but never writes its
   f16 tiles) and ``p1_no_mma`` (the consumers skip their wgmmas), both wrong by design
   (P1Study(variant=P0Variant(...))): which half bounds P1 (notes/p1.md, session 22);
-* with ``--cluster 2``: ``p1_c2``, P1 on a CTA pair along N that quantizes each k-block once
-  for both (P1Study(cluster=2); notes/p1.md), its bits against P0's; with ``--ablate`` too,
-  what slows the pair (notes/p1.md, sessions 24-25): ``p1_c2_local`` (no DSMEM stores: wrong
-  results, timing only), ``p1_c2_b4`` (four f16 buffers; three, measured in session 25, are
-  refused now: a buffer needs one writer) and ``p1_b3`` (one CTA, three buffers). C = 4 and 8
-  ran once at cfce294 (their log) and raced: P1Study refuses them.
+* with ``--cluster 2 4 8``: ``p1_c2``, ``p1_c4``, ``p1_c8``, P1 on C CTAs along N, each
+  k-block quantized by one of them and sent to the others by bulk DSMEM copies, the bf16
+  tile loaded by that one only (P1Study.of_cluster(C); notes/p1.md, session 26), and with C = 2
+  ``p1_c2_stores`` (the pair's session-24 DSMEM stores); each one's bits against P0's in three
+  runs; with ``--ablate`` too, ``p1_cC_local`` (nothing sent: wrong results, timing only) and
+  ``p1_b3`` (one CTA, three buffers).
 * with ``--groups 2``: ``p1_g2``, P1 with N-group reuse G = 2 (64-token tiles, each quantized
   tile multiplied into two 128-row weight tiles; notes/p1.md), its bits against P0's. Its
   ns/kblock counts the 128 x 128 k-blocks of work, as the other columns.
@@ -34,6 +34,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -106,17 +107,25 @@ def run_job(name, M, args, rows):
     tiles = -(-M // 128) * -(-N // 128) * splits
     kblocks = -(-tiles // min(tiles, sms)) * -(-(-(-K // K_BLOCK)) // splits)
     timed = [("p0_gemm", p0_gemm), ("p0_e2e", p0_e2e), ("p1", p1)]
-    for c in (c for c in (args.cluster,) if c > 1 and splits == 1 and -(-N // 128) % c == 0):
-        cluster_cfg = P1Study(cluster=c).build()
-        got_c = torch.full_like(out, float("nan"))
-        gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=got_c, config=cluster_cfg)
+    clusters = [(f"p1_c{c}", study_of(f"p1_c{c}")) for c in args.cluster
+                if c > 1 and splits == 1 and -(-N // 128) % c == 0]
+    if any(label == "p1_c2" for label, _ in clusters):
+        clusters.append(("p1_c2_stores", study_of("p1_c2_stores")))
+    for label, study in clusters:
+        cluster_cfg = study.build()
+        runs = []
+        for _ in range(3):  # the DSMEM stores' race showed in 10-45 % of runs at C >= 4
+            got_c = torch.full_like(out, float("nan"))
+            gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=got_c,
+                          config=cluster_cfg)
+            runs.append(got_c)
         synchronize()
-        row[f"c{c}_bits_equal_p0"] = bool(torch.equal(got_c.view(torch.int16),
-                                                      want.view(torch.int16)))
+        row[f"{label}_bits_equal_p0"] = all(torch.equal(r.view(torch.int16),
+                                                        want.view(torch.int16)) for r in runs)
 
         def p1_cluster(x, g, w_q, w_s, pre, g_w, q, s, cfg=cluster_cfg):
             return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=cfg)
-        timed.append((f"p1_c{c}", p1_cluster))
+        timed.append((label, p1_cluster))
     if args.groups == 2:  # N-group reuse: each quantized 64-row tile into two weight tiles
         g2_cfg = P1Study(groups=2, tokens=64, splits=splits).build()
         g2 = torch.full_like(out, float("nan"))
@@ -132,12 +141,11 @@ def run_job(name, M, args, rows):
                                                variant=P0Variant(skip_dequant=True))),
                    ("p1_no_mma", P1Study(splits=splits, variant=P0Variant(skip_mma=True))),
                    ("p1_b3", P1Study(splits=splits, buffers=3))]
-        if any(label == "p1_c2" for label, _ in timed):
-            studies += [("p1_c2_b4", P1Study(cluster=2, buffers=4)),
-                        ("p1_c2_local", P1Study(cluster=2, pair_local_only=True))]
+        studies += [(f"{label}_local", replace(study, pair_local_only=True))
+                    for label, study in clusters]
         for label, study in studies:
             cfg = study.build()
-            if label in ("p1_b3", "p1_c2_b4"):  # exact builds: their bits too
+            if label == "p1_b3":  # an exact build: its bits too
                 got_b = torch.full_like(out, float("nan"))
                 gemm_nvfp4_p1(*[arg_sets[0][i] for i in (0, 1, 4, 5)], out=got_b, config=cfg)
                 synchronize()
@@ -180,13 +188,14 @@ def build_figures(label: str, M: int, N: int, K: int, us: float) -> dict:
     registers a role (the setmaxnreg split), CTAs an SM (shared memory and threads), the tensor
     pipe's busy fraction estimated as the FLOP rate over the dense wgmma rate (timing-derived,
     not a counter), and the bf16 activation bytes its CTAs' TMAs read a call (each CTA reads its
-    token tile once a K pass; a cluster's CTAs each read it too)."""
+    token tile once a K pass; a cluster with the bulk transport once for all its CTAs, with
+    the DSMEM stores each of its CTAs)."""
     study = study_of(label)
     if study is None:
         return {}
     d = study.build().describe()
     tokens = study.tokens
-    weight_rows = 128 * study.groups
+    weight_rows = 128 * study.groups * (study.cluster if study.transport == "bulk" else 1)
     per_sm = min(233472 // (d["smem_bytes"] + 1024), 2048 // d["threads"],
                  65536 // (d["threads"] * 128))  # compiled at the 128-register cap
     return {"threads": d["threads"], "role_registers": {k: v["regs"] for k, v in
@@ -204,8 +213,10 @@ def study_of(label: str):
         return P1Study()
     if label == "p1_g2":
         return P1Study(groups=2, tokens=64)
+    if label == "p1_c2_stores":
+        return P1Study(cluster=2, transport="stores")
     if label.startswith("p1_c") and label[4:].isdigit():
-        return P1Study(cluster=int(label[4:]))
+        return P1Study.of_cluster(int(label[4:]))
     return None
 
 
@@ -227,9 +238,10 @@ def main(argv=None) -> int:
     p.add_argument("--rep-ms", type=float, default=40.0)
     p.add_argument("--ablate", action="store_true",
                    help="also time P1 without its quantizer and without its wgmmas")
-    p.add_argument("--cluster", type=int, choices=(1, 2), default=1,
-                   help="2: also time P1 on a CTA pair sharing each quantized tile (one split, "
-                        "an even count of weight tiles); with --ablate its ablations too")
+    p.add_argument("--cluster", type=int, nargs="+", choices=(1, 2, 4, 8), default=[1],
+                   help="cluster sizes C > 1 also timed: P1 on C CTAs sharing each quantized "
+                        "tile (one split, weight tiles a multiple of C); with --ablate each "
+                        "C's ablation (nothing sent) too")
     p.add_argument("--groups", type=int, choices=(1, 2), default=1,
                    help="2: also time P1's N-group reuse (64-token tiles, each quantized tile "
                         "into two weight tiles; P1Study(groups=2, tokens=64))")

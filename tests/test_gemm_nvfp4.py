@@ -26,7 +26,7 @@ from numerics import gemm_oracle as G
 from numerics.epilogue import gate_residual
 from numerics.formats import e2m1_decode, e4m3_decode
 from numerics.nvfp4 import unpack_codes
-from producers.activation_stage import ExpandedActivationStage, PairedQuantizingActivationStage
+from producers.activation_stage import ExpandedActivationStage, ClusterQuantizingActivationStage
 from producers.register_order import Bf16RegisterOrderProducer, RegisterOrderProducer
 from producers.tma_prepacked import TmaPrepackedProducer
 from validators.gemm_operands import make_operand
@@ -287,8 +287,8 @@ def test_shell_checks_what_crosses_between_modules():
         BlockscaledGemmSm90.from_roles(
             "swap_ab", RegisterOrderProducer(128, 128, 8),
             RegisterAWgmmaConsumer(128, 8, ExpandedActivationStage(128, 8, 4).tiles), act)
-    paired = PairedQuantizingActivationStage(128, 8)  # writes two CTAs' f16 tiles
-    with pytest.raises(ValueError, match=r"PairedQuantizingActivationStage writes the f16 tiles "
+    paired = ClusterQuantizingActivationStage(128, 8)  # writes two CTAs' f16 tiles
+    with pytest.raises(ValueError, match=r"ClusterQuantizingActivationStage writes the f16 tiles "
                                          r"of 2 CTAs; RegisterAWgmmaConsumer frees them in 1"):
         BlockscaledGemmSm90.from_roles("swap_ab", Bf16RegisterOrderProducer(128, 128, 8),
                                        RegisterAWgmmaConsumer(128, 8, paired.tiles), paired)

@@ -3,6 +3,7 @@ kernels.nvfp4.gemm_p1): its build (CPU), the instructions it was meant to have (
 its bits against P0 on the quantize kernel's packed activation (GPU), with no packed
 activation or scale tensor allocated on its path."""
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant, P1Study, compile_args
-from producers.activation_stage import (PairedQuantizingActivationStage,
+from producers.activation_stage import (ClusterQuantizingActivationStage,
                                         QuantizingActivationStage)
 from workbench.compile import compile_report
 
@@ -62,47 +63,76 @@ def test_p1_compiles_with_one_bf16_tma_and_the_quantizer():
 
 
 @pytest.mark.compile
-def test_p1_pair_compiles_with_dsmem_stores_and_cluster_barriers():
-    """C = 2: the quantizer's f16 chunks also stored into the peer CTA (st.shared::cluster.v4,
-    8 a row pass), the async-proxy fence at cluster scope, the owner's remote release arrive
-    and the consumers' on both CTAs' act_empty, the consumers' cluster-scope acquire; act_empty
-    counts both CTAs' consumer warps. C = 4 and 8 (they raced on the H200), a buffer count with
-    two writers (odd) and the pair's refused combinations are refused before compiling."""
+@pytest.mark.parametrize("cluster, transport", [(2, "stores"), (2, "bulk"), (4, "bulk"),
+                                                (8, "bulk")])
+def test_p1_cluster_compiles_with_its_transport_and_cluster_barriers(cluster, transport):
+    """C CTAs sharing each quantized tile. ``"bulk"``: per owner warp and peer one remote
+    ``arrive.expect_tx`` and one ``cp.async.bulk.shared::cluster.shared::cta`` (C - 1 of each),
+    no DSMEM store, the consumers' one release arrive on the buffer's owner, the bf16 TMA
+    behind the owner test. ``"stores"`` (the pair's first build): 8 ``st.shared::cluster.v4`` a
+    row pass, the async-proxy fence at cluster scope, the owner's remote release arrive and the
+    consumers' on both CTAs. act_empty counts every CTA's consumer warps; the consumers
+    acquire at cluster scope."""
     from workbench.compile import compile_report
-    cfg = P1Study(cluster=2).build()
-    assert cfg.cluster_n == 2
+    cfg = P1Study.of_cluster(cluster, transport=transport).build()
+    assert cfg.cluster_n == cluster
     bars = cfg.describe()["barriers"]
     assert (bars["act_full"]["arrive_count"], bars["act_empty"]["arrive_count"],
-            bars["empty"]["arrive_count"]) == (4, 16, 12)
+            bars["empty"]["arrive_count"]) == (4, 8 * cluster, 12)
     r = compile_report(cfg, *compile_args())
     assert r.frame_bytes == 0 and r.registers <= 128
-    assert r.ptx.count("st.shared::cluster.v4.b32") == 8
-    # the owner's on the peer's act_full, the consumers' on both CTAs' act_empty
-    assert r.ptx.count("mbarrier.arrive.release.cluster") == 1 + 2
-    assert "fence.proxy.async.shared::cluster" in r.ptx
     assert "mbarrier.try_wait.parity.acquire.cluster" in r.ptx
+    if transport == "bulk":
+        assert r.ptx.count("cp.async.bulk.shared::cluster.shared::cta") == cluster - 1
+        assert r.ptx.count("mbarrier.arrive.expect_tx.release.cluster") == cluster - 1
+        assert r.ptx.count("mbarrier.arrive.release.cluster") == 1  # the consumers' release
+        assert "st.shared::cluster" not in r.ptx
+    else:
+        assert r.ptx.count("st.shared::cluster.v4.b32") == 8
+        # the owner's on the peer's act_full, the consumers' on both CTAs' act_empty
+        assert r.ptx.count("mbarrier.arrive.release.cluster") == 1 + 2
+        assert "fence.proxy.async.shared::cluster" in r.ptx
     if r.sass is not None:
         assert r.spill_bytes == 0
-    for bad in (dict(cluster=2, dump=True), dict(cluster=2, variant=P0Variant(skip_mma=True)),
-                dict(cluster=3), dict(cluster=4), dict(cluster=8), dict(pair_local_only=True),
-                dict(cluster=2, buffers=3)):
+
+
+def test_p1_cluster_refuses_what_it_cannot_share():
+    """Refused before compiling: the debug dump or an ablation with a cluster, C outside
+    (1, 2, 4, 8), the local-only ablation without a cluster, a buffer count C does not divide
+    (two writers a buffer), the DSMEM stores beyond the pair (they raced), an unknown
+    transport, and a producer loading for another cluster size than the stage shares in."""
+    for bad in (dict(cluster=2, dump=True), dict(cluster=4, variant=P0Variant(skip_mma=True)),
+                dict(cluster=3), dict(cluster=16), dict(pair_local_only=True),
+                dict(cluster=2, buffers=3), dict(cluster=4, buffers=2),
+                dict(cluster=4, buffers=4, transport="stores"),
+                dict(cluster=2, transport="multicast")):
         with pytest.raises(ValueError):
             P1Study(**bad).build()
     with pytest.raises(ValueError, match="the pair only"):
-        PairedQuantizingActivationStage(128, 6, buffers=4, peers=4)
+        ClusterQuantizingActivationStage(128, 6, buffers=4, peers=4, transport="stores")
+    from consumers.register_a_wgmma import PeerFedRegisterAWgmmaConsumer
+    from producers.register_order import Bf16RegisterOrderProducer
+    stage = ClusterQuantizingActivationStage(128, 6, buffers=4, peers=4)
+    with pytest.raises(ValueError, match="loads for a cluster of 2"):
+        BlockscaledGemmSm90.from_roles(
+            "swap_ab", Bf16RegisterOrderProducer(128, 128, 6, peers=2),
+            PeerFedRegisterAWgmmaConsumer(128, 6, stage.tiles, peers=4), stage)
     assert P1Study().build().cluster_n == 1  # production: no cluster
 
 
 @pytest.mark.compile
-def test_p1_pair_ablation_without_dsmem_stores_keeps_the_barriers():
-    """The pair's timing ablation (P1Study(pair_local_only=True)): the same barriers and
-    cluster-scope arrivals, no store into the peer CTA; its own compile key."""
+@pytest.mark.parametrize("cluster, transport", [(2, "stores"), (4, "bulk")])
+def test_p1_cluster_ablation_sends_nothing_and_keeps_the_barriers(cluster, transport):
+    """The cluster's timing ablation (P1Study(pair_local_only=True)): the same barriers and
+    cluster-scope arrivals, nothing sent to a peer CTA; its own compile key."""
     from workbench.compile import compile_report
-    cfg = P1Study(cluster=2, pair_local_only=True).build()
-    assert cfg.static_key() != P1Study(cluster=2).build().static_key()
+    study = P1Study.of_cluster(cluster, transport=transport)
+    cfg = replace(study, pair_local_only=True).build()
+    assert cfg.static_key() != study.build().static_key()
     r = compile_report(cfg, *compile_args())
     assert r.frame_bytes == 0 and r.registers <= 128
     assert "st.shared::cluster" not in r.ptx
+    assert "cp.async.bulk.shared::cluster.shared::cta" not in r.ptx
     assert "mbarrier.arrive.release.cluster" in r.ptx
     assert "mbarrier.try_wait.parity.acquire.cluster" in r.ptx
 
@@ -213,12 +243,13 @@ def test_p1_drawn_shapes_bits_equal_p0(M, n8, k32, kind, splits, seed):
                                    (1100, 2048, 320)])
 @pytest.mark.parametrize("kind", ["normal", "lognormal"])
 @pytest.mark.parametrize("splits, buffers", [(1, 2), (2, 2), (1, 4)])
-def test_p1_pair_bits_equal_p0(shape, kind, splits, buffers):
+@pytest.mark.parametrize("transport", ["bulk", "stores"])
+def test_p1_pair_bits_equal_p0(shape, kind, splits, buffers, transport):
     """C = 2 (each k-block quantized by one CTA of the pair for both): P0's bits on the
     quantize kernel's output, into a NaN-poisoned output, a rerun equal. 1100 x 2048 x 320 is
     72 clusters (more than the 66 an H200 runs at once: some CTAs take two tiles) of 5
     k-blocks (the second tile starts on an odd ring count, so the owners swap); K splits and
-    four f16 buffers too."""
+    four f16 buffers too; both transports (bulk copies, DSMEM stores)."""
     from kernels.nvfp4.gemm import gemm_nvfp4
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
     from kernels.nvfp4.quantize import quantize_nvfp4
@@ -228,7 +259,7 @@ def test_p1_pair_bits_equal_p0(shape, kind, splits, buffers):
     q, s = quantize_nvfp4(x, g_x, pad_16x=True)
     want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
                       config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
-    cfg = P1Study(cluster=2, splits=splits, buffers=buffers).build()
+    cfg = P1Study(cluster=2, splits=splits, buffers=buffers, transport=transport).build()
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
     again = gemm_nvfp4_p1(x, g_x, pre, g_w, config=cfg)
@@ -239,6 +270,40 @@ def test_p1_pair_bits_equal_p0(shape, kind, splits, buffers):
     assert not out.isnan().any()
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
     assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster, shape", [(4, (128, 1024, 2048)), (4, (300, 2048, 1056)),
+                                            (8, (200, 1024, 704)), (8, (1100, 2048, 320))])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_p1_cluster_of_4_and_8_bits_equal_p0_every_run(cluster, shape, splits):
+    """C = 4 and 8 with the bulk transport (each k-block quantized by one CTA, sent to the
+    others by bulk DSMEM copies): P0's bits on the quantize kernel's output in every one of 8
+    runs into NaN-poisoned outputs (the DSMEM stores' race, session 25, showed in 10-45 % of
+    runs at these shapes). K = 704 is 11 k-blocks (owners wrap unevenly); 1100 x 2048 x 320
+    at C = 8 is 9 x 16 tiles in 18 clusters of 5 k-blocks; a weight-tile count C does not
+    divide is refused."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
+    from kernels.nvfp4.quantize import quantize_nvfp4
+    M, N, K = shape
+    x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + cluster + splits,
+                                           kind="lognormal")
+    q, s = quantize_nvfp4(x, g_x, pad_16x=True)
+    want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
+                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
+    cfg = P1Study.of_cluster(cluster, splits=splits).build()
+    odd = _operands(M, 128 * (cluster + 2), K, seed=1)
+    with pytest.raises(ValueError, match=f"not a multiple of {cluster}"):
+        gemm_nvfp4_p1(odd[0], odd[1], odd[2], odd[5], config=cfg)
+    outs = []
+    for _ in range(8):
+        out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+        outs.append(gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg))
+    torch.cuda.synchronize()
+    wrong = [i for i, out in enumerate(outs)
+             if not torch.equal(out.view(torch.int16), want.view(torch.int16))]
+    assert not wrong, f"runs {wrong} of 8 differ from P0's bits"
 
 
 @pytest.mark.gpu

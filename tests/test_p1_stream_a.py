@@ -52,7 +52,7 @@ def test_cluster_fits_one_split_and_weight_tiles_the_cluster_divides():
         tile_n, splits = 128, 1
     assert E.cluster_fits(C, 21504) and not E.cluster_fits(C, 128 * 3)
     assert E.cluster_fits(C, 21504, 8) and not E.cluster_fits(C, 5376, 4)  # 168 and 42 tiles
-    assert E.CLUSTERS == (2,)  # C = 4 and 8 raced (notes/p1.md, session 25)
+    assert E.CLUSTERS == (2, 4, 8)  # the bulk transport (notes/p1.md, session 26)
     C.splits = 3
     assert not E.cluster_fits(C, 21504)
 
@@ -90,4 +90,4 @@ def test_g2_is_gated_on_the_oracles_bound_not_on_p0s_bits():
     _, gates = E.headline_and_gates([row], [128])
     assert not gates["within_oracle_bound"]["pass"] and not gates["rerun_identical"]["pass"]
     assert "C x G 1x2" in gates["within_oracle_bound"]["detail"]
-    assert E.BITS_CONTRACT == ("1x1", "2x1")
+    assert E.BITS_CONTRACT == ("1x1", "2x1", "4x1", "8x1")

@@ -89,7 +89,7 @@ from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_s
 from epilogues import EpilogueOperands
 from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore, workspace_floats
 from producers.activation_stage import (ExpandedActivationStage, F16TmaActivationStage,
-                                        PairedQuantizingActivationStage,
+                                        ClusterQuantizingActivationStage,
                                         QuantizingActivationStage, WeightsAndF16Producer)
 from producers.register_order import (Bf16RegisterOrderProducer, RegisterOrderProducer,
                                       WeightsOnlyRegisterOrderProducer)
@@ -188,6 +188,9 @@ def check_links(producer, activation, consumer, epilogue) -> None:
             raise ValueError(f"{type(activation).__name__} writes the f16 tiles of {peers} "
                              f"CTAs; {type(consumer).__name__} frees them in "
                              f"{getattr(consumer, 'act_peers', 1)}")
+        if getattr(producer, "peers", 1) not in (1, peers):
+            raise ValueError(f"{type(producer).__name__} loads for a cluster of "
+                             f"{producer.peers}; {type(activation).__name__} shares in {peers}")
     tiles = getattr(producer, "tiles", None)  # a producer that also owns the f16 tiles
     if activation is None and tiles is not None and consumer.act_tiles != tiles:
         raise ValueError(f"{type(consumer).__name__} reads f16 tiles {consumer.act_tiles}; "
@@ -724,36 +727,47 @@ class P1Study:
     the epilogue are the production ones. The ``a`` buffer is the bf16 activation [M, K]; the
     ``sfa`` slot is never read; ``g_a`` is g = global_scale_from_amax(amax(x)). Exact: the
     production swap-AB bits on the packed activation the quantize kernel writes with that g.
-    Sharing knobs: ``cluster`` C = 2 (a CTA pair along N, each k-block quantized by one of
-    them for both through DSMEM; 4 and 8 raced, notes/p1.md) and ``groups`` G = 2 at
-    ``tokens`` = 64 (each quantized tile multiplied into two weight tiles:
+    Sharing knobs: ``cluster`` C = 2, 4 or 8 (CTAs along N, each k-block quantized by one of
+    them and sent to the others: producers.activation_stage.ClusterQuantizingActivationStage,
+    ``transport`` "bulk" (bulk DSMEM copies completing on the peers' barriers; the bf16 tile
+    loaded by the owner only) or "stores" (the pair's session-24 DSMEM stores, C = 2 only);
+    :meth:`of_cluster` sizes the ring and buffers) and ``groups`` G = 2 at ``tokens`` = 64
+    (each quantized tile multiplied into two weight tiles:
     consumers.register_a_wgmma.GroupedRegisterAWgmmaConsumer).
     ``variant``: the ablations (:class:`P0Variant`; wrong results, timing only): skip_dequant
     leaves out the quantizer (the stage only waits and publishes), skip_mma the wgmmas.
     ``dump``: the debug build (one K split): every consumed tile's packed codes and scale bytes
     written to global memory too (kernels.nvfp4.gemm_p1.gemm_nvfp4_p1_dump).
-    ``pair_local_only`` (with ``cluster=2``): the pair's ablation, wrong results, timing only:
-    each k-block's owner writes only its own f16 tile (no DSMEM stores), barriers unchanged."""
+    ``pair_local_only`` (with ``cluster`` > 1): the cluster's ablation, wrong results, timing
+    only: each k-block's owner writes only its own f16 tile (nothing sent), barriers
+    unchanged."""
 
     splits: int = 1
     stages: int = 6
     buffers: int = 2
     variant: P0Variant = PRODUCTION
     dump: bool = False
-    cluster: int = 1  # C: CTAs along N sharing each quantized tile (1 or 2)
+    cluster: int = 1  # C: CTAs along N sharing each quantized tile (1, 2, 4 or 8)
     pair_local_only: bool = False
     groups: int = 1  # G: weight tiles a CTA multiplies each quantized tile into (1, or 2)
     tokens: int = 128  # token rows a tile (64 with groups=2: two accumulator sets fit)
+    transport: str = "bulk"  # with cluster > 1: "bulk", or "stores" (the pair only)
+
+    @classmethod
+    def of_cluster(cls, cluster: int, **kw) -> "P1Study":
+        """C CTAs with what their shared memory allows: a buffer per CTA (each with one writer),
+        at least two; six ring stages, four at C = 8 (eight f16 tiles take 128 KB)."""
+        return cls(cluster=cluster, buffers=max(2, cluster), stages=4 if cluster == 8 else 6,
+                   **kw)
 
     def build(self) -> BlockscaledGemmSm90:
         _check_ring(self.stages, self.splits)
-        if self.cluster not in (1, 2):
-            raise ValueError(f"cluster = {self.cluster!r}: 1, or 2 (the pair; C = 4 and 8 raced "
-                             "on the H200: notes/p1.md, session 25)")
-        if self.cluster == 2 and (self.dump or self.variant != PRODUCTION):
-            raise ValueError("the pair is built without the debug dump and the ablations")
-        if self.pair_local_only and self.cluster != 2:
-            raise ValueError("pair_local_only ablates the pair's DSMEM stores: cluster=2")
+        if self.cluster not in (1, 2, 4, 8):
+            raise ValueError(f"cluster = {self.cluster!r}: 1, 2, 4 or 8 CTAs (notes/p1.md)")
+        if self.cluster > 1 and (self.dump or self.variant != PRODUCTION):
+            raise ValueError("the cluster is built without the debug dump and the ablations")
+        if self.pair_local_only and self.cluster == 1:
+            raise ValueError("pair_local_only ablates the cluster's sends: cluster > 1")
         if (self.groups, self.tokens) not in ((1, 128), (2, 64)):
             raise ValueError(f"groups = {self.groups!r}, tokens = {self.tokens!r}: G = 1 at 128 "
                              "tokens, or G = 2 at 64 (notes/p1.md, N-group reuse)")
@@ -769,19 +783,24 @@ class P1Study:
         if self.groups == 2:
             activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
             consumer = GroupedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
-        elif self.cluster == 2:
-            activation = PairedQuantizingActivationStage(tokens, self.stages, self.buffers)
+        elif self.cluster > 1:
+            activation = ClusterQuantizingActivationStage(
+                tokens, self.stages, self.buffers, peers=self.cluster, transport=self.transport)
             if self.pair_local_only:
                 activation = copy.copy(activation)
                 activation.local_only = True  # an instance attribute: its own compile-cache key
-            consumer = PeerFedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
+            bulk = self.transport == "bulk"
+            consumer = PeerFedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles,
+                                                     peers=self.cluster, owner_only=bulk)
         else:
             activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
             if self.dump:
                 activation = copy.copy(activation)
                 activation.dump = True  # an instance attribute: its own compile-cache key
             consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
-        producer = Bf16RegisterOrderProducer(tokens, consumer.tile_n, self.stages)
+        owner_loads = self.cluster > 1 and self.transport == "bulk"
+        producer = Bf16RegisterOrderProducer(tokens, consumer.tile_n, self.stages,
+                                             peers=self.cluster if owner_loads else 1)
         config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
                                                 splits=self.splits, raster_along_m=False)
         return config if self.variant == PRODUCTION else self.variant.of(config)
