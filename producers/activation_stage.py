@@ -327,67 +327,71 @@ class QuantizingActivationStage(ExpandedActivationStage):
         return count
 
 
-class ClusterQuantizingActivationStage(QuantizingActivationStage):
-    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C); notes/p1.md, "C = 2", "C = 4 and 8"
-    and session 26): P1's stage shared by a cluster of C CTAs (2, 4 or 8) on neighbouring
-    weight tiles of one token tile. Each k-block is quantized by one CTA of the cluster (ring
-    use ``count`` mod C == its rank, the *owner*) into its own f16 tile and sent to the C - 1
-    peers' tiles at the same offset, so each CTA quantizes 1 / C of the k-blocks. The f16
-    buffers are a multiple of C: buffer b is written by rank b mod C only.
+class ClusterSharedTiles:
+    """Mixin of an activation stage whose f16 tile one CTA of a cluster of C (2, 4 or 8, along
+    N: one token tile, neighbouring weight tiles) fills and sends to the others
+    (notes/p1.md, session 26). Ring use ``count`` is filled by rank ``count`` mod C, its
+    *owner*; the f16 buffers are a multiple of C, so buffer b has one writer, rank b mod C.
+    The subclass says how a tile is filled (:meth:`fill_views`, :meth:`fill_rows`) and which
+    rows each of its 4 warps writes (:meth:`slice_plan`).
 
-    ``transport`` (how the owner's tile reaches the peers):
-    * ``"bulk"``: each owner warp writes its rows locally, fences them to the async proxy, then
-      per peer one ``mbarrier.arrive.expect_tx`` of its slice's bytes on the peer's
-      ``act_full[b]`` and one ``cp.async.bulk.shared::cluster.shared::cta`` of the slice that
-      completes them there: the bytes land through the async proxy before the peer's phase
-      completes (TMA's contract). With it the producer loads the bf16 tile only on the owner
-      (producers.register_order.Bf16RegisterOrderProducer(peers=C)).
-    * ``"stores"`` (the pair only; session 24's build): ``st.shared::cluster.v4`` of every chunk
-      into the peer, ``fence.proxy.async.shared::cluster``, a release arrive on the peer. At
-      C = 4 and 8 it gave wrong bits (session 25): a peer's wgmma read stores not yet visible
-      to its async proxy.
+    ``transport``: ``"bulk"``: each owner warp fills its rows of its *own* tile, fences them to
+    the async proxy, then per peer one ``mbarrier.arrive.expect_tx`` of its rows' bytes on the
+    peer's ``act_full[b]`` and one ``cp.async.bulk.shared::cluster.shared::cta`` a slice that
+    completes them there: the bytes land through the async proxy before the peer's phase
+    completes (TMA's contract). ``"stores"`` (P1's pair only, session 24's build): DSMEM stores
+    of every chunk, ``fence.proxy.async.shared::cluster``, a release arrive on the peer (at
+    C = 4 and 8 wrong bits in 10-45 % of runs, session 25).
 
-    Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps (locally, and on each peer:
-    remote arrives, with the slice's bytes under ``"bulk"``); ``act_empty[b]`` the consumer
-    warps of all C CTAs (8 x C, declared by the consumer), waited by its owner at cluster
-    scope before its next write; ``empty[s]`` this CTA's 4 warps every k-block (they wait on
-    ``full[s]`` whether or not they quantize it, which keeps the ring's phase) and its 8
-    consumer warps."""
+    Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps (locally, and remotely on
+    each peer with their bytes); ``act_empty[b]`` the consumer warps of all C CTAs (8 x C,
+    declared by consumers.register_a_wgmma.PeerFedRegisterAWgmmaConsumer), waited by the owner
+    at cluster scope before it writes b again; ``empty[s]`` this CTA's 4 warps every k-block
+    (they wait on ``full[s]`` whether or not they fill it, which keeps the ring's phase) and
+    its consumers. The producer loads the stage's activation on the owner only
+    (producers.register_order: ``peers`` = C)."""
 
-    # the ablation P1Study(cluster=C, pair_local_only=True) sets it on an instance (its own
-    # compile key): the owner writes only its own tile, so the peers' wgmmas read stale f16
-    # (wrong results, timing only): what sending the tiles costs the cluster
+    # the ablation (its own compile key, set on an instance by the study): the owner fills only
+    # its own tile, so the peers' wgmmas read stale f16 (wrong, timing only): what sending costs
     local_only = False
-    TRANSPORTS = ("bulk", "stores")
+    TRANSPORTS = ("bulk",)
 
-    def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2,
-                 transport: str = "bulk"):
-        super().__init__(tokens, stages, buffers)
+    def _check_cluster(self, peers: int, transport: str) -> None:
         if peers not in (2, 4, 8):
             raise ValueError(f"peers = {peers!r}: a cluster of 2, 4 or 8 CTAs")
         if transport not in self.TRANSPORTS:
-            raise ValueError(f"transport = {transport!r}: choose from {self.TRANSPORTS}")
+            raise ValueError(f"transport = {transport!r}: {type(self).__name__} sends by "
+                             f"{' or '.join(self.TRANSPORTS)}")
         if transport == "stores" and peers != 2:
             # session 25: C = 4 and 8 with DSMEM stores gave wrong bits in 10-45 % of runs
             raise ValueError(f"transport 'stores' at C = {peers}: the pair only (its stores "
                              "raced at C = 4 and 8: notes/p1.md)")
-        if buffers % peers:
+        if self.tiles.buffers % peers:
             # ring use c is owned by rank c mod C and written into buffer c mod buffers: only
             # with buffers a multiple of C does each buffer keep one owner, whose parity wait
             # on act_empty then follows every phase of it; a buffer passed between owners lets
             # an owner's wait alias a phase it never saw (session 25: C = 4 at 2 buffers hung)
-            raise ValueError(f"{buffers} f16 buffers for a cluster of {peers}: a multiple of "
-                             f"{peers}, so that each buffer has one writer")
-        if tokens % (WARPS * WARP):
-            raise ValueError(f"tokens = {tokens}: the cluster sends one row a thread")
+            raise ValueError(f"{self.tiles.buffers} f16 buffers for a cluster of {peers}: a "
+                             f"multiple of {peers}, so that each buffer has one writer")
         self.peers, self.transport = peers, transport
-        # the rows each warp quantizes (one a thread): a contiguous slice of the f16 tile
-        self.slice_bytes = tokens // WARPS * ROW_BYTES
+
+    def slice_plan(self) -> tuple:
+        """(first rows, warp stride, rows): warp w fills rows ``first + w x stride`` .. ``+ rows``
+        of the f16 tile for each of the first rows (static)."""
+        raise NotImplementedError
 
     @cute.jit
-    def quantize_tile(self, tile, args, count: Int32) -> Int32:
-        (x_words, f16_words, g, rcp_g, full, empty, act_full, act_empty, mailbox, t, lane,
-         _) = args
+    def run(self, ctx, t: Int32):
+        for_each_tile(ctx.tiles, self.share_tile,
+                      (self.fill_views(ctx), ctx.bars["full"], ctx.bars["empty"],
+                       ctx.bars["act_full"], ctx.bars["act_empty"], ctx.mailbox, t, t % WARP))
+
+    @cute.jit
+    def share_tile(self, tile, args, count: Int32) -> Int32:
+        """Per k-block of ``tile``: the owner waits for its free f16 tile (every CTA's
+        consumers released it), fills it and sends it; every CTA gives the ring stage back."""
+        views, full, empty, act_full, act_empty, mailbox, t, lane = args
+        f16_words = views[0]
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         others = []  # the other ranks, rank ^ i (a bijection on 0 .. C - 1 for C a power of 2)
         for i in cutlass.range_constexpr(1, self.peers):
@@ -395,7 +399,8 @@ class ClusterQuantizingActivationStage(QuantizingActivationStage):
         others = tuple(others)
         stores = others if cutlass.const_expr(self.transport == "stores"
                                               and not self.local_only) else None
-        warp_row = (t // WARP) * (self.tokens // WARPS)
+        bulk = cutlass.const_expr(self.transport == "bulk" and not self.local_only)
+        warp = t // WARP
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             s, ph = ring_position(count, self.stages)
             b, bph = ring_position(count, self.tiles.buffers)
@@ -403,8 +408,7 @@ class ClusterQuantizingActivationStage(QuantizingActivationStage):
             if count % self.peers == rank:
                 wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox,
                             cluster=True)
-                quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words, s,
-                                           b, g, rcp_g, None, stores)
+                self.fill_rows(views, t, s, b, stores)
                 # our f16 stores -> wgmma and the bulk copies (async proxy)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 if cutlass.const_expr(stores is not None):
@@ -413,17 +417,92 @@ class ClusterQuantizingActivationStage(QuantizingActivationStage):
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)
                     cute.arch.mbarrier_arrive(act_full + b)
-                    if cutlass.const_expr(self.transport == "bulk" and not self.local_only):
-                        src = f16_words[(None, (b * self.tokens + warp_row) * ROW_CHUNKS)]
-                        for peer in others:
-                            arrive_expect_tx_cluster(act_full + b, peer, self.slice_bytes)
-                            bulk_copy_s2peer(src.iterator, self.slice_bytes, act_full + b, peer)
+                    if cutlass.const_expr(bulk):
+                        self._send(f16_words, act_full + b, b, warp, others)
                     else:
                         for peer in others:
                             arrive_cluster_release(act_full + b, peer)
-            else:  # a peer quantizes this k-block: only the stage goes back
+            else:  # a peer fills this k-block: only the stage goes back
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)
             count = count + 1
         return count
+
+    @cute.jit
+    def _send(self, f16_words, bar, b: Int32, warp: Int32, others):
+        """This warp's rows of f16 tile ``b`` to every peer: their bytes announced on the peer's
+        ``bar``, then one bulk copy a slice completing them there."""
+        firsts, stride, rows = self.slice_plan()
+        for peer in others:
+            arrive_expect_tx_cluster(bar, peer, len(firsts) * rows * ROW_BYTES)
+            for first in firsts:
+                src = f16_words[(None, (b * self.tokens + first + warp * stride) * ROW_CHUNKS)]
+                bulk_copy_s2peer(src.iterator, rows * ROW_BYTES, bar, peer)
+
+
+class ClusterQuantizingActivationStage(ClusterSharedTiles, QuantizingActivationStage):
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C); notes/p1.md, "C = 2", "C = 4 and 8"
+    and session 26): P1's stage (:class:`QuantizingActivationStage`'s quantizer) shared by a
+    cluster of C CTAs (:class:`ClusterSharedTiles`), so each CTA quantizes 1 / C of the
+    k-blocks. Each thread quantizes one token row, so warp w fills rows 32w .. 32w + 31 (one
+    4 KB slice). ``transport`` "bulk", or "stores" (the pair only)."""
+
+    TRANSPORTS = ("bulk", "stores")
+
+    def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2,
+                 transport: str = "bulk"):
+        super().__init__(tokens, stages, buffers)
+        if tokens != WARPS * WARP:
+            raise ValueError(f"tokens = {tokens}: the cluster's quantizer takes one row a "
+                             f"thread ({WARPS * WARP})")
+        self._check_cluster(peers, transport)
+
+    def slice_plan(self) -> tuple:
+        return (0,), WARP, WARP
+
+    @cute.jit
+    def fill_views(self, ctx) -> tuple:
+        sm = ctx.smem
+        x_words = word_view(sm["x_bf16"], self.stages * self.tokens * ROW_BYTES)
+        f16_words = word_view(sm["act_f16"], self.tiles.buffers * self.tiles.tile_bytes)
+        g = ctx.scales[0][0]
+        return f16_words, x_words, g, rcp_approx_ftz(g)
+
+    @cute.jit
+    def fill_rows(self, views, t: Int32, s: Int32, b: Int32, stores):
+        f16_words, x_words, g, rcp_g = views
+        quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words, s, b, g,
+                                   rcp_g, None, stores)
+
+
+class ClusterExpandedActivationStage(ClusterSharedTiles, ExpandedActivationStage):
+    """Study (kernels.nvfp4.gemm_shell.V3Study(activation="cluster_expand", cluster=C);
+    notes/p0-gemm.md, session 26: #34's activation-source comparison): the packed activation's
+    exact f16 expansion (:class:`ExpandedActivationStage`'s) made once a cluster of C CTAs and
+    sent to the others (:class:`ClusterSharedTiles`, bulk copies), instead of once a CTA or by
+    the quantize kernel into global memory (the f16 builds). Two threads a row, 64 rows a pass,
+    so warp w fills rows 16w .. 16w + 15 of every pass (``tokens`` / 64 slices of 2 KB)."""
+
+    def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2):
+        super().__init__(tokens, stages, buffers)
+        self._check_cluster(peers, "bulk")
+
+    def slice_plan(self) -> tuple:
+        per_pass = WARPS * WARP // 2
+        rows = per_pass // WARPS
+        return tuple(range(0, self.tokens, per_pass)), rows, rows
+
+    @cute.jit
+    def fill_views(self, ctx) -> tuple:
+        sm = ctx.smem
+        q_words = word_view(sm["q_a"].iterator, cute.cosize(sm["q_a"].layout))
+        sf_pairs = cute.make_tensor(cute.recast_ptr(sm["s_a"].iterator, dtype=Uint16),
+                                    cute.make_layout(cute.cosize(sm["s_a"].layout) // 2))
+        f16_words = word_view(sm["act_f16"], self.tiles.buffers * self.tiles.tile_bytes)
+        return f16_words, q_words, sf_pairs
+
+    @cute.jit
+    def fill_rows(self, views, t: Int32, s: Int32, b: Int32, stores):
+        f16_words, q_words, sf_pairs = views
+        expand_stage_rows(t, WARPS * WARP, self.tokens, q_words, sf_pairs, f16_words, s, b)
