@@ -84,6 +84,19 @@ def sm_count() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def cluster_ctas(cluster_n: int) -> int:
+    """The CTAs a persistent grid of ``cluster_n``-CTA clusters may launch so that every cluster
+    is resident at once, at one CTA an SM (the driver's cuOccupancyMaxActiveClusters at full
+    shared memory): a grid of sm_count() // C clusters can exceed what the GPCs hold (their
+    SM counts are not multiples of 4 or 8), and the extra cluster then runs its whole share
+    after the others (notes/p1.md, session 26)."""
+    if cluster_n == 1:
+        return sm_count()
+    from cutlass.utils import HardwareInfo
+    return min(HardwareInfo().get_max_active_clusters(cluster_n) * cluster_n, sm_count())
+
+
 def require_hopper():
     if not torch.cuda.is_available():
         raise WorkbenchError("no CUDA GPU is visible; this kernel runs on Hopper (sm_90)")

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from configs.arch import K_BLOCK
-from device.runtime import sm_count
+from device.runtime import cluster_ctas, sm_count
 from device.waits import synchronize
 from kernels.nvfp4.amax import amax
 from kernels.nvfp4.gemm import gemm_nvfp4
@@ -113,6 +113,7 @@ def run_job(name, M, args, rows):
         clusters.append(("p1_c2_stores", study_of("p1_c2_stores")))
     for label, study in clusters:
         cluster_cfg = study.build()
+        row[f"{label}_grid_ctas"] = cluster_ctas(cluster_cfg.cluster_n)  # all resident at once
         runs = []
         for _ in range(3):  # the DSMEM stores' race showed in 10-45 % of runs at C >= 4
             got_c = torch.full_like(out, float("nan"))

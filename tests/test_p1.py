@@ -307,6 +307,17 @@ def test_p1_cluster_of_4_and_8_bits_equal_p0_every_run(cluster, shape, splits):
 
 
 @pytest.mark.gpu
+def test_cluster_grid_fits_the_gpu_at_once():
+    """The persistent grid of C-CTA clusters (device.runtime.cluster_ctas): a multiple of C, at
+    most one CTA an SM, and every cluster resident at once by the driver's count."""
+    from device.runtime import cluster_ctas, sm_count
+    for c in (1, 2, 4, 8):
+        n = cluster_ctas(c)
+        assert n % c == 0 and c <= n <= sm_count(), (c, n)
+    assert cluster_ctas(1) == sm_count()
+
+
+@pytest.mark.gpu
 def test_p1_entry_refuses_bad_input_before_launch():
     """Each bad argument named before any launch."""
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from device.ffi import require_hopper
-from device.runtime import check_cuda_tensor, sm_count
+from device.runtime import check_cuda_tensor, cluster_ctas, sm_count
 from epilogues.tile_store import workspace_floats
 from kernels.nvfp4.gemm import (GATE_RESIDUAL, _check_epilogue_operands, _mailbox_address,
                                 k_splits)
@@ -114,7 +114,7 @@ def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm
     ENTRY(config, config.static_key(),
           (xb, xb, prepacked.codes, prepacked.scales, g_x, g_w, out, _mailbox_address(), work,
            counters, out if gate is None else gate, out if residual is None else residual),
-          (M, N, K // 32, sm_count()))
+          (M, N, K // 32, cluster_ctas(config.cluster_n)))
     return out
 
 
