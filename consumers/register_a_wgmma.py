@@ -82,7 +82,9 @@ class RegisterAWgmmaConsumer:
     """Static config: ``tokens`` (wgmma N, from TOKENS), the producer's ring depth ``stages``
     and the activation stage's f16 tiles ``act_tiles``; the weight tile is two 64-row slabs.
     ``mma``: off only in the measurement build that times the rest without the wgmmas
-    (kernels.nvfp4.gemm_shell.P0Variant)."""
+    (kernels.nvfp4.gemm_shell.P0Variant). ``act_peers``: the CTAs of a cluster that write this
+    CTA's f16 tiles (2: P1's pair by DSMEM stores, the f16 multicast study by TMA); each tile
+    is then freed in every one of them (``act_empty`` counts their consumer warps)."""
 
     # 256 tokens hold 128 accumulators a thread: 232 registers, which the 512-thread CTA's
     # register file allows only beside 24-register producer and activation roles (the f16
@@ -91,12 +93,15 @@ class RegisterAWgmmaConsumer:
     REGS = {128: 200, 256: 232}
     warpgroups, regs = 2, 200
     mma = True
-    act_peers = 1  # CTAs whose activation stage writes this CTA's f16 tiles (P1's cluster: C)
-    release_owner_only = False
+    release_owner_only = False  # P1's cluster: free a tile on its one writer's barrier only
+    # a peer writes the f16 tiles by generic (DSMEM) stores, released to the cluster: acquire
+    # act_full at cluster scope (P1's pair). A multicast TMA completes on the local barrier.
+    peer_stores = False
 
-    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles):
+    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, act_peers: int = 1):
         if tokens not in self.TOKENS:
             raise ValueError(f"tokens = {tokens}: choose from {self.TOKENS}")
+        self.act_peers = act_peers
         self.regs = self.REGS[tokens]
         # what ptxas must be allowed for the whole kernel (its cap is 65536 / the CTA's
         # threads): 256 tokens' 128 accumulators, 16 A registers and the addresses need > 128
@@ -238,7 +243,7 @@ class RegisterAWgmmaConsumer:
         acc = v.acc
         b, bph = ring_position(cnt, self.act_tiles.buffers)
         wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox,
-                    cluster=self.act_peers > 1)  # a peer's DSMEM stores, released to cluster
+                    cluster=self.peer_stores)  # a peer's DSMEM stores, released to cluster
         if cutlass.const_expr(self.mma):
             warpgroup.fence()
             tile_addr = v.f16_base + b * self.act_tiles.tile_bytes
@@ -283,10 +288,12 @@ class PeerFedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
     (rank b mod C, the buffer's one writer), else on every CTA's (the pair's first build: C
     arrives a warp, C - 1 of them never waited on). ``act_empty``: 8 x C arrivals."""
 
+    peer_stores = True
+
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2,
                  owner_only: bool = True):
-        super().__init__(tokens, stages, act_tiles)
-        self.act_peers, self.release_owner_only = peers, owner_only
+        super().__init__(tokens, stages, act_tiles, act_peers=peers)
+        self.release_owner_only = owner_only
 
 
 class GroupedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
@@ -401,8 +408,9 @@ class PipelinedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
     8438956) was 1.4-1.6x slower than the serial consumer.
 
     Role contract as :class:`RegisterAWgmmaConsumer`'s (warpgroups 2-3, 200 registers, 8
-    arrivals each on ``empty`` and ``act_empty``); it holds an activation tile one k16 step
-    longer, so give the activation stage more than two buffers."""
+    arrivals each on ``empty`` and ``act_empty``; with ``act_peers`` = 2, the f16 multicast
+    study, each release on both CTAs' ``act_empty``: 8 + 8); it holds an activation tile one
+    k16 step longer, so give the activation stage more than two buffers."""
 
     IN_FLIGHT = 2
 
@@ -433,12 +441,11 @@ class PipelinedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
                 if cutlass.const_expr(st == 1):
                     # the previous k-block's last wgmma has retired: its tile is free
                     if kt > tile.k0 and v.lane == 0:
-                        cute.arch.mbarrier_arrive(
-                            v.act_empty + (count - 1) % self.act_tiles.buffers)
+                        self._release_act(v, (count - 1) % self.act_tiles.buffers)
             count = count + 1
         warpgroup.wait_group(0)
         if tile.k1 > tile.k0 and v.lane == 0:
-            cute.arch.mbarrier_arrive(v.act_empty + (count - 1) % self.act_tiles.buffers)
+            self._release_act(v, (count - 1) % self.act_tiles.buffers)
         return count
 
 

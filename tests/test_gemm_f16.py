@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from consumers.register_a_wgmma import RegisterAWgmmaConsumer
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, V3Study, compile_args
 from workbench.compile import compile_report
 
@@ -279,3 +280,139 @@ def test_p0_linears_sharing_scratch_keep_their_bits():
     torch.cuda.synchronize()
     for i, y in got:
         assert torch.equal(y.view(torch.int16), want[i].view(torch.int16))
+
+
+# ---- the activation multicast across a CTA pair (study; notes/p0-gemm.md, session 26) ----------
+MULTICAST_TILE_BYTES = {"wide_f16": 256 * 64 * 2, "swap_ab_f16": 128 * 64 * 2}
+# release sites a consumer warp frees an f16 tile from (the pipelined consumer: inside the
+# k-loop and after it), each arriving on both CTAs' act_empty
+MULTICAST_RELEASES = {"wide_f16": 2, "swap_ab_f16": 1}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("build", sorted(MULTICAST_TILE_BYTES))
+def test_f16_multicast_compiles_with_the_pair_tma_and_cluster_arrivals(build):
+    """F16MulticastStudy: one TMA of the f16 tile, ``.multicast::cluster`` (each CTA its half,
+    into both), ``act_full`` still announcing the whole tile's bytes; every consumer release on
+    both CTAs' ``act_empty`` at cluster scope (counted 8 + 8), the producer's wait on it
+    acquiring at cluster scope (and only it: ``act_full`` is completed by the TMA locally);
+    barriers armed pair-wide, neither CTA leaving before its peer. Registers and setmaxnreg
+    as the production build's (which ``multicast`` = 1 is), no spill; production has no cluster."""
+    from kernels.nvfp4.gemm_shell import F16MulticastStudy
+    cfg = F16MulticastStudy(build_name=build).build()
+    prod_cfg = F16MulticastStudy(build_name=build, multicast=1).build()
+    assert prod_cfg.static_key() == getattr(BlockscaledGemmSm90, build)().static_key()
+    assert cfg.cluster_n == 2 and prod_cfg.cluster_n == 1
+    assert cfg.static_key() != prod_cfg.static_key()
+    counts = {k: v["arrive_count"] for k, v in cfg.describe()["barriers"].items()}
+    assert counts == {"full": 1, "empty": 8, "act_full": 1, "act_empty": 16}
+    r = compile_report(cfg, *compile_args())
+    prod = compile_report(prod_cfg, *compile_args())
+    assert "multicast" not in prod.ptx and "barrier.cluster" not in prod.ptx
+    assert r.census["cp.async.bulk.tensor"] == prod.census["cp.async.bulk.tensor"] == 1
+    assert r.ptx.count(".multicast::cluster") == 1
+    assert re.search(rf"mov\.b32\s+(%r\d+), {MULTICAST_TILE_BYTES[build]};\s+"
+                     r"mbarrier\.arrive\.expect_tx\.shared\.b64 \S+, \[%r\d+\], \1;", r.ptx)
+    releases = MULTICAST_RELEASES[build]
+    assert r.ptx.count("mbarrier.arrive.release.cluster") == 2 * releases
+    assert r.census["mapa"] == 2 * releases
+    assert r.ptx.count("mbarrier.try_wait.parity.acquire.cluster") == 2  # bounded wait: 2 tries
+    assert r.ptx.count("fence.mbarrier_init.release.cluster") == 1
+    assert r.ptx.count("barrier.cluster.arrive.relaxed;") == 1
+    assert r.ptx.count("barrier.cluster.arrive;") == 1
+    assert r.ptx.count("barrier.cluster.wait;") == 2
+    assert r.census["wgmma.mma_async"] == prod.census["wgmma.mma_async"] == 4
+    assert r.census["setmaxnreg"] == prod.census["setmaxnreg"]
+    assert r.frame_bytes == 0 and r.registers == prod.registers
+    if r.sass is not None:
+        assert r.spill_bytes == 0 and "CALL.ABS" not in r.sass
+        assert r.sass.count("USETMAXREG") == prod.sass.count("USETMAXREG")
+
+
+def test_f16_multicast_refuses_bad_combinations_before_compiling():
+    """Stream-K, a cluster other than a pair, an unknown build, roles built for different
+    pairs, and (at launch, before any prepack or device check) an odd count of weight tiles."""
+    from consumers.register_a_wgmma import PipelinedRegisterAWgmmaConsumer
+    from kernels.nvfp4.gemm import launch_config
+    from kernels.nvfp4.gemm_shell import F16MulticastStudy
+    from producers.activation_stage import F16TmaActivationStage, WeightsAndF16Producer
+    from producers.register_order import WeightsOnlyRegisterOrderProducer
+    with pytest.raises(ValueError, match="stream_k with multicast = 2"):
+        F16MulticastStudy(stream_k=True).build()
+    with pytest.raises(ValueError, match=r"multicast = 4: 1, or 2"):
+        F16MulticastStudy(multicast=4).build()
+    with pytest.raises(ValueError, match="build_name"):
+        F16MulticastStudy(build_name="swap_ab").build()
+    assert F16MulticastStudy(stream_k=True, multicast=1).build().stream_k
+    pair = WeightsAndF16Producer(256, 128, 8, 4, multicast=2)
+    with pytest.raises(ValueError, match=r"WeightsAndF16Producer writes the f16 tiles of 2 "
+                                         r"CTAs; PipelinedRegisterAWgmmaConsumer frees them in 1"):
+        BlockscaledGemmSm90.from_roles("swap_ab", pair, PipelinedRegisterAWgmmaConsumer(
+            256, 8, pair.tiles), None, raster_along_m=False)
+    with pytest.raises(ValueError, match="stream_k with splits = 1, cluster of 2"):
+        BlockscaledGemmSm90.from_roles("swap_ab", pair, PipelinedRegisterAWgmmaConsumer(
+            256, 8, pair.tiles, act_peers=2), None, raster_along_m=False, stream_k=True)
+    stage = F16TmaActivationStage(128, 8, 4, multicast=2)
+    with pytest.raises(ValueError, match="multicast to 1 CTAs; F16TmaActivationStage copies "
+                                         "with 2"):
+        BlockscaledGemmSm90.from_roles(
+            "swap_ab", WeightsOnlyRegisterOrderProducer(128, 128, 8),
+            RegisterAWgmmaConsumer(128, 8, stage.tiles, act_peers=2), stage)
+    for build in sorted(MULTICAST_TILE_BYTES):
+        cfg = F16MulticastStudy(build_name=build).build()
+        with pytest.raises(ValueError, match=r"N = 384 gives 3 tiles, not a multiple of 2"):
+            launch_config(cfg, 128, 384, 256, "cpu", f16=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build, shape, splits", [
+    ("wide_f16", (300, 1024, 1056), 1),  # a partial token tile
+    ("wide_f16", (100, 256, 160), 1),  # rank 1's half wholly past M; a partial k-block
+    ("wide_f16", (2048, 8192, 256), 1),  # 256 clusters: more than fit at once
+    ("wide_f16", (1300, 8072, 512), 2),  # a ragged last weight tile; K split
+    ("swap_ab_f16", (128, 512, 2048), 1),
+    ("swap_ab_f16", (40, 1000, 160), 3),
+    ("swap_ab_f16", (1024, 8192, 320), 1),  # 256 clusters
+])
+def test_f16_multicast_equals_the_single_cta_bits(build, shape, splits):
+    """F16MulticastStudy (a CTA pair sharing the f16 tile's TMA) on fresh random operands:
+    the bits of the same build at one CTA a cluster (the same wgmmas on the same values in the
+    same order), into a NaN-poisoned output, a rerun identical; an odd tile count refused."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.gemm_shell import F16MulticastStudy
+    M, N, K = shape
+    a, b, pre, a16, _ = _operands(M, N, K, seed=sum(shape) + splits + 26)
+    one = F16MulticastStudy(build_name=build, splits=splits, multicast=1).build()
+    pair = F16MulticastStudy(build_name=build, splits=splits).build()
+    want = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=one)
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=pair, out=out)
+    again = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=pair)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+    odd = _operands(M, 384, K, seed=1)  # three weight tiles: the pair cannot cover them
+    with pytest.raises(ValueError, match="not a multiple of 2"):
+        gemm_nvfp4(*odd[0], *odd[1], prepacked=odd[2], a16=odd[3], config=pair)
+
+
+@pytest.mark.gpu
+@settings(max_examples=10, deadline=None)
+@given(M=st.integers(1, 600), tiles=st.integers(1, 6), n8=st.integers(1, 16),
+       k32=st.integers(1, 30), build=st.sampled_from(sorted(MULTICAST_TILE_BYTES)),
+       seed=st.integers(0, 2**31 - 1))
+def test_f16_multicast_drawn_shapes(M, tiles, n8, k32, build, seed):
+    """Drawn shapes, N giving an even tile count (2 · tiles 128-row tiles, the last ragged):
+    the pair's bits equal the single CTA's."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.gemm_shell import F16MulticastStudy
+    N, K = 256 * tiles - 8 * n8 + 8, 32 * k32
+    a, b, pre, a16, _ = _operands(M, N, K, seed=seed)
+    want = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16,
+                      config=F16MulticastStudy(build_name=build, multicast=1).build())
+    out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+    gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, out=out,
+               config=F16MulticastStudy(build_name=build).build())
+    torch.cuda.synchronize()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))

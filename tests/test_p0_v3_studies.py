@@ -219,6 +219,40 @@ def test_f16_activation_comes_by_tma_unexpanded():
     assert "st.shared.v4" not in r.ptx
 
 
+def test_v3_ab_multicast_parts():
+    """scripts/p0_v3_ab.py's parts mc, mcL and mcs (the f16 multicast, session 26): each job
+    times the pair beside the same build at one CTA a cluster (same split; the swap-AB split the
+    chooser's, one at qkv where it picks stream-K), M = 2048 before 37810 and 128, fc1 and
+    7168x5376 first; the pair's ns a k-block over the single CTA's; the parts parse."""
+    from scripts import p0_v3_ab as ab
+    jobs = [j for j in ab.JOBS if j[0] in ab.MULTICAST_M]
+    assert jobs[:2] == [("mc", "fc1"), ("mc", "wide")] and len(jobs) == 15
+    assert [p for p, _ in jobs] == ["mc"] * 5 + ["mcL"] * 5 + ["mcs"] * 5
+    for part, name, splits in (("mc", "qkv", 1), ("mcL", "fc2", 1), ("mcs", "qkv", 1),
+                               ("mcs", "out", 3), ("mcs", "wide", 2)):
+        N, K = ab.PROJECTIONS[name]
+        (l1, one), (l2, pair) = ab.multicast_configs(part, ab.MULTICAST_M[part][0], N, K, 132)
+        assert "production" in l1 and "production" not in l2 and l2.endswith("mc2")
+        assert (one.cluster_n, pair.cluster_n) == (1, 2)
+        assert one.splits == pair.splits == splits and not one.stream_k
+        assert one.tile_m == pair.tile_m == (128 if part == "mcs" else 256)
+        assert ab.kblocks_per_cta(pair, 2048, N, K, 132) == ab.kblocks_per_cta(
+            one, 2048, N, K, 132)
+    rows = [{"part": "mc", "projection": "fc1", "config": c, "splits": 1, "us": us,
+             "ns_per_kblock": ns, "exact_promised": True, "rerun_identical": True,
+             "no_nan_left": True, "equal_to_production": True}
+            for c, us, ns in (("wide t256 production", 420.0, 714.0),
+                              ("wide t256 mc2", 399.0, 678.3))]
+    ab.derive(rows)
+    assert rows[0]["over_production"] == 1.0
+    assert rows[1]["over_production"] == pytest.approx(0.95)
+    assert "0.95" in ab.table(rows) and "True" in ab.table(rows)
+    with pytest.raises(SystemExit):
+        ab.main(["--parts", "mc", "mc4"])
+    if not torch.cuda.is_available():
+        assert ab.main(["--parts", "mc", "mcL", "mcs", "--no-anchors"]) == 2
+
+
 @pytest.mark.compile
 def test_production_swap_ab_ptx_is_the_studies_baseline():
     """The study's production build is the swap-AB default, the same PTX."""
