@@ -44,12 +44,17 @@ def weight_slab_views(b_ptr, sfb_ptr, N: Int32, k32: Int32):
 
 class RegisterOrderProducer(PackedRingOwner):
     """Static config: ``tile_m`` token rows (a multiple of 128), ``tile_n`` weight rows (two
-    64-row slabs) and the ring depth ``stages``."""
+    64-row slabs) and the ring depth ``stages``. ``peers`` C > 1 (a cluster whose activation
+    stage expands each k-block once for all: producers.activation_stage.
+    ClusterExpandedActivationStage): ring use ``count``'s packed activation is loaded only by
+    its owner, rank ``count`` mod C (the others' ``full[s]`` expects the slabs alone)."""
 
     warpgroups, regs = 1, 24
+    peers = 1
 
-    def __init__(self, tile_m: int, tile_n: int, stages: int):
+    def __init__(self, tile_m: int, tile_n: int, stages: int, peers: int = 1):
         self.check_tile(tile_m, tile_n)
+        self.peers = peers
         self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
         self.slabs = tile_n // SLAB_ROWS
         self.act_bytes = operand_bytes(tile_m)
@@ -96,9 +101,21 @@ class RegisterOrderProducer(PackedRingOwner):
         slab0 = tile.n * self.slabs
         valid = cutlass.min(n_slabs - slab0, self.slabs)
         tx = self.act_bytes + valid * self.slab_bytes + self.extra_tx_bytes
+        rank = Int32(0)
+        if cutlass.const_expr(self.peers > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY, mailbox)
-            copy_operand(parts, tile.m, kt, s, bar)
+            if cutlass.const_expr(self.peers == 1):
+                s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY,
+                                       mailbox)
+                copy_operand(parts, tile.m, kt, s, bar)
+            else:
+                owner = count % self.peers == rank
+                s, bar = acquire_stage(count, self.stages, empty, full,
+                                       cutlass.select_(owner, tx, tx - self.act_bytes),
+                                       Barrier.EMPTY, mailbox)
+                if owner:
+                    copy_operand(parts, tile.m, kt, s, bar)
             with cute.arch.elect_one():
                 self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
             count = count + 1
@@ -219,10 +236,9 @@ class Bf16RegisterOrderProducer(RegisterOrderProducer):
     the cluster reads the token tile once a K pass, as one CTA does."""
 
     def __init__(self, tile_m: int, tile_n: int, stages: int, peers: int = 1):
-        super().__init__(tile_m, tile_n, stages)
+        super().__init__(tile_m, tile_n, stages, peers)
         self.act_bytes = tile_m * K_BLOCK * 2
         self.stage_bytes = self.act_bytes + self.slabs * self.slab_bytes
-        self.peers = peers
 
     @staticmethod
     def check_tile(tile_m: int, tile_n: int) -> None:

@@ -34,6 +34,14 @@ call of ~2.5 min:
 
     python3 scripts/p0_v3_ab.py --parts mc mcL --no-anchors --seconds 140
 
+(src, srcL) #34's activation source at M = 128 (src) and 2048 (srcL), every projection, one
+run, the chooser's swap-AB split: the packed activation expanded in every CTA (the swap-AB
+build, the bits' reference), its exact f16 expansion by TMA (the quantize kernel writing it
+into global memory: the f16 builds' source), and the packed activation expanded once a
+cluster of C = 2, 4 CTAs along N and sent to the others by bulk DSMEM copies
+(``V3Study(activation="cluster_expand", cluster=C)``, where C divides the weight tiles; notes/
+p0-gemm.md, session 26). All the same bits.
+
 (S256, S512, S1024) qkv, out and fc2 at M = 256, 512 and 1024: the swap-AB f16 build (the
 chooser's split) and on stream-K, the 256-token build on the tile loop and on stream-K, with
 the anchors: where the f16 chooser should switch (schedules/plan.py SWAP_AB_MAX_WAVES was
@@ -44,7 +52,7 @@ bf16 (the activation as bf16 against the dequantized weight) and quack-kernels' 
 the same NVFP4 weights (experiments.p0_baseline's repack; the row is missing, and the run says
 why, where quack does not import). --no-anchors leaves them out.
 
-    python3 scripts/p0_v3_ab.py [--seconds 170] [--parts p L W w c a mc mcL mcs ...]
+    python3 scripts/p0_v3_ab.py [--seconds 170] [--parts p L W w c a mc mcL mcs src srcL ...]
         [--no-anchors] [--out DIR]
 
 (a) the split-K fixup at M = 128 (out, fc2, 7168x5376; splits 2 and 3): the production store
@@ -85,7 +93,7 @@ from pathlib import Path
 import torch
 
 from configs.arch import K_BLOCK
-from device.runtime import sm_count
+from device.runtime import cluster_ctas, sm_count
 from device.waits import synchronize
 from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4
 from kernels.nvfp4.gemm_shell import ENTRY, F16MulticastStudy, V3Study
@@ -100,6 +108,8 @@ SMALL_M, LARGE_M = 128, 2048
 SWEEP_M = {"S256": 256, "S512": 512, "S1024": 1024}  # part S: where the f16 builds cross
 # the f16 multicast (session 26): part -> (M, the build)
 MULTICAST_M = {"mc": (2048, "wide_f16"), "mcL": (37810, "wide_f16"), "mcs": (128, "swap_ab_f16")}
+SOURCE_M = {"src": 128, "srcL": 2048}  # #34's activation-source comparison (session 26)
+SOURCE_CLUSTERS = (2, 4)
 # priority order: session 21's rows (p) first, then 8438956's (c) and (a)
 JOBS = (("p", "qkv"), ("p", "fc1"), ("p", "out"), ("p", "wide"), ("p", "fc2"),
         ("L", "qkv"), ("L", "fc1"), ("L", "out"), ("L", "fc2"), ("L", "wide"),
@@ -110,7 +120,8 @@ JOBS = (("p", "qkv"), ("p", "fc1"), ("p", "out"), ("p", "wide"), ("p", "fc2"),
         ("a", "wide"), ("c", "wide"),
         # session 26: the shapes at 0.99x quack first (fc1, 7168x5376), M = 2048 before 37810
         *((part, name) for part in MULTICAST_M
-          for name in ("fc1", "wide", "qkv", "out", "fc2")))
+          for name in ("fc1", "wide", "qkv", "out", "fc2")),
+        *((part, name) for part in SOURCE_M for name in ("qkv", "fc1", "wide", "out", "fc2")))
 FIXUP_SPLITS = (2, 3)
 
 
@@ -151,7 +162,7 @@ class StudyLaunch:
         counters = out if self.counters is None else self.counters
         ENTRY(self.cfg, self.key, (a_q, a[1], pre.codes, pre.scales, a[2], b[2], out,
                                    _mailbox_address(), work, counters, out, out),
-              (self.M, self.N, self.K // 32, sm_count()))
+              (self.M, self.N, self.K // 32, cluster_ctas(self.cfg.cluster_n)))
         return out
 
 
@@ -171,6 +182,9 @@ def variants(part, M, N, K):
     if part in MULTICAST_M:
         return [(label, cfg, StudyLaunch(cfg, M, N, K), True)
                 for label, cfg in multicast_configs(part, M, N, K)]
+    if part in SOURCE_M:
+        return [(label, cfg, StudyLaunch(cfg, M, N, K), True)
+                for label, cfg in source_configs(M, N, K)]
     if part == "a":
         for sp in (1, *FIXUP_SPLITS):
             cfg, call = production(M, N, K, sp)
@@ -263,6 +277,22 @@ def multicast_configs(part, M, N, K, sms=None):
             (f"{name} mc2", F16MulticastStudy(build, multicast=2, splits=splits).build())]
 
 
+def source_configs(M, N, K, sms=None):
+    """[(label, config)] of an activation-source job at the chooser's swap-AB split (one where
+    it picks stream-K): the packed activation expanded in each CTA (the reference), its f16
+    expansion by TMA, and expanded once a cluster of C (where C divides the weight tiles)."""
+    splits = default_config(M, N, K, sms, prepacked=True).splits
+    rows = [(f"s{splits} packed, expanded a CTA", V3Study(splits=splits).build()),
+            (f"s{splits} f16 by TMA", V3Study(splits=splits, activation="f16_tma",
+                                             buffers=4).build())]
+    for c in SOURCE_CLUSTERS:
+        if -(-N // 128) % c == 0:
+            rows.append((f"s{splits} packed, expanded a cluster of {c}",
+                         V3Study(splits=splits, activation="cluster_expand", cluster=c,
+                                 buffers=max(2, c)).build()))
+    return rows
+
+
 def warm_multicast_builds(parts):
     """Compile the multicast parts' builds ahead of the jobs (one launch each on a small
     problem, the same static keys), so no job's time holds a compile."""
@@ -325,7 +355,7 @@ class ContextLost(RuntimeError):
 
 def run_job(part, name, args, rows):
     N, K = PROJECTIONS[name]
-    M = SWEEP_M.get(part) or MULTICAST_M.get(part, (None,))[0] or (
+    M = SWEEP_M.get(part) or SOURCE_M.get(part) or MULTICAST_M.get(part, (None,))[0] or (
         LARGE_M if part in ("L", "W") else SMALL_M)
     per_set = (M + N) * (K // 2 + K // 16) + M * K * 2
     sets = rotation_count(per_set, factor=2.0, cap=4)
@@ -428,7 +458,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=170.0,
                    help="start no job after this many seconds (default 170)")
     p.add_argument("--parts", nargs="+",
-                   choices=("p", "L", "W", "w", "a", "c", *SWEEP_M, *MULTICAST_M),
+                   choices=("p", "L", "W", "w", "a", "c", *SWEEP_M, *MULTICAST_M, *SOURCE_M),
                    default=["p", "L", "c", "a"])
     p.add_argument("--rep-ms", type=float, default=40.0, help="timed replay per measurement")
     p.add_argument("--projections", nargs="+", choices=tuple(PROJECTIONS), default=None,

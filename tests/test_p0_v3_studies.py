@@ -261,6 +261,57 @@ def test_production_swap_ab_ptx_is_the_studies_baseline():
     assert a == b
 
 
+def test_cluster_expand_is_refused_where_it_cannot_build():
+    """The cluster-shared expansion (#34's activation source, session 26) only as
+    activation="cluster_expand" with a cluster, on the serial consumer at 128 tokens, without
+    stream-K or a fixup study, with a buffer count the cluster divides."""
+    for kw in (dict(cluster=2), dict(activation="cluster_expand"),
+               dict(activation="cluster_expand", cluster=2, stream_k=True),
+               dict(activation="cluster_expand", cluster=4, buffers=2),
+               dict(activation="cluster_expand", cluster=2, consumer="pipelined"),
+               dict(activation="cluster_expand", cluster=2, splits=2, fixup="skip")):
+        with pytest.raises(ValueError):
+            V3Study(**kw)
+    with pytest.raises(ValueError, match="a cluster of 2, 4 or 8"):
+        V3Study(activation="cluster_expand", cluster=3, buffers=3).build()
+
+
+def test_v3_ab_activation_source_parts():
+    """scripts/p0_v3_ab.py's parts src and srcL: per job the packed activation expanded a CTA
+    (the reference), the f16 by TMA and the cluster-shared expansion at C = 2 and 4 where C
+    divides the weight tiles, all at the chooser's split, all exact."""
+    from scripts import p0_v3_ab as ab
+    jobs = [j for j in ab.JOBS if j[0] in ab.SOURCE_M]
+    assert [p for p, _ in jobs] == ["src"] * 5 + ["srcL"] * 5
+    qkv = ab.source_configs(128, 21504, 5376, 132)  # 168 weight tiles: C = 2 and 4
+    out = ab.source_configs(128, 5376, 5376, 132)  # 42: C = 2 only
+    assert [c.cluster_n for _, c in qkv] == [1, 1, 2, 4] and len(out) == 3
+    assert "expanded a CTA" in qkv[0][0] and "f16" in qkv[1][0]
+    assert len({c.splits for _, c in out}) == 1 and out[0][1].splits > 1
+    assert qkv[1][1].reads_f16_activation and not qkv[2][1].reads_f16_activation
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("cluster", [2, 4])
+def test_cluster_expand_sends_each_warps_rows_by_bulk_copy(cluster):
+    """Each owner warp's two 2 KB row slices to each peer by cp.async.bulk shared::cta ->
+    shared::cluster (2 (C - 1)), one expect-tx arrive a peer (C - 1), the packed TMA behind
+    the owner test, the consumers' one release; 128 registers, no spills."""
+    cfg = V3Study(activation="cluster_expand", cluster=cluster, buffers=max(2, cluster)).build()
+    assert cfg.cluster_n == cluster
+    bars = cfg.describe()["barriers"]
+    assert (bars["act_full"]["arrive_count"], bars["act_empty"]["arrive_count"]) == (
+        4, 8 * cluster)
+    r = compile_report(cfg, *compile_args())
+    assert r.frame_bytes == 0 and r.registers <= 128
+    assert r.ptx.count("cp.async.bulk.shared::cluster.shared::cta") == 2 * (cluster - 1)
+    assert r.ptx.count("mbarrier.arrive.expect_tx.release.cluster") == cluster - 1
+    assert r.ptx.count("mbarrier.arrive.release.cluster") == 1
+    assert "st.shared::cluster" not in r.ptx
+    if r.sass is not None:
+        assert r.spill_bytes == 0
+
+
 # ---- exactness (GPU) ----------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_v3_exact_studies_equal_production_bits():
@@ -327,3 +378,26 @@ def test_256_token_build_within_bound(shape, splits):
     assert not out.isnan().any()
     _check(out, a, b, M, N, K)
     assert torch.equal(again.view(torch.int16), out.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(128, 512, 2048), (300, 1024, 1056), (1100, 2048, 320)])
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("cluster", [2, 4])
+def test_cluster_expand_equals_production_bits_every_run(shape, splits, cluster):
+    """The packed activation expanded once a cluster and sent by bulk copies: the production
+    swap-AB bits at the same split in each of 4 runs into NaN-poisoned outputs (owners wrap
+    unevenly at K = 1056 and 320; 1100 x 2048 at C = 2 is more clusters than fit at once)."""
+    from scripts.p0_v3_ab import StudyLaunch, operands
+    M, N, K = shape
+    a, b, pre, x16 = operands(M, N, K, seed=sum(shape) + splits + cluster)
+    base = StudyLaunch(V3Study(splits=splits).build(), M, N, K)(
+        a, b, pre, x16, torch.empty(M, N, dtype=torch.bfloat16, device="cuda"))
+    launch = StudyLaunch(V3Study(splits=splits, activation="cluster_expand", cluster=cluster,
+                                 buffers=max(2, cluster)).build(), M, N, K)
+    outs = [launch(a, b, pre, x16, torch.full((M, N), float("nan"), dtype=torch.bfloat16,
+                                                device="cuda")) for _ in range(4)]
+    torch.cuda.synchronize()
+    wrong = [i for i, out in enumerate(outs)
+             if not torch.equal(out.view(torch.int16), base.view(torch.int16))]
+    assert not wrong, f"runs {wrong} of 4 differ from the production bits"

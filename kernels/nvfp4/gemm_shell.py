@@ -89,8 +89,9 @@ from device.runtime import cute_modules, pointer_args
 from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_segments
 from epilogues import EpilogueOperands
 from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore, workspace_floats
-from producers.activation_stage import (ExpandedActivationStage, F16TmaActivationStage,
+from producers.activation_stage import (ClusterExpandedActivationStage,
                                         ClusterQuantizingActivationStage,
+                                        ExpandedActivationStage, F16TmaActivationStage,
                                         QuantizingActivationStage, WeightsAndF16Producer)
 from producers.register_order import (Bf16RegisterOrderProducer, RegisterOrderProducer,
                                       WeightsOnlyRegisterOrderProducer, check_multicast)
@@ -646,7 +647,7 @@ class SwapAbStudy:
 
 
 V3_FIXUPS = ("production", *SPLIT_FIXUPS)
-V3_ACTIVATIONS = ("expand", "f16_tma", "f16_tma_3wg")
+V3_ACTIVATIONS = ("expand", "f16_tma", "f16_tma_3wg", "cluster_expand")
 V3_CONSUMERS = ("serial", "pipelined")
 
 
@@ -671,6 +672,11 @@ class V3Study:
     (:class:`consumers.register_a_wgmma.PipelinedRegisterAWgmmaConsumer`: convert step b + 1
     under wgmma(b), two k16 groups in flight; exact, the production bits: same operands, same
     wgmmas in the same order on the same accumulators).
+    ``activation="cluster_expand"`` with ``cluster`` C = 2, 4 or 8 (#34's activation-source
+    comparison, notes/p0-gemm.md session 26): the packed activation expanded once a cluster of
+    C CTAs along N and sent to the others by bulk DSMEM copies
+    (producers.activation_stage.ClusterExpandedActivationStage; the packed tile loaded by its
+    owner only), the production bits.
     ``tokens``: 128 or 256 token rows a CTA tile (wgmma N; 256: 128 accumulators a thread at 232
     registers, so only with the 24-register f16 TMA activation stage; the large-M candidate).
     ``stream_k``: the stream-K schedule (device.tiles.StreamKSchedule: every CTA the same
@@ -687,8 +693,17 @@ class V3Study:
     stream_k: bool = False
     consumer: str = "serial"
     tokens: int = 128
+    cluster: int = 1  # with activation="cluster_expand": the CTAs sharing each expansion
 
     def __post_init__(self):
+        if (self.activation == "cluster_expand") != (self.cluster > 1):
+            raise ValueError(f"activation = {self.activation!r} with cluster = {self.cluster!r}:"
+                             " a cluster (2, 4 or 8) with 'cluster_expand' only")
+        if self.cluster > 1 and (self.stream_k or self.consumer != "serial"
+                                 or self.fixup != "production" or self.tokens != 128
+                                 or self.buffers % self.cluster):
+            raise ValueError("cluster_expand: the serial consumer, 128 tokens, no stream-K, the "
+                             "production fixup, buffers a multiple of the cluster")
         for name, value, allowed in (("fixup", self.fixup, V3_FIXUPS),
                                      ("activation", self.activation, V3_ACTIVATIONS),
                                      ("consumer", self.consumer, V3_CONSUMERS)):
@@ -716,6 +731,15 @@ class V3Study:
             return BlockscaledGemmSm90.from_roles(
                 "swap_ab", producer, consumer, None, splits=self.splits, raster_along_m=False,
                 epilogue=epilogue, stream_k=self.stream_k)
+        if self.activation == "cluster_expand":  # one expansion a cluster, sent to the others
+            activation = ClusterExpandedActivationStage(tokens, self.stages, self.buffers,
+                                                        peers=self.cluster)
+            consumer = PeerFedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles,
+                                                     peers=self.cluster)
+            producer = RegisterOrderProducer(tokens, consumer.tile_n, self.stages,
+                                             peers=self.cluster)
+            return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
+                                                  splits=self.splits, raster_along_m=False)
         f16 = self.activation == "f16_tma"
         activation = (F16TmaActivationStage if f16 else ExpandedActivationStage)(
             tokens, self.stages, self.buffers)
