@@ -94,9 +94,6 @@ class RegisterAWgmmaConsumer:
     warpgroups, regs = 2, 200
     mma = True
     release_owner_only = False  # P1's cluster: free a tile on its one writer's barrier only
-    # a peer writes the f16 tiles by generic (DSMEM) stores, released to the cluster: acquire
-    # act_full at cluster scope (P1's pair). A multicast TMA completes on the local barrier.
-    peer_stores = False
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, act_peers: int = 1):
         if tokens not in self.TOKENS:
@@ -191,15 +188,16 @@ class RegisterAWgmmaConsumer:
     def _release_act(self, v: TileViews, b: Int32):
         """Free f16 tile ``b`` for whoever writes it: this CTA's activation stage, or with
         ``act_peers`` > 1 its owner in the cluster (or every CTA, the pair's first build)."""
+        # remote arrives at the default CTA scope, as CUTLASS's multicast consumers: the
+        # writer refills through the async proxy (TMA, bulk copies) after its wait, and a
+        # cluster-scope release costs ~0.5-1 µs a k-block on this path (notes/p1.md, session 26)
         if cutlass.const_expr(self.act_peers == 1):
             cute.arch.mbarrier_arrive(v.act_empty + b)
         elif cutlass.const_expr(self.release_owner_only):  # b's one writer: rank b mod C
-            cute.arch.mbarrier_arrive(v.act_empty + b, b % self.act_peers,
-                                      scope=MemScopeKind.CLUSTER)
-        else:
-            for r in cutlass.range_constexpr(self.act_peers):  # release at cluster scope:
-                # the peer acquires it before its DSMEM stores overwrite this tile
-                cute.arch.mbarrier_arrive(v.act_empty + b, r, scope=MemScopeKind.CLUSTER)
+            cute.arch.mbarrier_arrive(v.act_empty + b, b % self.act_peers)
+        else:  # every CTA writes part of every tile (the multicast TMA)
+            for r in cutlass.range_constexpr(self.act_peers):
+                cute.arch.mbarrier_arrive(v.act_empty + b, r)
 
     @cute.jit
     def _load_convert(self, a: cute.Tensor, v: TileViews, cnt: Int32):
@@ -242,8 +240,7 @@ class RegisterAWgmmaConsumer:
         one commit group."""
         acc = v.acc
         b, bph = ring_position(cnt, self.act_tiles.buffers)
-        wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox,
-                    cluster=self.peer_stores)  # a peer's DSMEM stores, released to cluster
+        wait_parity(v.act_full + b, bph, Barrier.ACT_FULL, b, v.mailbox)
         if cutlass.const_expr(self.mma):
             warpgroup.fence()
             tile_addr = v.f16_base + b * self.act_tiles.tile_bytes
@@ -281,19 +278,16 @@ class RegisterAWgmmaConsumer:
 
 
 class PeerFedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
-    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C)): the production consumer for f16
-    tiles that any CTA of a cluster of ``peers`` writes (producers.activation_stage.
-    ClusterQuantizingActivationStage): waits on ``act_full`` at cluster scope and frees each
-    tile for its writer at cluster scope: ``owner_only`` on the owner's ``act_empty[b]`` alone
-    (rank b mod C, the buffer's one writer), else on every CTA's (the pair's first build: C
-    arrives a warp, C - 1 of them never waited on). ``act_empty``: 8 x C arrivals."""
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C), V3Study(activation=
+    "cluster_expand")): the production consumer for f16 tiles that one CTA of a cluster of
+    ``peers`` fills and sends to the others (producers.activation_stage.ClusterSharedTiles):
+    waits on its own ``act_full`` (the bytes complete it) and frees each tile on its owner's
+    ``act_empty[b]`` alone (rank b mod C, the buffer's one writer; one remote arrive a warp).
+    ``act_empty``: 8 x C arrivals."""
 
-    peer_stores = True
-
-    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2,
-                 owner_only: bool = True):
+    def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2):
         super().__init__(tokens, stages, act_tiles, act_peers=peers)
-        self.release_owner_only = owner_only
+        self.release_owner_only = True
 
 
 class GroupedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):

@@ -19,7 +19,7 @@ from cutlass import Float32, Int32, Uint32  # noqa: E402
 from cutlass.cutlass_dsl import T, dsl_user_op  # noqa: E402
 
 from device.ptx import (asm, bf16_hi, bf16_lo, f16_hi, f16_lo, fmax_abs,  # noqa: E402
-                                fmin_nan_ignoring, fmul_ftz, prmt, rcp_approx_ftz, st_cluster_v4)
+                                fmin_nan_ignoring, fmul_ftz, prmt, rcp_approx_ftz)
 from numerics.formats import FLT_MAX, RN_ONE_SIXTH  # noqa: E402
 from numerics.nvfp4 import (BLOCK, F4_E2M1_MAX, F8_E4M3_MAX, SCALE_LINE_BYTES,  # noqa: E402
                             SCALE_LINE_ROWS, SCALE_TILE_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS)
@@ -424,7 +424,7 @@ def expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int], rows: cutlass.C
 def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                                rows: cutlass.Constexpr[int], x_words: cute.Tensor,
                                f16_words: cute.Tensor, stage: Int32, buf: Int32, g: Float32,
-                               rcp_g: Float32, dump=None, peers=None):
+                               rcp_g: Float32, dump=None):
     """P1's activation stage: ``rows`` x 64 bf16 of ring stage ``stage`` (a [rows, 64]
     128-byte-swizzled K-major tile, as the producer's TMA wrote it) quantized block by block
     with :func:`quantize_block16` (Comfy's rule, tensor scale ``g``, ``rcp_g`` its rcp.approx)
@@ -441,24 +441,20 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
     ``dump`` (P1's debug build only; None compiles none of it): (words, row0, row_stride,
     rows_valid): each row r < rows_valid also writes its 4 blocks' packed codes (8 words, the
     quantize kernel's byte order) and their 4 scale bytes (1 word, block j in byte j) to
-    ``words`` at 9 x (row0 + r x row_stride).
-
-    ``peers`` (P1's cluster study only; None compiles none of it): the cluster ranks of the
-    CTAs whose f16 tiles receive the same chunks at the same shared offsets (DSMEM stores)."""
+    ``words`` at 9 x (row0 + r x row_stride)."""
     if cutlass.const_expr(rows >= threads and rows % threads):
         raise ValueError(f"{threads} threads cannot share {rows} rows evenly")
     if cutlass.const_expr(rows < threads):  # several threads a row, each some of its blocks
         share = threads // rows
-        if cutlass.const_expr(threads % rows or (ROW_CHUNKS // 2) % share or dump is not None
-                              or peers is not None):
+        if cutlass.const_expr(threads % rows or (ROW_CHUNKS // 2) % share or dump is not None):
             raise ValueError(f"{threads} threads on {rows} rows: each row's 4 blocks must split "
-                             "evenly, without the debug dump or a peer")
+                             "evenly, without the debug dump")
         r = t % rows
         first = (t // rows) * (ROW_CHUNKS // 2 // share)
         for jj in cutlass.range_constexpr(ROW_CHUNKS // 2 // share):
             _quantize_expand_block(first + jj, r, (stage * rows + r) * ROW_CHUNKS,
                                    (buf * rows + r) * ROW_CHUNKS, x_words, f16_words, g, rcp_g,
-                                   None, None)
+                                   None)
         return
     for i in cutlass.range_constexpr(rows // threads):
         r = i * threads + t
@@ -467,7 +463,7 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
         scale_word = Uint32(0)
         for j in cutlass.range_constexpr(ROW_CHUNKS // 2):  # the row's four 16-element blocks
             codes, s8 = _quantize_expand_block(j, r, src_row, dst_row, x_words, f16_words, g,
-                                               rcp_g, dump, peers)
+                                               rcp_g, dump)
             if cutlass.const_expr(dump is not None):
                 dump_words, row0, row_stride, rows_valid = dump
                 if r < rows_valid:
@@ -483,11 +479,10 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
 
 @cute.jit
 def _quantize_expand_block(j, r, src_row, dst_row, x_words: cute.Tensor,
-                           f16_words: cute.Tensor, g: Float32, rcp_g: Float32, dump, peers):
+                           f16_words: cute.Tensor, g: Float32, rcp_g: Float32, dump):
     """Block ``j`` (0-3) of row ``r``: its two 16-byte chunks read at their swizzled positions
     (row phase r mod 8), quantized (:func:`quantize_block16`), expanded to exact f16 and stored
-    at the same positions of the f16 row (and of each peer CTA's, given ``peers``, a tuple of
-    cluster ranks). Returns (the two code words, the scale byte)."""
+    at the same positions of the f16 row. Returns (the two code words, the scale byte)."""
     phase = r & 7
     lo_chunk = (2 * j) ^ phase
     hi_chunk = (2 * j + 1) ^ phase
@@ -508,10 +503,6 @@ def _quantize_expand_block(j, r, src_row, dst_row, x_words: cute.Tensor,
         for e in cutlass.range_constexpr(4):
             out[e] = words[e]
         cute.autovec_copy(out, f16_words[(None, dst_row + chunk)])
-        if cutlass.const_expr(peers is not None):
-            for peer in peers:  # a tuple: unrolled, C - 1 remote stores a chunk
-                st_cluster_v4(f16_words[(None, dst_row + chunk)].iterator, peer,
-                              [out[e] for e in range(4)])
     return codes, s8
 
 

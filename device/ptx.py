@@ -155,24 +155,6 @@ def st_cluster_u32(ptr: cute.Pointer, rank: Int32, value: Int32, *, loc=None, ip
 
 
 @dsl_user_op
-def st_cluster_v4(ptr: cute.Pointer, rank: Int32, words, *, loc=None, ip=None) -> None:
-    """Store four 32-bit ``words`` at ``ptr``'s offset (16-byte aligned) in the shared memory of
-    cluster CTA ``rank`` (``mapa`` + ``st.shared::cluster.v4.b32``): a row chunk of an f16 tile
-    the peer CTA's wgmmas read."""
-    _asm_effect(None, [_saddr(ptr, loc, ip), Int32(rank).ir_value(loc=loc, ip=ip),
-                       *(Uint32(w).ir_value(loc=loc, ip=ip) for w in words)],
-                "{ .reg .b32 r; mapa.shared::cluster.u32 r, $0, $1; "
-                "st.shared::cluster.v4.b32 [r], {$2, $3, $4, $5}; }", "r,r,r,r,r,r", loc, ip)
-
-
-@dsl_user_op
-def fence_proxy_async_shared_cluster(*, loc=None, ip=None) -> None:
-    """``fence.proxy.async.shared::cluster``: this thread's generic stores to cluster shared
-    memory (a peer CTA's too) ordered before the async proxy's reads (the peer's wgmmas)."""
-    _asm_effect(None, [], "fence.proxy.async.shared::cluster;", "", loc, ip)
-
-
-@dsl_user_op
 def arrive_cluster_release(mbar: cute.Pointer, rank: Int32, *, loc=None, ip=None) -> None:
     """Arrive on the mbarrier at ``mbar``'s offset in cluster CTA ``rank``, releasing this
     thread's earlier writes (to that CTA's shared memory too) at cluster scope."""
@@ -185,11 +167,13 @@ def arrive_cluster_release(mbar: cute.Pointer, rank: Int32, *, loc=None, ip=None
 def arrive_expect_tx_cluster(mbar: cute.Pointer, rank: Int32, tx_bytes: int, *, loc=None,
                              ip=None) -> None:
     """Arrive on the mbarrier at ``mbar``'s offset in cluster CTA ``rank`` and raise its phase's
-    transaction count by ``tx_bytes`` (bytes a bulk copy into that CTA then completes)."""
+    transaction count by ``tx_bytes`` (bytes a bulk copy into that CTA then completes). The
+    default semantics (release at CTA scope, as CUTLASS's cluster barriers): the bytes' arrival
+    is the transaction count's, so no cluster-scope fence is needed."""
     _asm_effect(None, [_saddr(mbar, loc, ip), Int32(rank).ir_value(loc=loc, ip=ip),
                        Int32(tx_bytes).ir_value(loc=loc, ip=ip)],
                 "{ .reg .b32 r; mapa.shared::cluster.u32 r, $0, $1; "
-                "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [r], $2; }",
+                "mbarrier.arrive.expect_tx.shared::cluster.b64 _, [r], $2; }",
                 "r,r,r", loc, ip)
 
 

@@ -71,7 +71,7 @@ NOTES = {"prediction": "notes/p1.md, sessions 22-24: P1 at C = 1 runs 1,524-1,67
 # the builds whose contract is P0's bits (same wgmma shape); G = 2's m64n64 wgmmas may round
 # in their own order, so its contract is the oracle's bound (its bits are reported)
 BITS_CONTRACT = ("1x1", "2x1", "4x1", "8x1")
-CLUSTERS = (2, 4, 8)  # the cluster sizes C built (P1Study.of_cluster(C): the bulk transport)
+CLUSTERS = (2, 4, 8)  # the cluster sizes C built (P1Study.of_cluster(C))
 
 
 def cluster_fits(config, N: int, cluster: int = 2) -> bool:

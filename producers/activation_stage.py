@@ -25,8 +25,7 @@ from configs.arch import K_BLOCK, WARP
 from device.barriers import Barrier
 from device.nvfp4 import (ROW_CHUNKS, expand_stage_rows, quantize_expand_stage_rows,
                           word_view)
-from device.ptx import (arrive_cluster_release, arrive_expect_tx_cluster, bulk_copy_s2peer,
-                        fence_proxy_async_shared_cluster, rcp_approx_ftz)
+from device.ptx import arrive_expect_tx_cluster, bulk_copy_s2peer, rcp_approx_ftz
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import acquire_stage, ring_position, wait_parity
@@ -137,7 +136,7 @@ class F16TmaActivationStage:
     before the arrive: the transaction count then dips below zero within the phase).
     ``act_empty[b]`` counts the consumer warps of both CTAs (8 + 8, declared by the consumer,
     built with ``act_peers`` = 2): either CTA's TMA rewrites both CTAs' tile, so it waits
-    (acquiring at cluster scope) until both have freed it."""
+    until both have freed it (CTA-scope arrive and wait, as CUTLASS's multicast pipelines)."""
 
     warpgroups, regs = 1, 24
 
@@ -212,8 +211,7 @@ class F16TmaActivationStage:
         (atom, tg, ts, cast), act_full, act_empty, mailbox = args[:4]
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             b, bar = acquire_stage(count, self.tiles.buffers, act_empty, act_full,
-                                   self.tiles.tile_bytes, Barrier.ACT_EMPTY, mailbox,
-                                   cluster=self.multicast > 1)  # the peer's consumers' frees
+                                   self.tiles.tile_bytes, Barrier.ACT_EMPTY, mailbox)
             if cutlass.const_expr(cast is None):
                 cute.copy(atom, tg[(None, row_tile, kt)], ts[(None, b)], tma_bar_ptr=bar)
             else:  # half box ``rank`` of the tile into half ``rank`` of buffer b, and the
@@ -241,7 +239,7 @@ class WeightsAndF16Producer:
     compile key is its integers. ``multicast`` = 2 (the study
     kernels.nvfp4.gemm_shell.F16MulticastStudy): warp 1 is the pair's stage
     (:class:`F16TmaActivationStage` with ``multicast`` = 2: half the tile's rows to both CTAs,
-    ``act_empty`` 8 + 8 at cluster scope); the weights stay each CTA's own."""
+    ``act_empty`` 8 + 8 by remote arrives); the weights stay each CTA's own."""
 
     warpgroups, regs = 1, 40
     extra_tx_bytes = 0
@@ -378,13 +376,14 @@ class ClusterSharedTiles:
     The subclass says how a tile is filled (:meth:`fill_views`, :meth:`fill_rows`) and which
     rows each of its 4 warps writes (:meth:`slice_plan`).
 
-    ``transport``: ``"bulk"``: each owner warp fills its rows of its *own* tile, fences them to
-    the async proxy, then per peer one ``mbarrier.arrive.expect_tx`` of its rows' bytes on the
-    peer's ``act_full[b]`` and one ``cp.async.bulk.shared::cluster.shared::cta`` a slice that
-    completes them there: the bytes land through the async proxy before the peer's phase
-    completes (TMA's contract). ``"stores"`` (P1's pair only, session 24's build): DSMEM stores
-    of every chunk, ``fence.proxy.async.shared::cluster``, a release arrive on the peer (at
-    C = 4 and 8 wrong bits in 10-45 % of runs, session 25).
+    Each owner warp fills its rows of its *own* tile, fences them to the async proxy, then per
+    peer one ``mbarrier.arrive.expect_tx`` of its rows' bytes on the peer's ``act_full[b]`` and
+    one ``cp.async.bulk.shared::cluster.shared::cta`` a slice that completes them there: the
+    bytes land through the async proxy before the peer's phase completes (TMA's contract; the
+    session-24 pair's DSMEM stores instead gave wrong bits at C = 4 and 8 and were 8 % slower
+    at C = 2: notes/p1.md, sessions 25-26). Remote arrives and waits use the default CTA-scope
+    semantics, as CUTLASS's multicast pipelines do: the data's visibility is the transaction
+    count's, and cluster-scope release fences cost ~0.5-1 µs each on the consumers' path.
 
     Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps (locally, and remotely on
     each peer with their bytes); ``act_empty[b]`` the consumer warps of all C CTAs (8 x C,
@@ -397,18 +396,10 @@ class ClusterSharedTiles:
     # the ablation (its own compile key, set on an instance by the study): the owner fills only
     # its own tile, so the peers' wgmmas read stale f16 (wrong, timing only): what sending costs
     local_only = False
-    TRANSPORTS = ("bulk",)
 
-    def _check_cluster(self, peers: int, transport: str) -> None:
+    def _check_cluster(self, peers: int) -> None:
         if peers not in (2, 4, 8):
             raise ValueError(f"peers = {peers!r}: a cluster of 2, 4 or 8 CTAs")
-        if transport not in self.TRANSPORTS:
-            raise ValueError(f"transport = {transport!r}: {type(self).__name__} sends by "
-                             f"{' or '.join(self.TRANSPORTS)}")
-        if transport == "stores" and peers != 2:
-            # session 25: C = 4 and 8 with DSMEM stores gave wrong bits in 10-45 % of runs
-            raise ValueError(f"transport 'stores' at C = {peers}: the pair only (its stores "
-                             "raced at C = 4 and 8: notes/p1.md)")
         if self.tiles.buffers % peers:
             # ring use c is owned by rank c mod C and written into buffer c mod buffers: only
             # with buffers a multiple of C does each buffer keep one owner, whose parity wait
@@ -416,7 +407,7 @@ class ClusterSharedTiles:
             # an owner's wait alias a phase it never saw (session 25: C = 4 at 2 buffers hung)
             raise ValueError(f"{self.tiles.buffers} f16 buffers for a cluster of {peers}: a "
                              f"multiple of {peers}, so that each buffer has one writer")
-        self.peers, self.transport = peers, transport
+        self.peers = peers
 
     def slice_plan(self) -> tuple:
         """(first rows, warp stride, rows): warp w fills rows ``first + w x stride`` .. ``+ rows``
@@ -440,31 +431,25 @@ class ClusterSharedTiles:
         for i in cutlass.range_constexpr(1, self.peers):
             others.append(rank ^ i)
         others = tuple(others)
-        stores = others if cutlass.const_expr(self.transport == "stores"
-                                              and not self.local_only) else None
-        bulk = cutlass.const_expr(self.transport == "bulk" and not self.local_only)
         warp = t // WARP
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             s, ph = ring_position(count, self.stages)
             b, bph = ring_position(count, self.tiles.buffers)
             wait_parity(full + s, ph, Barrier.FULL, s, mailbox)
             if count % self.peers == rank:
-                wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox,
-                            cluster=True)
-                self.fill_rows(views, t, s, b, stores)
+                wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox)
+                self.fill_rows(views, t, s, b)
                 # our f16 stores -> wgmma and the bulk copies (async proxy)
                 cute.arch.fence_proxy("async.shared", space="cta")
-                if cutlass.const_expr(stores is not None):
-                    fence_proxy_async_shared_cluster()
                 cute.arch.sync_warp()
                 if lane == 0:
                     cute.arch.mbarrier_arrive(empty + s)
                     cute.arch.mbarrier_arrive(act_full + b)
-                    if cutlass.const_expr(bulk):
-                        self._send(f16_words, act_full + b, b, warp, others)
-                    else:
+                    if cutlass.const_expr(self.local_only):  # the count only, no bytes
                         for peer in others:
-                            arrive_cluster_release(act_full + b, peer)
+                            cute.arch.mbarrier_arrive(act_full + b, peer)
+                    else:
+                        self._send(f16_words, act_full + b, b, warp, others)
             else:  # a peer fills this k-block: only the stage goes back
                 cute.arch.sync_warp()
                 if lane == 0:
@@ -489,17 +474,14 @@ class ClusterQuantizingActivationStage(ClusterSharedTiles, QuantizingActivationS
     and session 26): P1's stage (:class:`QuantizingActivationStage`'s quantizer) shared by a
     cluster of C CTAs (:class:`ClusterSharedTiles`), so each CTA quantizes 1 / C of the
     k-blocks. Each thread quantizes one token row, so warp w fills rows 32w .. 32w + 31 (one
-    4 KB slice). ``transport`` "bulk", or "stores" (the pair only)."""
+    4 KB slice)."""
 
-    TRANSPORTS = ("bulk", "stores")
-
-    def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2,
-                 transport: str = "bulk"):
+    def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2):
         super().__init__(tokens, stages, buffers)
         if tokens != WARPS * WARP:
             raise ValueError(f"tokens = {tokens}: the cluster's quantizer takes one row a "
                              f"thread ({WARPS * WARP})")
-        self._check_cluster(peers, transport)
+        self._check_cluster(peers)
 
     def slice_plan(self) -> tuple:
         return (0,), WARP, WARP
@@ -513,10 +495,10 @@ class ClusterQuantizingActivationStage(ClusterSharedTiles, QuantizingActivationS
         return f16_words, x_words, g, rcp_approx_ftz(g)
 
     @cute.jit
-    def fill_rows(self, views, t: Int32, s: Int32, b: Int32, stores):
+    def fill_rows(self, views, t: Int32, s: Int32, b: Int32):
         f16_words, x_words, g, rcp_g = views
         quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words, s, b, g,
-                                   rcp_g, None, stores)
+                                   rcp_g)
 
 
 class ClusterExpandedActivationStage(ClusterSharedTiles, ExpandedActivationStage):
@@ -529,7 +511,7 @@ class ClusterExpandedActivationStage(ClusterSharedTiles, ExpandedActivationStage
 
     def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2):
         super().__init__(tokens, stages, buffers)
-        self._check_cluster(peers, "bulk")
+        self._check_cluster(peers)
 
     def slice_plan(self) -> tuple:
         per_pass = WARPS * WARP // 2
@@ -546,6 +528,6 @@ class ClusterExpandedActivationStage(ClusterSharedTiles, ExpandedActivationStage
         return f16_words, q_words, sf_pairs
 
     @cute.jit
-    def fill_rows(self, views, t: Int32, s: Int32, b: Int32, stores):
+    def fill_rows(self, views, t: Int32, s: Int32, b: Int32):
         f16_words, q_words, sf_pairs = views
         expand_stage_rows(t, WARPS * WARP, self.tokens, q_words, sf_pairs, f16_words, s, b)

@@ -230,7 +230,7 @@ class Bf16RegisterOrderProducer(RegisterOrderProducer):
     quantizing activation stage's 4 warps and the consumers' 8
     (producers.activation_stage.QuantizingActivationStage).
 
-    ``peers`` C > 1 (P1's cluster with the bulk transport, producers.activation_stage.
+    ``peers`` C > 1 (P1's cluster, producers.activation_stage.
     ClusterQuantizingActivationStage): the bf16 tile of ring use ``count`` is loaded only by
     its owner, rank ``count`` mod C (the others' ``full[s]`` then expects the slabs alone), so
     the cluster reads the token tile once a K pass, as one CTA does."""

@@ -15,10 +15,9 @@ the same bf16 activation x and the same weight:
   (P1Study(variant=P0Variant(...))): which half bounds P1 (notes/p1.md, session 22);
 * with ``--cluster 2 4 8``: ``p1_c2``, ``p1_c4``, ``p1_c8``, P1 on C CTAs along N, each
   k-block quantized by one of them and sent to the others by bulk DSMEM copies, the bf16
-  tile loaded by that one only (P1Study.of_cluster(C); notes/p1.md, session 26), and with C = 2
-  ``p1_c2_stores`` (the pair's session-24 DSMEM stores); each one's bits against P0's in three
-  runs; with ``--ablate`` too, ``p1_cC_local`` (nothing sent: wrong results, timing only) and
-  ``p1_b3`` (one CTA, three buffers).
+  tile loaded by that one only (P1Study.of_cluster(C); notes/p1.md, session 26); each one's
+  bits against P0's in three runs; with ``--ablate`` too, ``p1_cC_local`` (nothing sent: wrong
+  results, timing only) and ``p1_b3`` (one CTA, three buffers).
 * with ``--groups 2``: ``p1_g2``, P1 with N-group reuse G = 2 (64-token tiles, each quantized
   tile multiplied into two 128-row weight tiles; notes/p1.md), its bits against P0's. Its
   ns/kblock counts the 128 x 128 k-blocks of work, as the other columns.
@@ -109,8 +108,6 @@ def run_job(name, M, args, rows):
     timed = [("p0_gemm", p0_gemm), ("p0_e2e", p0_e2e), ("p1", p1)]
     clusters = [(f"p1_c{c}", study_of(f"p1_c{c}")) for c in args.cluster
                 if c > 1 and splits == 1 and -(-N // 128) % c == 0]
-    if any(label == "p1_c2" for label, _ in clusters):
-        clusters.append(("p1_c2_stores", study_of("p1_c2_stores")))
     for label, study in clusters:
         cluster_cfg = study.build()
         row[f"{label}_grid_ctas"] = cluster_ctas(cluster_cfg.cluster_n)  # all resident at once
@@ -189,14 +186,13 @@ def build_figures(label: str, M: int, N: int, K: int, us: float) -> dict:
     registers a role (the setmaxnreg split), CTAs an SM (shared memory and threads), the tensor
     pipe's busy fraction estimated as the FLOP rate over the dense wgmma rate (timing-derived,
     not a counter), and the bf16 activation bytes its CTAs' TMAs read a call (each CTA reads its
-    token tile once a K pass; a cluster with the bulk transport once for all its CTAs, with
-    the DSMEM stores each of its CTAs)."""
+    token tile once a K pass; a cluster once for all its CTAs)."""
     study = study_of(label)
     if study is None:
         return {}
     d = study.build().describe()
     tokens = study.tokens
-    weight_rows = 128 * study.groups * (study.cluster if study.transport == "bulk" else 1)
+    weight_rows = 128 * study.groups * study.cluster
     per_sm = min(233472 // (d["smem_bytes"] + 1024), 2048 // d["threads"],
                  65536 // (d["threads"] * 128))  # compiled at the 128-register cap
     return {"threads": d["threads"], "role_registers": {k: v["regs"] for k, v in
@@ -214,8 +210,6 @@ def study_of(label: str):
         return P1Study()
     if label == "p1_g2":
         return P1Study(groups=2, tokens=64)
-    if label == "p1_c2_stores":
-        return P1Study(cluster=2, transport="stores")
     if label.startswith("p1_c") and label[4:].isdigit():
         return P1Study.of_cluster(int(label[4:]))
     return None

@@ -305,8 +305,9 @@ def test_cluster_expand_sends_each_warps_rows_by_bulk_copy(cluster):
     r = compile_report(cfg, *compile_args())
     assert r.frame_bytes == 0 and r.registers <= 128
     assert r.ptx.count("cp.async.bulk.shared::cluster.shared::cta") == 2 * (cluster - 1)
-    assert r.ptx.count("mbarrier.arrive.expect_tx.release.cluster") == cluster - 1
-    assert r.ptx.count("mbarrier.arrive.release.cluster") == 1
+    assert r.ptx.count("mbarrier.arrive.expect_tx.shared::cluster") == cluster - 1
+    assert r.ptx.count("mbarrier.arrive.shared::cluster") == 1
+    assert "try_wait.parity.acquire.cluster" not in r.ptx and "arrive.release.cluster" not in r.ptx
     assert "st.shared::cluster" not in r.ptx
     if r.sass is not None:
         assert r.spill_bytes == 0

@@ -52,7 +52,7 @@ def test_cluster_fits_one_split_and_weight_tiles_the_cluster_divides():
         tile_n, splits = 128, 1
     assert E.cluster_fits(C, 21504) and not E.cluster_fits(C, 128 * 3)
     assert E.cluster_fits(C, 21504, 8) and not E.cluster_fits(C, 5376, 4)  # 168 and 42 tiles
-    assert E.CLUSTERS == (2, 4, 8)  # the bulk transport (notes/p1.md, session 26)
+    assert E.CLUSTERS == (2, 4, 8)  # bulk DSMEM copies (notes/p1.md, session 26)
     C.splits = 3
     assert not E.cluster_fits(C, 21504)
 

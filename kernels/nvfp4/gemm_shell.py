@@ -765,11 +765,10 @@ class P1Study:
     ``sfa`` slot is never read; ``g_a`` is g = global_scale_from_amax(amax(x)). Exact: the
     production swap-AB bits on the packed activation the quantize kernel writes with that g.
     Sharing knobs: ``cluster`` C = 2, 4 or 8 (CTAs along N, each k-block quantized by one of
-    them and sent to the others: producers.activation_stage.ClusterQuantizingActivationStage,
-    ``transport`` "bulk" (bulk DSMEM copies completing on the peers' barriers; the bf16 tile
-    loaded by the owner only) or "stores" (the pair's session-24 DSMEM stores, C = 2 only);
-    :meth:`of_cluster` sizes the ring and buffers) and ``groups`` G = 2 at ``tokens`` = 64
-    (each quantized tile multiplied into two weight tiles:
+    them and sent to the others by bulk DSMEM copies that complete on the peers' barriers, the
+    bf16 tile loaded by that one only: producers.activation_stage.
+    ClusterQuantizingActivationStage; :meth:`of_cluster` sizes the ring and buffers) and
+    ``groups`` G = 2 at ``tokens`` = 64 (each quantized tile multiplied into two weight tiles:
     consumers.register_a_wgmma.GroupedRegisterAWgmmaConsumer).
     ``variant``: the ablations (:class:`P0Variant`; wrong results, timing only): skip_dequant
     leaves out the quantizer (the stage only waits and publishes), skip_mma the wgmmas.
@@ -788,7 +787,6 @@ class P1Study:
     pair_local_only: bool = False
     groups: int = 1  # G: weight tiles a CTA multiplies each quantized tile into (1, or 2)
     tokens: int = 128  # token rows a tile (64 with groups=2: two accumulator sets fit)
-    transport: str = "bulk"  # with cluster > 1: "bulk", or "stores" (the pair only)
 
     @classmethod
     def of_cluster(cls, cluster: int, **kw) -> "P1Study":
@@ -821,23 +819,21 @@ class P1Study:
             activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
             consumer = GroupedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
         elif self.cluster > 1:
-            activation = ClusterQuantizingActivationStage(
-                tokens, self.stages, self.buffers, peers=self.cluster, transport=self.transport)
+            activation = ClusterQuantizingActivationStage(tokens, self.stages, self.buffers,
+                                                          peers=self.cluster)
             if self.pair_local_only:
                 activation = copy.copy(activation)
                 activation.local_only = True  # an instance attribute: its own compile-cache key
-            bulk = self.transport == "bulk"
             consumer = PeerFedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles,
-                                                     peers=self.cluster, owner_only=bulk)
+                                                     peers=self.cluster)
         else:
             activation = QuantizingActivationStage(tokens, self.stages, self.buffers)
             if self.dump:
                 activation = copy.copy(activation)
                 activation.dump = True  # an instance attribute: its own compile-cache key
             consumer = RegisterAWgmmaConsumer(tokens, self.stages, activation.tiles)
-        owner_loads = self.cluster > 1 and self.transport == "bulk"
         producer = Bf16RegisterOrderProducer(tokens, consumer.tile_n, self.stages,
-                                             peers=self.cluster if owner_loads else 1)
+                                             peers=self.cluster)
         config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
                                                 splits=self.splits, raster_along_m=False)
         return config if self.variant == PRODUCTION else self.variant.of(config)
