@@ -432,8 +432,9 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
     :func:`expand_stage_rows` writes from the quantize kernel's packed output) into buffer
     ``buf`` of the f16 tiles, same swizzle. ``threads`` threads share the rows, one row a thread
     a pass (with fewer rows than threads, threads / rows threads a row, each some of its four
-    blocks: the 64-row tile of P1's N-group reuse); a 16-element block is two 16-byte chunks, read and written at the same swizzled
-    chunk positions (conflict-free: the 8 lanes of a phase hit 8 different chunk columns).
+    blocks: the 64-row tile of P1's N-group reuse); a 16-element block is two 16-byte chunks,
+    read and written at the same swizzled chunk positions (conflict-free: the 8 lanes of a
+    phase hit 8 different chunk columns).
 
     ``x_words`` / ``f16_words``: (4 words, 16-byte chunk) views of the bf16 ring and the f16
     tiles (:func:`word_view`).

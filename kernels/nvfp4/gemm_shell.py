@@ -176,7 +176,8 @@ def check_links(producer, activation, consumer, epilogue) -> None:
     """What one module was built to expect of another, checked before compiling (a mismatch
     compiles to a kernel that hangs, races or reads the wrong bytes); raises ValueError. Every
     reader of the packed ring was built for the producer's ring depth; the consumer for the
-    activation stage's f16 tiles and its CTAs; the epilogue for the consumer's thread count, on a named barrier the consumer does not use."""
+    activation stage's f16 tiles and its CTAs; the epilogue for the consumer's thread count, on
+    a named barrier the consumer does not use."""
     for r in (activation, consumer):
         if r is not None and r.stages != producer.stages:
             raise ValueError(f"{type(r).__name__} reads a ring of {r.stages} stages; "
