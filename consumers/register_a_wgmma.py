@@ -82,9 +82,9 @@ class RegisterAWgmmaConsumer:
     """Static config: ``tokens`` (wgmma N, from TOKENS), the producer's ring depth ``stages``
     and the activation stage's f16 tiles ``act_tiles``; the weight tile is two 64-row slabs.
     ``mma``: off only in the measurement build that times the rest without the wgmmas
-    (kernels.nvfp4.gemm_shell.P0Variant). ``act_peers``: the CTAs of a cluster that write this
-    CTA's f16 tiles (2: P1's pair by DSMEM stores, the f16 multicast study by TMA); each tile
-    is then freed in every one of them (``act_empty`` counts their consumer warps)."""
+    (kernels.nvfp4.gemm_shell.P0Variant). ``act_peers``: the CTAs of a cluster whose one
+    writer of each f16 tile fills it for all (P1's clusters); each tile is then freed on its
+    writer's ``act_empty`` (which counts the consumer warps of all of them)."""
 
     # 256 tokens hold 128 accumulators a thread: 232 registers, which the 512-thread CTA's
     # register file allows only beside 24-register producer and activation roles (the f16
@@ -93,7 +93,6 @@ class RegisterAWgmmaConsumer:
     REGS = {128: 200, 256: 232}
     warpgroups, regs = 2, 200
     mma = True
-    release_owner_only = False  # P1's cluster: free a tile on its one writer's barrier only
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, act_peers: int = 1):
         if tokens not in self.TOKENS:
@@ -187,17 +186,14 @@ class RegisterAWgmmaConsumer:
     @cute.jit
     def _release_act(self, v: TileViews, b: Int32):
         """Free f16 tile ``b`` for whoever writes it: this CTA's activation stage, or with
-        ``act_peers`` > 1 its owner in the cluster (or every CTA, the pair's first build)."""
+        ``act_peers`` > 1 its owner in the cluster."""
         # remote arrives at the default CTA scope, as CUTLASS's multicast consumers: the
         # writer refills through the async proxy (TMA, bulk copies) after its wait, and a
         # cluster-scope release costs ~0.5-1 µs a k-block on this path (notes/p1.md, session 26)
         if cutlass.const_expr(self.act_peers == 1):
             cute.arch.mbarrier_arrive(v.act_empty + b)
-        elif cutlass.const_expr(self.release_owner_only):  # b's one writer: rank b mod C
+        else:  # b's one writer: rank b mod C
             cute.arch.mbarrier_arrive(v.act_empty + b, b % self.act_peers)
-        else:  # every CTA writes part of every tile (the multicast TMA)
-            for r in cutlass.range_constexpr(self.act_peers):
-                cute.arch.mbarrier_arrive(v.act_empty + b, r)
 
     @cute.jit
     def _load_convert(self, a: cute.Tensor, v: TileViews, cnt: Int32):
@@ -278,16 +274,14 @@ class RegisterAWgmmaConsumer:
 
 
 class PeerFedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
-    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C), V3Study(activation=
-    "cluster_expand")): the production consumer for f16 tiles that one CTA of a cluster of
-    ``peers`` fills and sends to the others (producers.activation_stage.ClusterSharedTiles):
-    waits on its own ``act_full`` (the bytes complete it) and frees each tile on its owner's
-    ``act_empty[b]`` alone (rank b mod C, the buffer's one writer; one remote arrive a warp).
-    ``act_empty``: 8 x C arrivals."""
+    """Study (kernels.nvfp4.gemm_shell.P1Study(cluster=C)): the production consumer for f16
+    tiles that one CTA of a cluster of ``peers`` fills and sends to the others
+    (producers.activation_stage.ClusterSharedTiles): waits on its own ``act_full`` (the bytes
+    complete it) and frees each tile on its owner's ``act_empty[b]`` alone (rank b mod C, the
+    buffer's one writer; one remote arrive a warp). ``act_empty``: 8 x C arrivals."""
 
     def __init__(self, tokens: int, stages: int, act_tiles: F16Tiles, peers: int = 2):
         super().__init__(tokens, stages, act_tiles, act_peers=peers)
-        self.release_owner_only = True
 
 
 class GroupedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
@@ -402,9 +396,8 @@ class PipelinedRegisterAWgmmaConsumer(RegisterAWgmmaConsumer):
     8438956) was 1.4-1.6x slower than the serial consumer.
 
     Role contract as :class:`RegisterAWgmmaConsumer`'s (warpgroups 2-3, 200 registers, 8
-    arrivals each on ``empty`` and ``act_empty``; with ``act_peers`` = 2, the f16 multicast
-    study, each release on both CTAs' ``act_empty``: 8 + 8); it holds an activation tile one
-    k16 step longer, so give the activation stage more than two buffers."""
+    arrivals each on ``empty`` and ``act_empty``); it holds an activation tile one k16 step
+    longer, so give the activation stage more than two buffers."""
 
     IN_FLIGHT = 2
 

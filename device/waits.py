@@ -151,15 +151,13 @@ def ring_position(count: Int32, stages: int):
 
 @cute.jit
 def acquire_stage(count: Int32, stages: cutlass.Constexpr[int], empty, full, tx_bytes,
-                  barrier_id: cutlass.Constexpr[int], mailbox: cute.Tensor,
-                  cluster: cutlass.Constexpr[bool] = False):
+                  barrier_id: cutlass.Constexpr[int], mailbox: cute.Tensor):
     """A producer's ``count``-th fill of a ring of ``stages``: wait (bounded) until its slot's
     ``empty`` barrier says the readers released it, then one elected thread arrives on its
     ``full`` barrier announcing the ``tx_bytes`` the copies will deliver. Returns (stage, the
-    full barrier) for the copies. ``barrier_id``: the empty barrier's Barrier code.
-    ``cluster``: acquire at cluster scope (a peer CTA's readers arrive on ``empty`` too)."""
+    full barrier) for the copies. ``barrier_id``: the empty barrier's Barrier code."""
     s, ph = ring_position(count, stages)
-    wait_parity(empty + s, ph ^ 1, barrier_id, s, mailbox, cluster=cluster)
+    wait_parity(empty + s, ph ^ 1, barrier_id, s, mailbox)
     bar = full + s
     with cute.arch.elect_one():
         cute.arch.mbarrier_arrive_and_expect_tx(bar, tx_bytes)

@@ -14,8 +14,7 @@ f16 tiles (:class:`F16Tiles`, which the consumer is built with) and their barrie
 ``act_empty[b]`` (the consumers' 8 warp arrivals after the wgmmas that read it retired). Reads
 the producer's ring of ``stages`` stages: waits on its ``full[s]``, arrives on its ``empty[s]``
 (4 arrivals). (A study multicasting the packed activation to CTA pairs, v6, lost and left the
-code: notes/p0-gemm.md. The f16 tile's multicast, :class:`F16TmaActivationStage`'s
-``multicast``, is session 26's study.)
+code: notes/p0-gemm.md.)
 """
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ from device.ptx import arrive_expect_tx_cluster, bulk_copy_s2peer, rcp_approx_ft
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
 from device.waits import acquire_stage, ring_position, wait_parity
-from producers.register_order import (WeightsOnlyRegisterOrderProducer, check_multicast,
-                                      f16_box_layout)
+from producers.register_order import WeightsOnlyRegisterOrderProducer, f16_box_layout
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Int32, Uint16, Uint32  # noqa: E402
@@ -126,21 +124,11 @@ class F16TmaActivationStage:
     tiles (:class:`F16Tiles`) and their barriers: ``act_full[b]`` (1 arrive + the tile's bytes,
     TMA), ``act_empty[b]`` (the consumers' 8 warp arrivals). Reads nothing of the packed ring
     (``stages`` is the producer's, which the shell checks); the TMA atom is the producer's
-    (producers.register_order.WeightsOnlyRegisterOrderProducer, ``ctx.tma[0]``).
-
-    ``multicast`` = 2 (the study kernels.nvfp4.gemm_shell.F16MulticastStudy; notes/p0-gemm.md,
-    session 26): a cluster of two CTAs on neighbouring weight tiles of one token tile (``peers``,
-    which the shell launches). Each CTA's TMA loads half of the tile's rows (by its cluster rank)
-    into buffer b of both CTAs, completing bytes on both CTAs' ``act_full[b]``; each
-    ``act_full[b]`` still counts 1 arrive + the whole tile's bytes (the peer's half may land
-    before the arrive: the transaction count then dips below zero within the phase).
-    ``act_empty[b]`` counts the consumer warps of both CTAs (8 + 8, declared by the consumer,
-    built with ``act_peers`` = 2): either CTA's TMA rewrites both CTAs' tile, so it waits
-    until both have freed it (CTA-scope arrive and wait, as CUTLASS's multicast pipelines)."""
+    (producers.register_order.WeightsOnlyRegisterOrderProducer, ``ctx.tma[0]``)."""
 
     warpgroups, regs = 1, 24
 
-    def __init__(self, tokens: int, stages: int, buffers: int = 2, multicast: int = 1):
+    def __init__(self, tokens: int, stages: int, buffers: int = 2):
         if tokens not in (128, 256):
             raise ValueError(f"tokens = {tokens}: the study TMAs 128- or 256-row tiles (a TMA "
                              "box has at most 256 rows)")
@@ -149,12 +137,6 @@ class F16TmaActivationStage:
                              "late, so >= 2 f16 tiles")
         self.tokens, self.stages = tokens, stages
         self.tiles = F16Tiles(buffers, tokens * ROW_BYTES)
-        self.multicast = check_multicast(multicast)
-
-    @property
-    def peers(self) -> int:
-        """CTAs of the cluster along N (the shell's ``cluster_n``) that write these tiles."""
-        return self.multicast
 
     def barriers(self) -> dict:
         return {"act_full": self.tiles.buffers, "act_empty": self.tiles.buffers}
@@ -170,9 +152,8 @@ class F16TmaActivationStage:
 
     def allocate(self, alloc) -> dict:
         raw = alloc.allocate(self.tiles.buffers * self.tiles.tile_bytes, 1024)
-        rows = self.tokens // self.multicast  # a TMA box: the tile, or its half in the pair
-        staged = cute.append(f16_box_layout(rows), cute.make_layout(
-            self.tiles.buffers * self.multicast, stride=rows * K_BLOCK))
+        staged = cute.append(f16_box_layout(self.tokens),
+                             cute.make_layout(self.tiles.buffers, stride=self.tokens * K_BLOCK))
         return {"act_f16": raw,
                 "act_f16_tma": cute.make_tensor(cute.recast_ptr(raw, dtype=Float16), staged)}
 
@@ -180,17 +161,12 @@ class F16TmaActivationStage:
     def run(self, ctx, t: Int32):
         if t // WARP == 0:
             atom, tensor = ctx.tma[0]
-            rows = self.tokens // self.multicast
-            tiles = cute.local_tile(tensor, (rows, K_BLOCK), (None, None))
+            tiles = cute.local_tile(tensor, (self.tokens, K_BLOCK), (None, None))
             ts, tg = cpasync.tma_partition(atom, 0, cute.make_layout(1),
                                            cute.group_modes(ctx.smem["act_f16_tma"], 0, 2),
                                            cute.group_modes(tiles, 0, 2))
-            cast = None
-            if cutlass.const_expr(self.multicast > 1):  # (this CTA's half, both CTAs)
-                cast = (cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()),
-                        cutlass.Int16((1 << self.multicast) - 1))
             for_each_tile(ctx.tiles, self.fill_tile,
-                          ((atom, tg, ts, cast), ctx.bars["act_full"], ctx.bars["act_empty"],
+                          ((atom, tg, ts), ctx.bars["act_full"], ctx.bars["act_empty"],
                            ctx.mailbox, *self.fill_args(ctx)))
 
     def fill_args(self, ctx) -> tuple:
@@ -208,18 +184,11 @@ class F16TmaActivationStage:
     def load_rows(self, row_tile: Int32, tile, args, count: Int32) -> Int32:
         """``tile``'s k-blocks from token tile ``row_tile`` of the TMA's tensor (the tile's own
         row tile, or its ring slot's in the work queue: producers.ring_queue)."""
-        (atom, tg, ts, cast), act_full, act_empty, mailbox = args[:4]
+        (atom, tg, ts), act_full, act_empty, mailbox = args[:4]
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
             b, bar = acquire_stage(count, self.tiles.buffers, act_empty, act_full,
                                    self.tiles.tile_bytes, Barrier.ACT_EMPTY, mailbox)
-            if cutlass.const_expr(cast is None):
-                cute.copy(atom, tg[(None, row_tile, kt)], ts[(None, b)], tma_bar_ptr=bar)
-            else:  # half box ``rank`` of the tile into half ``rank`` of buffer b, and the
-                # same bytes into the peer at the same offsets (its act_full[b] counts them)
-                rank, mask = cast
-                half = b * self.multicast + rank
-                cute.copy(atom, tg[(None, row_tile * self.multicast + rank, kt)],
-                          ts[(None, half)], tma_bar_ptr=bar, mcast_mask=mask)
+            cute.copy(atom, tg[(None, row_tile, kt)], ts[(None, b)], tma_bar_ptr=bar)
             count = count + 1
         return count
 
@@ -236,34 +205,23 @@ class WeightsAndF16Producer:
     weight slabs: ``full[s]`` one arrive + bytes, ``empty[s]`` the consumers' 8), warp 1 is
     :class:`F16TmaActivationStage` (``buffers`` f16 tiles: ``act_full[b]`` one arrive + bytes,
     ``act_empty[b]`` the consumers' 8). Both are built from this role's static config, so the
-    compile key is its integers. ``multicast`` = 2 (the study
-    kernels.nvfp4.gemm_shell.F16MulticastStudy): warp 1 is the pair's stage
-    (:class:`F16TmaActivationStage` with ``multicast`` = 2: half the tile's rows to both CTAs,
-    ``act_empty`` 8 + 8 by remote arrives); the weights stay each CTA's own."""
+    compile key is its four integers."""
 
     warpgroups, regs = 1, 40
     extra_tx_bytes = 0
 
-    def __init__(self, tile_m: int, tile_n: int, stages: int, buffers: int = 2,
-                 multicast: int = 1):
+    def __init__(self, tile_m: int, tile_n: int, stages: int, buffers: int = 2):
         self.tile_m, self.tile_n, self.stages, self.buffers = tile_m, tile_n, stages, buffers
-        self.multicast = check_multicast(multicast)
         self.tiles = self.activation.tiles
         self.weights  # noqa: B018  (its checks, now)
 
     @property
-    def peers(self) -> int:
-        """CTAs of the cluster along N (the shell's ``cluster_n``)."""
-        return self.multicast
-
-    @property
     def weights(self):
-        return WeightsOnlyRegisterOrderProducer(self.tile_m, self.tile_n, self.stages,
-                                                self.multicast)
+        return WeightsOnlyRegisterOrderProducer(self.tile_m, self.tile_n, self.stages)
 
     @property
     def activation(self):
-        return F16TmaActivationStage(self.tile_m, self.stages, self.buffers, self.multicast)
+        return F16TmaActivationStage(self.tile_m, self.stages, self.buffers)
 
     def barriers(self) -> dict:
         return {**self.weights.barriers(), **self.activation.barriers()}
@@ -374,7 +332,9 @@ class ClusterSharedTiles:
     (notes/p1.md, session 26). Ring use ``count`` is filled by rank ``count`` mod C, its
     *owner*; the f16 buffers are a multiple of C, so buffer b has one writer, rank b mod C.
     The subclass says how a tile is filled (:meth:`fill_views`, :meth:`fill_rows`) and which
-    rows each of its 4 warps writes (:meth:`slice_plan`).
+    rows each of its 4 warps writes (:meth:`slice_plan`). (The packed activation's expansion
+    shared the same way, #34's activation-source study, lost to the f16 source by 1.4-1.6x and
+    left the code: notes/p0-gemm.md, session 26.)
 
     Each owner warp fills its rows of its *own* tile, fences them to the async proxy, then per
     peer one ``mbarrier.arrive.expect_tx`` of its rows' bytes on the peer's ``act_full[b]`` and
@@ -499,35 +459,3 @@ class ClusterQuantizingActivationStage(ClusterSharedTiles, QuantizingActivationS
         f16_words, x_words, g, rcp_g = views
         quantize_expand_stage_rows(t, WARPS * WARP, self.tokens, x_words, f16_words, s, b, g,
                                    rcp_g)
-
-
-class ClusterExpandedActivationStage(ClusterSharedTiles, ExpandedActivationStage):
-    """Study (kernels.nvfp4.gemm_shell.V3Study(activation="cluster_expand", cluster=C);
-    notes/p0-gemm.md, session 26: #34's activation-source comparison): the packed activation's
-    exact f16 expansion (:class:`ExpandedActivationStage`'s) made once a cluster of C CTAs and
-    sent to the others (:class:`ClusterSharedTiles`, bulk copies), instead of once a CTA or by
-    the quantize kernel into global memory (the f16 builds). Two threads a row, 64 rows a pass,
-    so warp w fills rows 16w .. 16w + 15 of every pass (``tokens`` / 64 slices of 2 KB)."""
-
-    def __init__(self, tokens: int, stages: int, buffers: int = 2, peers: int = 2):
-        super().__init__(tokens, stages, buffers)
-        self._check_cluster(peers)
-
-    def slice_plan(self) -> tuple:
-        per_pass = WARPS * WARP // 2
-        rows = per_pass // WARPS
-        return tuple(range(0, self.tokens, per_pass)), rows, rows
-
-    @cute.jit
-    def fill_views(self, ctx) -> tuple:
-        sm = ctx.smem
-        q_words = word_view(sm["q_a"].iterator, cute.cosize(sm["q_a"].layout))
-        sf_pairs = cute.make_tensor(cute.recast_ptr(sm["s_a"].iterator, dtype=Uint16),
-                                    cute.make_layout(cute.cosize(sm["s_a"].layout) // 2))
-        f16_words = word_view(sm["act_f16"], self.tiles.buffers * self.tiles.tile_bytes)
-        return f16_words, q_words, sf_pairs
-
-    @cute.jit
-    def fill_rows(self, views, t: Int32, s: Int32, b: Int32):
-        f16_words, q_words, sf_pairs = views
-        expand_stage_rows(t, WARPS * WARP, self.tokens, q_words, sf_pairs, f16_words, s, b)

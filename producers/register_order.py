@@ -44,17 +44,12 @@ def weight_slab_views(b_ptr, sfb_ptr, N: Int32, k32: Int32):
 
 class RegisterOrderProducer(PackedRingOwner):
     """Static config: ``tile_m`` token rows (a multiple of 128), ``tile_n`` weight rows (two
-    64-row slabs) and the ring depth ``stages``. ``peers`` C > 1 (a cluster whose activation
-    stage expands each k-block once for all: producers.activation_stage.
-    ClusterExpandedActivationStage): ring use ``count``'s packed activation is loaded only by
-    its owner, rank ``count`` mod C (the others' ``full[s]`` expects the slabs alone)."""
+    64-row slabs) and the ring depth ``stages``."""
 
     warpgroups, regs = 1, 24
-    peers = 1
 
-    def __init__(self, tile_m: int, tile_n: int, stages: int, peers: int = 1):
+    def __init__(self, tile_m: int, tile_n: int, stages: int):
         self.check_tile(tile_m, tile_n)
-        self.peers = peers
         self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
         self.slabs = tile_n // SLAB_ROWS
         self.act_bytes = operand_bytes(tile_m)
@@ -101,21 +96,9 @@ class RegisterOrderProducer(PackedRingOwner):
         slab0 = tile.n * self.slabs
         valid = cutlass.min(n_slabs - slab0, self.slabs)
         tx = self.act_bytes + valid * self.slab_bytes + self.extra_tx_bytes
-        rank = Int32(0)
-        if cutlass.const_expr(self.peers > 1):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            if cutlass.const_expr(self.peers == 1):
-                s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY,
-                                       mailbox)
-                copy_operand(parts, tile.m, kt, s, bar)
-            else:
-                owner = count % self.peers == rank
-                s, bar = acquire_stage(count, self.stages, empty, full,
-                                       cutlass.select_(owner, tx, tx - self.act_bytes),
-                                       Barrier.EMPTY, mailbox)
-                if owner:
-                    copy_operand(parts, tile.m, kt, s, bar)
+            s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY, mailbox)
+            copy_operand(parts, tile.m, kt, s, bar)
             with cute.arch.elect_one():
                 self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
             count = count + 1
@@ -142,15 +125,12 @@ class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):
     already expanded to f16 by its own TMA role
     (:class:`producers.activation_stage.F16TmaActivationStage`), which reads the TMA atom this
     producer builds over the f16 activation [M, K] (the ``a`` buffer). ``full[s]``: one arrive
-    + the slabs' bytes; ``empty[s]``: the consumers' 8 warp arrivals. ``multicast`` = 2 (the
-    study kernels.nvfp4.gemm_shell.F16MulticastStudy): the f16 atom is the multicast one, each
-    CTA of a pair loading half of the tile's rows into both (:func:`f16_activation_tma`)."""
+    + the slabs' bytes; ``empty[s]``: the consumers' 8 warp arrivals."""
 
-    def __init__(self, tile_m: int, tile_n: int, stages: int, multicast: int = 1):
+    def __init__(self, tile_m: int, tile_n: int, stages: int):
         super().__init__(tile_m, tile_n, stages)
         self.act_bytes = 0
         self.stage_bytes = self.slabs * self.slab_bytes
-        self.multicast = check_multicast(multicast)
 
     def allocate(self, alloc) -> dict:
         n = self.stages * self.slabs
@@ -160,8 +140,12 @@ class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):
 
     def global_views(self, a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
         """(the f16 activation's TMA atom and tensor; (prepacked codes, scales, slab count))."""
-        return ([f16_activation_tma(a_ptr, M, k32, self.tile_m, self.multicast)],
-                weight_slab_views(b_ptr, sfb_ptr, N, k32))
+        K = k32 * 32
+        gA = cute.make_tensor(cute.recast_ptr(a_ptr, dtype=Float16),
+                              cute.make_layout((M, K), stride=(K, 1)))
+        tma = [cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), gA,
+                                           f16_box_layout(self.tile_m), (self.tile_m, K_BLOCK))]
+        return tma, weight_slab_views(b_ptr, sfb_ptr, N, k32)
 
     @cute.jit
     def run(self, ctx, rt: Int32):
@@ -185,31 +169,6 @@ class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):
                 self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
             count = count + 1
         return count
-
-
-def check_multicast(multicast) -> int:
-    """``multicast``: 1, or 2 (a CTA pair along N sharing the f16 token tile's TMA)."""
-    if multicast not in (1, 2):
-        raise ValueError(f"multicast = {multicast!r}: 1, or 2 (a CTA pair on neighbouring "
-                         "weight tiles of one token tile)")
-    return multicast
-
-
-def f16_activation_tma(a_ptr, M: Int32, k32: Int32, rows: int, multicast: int = 1):
-    """(TMA atom, tensor) over the f16 activation [M, K] in the ``a`` buffer, a box of ``rows``
-    tokens x one k-block. With ``multicast`` = 2 the multicast atom of a half box (rows / 2:
-    each CTA of the pair copies its half into both CTAs). The half box is its own atom, not
-    tma_partition's rank slice of the whole: with the slice's offset inside the swizzled
-    layout, the DSL (4.8.1) dropped the f16 buffer's offset from the copy's address (PTX)."""
-    K = k32 * 32
-    gA = cute.make_tensor(cute.recast_ptr(a_ptr, dtype=Float16),
-                          cute.make_layout((M, K), stride=(K, 1)))
-    if multicast == 1:
-        return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), gA,
-                                           f16_box_layout(rows), (rows, K_BLOCK))
-    half = rows // multicast  # 8-row swizzle atoms: a half tile is its contiguous half
-    return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SMulticastOp(), gA,
-                                       f16_box_layout(half), (half, K_BLOCK))
 
 
 def f16_box_layout(rows: int, dtype=Float16):
@@ -236,9 +195,10 @@ class Bf16RegisterOrderProducer(RegisterOrderProducer):
     the cluster reads the token tile once a K pass, as one CTA does."""
 
     def __init__(self, tile_m: int, tile_n: int, stages: int, peers: int = 1):
-        super().__init__(tile_m, tile_n, stages, peers)
+        super().__init__(tile_m, tile_n, stages)
         self.act_bytes = tile_m * K_BLOCK * 2
         self.stage_bytes = self.act_bytes + self.slabs * self.slab_bytes
+        self.peers = peers
 
     @staticmethod
     def check_tile(tile_m: int, tile_n: int) -> None:

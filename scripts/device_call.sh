@@ -25,8 +25,7 @@
 #                (cuda:0,cuda:1,cuda:0); $WB_LADDER_DEVICES overrides ("none": one device).
 #   p0-ab        scripts/p0_v2_ab.py ($WB_AB_ARGS): P0's designs side by side
 #   p0-v3-ab     scripts/p0_v3_ab.py ($WB_AB_ARGS, e.g. --seconds 170): the split-K fixup studies
-#                and the TMA'd f16 activation against production (notes/p0-gemm.md, P0 v3);
-#                "--parts mc mcL --no-anchors --seconds 140": the f16 multicast pair (session 26)
+#                and the TMA'd f16 activation against production (notes/p0-gemm.md, P0 v3)
 #   p1-ab        scripts/p1_ab.py ($WB_AB_ARGS): P1 (quantized inside the GEMM) against P0
 #   stress       scripts/stress_fast_loop.py ($WB_STRESS_ARGS, e.g. --conditions procs --seconds
 #                200): the fast loop's frames under load, compared bitwise (notes/fast-loop.md v14a)

@@ -23,25 +23,6 @@ the pipelined register-A consumer, 128 or 256 tokens a CTA (m64n128k16 / m64n256
 232 registers). Run last: a kernel fault loses the process's CUDA context, so the run stops
 there (``context_lost`` in the provenance) with every finished job's rows already written.
 
-(mc, mcL, mcs) the f16 activation's TMA multicast across a CTA pair (notes/p0-gemm.md, session
-26; kernels.nvfp4.gemm_shell.F16MulticastStudy) beside the same build at one CTA a cluster,
-same config, same operands, at every projection: the 256-token build (wide_f16, the tile loop,
-one split) at M = 2048 (mc) and 37810 (mcL), the swap-AB f16 build at M = 128 at the chooser's
-K split (mcs; one split at qkv, where the chooser takes stream-K, which the pair refuses). The
-pair's bits must equal the single CTA's. Both builds are compiled before the first job (on a
-small problem), so the jobs' times and the budget's estimate hold timing only. For a device
-call of ~2.5 min:
-
-    python3 scripts/p0_v3_ab.py --parts mc mcL --no-anchors --seconds 140
-
-(src, srcL) #34's activation source at M = 128 (src) and 2048 (srcL), every projection, one
-run, the chooser's swap-AB split: the packed activation expanded in every CTA (the swap-AB
-build, the bits' reference), its exact f16 expansion by TMA (the quantize kernel writing it
-into global memory: the f16 builds' source), and the packed activation expanded once a
-cluster of C = 2, 4 CTAs along N and sent to the others by bulk DSMEM copies
-(``V3Study(activation="cluster_expand", cluster=C)``, where C divides the weight tiles; notes/
-p0-gemm.md, session 26). All the same bits.
-
 (S256, S512, S1024) qkv, out and fc2 at M = 256, 512 and 1024: the swap-AB f16 build (the
 chooser's split) and on stream-K, the 256-token build on the tile loop and on stream-K, with
 the anchors: where the f16 chooser should switch (schedules/plan.py SWAP_AB_MAX_WAVES was
@@ -52,8 +33,7 @@ bf16 (the activation as bf16 against the dequantized weight) and quack-kernels' 
 the same NVFP4 weights (experiments.p0_baseline's repack; the row is missing, and the run says
 why, where quack does not import). --no-anchors leaves them out.
 
-    python3 scripts/p0_v3_ab.py [--seconds 170] [--parts p L W w c a mc mcL mcs src srcL ...]
-        [--no-anchors] [--out DIR]
+    python3 scripts/p0_v3_ab.py [--seconds 170] [--parts p L W w c a] [--no-anchors] [--out DIR]
 
 (a) the split-K fixup at M = 128 (out, fc2, 7168x5376; splits 2 and 3): the production store
 through gemm_nvfp4 (fresh workspace and a zero-filled counter buffer every call), the same
@@ -93,10 +73,10 @@ from pathlib import Path
 import torch
 
 from configs.arch import K_BLOCK
-from device.runtime import cluster_ctas, sm_count
+from device.runtime import sm_count
 from device.waits import synchronize
 from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4
-from kernels.nvfp4.gemm_shell import ENTRY, F16MulticastStudy, V3Study
+from kernels.nvfp4.gemm_shell import ENTRY, V3Study
 from kernels.nvfp4.prepack import prepack
 from numerics import nvfp4
 from validators.gemm_operands import make_operand
@@ -106,10 +86,6 @@ PROJECTIONS = {"qkv": (21504, 5376), "out": (5376, 5376), "fc1": (14336, 5376),
                "fc2": (5376, 14336), "wide": (7168, 5376)}
 SMALL_M, LARGE_M = 128, 2048
 SWEEP_M = {"S256": 256, "S512": 512, "S1024": 1024}  # part S: where the f16 builds cross
-# the f16 multicast (session 26): part -> (M, the build)
-MULTICAST_M = {"mc": (2048, "wide_f16"), "mcL": (37810, "wide_f16"), "mcs": (128, "swap_ab_f16")}
-SOURCE_M = {"src": 128, "srcL": 2048}  # #34's activation-source comparison (session 26)
-SOURCE_CLUSTERS = (2, 4)
 # priority order: session 21's rows (p) first, then 8438956's (c) and (a)
 JOBS = (("p", "qkv"), ("p", "fc1"), ("p", "out"), ("p", "wide"), ("p", "fc2"),
         ("L", "qkv"), ("L", "fc1"), ("L", "out"), ("L", "fc2"), ("L", "wide"),
@@ -117,11 +93,7 @@ JOBS = (("p", "qkv"), ("p", "fc1"), ("p", "out"), ("p", "wide"), ("p", "fc2"),
         ("W", "fc1"), ("W", "out"), ("W", "wide"),
         *((part, name) for part in SWEEP_M for name in ("qkv", "out", "fc2")),
         ("c", "out"), ("c", "qkv"), ("a", "out"), ("c", "fc2"), ("a", "fc2"), ("c", "fc1"),
-        ("a", "wide"), ("c", "wide"),
-        # session 26: the shapes at 0.99x quack first (fc1, 7168x5376), M = 2048 before 37810
-        *((part, name) for part in MULTICAST_M
-          for name in ("fc1", "wide", "qkv", "out", "fc2")),
-        *((part, name) for part in SOURCE_M for name in ("qkv", "fc1", "wide", "out", "fc2")))
+        ("a", "wide"), ("c", "wide"))
 FIXUP_SPLITS = (2, 3)
 
 
@@ -142,9 +114,6 @@ class StudyLaunch:
 
     def __init__(self, cfg, M: int, N: int, K: int):
         self.cfg, self.key, self.M, self.N, self.K = cfg, cfg.static_key(), M, N, K
-        if cfg.cluster_n > 1 and -(-N // cfg.tile_n) % cfg.cluster_n:  # as launch_config
-            raise ValueError(f"N = {N} gives {-(-N // cfg.tile_n)} weight tiles, not a "
-                             f"multiple of the cluster's {cfg.cluster_n}")
         self.f16 = cfg.reads_f16_activation  # its own role, or in the weights' producer (3wg)
         words, tiles = cfg.workspace_floats(M, N, K, sm_count())
         if words:
@@ -162,7 +131,7 @@ class StudyLaunch:
         counters = out if self.counters is None else self.counters
         ENTRY(self.cfg, self.key, (a_q, a[1], pre.codes, pre.scales, a[2], b[2], out,
                                    _mailbox_address(), work, counters, out, out),
-              (self.M, self.N, self.K // 32, cluster_ctas(self.cfg.cluster_n)))
+              (self.M, self.N, self.K // 32, sm_count()))
         return out
 
 
@@ -179,12 +148,6 @@ def production(M, N, K, splits):
 def variants(part, M, N, K):
     """[(label, config, callable, exact)] of one job."""
     rows = []
-    if part in MULTICAST_M:
-        return [(label, cfg, StudyLaunch(cfg, M, N, K), True)
-                for label, cfg in multicast_configs(part, M, N, K)]
-    if part in SOURCE_M:
-        return [(label, cfg, StudyLaunch(cfg, M, N, K), True)
-                for label, cfg in source_configs(M, N, K)]
     if part == "a":
         for sp in (1, *FIXUP_SPLITS):
             cfg, call = production(M, N, K, sp)
@@ -264,58 +227,6 @@ def variants(part, M, N, K):
     return rows
 
 
-def multicast_configs(part, M, N, K, sms=None):
-    """[(label, config)] of a multicast job: the build at one CTA a cluster ("production": the
-    production build at this config, the bits' reference) and the CTA pair. ``sms``: the
-    chooser's SM count (None: this GPU's)."""
-    build = MULTICAST_M[part][1]
-    splits = 1
-    if build == "swap_ab_f16":  # the chooser's K split (its stream-K pick: one split)
-        splits = default_config(M, N, K, sms, prepacked=True, f16=True).splits
-    name = "wide t256" if build == "wide_f16" else f"swap f16 s{splits}"
-    return [(f"{name} production", F16MulticastStudy(build, multicast=1, splits=splits).build()),
-            (f"{name} mc2", F16MulticastStudy(build, multicast=2, splits=splits).build())]
-
-
-def source_configs(M, N, K, sms=None):
-    """[(label, config)] of an activation-source job at the chooser's swap-AB split (one where
-    it picks stream-K): the packed activation expanded in each CTA (the reference), its f16
-    expansion by TMA, and expanded once a cluster of C (where C divides the weight tiles)."""
-    splits = default_config(M, N, K, sms, prepacked=True).splits
-    rows = [(f"s{splits} packed, expanded a CTA", V3Study(splits=splits).build()),
-            (f"s{splits} f16 by TMA", V3Study(splits=splits, activation="f16_tma",
-                                             buffers=4).build())]
-    for c in SOURCE_CLUSTERS:
-        if -(-N // 128) % c == 0:
-            rows.append((f"s{splits} packed, expanded a cluster of {c}",
-                         V3Study(splits=splits, activation="cluster_expand", cluster=c,
-                                 buffers=max(2, c)).build()))
-    return rows
-
-
-def warm_multicast_builds(parts):
-    """Compile the multicast parts' builds ahead of the jobs (one launch each on a small
-    problem, the same static keys), so no job's time holds a compile."""
-    seen = set()
-    ops = None
-    for part in parts:
-        if part not in MULTICAST_M:
-            continue
-        M, N, K = 256, 256, 256  # two weight tiles: one pair
-        for label, cfg in (row for n, k in PROJECTIONS.values()
-                           for row in multicast_configs(part, MULTICAST_M[part][0], n, k)):
-            if cfg.static_key() in seen:  # (the swap-AB split differs by projection)
-                continue
-            seen.add(cfg.static_key())
-            t = time.time()
-            ops = ops or operands(M, N, K, seed=26)
-            a, b, pre, x16 = ops
-            StudyLaunch(cfg, M, N, K)(a, b, pre, x16, torch.empty(M, N, dtype=torch.bfloat16,
-                                                                  device="cuda"))
-            synchronize()
-            print(f"   compiled {label} ({time.time() - t:.0f} s)", flush=True)
-
-
 def anchors(ops, N, K, out):
     """The public peers on the job's operand sets, timed in this process: cuBLAS bf16 (x16 as
     bf16 @ the dequantized weight's transpose) and quack-kernels' gemm_w4a16 on the same NVFP4
@@ -355,8 +266,7 @@ class ContextLost(RuntimeError):
 
 def run_job(part, name, args, rows):
     N, K = PROJECTIONS[name]
-    M = SWEEP_M.get(part) or SOURCE_M.get(part) or MULTICAST_M.get(part, (None,))[0] or (
-        LARGE_M if part in ("L", "W") else SMALL_M)
+    M = SWEEP_M.get(part) or (LARGE_M if part in ("L", "W") else SMALL_M)
     per_set = (M + N) * (K // 2 + K // 16) + M * K * 2
     sets = rotation_count(per_set, factor=2.0, cap=4)
     ops = [operands(M, N, K, 100 * i + M + N) for i in range(sets)]
@@ -428,7 +338,7 @@ def derive(rows):
             continue
         if r["part"] == "a" and r["splits"] > 1:
             r["fixup_us"] = r["us"] - base["us"]
-        elif r["part"] == "c" or r["part"] in MULTICAST_M:
+        elif r["part"] == "c":
             r["over_production"] = r["ns_per_kblock"] / base["ns_per_kblock"]
         elif r["part"] in ("p", "L"):  # whole calls: the schedules differ in k-blocks a CTA
             r["over_production"] = r["us"] / base["us"]
@@ -457,8 +367,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=170.0,
                    help="start no job after this many seconds (default 170)")
-    p.add_argument("--parts", nargs="+",
-                   choices=("p", "L", "W", "w", "a", "c", *SWEEP_M, *MULTICAST_M, *SOURCE_M),
+    p.add_argument("--parts", nargs="+", choices=("p", "L", "W", "w", "a", "c", *SWEEP_M),
                    default=["p", "L", "c", "a"])
     p.add_argument("--rep-ms", type=float, default=40.0, help="timed replay per measurement")
     p.add_argument("--projections", nargs="+", choices=tuple(PROJECTIONS), default=None,
@@ -478,7 +387,6 @@ def main(argv=None) -> int:
     t0, rows, done, skipped, per_job = time.time(), [], [], [], 0.0
     out_dir.mkdir(parents=True, exist_ok=True)
     lost = None
-    warm_multicast_builds(args.parts)
 
     def write():  # after every job, so a fault or a kill keeps what was measured
         prov = {"commit": os.environ.get("WB_GIT_COMMIT", "unknown")[:7],

@@ -219,98 +219,12 @@ def test_f16_activation_comes_by_tma_unexpanded():
     assert "st.shared.v4" not in r.ptx
 
 
-def test_v3_ab_multicast_parts():
-    """scripts/p0_v3_ab.py's parts mc, mcL and mcs (the f16 multicast, session 26): each job
-    times the pair beside the same build at one CTA a cluster (same split; the swap-AB split the
-    chooser's, one at qkv where it picks stream-K), M = 2048 before 37810 and 128, fc1 and
-    7168x5376 first; the pair's ns a k-block over the single CTA's; the parts parse."""
-    from scripts import p0_v3_ab as ab
-    jobs = [j for j in ab.JOBS if j[0] in ab.MULTICAST_M]
-    assert jobs[:2] == [("mc", "fc1"), ("mc", "wide")] and len(jobs) == 15
-    assert [p for p, _ in jobs] == ["mc"] * 5 + ["mcL"] * 5 + ["mcs"] * 5
-    for part, name, splits in (("mc", "qkv", 1), ("mcL", "fc2", 1), ("mcs", "qkv", 1),
-                               ("mcs", "out", 3), ("mcs", "wide", 2)):
-        N, K = ab.PROJECTIONS[name]
-        (l1, one), (l2, pair) = ab.multicast_configs(part, ab.MULTICAST_M[part][0], N, K, 132)
-        assert "production" in l1 and "production" not in l2 and l2.endswith("mc2")
-        assert (one.cluster_n, pair.cluster_n) == (1, 2)
-        assert one.splits == pair.splits == splits and not one.stream_k
-        assert one.tile_m == pair.tile_m == (128 if part == "mcs" else 256)
-        assert ab.kblocks_per_cta(pair, 2048, N, K, 132) == ab.kblocks_per_cta(
-            one, 2048, N, K, 132)
-    rows = [{"part": "mc", "projection": "fc1", "config": c, "splits": 1, "us": us,
-             "ns_per_kblock": ns, "exact_promised": True, "rerun_identical": True,
-             "no_nan_left": True, "equal_to_production": True}
-            for c, us, ns in (("wide t256 production", 420.0, 714.0),
-                              ("wide t256 mc2", 399.0, 678.3))]
-    ab.derive(rows)
-    assert rows[0]["over_production"] == 1.0
-    assert rows[1]["over_production"] == pytest.approx(0.95)
-    assert "0.95" in ab.table(rows) and "True" in ab.table(rows)
-    with pytest.raises(SystemExit):
-        ab.main(["--parts", "mc", "mc4"])
-    if not torch.cuda.is_available():
-        assert ab.main(["--parts", "mc", "mcL", "mcs", "--no-anchors"]) == 2
-
-
 @pytest.mark.compile
 def test_production_swap_ab_ptx_is_the_studies_baseline():
     """The study's production build is the swap-AB default, the same PTX."""
     a = compile_report(BlockscaledGemmSm90.swap_ab(splits=3), *compile_args()).ptx
     b = compile_report(V3Study(splits=3).build(), *compile_args()).ptx
     assert a == b
-
-
-def test_cluster_expand_is_refused_where_it_cannot_build():
-    """The cluster-shared expansion (#34's activation source, session 26) only as
-    activation="cluster_expand" with a cluster, on the serial consumer at 128 tokens, without
-    stream-K or a fixup study, with a buffer count the cluster divides."""
-    for kw in (dict(cluster=2), dict(activation="cluster_expand"),
-               dict(activation="cluster_expand", cluster=2, stream_k=True),
-               dict(activation="cluster_expand", cluster=4, buffers=2),
-               dict(activation="cluster_expand", cluster=2, consumer="pipelined"),
-               dict(activation="cluster_expand", cluster=2, splits=2, fixup="skip")):
-        with pytest.raises(ValueError):
-            V3Study(**kw)
-    with pytest.raises(ValueError, match="a cluster of 2, 4 or 8"):
-        V3Study(activation="cluster_expand", cluster=3, buffers=3).build()
-
-
-def test_v3_ab_activation_source_parts():
-    """scripts/p0_v3_ab.py's parts src and srcL: per job the packed activation expanded a CTA
-    (the reference), the f16 by TMA and the cluster-shared expansion at C = 2 and 4 where C
-    divides the weight tiles, all at the chooser's split, all exact."""
-    from scripts import p0_v3_ab as ab
-    jobs = [j for j in ab.JOBS if j[0] in ab.SOURCE_M]
-    assert [p for p, _ in jobs] == ["src"] * 5 + ["srcL"] * 5
-    qkv = ab.source_configs(128, 21504, 5376, 132)  # 168 weight tiles: C = 2 and 4
-    out = ab.source_configs(128, 5376, 5376, 132)  # 42: C = 2 only
-    assert [c.cluster_n for _, c in qkv] == [1, 1, 2, 4] and len(out) == 3
-    assert "expanded a CTA" in qkv[0][0] and "f16" in qkv[1][0]
-    assert len({c.splits for _, c in out}) == 1 and out[0][1].splits > 1
-    assert qkv[1][1].reads_f16_activation and not qkv[2][1].reads_f16_activation
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("cluster", [2, 4])
-def test_cluster_expand_sends_each_warps_rows_by_bulk_copy(cluster):
-    """Each owner warp's two 2 KB row slices to each peer by cp.async.bulk shared::cta ->
-    shared::cluster (2 (C - 1)), one expect-tx arrive a peer (C - 1), the packed TMA behind
-    the owner test, the consumers' one release; 128 registers, no spills."""
-    cfg = V3Study(activation="cluster_expand", cluster=cluster, buffers=max(2, cluster)).build()
-    assert cfg.cluster_n == cluster
-    bars = cfg.describe()["barriers"]
-    assert (bars["act_full"]["arrive_count"], bars["act_empty"]["arrive_count"]) == (
-        4, 8 * cluster)
-    r = compile_report(cfg, *compile_args())
-    assert r.frame_bytes == 0 and r.registers <= 128
-    assert r.ptx.count("cp.async.bulk.shared::cluster.shared::cta") == 2 * (cluster - 1)
-    assert r.ptx.count("mbarrier.arrive.expect_tx.shared::cluster") == cluster - 1
-    assert r.ptx.count("mbarrier.arrive.shared::cluster") == 1
-    assert "try_wait.parity.acquire.cluster" not in r.ptx and "arrive.release.cluster" not in r.ptx
-    assert "st.shared::cluster" not in r.ptx
-    if r.sass is not None:
-        assert r.spill_bytes == 0
 
 
 # ---- exactness (GPU) ----------------------------------------------------------------------------
@@ -379,26 +293,3 @@ def test_256_token_build_within_bound(shape, splits):
     assert not out.isnan().any()
     _check(out, a, b, M, N, K)
     assert torch.equal(again.view(torch.int16), out.view(torch.int16))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(128, 512, 2048), (300, 1024, 1056), (1100, 2048, 320)])
-@pytest.mark.parametrize("splits", [1, 2])
-@pytest.mark.parametrize("cluster", [2, 4])
-def test_cluster_expand_equals_production_bits_every_run(shape, splits, cluster):
-    """The packed activation expanded once a cluster and sent by bulk copies: the production
-    swap-AB bits at the same split in each of 4 runs into NaN-poisoned outputs (owners wrap
-    unevenly at K = 1056 and 320; 1100 x 2048 at C = 2 is more clusters than fit at once)."""
-    from scripts.p0_v3_ab import StudyLaunch, operands
-    M, N, K = shape
-    a, b, pre, x16 = operands(M, N, K, seed=sum(shape) + splits + cluster)
-    base = StudyLaunch(V3Study(splits=splits).build(), M, N, K)(
-        a, b, pre, x16, torch.empty(M, N, dtype=torch.bfloat16, device="cuda"))
-    launch = StudyLaunch(V3Study(splits=splits, activation="cluster_expand", cluster=cluster,
-                                 buffers=max(2, cluster)).build(), M, N, K)
-    outs = [launch(a, b, pre, x16, torch.full((M, N), float("nan"), dtype=torch.bfloat16,
-                                                device="cuda")) for _ in range(4)]
-    torch.cuda.synchronize()
-    wrong = [i for i, out in enumerate(outs)
-             if not torch.equal(out.view(torch.int16), base.view(torch.int16))]
-    assert not wrong, f"runs {wrong} of 4 differ from the production bits"

@@ -364,13 +364,12 @@ def launch_config(config, m: int, N: int, K: int, device, gate=None, prepacked=N
     elif gate is None and config.epilogue.operands:
         raise ValueError(f"config's epilogue {type(config.epilogue.output).__name__} reads "
                          f"{config.epilogue.operands}: pass gate and residual")
+    if config.needs_prepacked_weights:
+        _check_prepacked(prepacked, N, K, device)
     if config.cluster_n > 1 and -(-N // config.tile_n) % config.cluster_n:
-        # the pair walks neighbouring weight tiles together: an odd count leaves one unpaired
         raise ValueError(f"config pairs CTAs on neighbouring {config.tile_n}-row weight tiles "
                          f"(activation multicast); N = {N} gives {-(-N // config.tile_n)} tiles, "
                          f"not a multiple of {config.cluster_n}")
-    if config.needs_prepacked_weights:
-        _check_prepacked(prepacked, N, K, device)
     config.workspace_floats(m, N, K, sm_count())  # raises where the indexing would overflow
     return config
 

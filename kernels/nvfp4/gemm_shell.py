@@ -59,8 +59,7 @@ Studies live beside the production classes and only scripts/ and tests build the
 :class:`P0Variant` (measurement and fault-injection builds), :class:`SwapAbStudy` (the swap-AB
 design's token count, ring, splits, buffers and raster; the knobs measured and not chosen, one
 wgmma group in flight (v5) and the activation multicast to CTA pairs (v6), left the code:
-notes/p0-gemm.md), :class:`V3Study`, :class:`P1Study` and :class:`F16MulticastStudy` (the f16
-builds with the activation's TMA multicast to CTA pairs). schedules/plan.py says which config
+notes/p0-gemm.md), :class:`V3Study` and :class:`P1Study`. schedules/plan.py says which config
 runs per problem.
 
 Schedules (:mod:`device.tiles`): ``splits`` equal K splits a tile, or stream-K (``stream_k``,
@@ -89,12 +88,11 @@ from device.runtime import cute_modules, pointer_args
 from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_segments
 from epilogues import EpilogueOperands
 from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore, workspace_floats
-from producers.activation_stage import (ClusterExpandedActivationStage,
-                                        ClusterQuantizingActivationStage,
+from producers.activation_stage import (ClusterQuantizingActivationStage,
                                         ExpandedActivationStage, F16TmaActivationStage,
                                         QuantizingActivationStage, WeightsAndF16Producer)
 from producers.register_order import (Bf16RegisterOrderProducer, RegisterOrderProducer,
-                                      WeightsOnlyRegisterOrderProducer, check_multicast)
+                                      WeightsOnlyRegisterOrderProducer)
 from producers.ring_queue import TOKENS as TOKENS_QUEUE
 from producers.ring_queue import RingWeightsAndF16Producer
 from producers.tma_prepacked import TmaPrepackedProducer
@@ -195,20 +193,9 @@ def check_links(producer, activation, consumer, epilogue) -> None:
             raise ValueError(f"{type(producer).__name__} loads for a cluster of "
                              f"{producer.peers}; {type(activation).__name__} shares in {peers}")
     tiles = getattr(producer, "tiles", None)  # a producer that also owns the f16 tiles
-    if activation is None and tiles is not None:
-        if consumer.act_tiles != tiles:
-            raise ValueError(f"{type(consumer).__name__} reads f16 tiles {consumer.act_tiles}; "
-                             f"{type(producer).__name__} writes {tiles}")
-        peers = getattr(producer, "peers", 1)
-        if getattr(consumer, "act_peers", 1) != peers:
-            raise ValueError(f"{type(producer).__name__} writes the f16 tiles of {peers} "
-                             f"CTAs; {type(consumer).__name__} frees them in "
-                             f"{getattr(consumer, 'act_peers', 1)}")
-    elif activation is not None and getattr(producer, "multicast", 1) != getattr(
-            activation, "multicast", 1):  # the producer builds the activation stage's atom
-        raise ValueError(f"{type(producer).__name__} builds a TMA atom multicast to "
-                         f"{getattr(producer, 'multicast', 1)} CTAs; {type(activation).__name__}"
-                         f" copies with {getattr(activation, 'multicast', 1)}")
+    if activation is None and tiles is not None and consumer.act_tiles != tiles:
+        raise ValueError(f"{type(consumer).__name__} reads f16 tiles {consumer.act_tiles}; "
+                         f"{type(producer).__name__} writes {tiles}")
     if epilogue.threads != consumer.threads:
         raise ValueError(f"the epilogue syncs {epilogue.threads} threads; "
                          f"{type(consumer).__name__} calls it from {consumer.threads}")
@@ -330,16 +317,15 @@ class BlockscaledGemmSm90:
 
     def _configure(self, design, splits, raster_along_m, producer, activation, consumer,
                    epilogue, stream_k=False):
-        # CTAs of a cluster, along N (one token tile): the activation stage's peers (P1's pair
-        # writing each other's f16 tiles, the f16 multicast), or those of a producer that owns
-        # the f16 tiles (the multicast in wide_f16's producer)
-        cluster_n = getattr(activation if activation is not None else producer, "peers", 1)
+        cluster_n = getattr(activation, "peers", 1)
         if stream_k and (splits != 1 or cluster_n != 1):
             raise ValueError(f"stream_k with splits = {splits}, cluster of {cluster_n}: "
                              "stream-K cuts K itself, one CTA a cluster")
         self.design, self.stream_k = design, bool(stream_k)
         self.tile_m, self.tile_n = consumer.tile_m, consumer.tile_n
         self.stages, self.splits = producer.stages, splits
+        # CTAs of a cluster, along N (one token tile): the activation stage's peers (P1's pair
+        # writing each other's f16 tiles)
         self.cluster_n = cluster_n
         self.producer, self.activation, self.consumer = producer, activation, consumer
         if (producer.tile_m, producer.tile_n) != (self.tile_m, self.tile_n):
@@ -648,7 +634,7 @@ class SwapAbStudy:
 
 
 V3_FIXUPS = ("production", *SPLIT_FIXUPS)
-V3_ACTIVATIONS = ("expand", "f16_tma", "f16_tma_3wg", "cluster_expand")
+V3_ACTIVATIONS = ("expand", "f16_tma", "f16_tma_3wg")
 V3_CONSUMERS = ("serial", "pipelined")
 
 
@@ -673,11 +659,6 @@ class V3Study:
     (:class:`consumers.register_a_wgmma.PipelinedRegisterAWgmmaConsumer`: convert step b + 1
     under wgmma(b), two k16 groups in flight; exact, the production bits: same operands, same
     wgmmas in the same order on the same accumulators).
-    ``activation="cluster_expand"`` with ``cluster`` C = 2, 4 or 8 (#34's activation-source
-    comparison, notes/p0-gemm.md session 26): the packed activation expanded once a cluster of
-    C CTAs along N and sent to the others by bulk DSMEM copies
-    (producers.activation_stage.ClusterExpandedActivationStage; the packed tile loaded by its
-    owner only), the production bits.
     ``tokens``: 128 or 256 token rows a CTA tile (wgmma N; 256: 128 accumulators a thread at 232
     registers, so only with the 24-register f16 TMA activation stage; the large-M candidate).
     ``stream_k``: the stream-K schedule (device.tiles.StreamKSchedule: every CTA the same
@@ -694,17 +675,8 @@ class V3Study:
     stream_k: bool = False
     consumer: str = "serial"
     tokens: int = 128
-    cluster: int = 1  # with activation="cluster_expand": the CTAs sharing each expansion
 
     def __post_init__(self):
-        if (self.activation == "cluster_expand") != (self.cluster > 1):
-            raise ValueError(f"activation = {self.activation!r} with cluster = {self.cluster!r}:"
-                             " a cluster (2, 4 or 8) with 'cluster_expand' only")
-        if self.cluster > 1 and (self.stream_k or self.consumer != "serial"
-                                 or self.fixup != "production" or self.tokens != 128
-                                 or self.buffers % self.cluster):
-            raise ValueError("cluster_expand: the serial consumer, 128 tokens, no stream-K, the "
-                             "production fixup, buffers a multiple of the cluster")
         for name, value, allowed in (("fixup", self.fixup, V3_FIXUPS),
                                      ("activation", self.activation, V3_ACTIVATIONS),
                                      ("consumer", self.consumer, V3_CONSUMERS)):
@@ -732,15 +704,6 @@ class V3Study:
             return BlockscaledGemmSm90.from_roles(
                 "swap_ab", producer, consumer, None, splits=self.splits, raster_along_m=False,
                 epilogue=epilogue, stream_k=self.stream_k)
-        if self.activation == "cluster_expand":  # one expansion a cluster, sent to the others
-            activation = ClusterExpandedActivationStage(tokens, self.stages, self.buffers,
-                                                        peers=self.cluster)
-            consumer = PeerFedRegisterAWgmmaConsumer(tokens, self.stages, activation.tiles,
-                                                     peers=self.cluster)
-            producer = RegisterOrderProducer(tokens, consumer.tile_n, self.stages,
-                                             peers=self.cluster)
-            return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
-                                                  splits=self.splits, raster_along_m=False)
         f16 = self.activation == "f16_tma"
         activation = (F16TmaActivationStage if f16 else ExpandedActivationStage)(
             tokens, self.stages, self.buffers)
@@ -838,57 +801,3 @@ class P1Study:
         config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
                                                 splits=self.splits, raster_along_m=False)
         return config if self.variant == PRODUCTION else self.variant.of(config)
-
-
-F16_MULTICAST_BUILDS = ("wide_f16", "swap_ab_f16")
-
-
-@dataclass(frozen=True)
-class F16MulticastStudy:
-    """The f16 builds with the activation's TMA shared by a CTA pair (notes/p0-gemm.md, session
-    26; scripts/p0_v3_ab.py parts mc and tests/test_gemm_f16.py build it). ``build``:
-    "wide_f16" (:meth:`BlockscaledGemmSm90.wide_f16`, 256 tokens) or "swap_ab_f16" (128), at
-    ``stages``, ``buffers`` and ``splits`` as those take them. ``multicast`` = 2: clusters of two
-    CTAs along N on neighbouring weight tiles of one token tile; each CTA's TMA loads half of
-    the f16 token tile's rows into both CTAs (producers.activation_stage.F16TmaActivationStage,
-    ``multicast``), each ``act_full[b]`` 1 arrive + the whole tile's bytes, each ``act_empty[b]``
-    the 8 + 8 consumer warps of both CTAs (cluster-scope arrivals: consumers built with
-    ``act_peers`` = 2); the weights stay each CTA's own. The same wgmmas on the same values in the
-    same order: the bits of the build at ``multicast`` = 1, which is the production build itself.
-    Refused: stream-K (a CTA's share cuts tiles on its own; the pair walks whole tiles
-    together); at launch, an odd count of weight tiles (kernels.nvfp4.gemm.launch_config)."""
-
-    build_name: str = "wide_f16"
-    multicast: int = 2
-    splits: int = 1
-    stages: int = 8
-    buffers: int = 4
-    stream_k: bool = False
-
-    def build(self) -> BlockscaledGemmSm90:
-        if self.build_name not in F16_MULTICAST_BUILDS:
-            raise ValueError(f"build_name = {self.build_name!r}: choose from "
-                             f"{F16_MULTICAST_BUILDS}")
-        check_multicast(self.multicast)
-        if self.stream_k and self.multicast != 1:
-            raise ValueError("stream_k with multicast = 2: stream-K cuts a tile at each CTA's "
-                             "share, the pair walks whole tiles together; use K splits")
-        kw = dict(stages=self.stages, splits=self.splits, stream_k=self.stream_k,
-                  buffers=self.buffers)
-        if self.multicast == 1:  # the production build at this config
-            return getattr(BlockscaledGemmSm90, self.build_name)(**kw)
-        _check_ring(self.stages, self.splits)
-        if self.build_name == "wide_f16":
-            producer = WeightsAndF16Producer(256, 128, self.stages, self.buffers,
-                                             self.multicast)
-            consumer = PipelinedRegisterAWgmmaConsumer(256, self.stages, producer.tiles,
-                                                       act_peers=self.multicast)
-            return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, None,
-                                                  splits=self.splits, raster_along_m=False)
-        activation = F16TmaActivationStage(128, self.stages, self.buffers, self.multicast)
-        consumer = RegisterAWgmmaConsumer(128, self.stages, activation.tiles,
-                                          act_peers=self.multicast)
-        producer = WeightsOnlyRegisterOrderProducer(128, consumer.tile_n, self.stages,
-                                                    self.multicast)
-        return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
-                                              splits=self.splits, raster_along_m=False)
