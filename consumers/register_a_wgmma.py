@@ -48,7 +48,6 @@ from producers.ring_queue import QueueLayout, done_slot
 
 cutlass, cute = cute_modules()
 from cutlass import Float16, Float32, Int32, Uint32  # noqa: E402
-from cutlass._mlir.dialects.nvvm import MemScopeKind  # noqa: E402
 from cutlass.cute.nvgpu import OperandMajorMode, warpgroup  # noqa: E402
 from cutlass.utils import hopper_helpers as sm90_utils  # noqa: E402
 

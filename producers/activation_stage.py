@@ -348,7 +348,7 @@ class ClusterSharedTiles:
     Barriers: ``act_full[b]`` 4 arrivals a use, the owner's warps (locally, and remotely on
     each peer with their bytes); ``act_empty[b]`` the consumer warps of all C CTAs (8 x C,
     declared by consumers.register_a_wgmma.PeerFedRegisterAWgmmaConsumer), waited by the owner
-    at cluster scope before it writes b again; ``empty[s]`` this CTA's 4 warps every k-block
+    before it writes b again; ``empty[s]`` this CTA's 4 warps every k-block
     (they wait on ``full[s]`` whether or not they fill it, which keeps the ring's phase) and
     its consumers. The producer loads the stage's activation on the owner only
     (producers.register_order: ``peers`` = C)."""
