@@ -116,6 +116,31 @@ def test_dsmem_fixup_config(splits):
     assert cfg.describe()["cluster_k"] == splits and cfg.describe()["fixup"] == "dsmem"
 
 
+def test_p0_v3_ab_part_a_rows(monkeypatch):
+    """scripts/p0_v3_ab.py part a (CPU: launches stubbed): per split 2 and 3 the production
+    store, counters kept, the DSMEM cluster (exact: checked against production's bits) and the
+    skip build (inexact); fixup_us = each row minus the skip build of its shape and split."""
+    import scripts.p0_v3_ab as ab
+    monkeypatch.setattr(ab, "StudyLaunch", lambda cfg, M, N, K: ("launch", cfg))
+    rows = ab.variants("a", 128, 5376, 5376)
+    labels = [label for label, *_ in rows]
+    assert labels == ["s1 production"] + [
+        f"s{sp} {v}" for sp in (2, 3) for v in (
+            "production", "production, counters kept", "fixup dsmem cluster", "fixup skip")]
+    for label, cfg, _call, exact in rows:
+        assert exact == ("skip" not in label)
+        assert (cfg.cluster_k > 1) == ("dsmem" in label)
+    timed = [{"part": "a", "projection": "out", "config": label, "splits": cfg.splits,
+              "us": us, "ns_per_kblock": 1.0, "exact_promised": exact}
+             for (label, cfg, _c, exact), us in zip(rows, (55, 36, 35, 25, 30, 29, 28, 24, 22))]
+    ab.derive(timed)
+    fix = {r["config"]: r.get("fixup_us") for r in timed}
+    assert fix["s1 production"] is None
+    assert fix["s2 fixup dsmem cluster"] == 25 - 30 and fix["s3 fixup dsmem cluster"] == 24 - 22
+    assert fix["s3 production"] == 29 - 22 and fix["s3 fixup skip"] == 0
+    assert "dsmem" in ab.table(timed)
+
+
 # ---- compile (CI) -----------------------------------------------------------------------------
 BUILDS = {
     "production-s3": V3Study(splits=3),
