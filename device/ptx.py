@@ -215,6 +215,26 @@ def st_cluster_f32x2(ptr: cute.Pointer, rank: Int32, a: Float32, b: Float32, *, 
 
 
 @dsl_user_op
+def st_cluster_f32x4(ptr: cute.Pointer, rank: Int32, words, *, loc=None, ip=None) -> None:
+    """Store four fp32 at ``ptr``'s offset (16-byte aligned) in the shared memory of cluster
+    CTA ``rank`` (``mapa`` + ``st.shared::cluster.v4.f32``): a K-split cluster's partial sums
+    (epilogues.tile_store.SplitFixupStudy, fixup "dsmem")."""
+    _asm_effect(None, [_saddr(ptr, loc, ip), Int32(rank).ir_value(loc=loc, ip=ip)]
+                + [Float32(w).ir_value(loc=loc, ip=ip) for w in words],
+                "{ .reg .b32 r; mapa.shared::cluster.u32 r, $0, $1; "
+                "st.shared::cluster.v4.f32 [r], {$2, $3, $4, $5}; }", "r,r,f,f,f,f", loc, ip)
+
+
+@dsl_user_op
+def ld_shared_v4_f32(ptr: cute.Pointer, *, loc=None, ip=None) -> list:
+    """``ld.shared.v4.f32`` at ``ptr`` (this CTA, 16-byte aligned): four fp32, read after the
+    wait that acquired the peers' writes (not hoisted above it: a side effect)."""
+    res = _asm_effect(llvm.StructType.get_literal([T.f32()] * 4), [_saddr(ptr, loc, ip)],
+                      "ld.shared.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,r", loc, ip)
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
 def fence_proxy_async_global(*, loc=None, ip=None) -> None:
     """``fence.proxy.async.global``: order this thread's generic-proxy global accesses with
     async-proxy ones (a bulk copy that another CTA issues after acquiring this CTA's signal

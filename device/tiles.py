@@ -2,7 +2,8 @@
 
 A static persistent schedule (CUTLASS's): the grid holds at most one wave of clusters, and
 cluster c of G takes the linear work items c, c + G, c + 2G, ... over the (m, n, split) output
-tiles grouped into clusters along N, rasterised along M or N. Every role walks it on its own
+tiles grouped into clusters along N (or, ``cluster_k``, along the K splits: the splits of one
+tile are one cluster, split s at rank s), rasterised along M or N. Every role walks it on its own
 (:func:`for_each_tile`), so producer, stages and consumers agree on the tile sequence without
 talking to each other.
 
@@ -23,15 +24,23 @@ from cutlass.cutlass_dsl import extract_mlir_values, new_from_mlir_values  # noq
 
 class TileSchedule:
     """Static config: ``tiles`` = (m tiles, n tiles, K splits), clusters of ``cluster_n`` CTAs
-    along N, linear work rasterised along M (``raster_along_m``) or N. Host side: :meth:`grid`;
-    device side: :meth:`start` (through :func:`for_each_tile`)."""
+    along N, linear work rasterised along M (``raster_along_m``) or N. ``cluster_k`` (with
+    ``cluster_n`` 1; the K splits' count): each cluster one (m, n) tile, its CTA of rank s (grid
+    y) that tile's split s, so a work item is a tile and, rasterised along N, its index
+    m · n tiles + n (the epilogue's tile id: a CTA's k-th tile is work item c + kG). Host side:
+    :meth:`grid`; device side: :meth:`start` (through :func:`for_each_tile`)."""
 
     def __init__(self, tiles: tuple, cluster_n: int = 1, raster_along_m: bool = True,
-                 *, spare: int = 0, _encoded=None, _templates=None):
+                 *, spare: int = 0, cluster_k: int = 1, _encoded=None, _templates=None):
         self.tiles, self.cluster_n, self.raster_along_m = tiles, cluster_n, raster_along_m
         self.spare = spare  # CTAs at the grid's start that walk no tiles (the work queue's)
+        self.cluster_k = cluster_k
+        if cluster_k != 1 and (cluster_n != 1 or spare):
+            raise ValueError(f"cluster_k = {cluster_k} with cluster_n = {cluster_n}, spare = "
+                             f"{spare}: a K-split cluster is the whole cluster, every CTA a walker")
         # work items in cluster units, m fastest (CuTe's default column-major layout)
-        self.clusters = cute.make_layout(cute.ceil_div(tiles, (1, cluster_n)))
+        self.clusters = cute.make_layout(cute.ceil_div(
+            tiles, (1, cluster_n) if cluster_k == 1 else (1, 1, cluster_k)))
         m_clusters, n_clusters = self.clusters.shape[0], self.clusters.shape[1]
         major, minor = ((m_clusters, n_clusters) if raster_along_m
                         else (n_clusters, m_clusters))
@@ -51,29 +60,32 @@ class TileSchedule:
     def __new_from_mlir_values__(self, values) -> TileSchedule:
         n = len(extract_mlir_values(self.tiles))
         return TileSchedule(new_from_mlir_values(self.tiles, values[:n]), self.cluster_n,
-                            self.raster_along_m, spare=self.spare, _encoded=values[n:n + 2],
-                            _templates=(self.major, self.minor))
+                            self.raster_along_m, spare=self.spare, cluster_k=self.cluster_k,
+                            _encoded=values[n:n + 2], _templates=(self.major, self.minor))
 
     def grid(self, max_clusters: Int32) -> tuple:
         """The launch grid (host): one CTA per tile up to ``max_clusters`` clusters, as
-        (1, cluster_n, clusters), so a cluster's CTAs are neighbours along y; ``spare`` more
-        CTAs before them (clusters of one, z < spare) that walk no tiles."""
+        (1, cluster_n · cluster_k, clusters), so a cluster's CTAs are neighbours along y;
+        ``spare`` more CTAs before them (clusters of one, z < spare) that walk no tiles."""
         walkers = cutlass.min(cute.size(self.clusters), max_clusters)
         if cutlass.const_expr(self.spare):
             return (1, self.cluster_n, walkers + self.spare)
-        return (1, self.cluster_n, walkers)
+        return (1, self.cluster_n * self.cluster_k, walkers)
 
     def start(self) -> TileWalk:
         """This CTA's walk over the schedule, at its cluster's first work item (device
         side)."""
         bidx, bidy, bidz = cute.arch.block_idx()
         grid = cute.arch.grid_dim()
-        stride = cute.size(grid) // cute.size((1, self.cluster_n))
+        stride = cute.size(grid) // cute.size((1, self.cluster_n * self.cluster_k))
         work = Int32(bidz)
         if cutlass.const_expr(self.spare):  # the spare CTAs come first: z < spare
             stride = stride - self.spare
             work = work - self.spare
-        cta = (Int32(bidx % 1), Int32(bidy % self.cluster_n), Int32(0))
+        if cutlass.const_expr(self.cluster_k == 1):
+            cta = (Int32(bidx % 1), Int32(bidy % self.cluster_n), Int32(0))
+        else:  # rank s of a K-split cluster computes split s
+            cta = (Int32(bidx % 1), Int32(0), Int32(bidy % self.cluster_k))
         return TileWalk(self, stride, work, cta)
 
 
@@ -160,7 +172,8 @@ class TileWalk:
         split, minor = divmod(rest, s.minor)
         m, n = (major, minor) if s.raster_along_m else (minor, major)
         mn = tuple(cute.arch.make_warp_uniform(Int32(c) * Int32(size) + Int32(offset))
-                   for c, offset, size in zip((m, n, split), self.cta, (1, s.cluster_n, 1)))
+                   for c, offset, size in zip((m, n, split), self.cta,
+                                              (1, s.cluster_n, s.cluster_k)))
         return (*mn, Boolean(cute.arch.make_warp_uniform(valid)))
 
 

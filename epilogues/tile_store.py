@@ -35,10 +35,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from configs.arch import WARP
-from device.barriers import NamedBarrier
-from device.ptx import _asm_effect, _gaddr
+from device.barriers import Barrier, NamedBarrier
+from device.ptx import _asm_effect, _gaddr, arrive_cluster_release, ld_shared_v4_f32, \
+    st_cluster_f32x4
 from device.runtime import cute_modules
-from device.waits import count_split_arrival
+from device.waits import count_split_arrival, wait_parity
 from epilogues.alpha_bf16 import AlphaBf16
 
 PARTIAL_WORDS = 4  # fp32 partial sums per 16-byte store
@@ -86,6 +87,17 @@ class TileStore:
     def named_barriers(self) -> dict:
         """{id: threads} of the named barriers :meth:`store` syncs on."""
         return {self.barrier: self.threads} if self.splits > 1 or self.stream_k else {}
+
+    # what the shell provides a fixup beyond the flag word (only SplitFixupStudy's "dsmem"
+    # asks for any): the CTAs of a K-split cluster, mbarriers {name: arrive count}, and the
+    # shared-memory bytes of a receive buffer for a tile of ``tile_elems`` fp32
+    cluster_k = 1
+
+    def fixup_barriers(self) -> dict:
+        return {}
+
+    def fixup_smem_bytes(self, tile_elems: int) -> int:
+        return 0
 
     def key(self) -> tuple:
         """Identity for the compile cache: the rule's class, the splits, the threads and the
@@ -178,17 +190,51 @@ def workspace_floats(splits: int, tiles: int, tile_m: int, tile_n: int) -> int:
 
 
 # ---- study (scripts/p0_v3_ab.py and tests build it; never a production choice) ---------------
-SPLIT_FIXUPS = ("skip",)
+SPLIT_FIXUPS = ("skip", "dsmem")
+DSMEM_SPLITS = (2, 3)  # the K-split clusters built (the splits #34 1(a) measures)
 
 
 @dataclass(frozen=True)
 class SplitFixupStudy(TileStore):
-    """Split-K fixup ablation (notes/p0-gemm.md, P0 v3 measurement 1(a)); ``splits`` >= 2.
+    """Split-K fixup studies (notes/p0-gemm.md, P0 v3 measurement 1(a) and session 26's DSMEM
+    fixup); ``splits`` >= 2. The vectorised fixup measured beside them at 8438956 won and is
+    :class:`TileStore`'s own.
 
     ``fixup = "skip"``: no partials, no counter, no reduction; every split CTA stores its own
     partial through the output rule (the splits race: wrong results by design, timing only), so
-    a build's time minus this one's is its fixup's cost. The vectorised fixup measured beside it
-    won and is :class:`TileStore`'s own."""
+    a build's time minus this one's is its fixup's cost.
+
+    ``fixup = "dsmem"`` (S = ``splits`` 2 or 3): the S CTAs of one tile's K splits are one
+    cluster, split s at rank s (the shell launches clusters of :attr:`cluster_k` = S along grid
+    y: device.tiles.TileSchedule(cluster_k=S)). A thread's V = pairs / 2 16-byte vectors (16
+    for the swap-AB consumer) are cut into S shares, share q = vectors [qV/S, (q+1)V/S), which
+    rank q reduces and stores. Per tile, in every consumer thread (the epilogue's ``threads``):
+
+    1. wait (cluster-scope acquire) on its own ``fix_free`` for the previous tile's phase (a
+       fresh barrier passes): every peer has read what this CTA sent it last tile;
+    2. send: each peer q's share of its partial, ``st.shared::cluster.v4.f32`` into q's receive
+       buffer at slot (this rank's index among q's senders), vector, thread: one warp store
+       fills 512 contiguous bytes, and the reader is the same thread of q, so it reads back
+       exactly its own fragment positions;
+    3. named barrier ``barrier``; thread 0 arrives (``mbarrier.arrive.release.cluster``) on
+       every peer's ``fix_full``: the barrier orders the CTA's stores before that release;
+    4. wait (cluster-scope acquire) on its own ``fix_full`` for this tile's phase, then sum its
+       share in split order (p0 + p1) + p2, its own partial from registers at its rank's place
+       and the others' from its buffer (``ld.shared.v4.f32``): production's fp32 adds in
+       production's order, so production's bits; then the output rule into D;
+    5. named barrier; thread 0 arrives (release, cluster scope) on every peer's ``fix_free``.
+
+    Barriers (the shell allocates them and arms them before the cluster's start barrier):
+    ``fix_full`` and ``fix_free``, one each a CTA, arrive count S - 1 (one thread of each
+    peer), waited on by all ``threads`` at parity (the CTA's tile count k) & 1, resp.
+    ((k & 1) ^ 1). k = tile id // G (G clusters in the grid: the CTA's k-th tile is work item
+    c + kG, and its tile id is its work item under the N-major raster the shell requires).
+    No deadlock: a CTA's sends of tile k wait only on its peers' reads of tile k - 1, which
+    need only every CTA's sends of tile k - 1. No CTA exits while a peer may write or arrive
+    into it: the shell's closing cluster barrier. Receive buffer: (S - 1) x ceil(V / S) x
+    threads x 16 bytes (32 KB at S = 2, 48 KB at S = 3), its own (not the ring's: under a
+    persistent walk the producer refills the ring while the consumers run the epilogue). No
+    global workspace, counter, gpu-scope fence or atomic."""
 
     fixup: str = "skip"
 
@@ -198,13 +244,115 @@ class SplitFixupStudy(TileStore):
             raise ValueError(f"fixup = {self.fixup!r}: choose from {SPLIT_FIXUPS}")
         if self.splits < 2:
             raise ValueError(f"splits = {self.splits}: a split-K fixup study needs >= 2")
+        if self.fixup == "dsmem" and self.splits not in DSMEM_SPLITS:
+            raise ValueError(f"splits = {self.splits} with fixup 'dsmem': a K-split cluster of "
+                             f"{DSMEM_SPLITS} CTAs (a cluster of 3 fits a GPC's SMs several "
+                             "times; more are not measured by #34 1(a))")
+        if self.fixup == "dsmem" and self.stream_k:
+            raise ValueError("fixup 'dsmem' under stream-K: a tile's segments are not a cluster")
 
     def key(self) -> tuple:
         return (*super().key(), "fixup", self.fixup)
 
+    @property
+    def cluster_k(self) -> int:
+        return self.splits if self.fixup == "dsmem" else 1
+
+    def fixup_barriers(self) -> dict:
+        if self.fixup != "dsmem":
+            return {}
+        return {"fix_full": self.splits - 1, "fix_free": self.splits - 1}
+
+    def fixup_smem_bytes(self, tile_elems: int) -> int:
+        if self.fixup != "dsmem":
+            return 0
+        return (self.splits - 1) * self._slot_vectors(self._vectors(tile_elems)) \
+            * self.threads * 16
+
+    def _vectors(self, tile_elems: int) -> int:
+        """16-byte vectors of partial sums a thread (two pairs each)."""
+        per_thread, rem = divmod(tile_elems, self.threads * PARTIAL_WORDS)
+        if rem or per_thread < self.splits:
+            raise ValueError(f"a tile of {tile_elems} fp32 over {self.threads} threads is not "
+                             f"whole 16-byte vectors, at least {self.splits} a thread")
+        return per_thread
+
+    def _slot_vectors(self, vectors: int) -> int:
+        """Vectors of the largest share (the receive buffer's slot)."""
+        return max(self._share(q, vectors)[1] - self._share(q, vectors)[0]
+                   for q in range(self.splits))
+
+    def _share(self, q: int, vectors: int) -> tuple:
+        """[v0, v1): the vectors rank ``q`` reduces and stores."""
+        return q * vectors // self.splits, (q + 1) * vectors // self.splits
+
     @cute.jit
     def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32, splits):
-        self._store_direct(pairs, ops, tile, M, N2)
+        if cutlass.const_expr(self.fixup == "dsmem"):
+            self._store_dsmem(pairs, ops, tile, M, N2)
+        else:
+            self._store_direct(pairs, ops, tile, M, N2)
+
+    @cute.jit
+    def _store_dsmem(self, pairs, ops, tile, M: Int32, N2: Int32):
+        """The K-split cluster's exchange and reduce (the class docstring's steps 1-5)."""
+        S = self.splits
+        if cutlass.const_expr(len(pairs) % 2):
+            raise ValueError(f"{len(pairs)} accumulator pairs a thread: the DSMEM fixup "
+                             "sends them two to a 16-byte vector")
+        vectors = len(pairs) // 2
+        slot_v = self._slot_vectors(vectors)
+        recv, full, free, mailbox = ops.fixup
+        rank = tile.split  # the schedule's K-split cluster: split s at rank s
+        _, _, clusters = cute.arch.grid_dim()
+        use = tile.tile_id // Int32(clusters)
+        ph = use & 1
+        # 1. every peer has read what this CTA sent it for the previous tile
+        wait_parity(free, ph ^ 1, Barrier.FIX_FREE, rank, mailbox, cluster=True)
+        # 2. each peer q's share of this partial into q's buffer, at this rank's slot there
+        for q in cutlass.range_constexpr(S):
+            if rank != Int32(q):
+                slot = cutlass.select_(rank < Int32(q), rank, rank - 1)
+                v0, v1 = self._share(q, vectors)
+                for v in cutlass.range_constexpr(v0, v1):
+                    (_, _, a0, a1), (_, _, b0, b1) = pairs[2 * v], pairs[2 * v + 1]
+                    at = ((slot * slot_v + (v - v0)) * self.threads + tile.ct) * PARTIAL_WORDS
+                    st_cluster_f32x4(recv + at, Int32(q), (a0, a1, b0, b1))
+        # 3. the CTA's stores, then one release a peer
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
+        if tile.ct == 0:
+            for q in cutlass.range_constexpr(S):
+                if rank != Int32(q):
+                    arrive_cluster_release(full, Int32(q))
+        # 4. the peers' shares of this rank's vectors, summed in split order, then D
+        wait_parity(full, ph, Barrier.FIX_FULL, rank, mailbox, cluster=True)
+        for q in cutlass.range_constexpr(S):
+            if rank == Int32(q):
+                v0, v1 = self._share(q, vectors)
+                for v in cutlass.range_constexpr(v0, v1):
+                    s = None
+                    for sp in cutlass.range_constexpr(S):
+                        if cutlass.const_expr(sp == q):
+                            (_, _, a0, a1), (_, _, b0, b1) = pairs[2 * v], pairs[2 * v + 1]
+                            p = [a0, a1, b0, b1]
+                        else:
+                            at = (((sp - (1 if sp > q else 0)) * slot_v + (v - v0))
+                                  * self.threads + tile.ct) * PARTIAL_WORDS
+                            p = ld_shared_v4_f32(recv + at)
+                        s = p if s is None else [s[w] + p[w] for w in range(PARTIAL_WORDS)]
+                    for h in cutlass.range_constexpr(2):
+                        m, n, _, _ = pairs[2 * v + h]
+                        row = tile.m0 + m
+                        col = tile.n0 + n
+                        if row < M and col < N2 * 2:
+                            ops.d[row, col // 2] = self.output.pair(ops, row, col // 2,
+                                                                    s[2 * h], s[2 * h + 1])
+        # 5. every thread has read its buffer: the peers may send the next tile's
+        cute.arch.barrier(barrier_id=self.barrier, number_of_threads=self.threads)
+        if tile.ct == 0:
+            for q in cutlass.range_constexpr(S):
+                if rank != Int32(q):
+                    arrive_cluster_release(free, Int32(q))
 
 
 @dsl_user_op

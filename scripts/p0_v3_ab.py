@@ -38,9 +38,12 @@ why, where quack does not import). --no-anchors leaves them out.
 (a) the split-K fixup at M = 128 (out, fc2, 7168x5376; splits 2 and 3): the production store
 through gemm_nvfp4 (fresh workspace and a zero-filled counter buffer every call), the same
 kernel launched on a persistent, once-zeroed counter buffer (the kernel re-arms its counters,
-so the fill is not needed) and no fixup at all (``fixup="skip"``: wrong, timing only); splits 1
-beside them. fixup_us = a variant's time - the skip build's. The vectorised fixup measured here
-at 8438956 won and is the production store since; the scalar one it replaced is in git.
+so the fill is not needed), the DSMEM reduction inside a K-split cluster (``fixup="dsmem"``:
+the S splits of a tile one cluster, partials exchanged in shared memory, no workspace or
+counter; production's bits; notes/p0-gemm.md, session 26) and no fixup at all
+(``fixup="skip"``: wrong, timing only); splits 1 beside them. fixup_us = a variant's time - the
+skip build's. The vectorised fixup measured here at 8438956 won and is the production store
+since; the scalar one it replaced is in git.
 
 (c) the register-A consumer at M = 128 (qkv, out, fc1, fc2, 7168x5376; the default K split):
 the production build, and the activation given already expanded to f16 by TMA
@@ -155,6 +158,8 @@ def variants(part, M, N, K):
             if sp == 1:
                 continue
             rows.append((f"s{sp} production, counters kept", cfg, StudyLaunch(cfg, M, N, K), True))
+            cfg = V3Study(splits=sp, fixup="dsmem").build()
+            rows.append((f"s{sp} fixup dsmem cluster", cfg, StudyLaunch(cfg, M, N, K), True))
             cfg = V3Study(splits=sp, fixup="skip").build()
             rows.append((f"s{sp} fixup skip", cfg, StudyLaunch(cfg, M, N, K), False))
         return rows

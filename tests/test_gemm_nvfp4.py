@@ -309,7 +309,7 @@ def test_barrier_ids_keep_their_codes_and_the_report_names_the_barrier(monkeypat
     decodes; one enum holds them (device/barriers.py)."""
     assert {b.name: int(b) for b in Barrier} == {
         "FULL": 0, "EMPTY": 1, "ACT_FULL": 2, "ACT_EMPTY": 3, "PAGE_FULL": 4, "PAGE_EMPTY": 5,
-        "COUNTER": 16, "PARTIAL": 17, "SLOT": 18}
+        "FIX_FULL": 6, "FIX_FREE": 7, "COUNTER": 16, "PARTIAL": 17, "SLOT": 18}
     assert [int(b) for b in NamedBarrier] == [0, 1, 2]
     box = torch.zeros(8, dtype=torch.int32)
     box[:7] = torch.tensor([waits.MAILBOX_MAGIC, Barrier.EMPTY, 3, 1, 7, 42, 0])
@@ -319,6 +319,9 @@ def test_barrier_ids_keep_their_codes_and_the_report_names_the_barrier(monkeypat
         "release a stage) barrier (stage 3, parity 1) in CTA 7, thread 42")
     box[1:7] = torch.tensor([Barrier.PARTIAL, 2, 0, 5, 9, 1])
     assert "waiting for the pair CTA's partial (slot 2, parity 0)" in waits.mailbox_report()
+    box[1:7] = torch.tensor([Barrier.FIX_FULL, 2, 1, 40, 17, 0])
+    assert "on the fix_full (a K split waiting for its peers' partials in its shared memory) " \
+        "barrier (stage 2, parity 1) in CTA 40" in waits.mailbox_report()
 
 
 class _NoArrivals:

@@ -32,7 +32,7 @@ def test_v3_study_parts_refuse_bad_arguments():
     with pytest.raises(ValueError, match="tokens"):
         F16TmaActivationStage(384, 8)
     with pytest.raises(ValueError, match="fixup"):
-        SplitFixupStudy(256, splits=2, fixup="dsmem")
+        SplitFixupStudy(256, splits=2, fixup="vector")
     with pytest.raises(ValueError, match="splits"):
         SplitFixupStudy(256, splits=1)
 
@@ -72,10 +72,81 @@ def test_v3_study_barriers_keys_and_exactness():
     assert TileStore(256, splits=2).key() == SplitFixupStudy(256, splits=2).key()[:5]
 
 
+@pytest.mark.parametrize("kw,match", [
+    (dict(fixup="dsmem", splits=1), "splits"), (dict(fixup="dsmem", splits=4), "dsmem"),
+    (dict(fixup="dsmem", stream_k=True), "stream_k")])
+def test_dsmem_fixup_refuses_what_it_cannot_build(kw, match):
+    """The K-split cluster is built for 2 and 3 splits (#34 1(a)), never under stream-K."""
+    with pytest.raises(ValueError, match=match):
+        V3Study(**kw)
+
+
+def test_dsmem_fixup_parts_refuse_bad_arguments():
+    """The epilogue refuses other cluster sizes; the shell refuses a K-split cluster whose
+    split count differs from the config's, or on the M-major raster (the epilogue counts a
+    CTA's tiles by tile id, which is the work item only under the N-major raster)."""
+    with pytest.raises(ValueError, match="dsmem"):
+        SplitFixupStudy(256, splits=4, fixup="dsmem")
+    cfg = V3Study(splits=2).build()
+    epi = SplitFixupStudy(cfg.consumer.threads, splits=2, fixup="dsmem")
+    with pytest.raises(ValueError, match="K-split cluster"):
+        BlockscaledGemmSm90.from_roles("swap_ab", cfg.producer, cfg.consumer, cfg.activation,
+                                       splits=2, raster_along_m=True, epilogue=epi)
+    with pytest.raises(ValueError, match="split-K fixup study"):
+        SplitFixupStudy(256, splits=1, fixup="dsmem")
+
+
+@pytest.mark.parametrize("splits", [2, 3])
+def test_dsmem_fixup_config(splits):
+    """The DSMEM build: its two mbarriers (one each, S - 1 arrivals: one thread of each
+    peer), its receive buffer ((S - 1) slots of ceil(16 / S) vectors x 256 threads x 16 B)
+    beside production's shared memory, no global workspace, clusters of S along K, its own
+    compile key, exact."""
+    prod, study = V3Study(splits=splits).build(), V3Study(splits=splits, fixup="dsmem")
+    cfg = study.build()
+    assert study.exact and cfg.cluster_k == splits and cfg.cluster_n == 1
+    assert prod.cluster_k == 1 and "fix_full" not in prod.barrier_table
+    assert cfg.barrier_table["fix_full"][:2] == (1, splits - 1)
+    assert cfg.barrier_table["fix_free"][:2] == (1, splits - 1)
+    recv = (splits - 1) * -(-16 // splits) * 256 * 16
+    assert cfg.smem_bytes == prod.smem_bytes + recv + 16  # + the two mbarriers
+    assert cfg.workspace_floats(128, 5376, 5376, 132) == (0, 42)
+    assert prod.workspace_floats(128, 5376, 5376, 132)[0] > 0
+    assert cfg.static_key() != prod.static_key()
+    assert cfg.describe()["cluster_k"] == splits and cfg.describe()["fixup"] == "dsmem"
+
+
+def test_p0_v3_ab_part_a_rows(monkeypatch):
+    """scripts/p0_v3_ab.py part a (CPU: launches stubbed): per split 2 and 3 the production
+    store, counters kept, the DSMEM cluster (exact: checked against production's bits) and the
+    skip build (inexact); fixup_us = each row minus the skip build of its shape and split."""
+    import scripts.p0_v3_ab as ab
+    monkeypatch.setattr(ab, "StudyLaunch", lambda cfg, M, N, K: ("launch", cfg))
+    rows = ab.variants("a", 128, 5376, 5376)
+    labels = [label for label, *_ in rows]
+    assert labels == ["s1 production"] + [
+        f"s{sp} {v}" for sp in (2, 3) for v in (
+            "production", "production, counters kept", "fixup dsmem cluster", "fixup skip")]
+    for label, cfg, _call, exact in rows:
+        assert exact == ("skip" not in label)
+        assert (cfg.cluster_k > 1) == ("dsmem" in label)
+    timed = [{"part": "a", "projection": "out", "config": label, "splits": cfg.splits,
+              "us": us, "ns_per_kblock": 1.0, "exact_promised": exact}
+             for (label, cfg, _c, exact), us in zip(rows, (55, 36, 35, 25, 30, 29, 28, 24, 22))]
+    ab.derive(timed)
+    fix = {r["config"]: r.get("fixup_us") for r in timed}
+    assert fix["s1 production"] is None
+    assert fix["s2 fixup dsmem cluster"] == 25 - 30 and fix["s3 fixup dsmem cluster"] == 24 - 22
+    assert fix["s3 production"] == 29 - 22 and fix["s3 fixup skip"] == 0
+    assert "dsmem" in ab.table(timed)
+
+
 # ---- compile (CI) -----------------------------------------------------------------------------
 BUILDS = {
     "production-s3": V3Study(splits=3),
     "skip-s3": V3Study(splits=3, fixup="skip"),
+    "dsmem-s2": V3Study(splits=2, fixup="dsmem"),
+    "dsmem-s3": V3Study(splits=3, fixup="dsmem"),
     "f16-serial": V3Study(activation="f16_tma"),
     "stream-k": V3Study(stream_k=True),
     "pipelined": V3Study(consumer="pipelined", buffers=4),
@@ -209,6 +280,28 @@ def test_skipped_fixup_has_no_partials_and_no_counter():
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("splits", [2, 3])
+def test_dsmem_fixup_exchanges_partials_on_chip(splits):
+    """The K-split cluster's fixup: each thread's 16 vectors sent as 16-byte
+    ``st.shared::cluster`` stores (one code path per receiving rank, 16 in all), its share read
+    back from its own shared memory (S - 1 peers' vectors of each rank's share), two
+    handshakes of S - 1 cluster-scope release arrives (S sites each, one skipped at run time)
+    and cluster-scope acquires, the cluster's arm and exit barriers; no global workspace store
+    or load, no atomic, no gpu-scope fence; production's registers, no spill."""
+    r = _build(f"dsmem-s{splits}")
+    assert r.ptx.count("st.shared::cluster.v4.f32") == 16
+    assert r.ptx.count("ld.shared.v4.f32") == 16 * (splits - 1)
+    assert r.ptx.count("mbarrier.arrive.release.cluster.shared::cluster") == 2 * splits
+    assert r.ptx.count("mbarrier.try_wait.parity.acquire.cluster") == 4  # 2 waits, 2 sites
+    assert r.ptx.count("barrier.cluster.arrive") == 2 and r.ptx.count("barrier.cluster.wait") == 2
+    assert r.census["atom"] == 0 and r.census["st.global.v4"] == 0
+    assert "ld.relaxed.gpu" not in r.ptx and "fence.acq_rel.gpu" not in r.ptx
+    assert r.registers == _build("production-s3").registers and r.frame_bytes == 0
+    if r.sass is not None:
+        assert r.spill_bytes == 0
+
+
+@pytest.mark.compile
 def test_f16_activation_comes_by_tma_unexpanded():
     """One TMA (the f16 tile), two weight slabs by bulk copy, no activation expansion: the only
     conversions left are the consumer's 4 k16 steps x (4 + 1)."""
@@ -252,6 +345,32 @@ def test_v3_exact_studies_equal_production_bits():
             assert not out.isnan().any(), study
             assert torch.equal(out.view(torch.int16), base.view(torch.int16)), study
             assert torch.equal(again.view(torch.int16), out.view(torch.int16)), study
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(128, 512, 2048), (128, 5376, 1024), (300, 520, 1056),
+                                   (700, 384, 160), (1000, 2056, 512)])
+@pytest.mark.parametrize("splits", [2, 3])
+def test_dsmem_fixup_equals_production_bits(shape, splits):
+    """The K-split cluster's DSMEM fixup against the production (vectorised, global) fixup at
+    the same split: the same bits into a NaN-poisoned output, and 4 reruns identical. Shapes:
+    whole tiles; out's N at M = 128 (42 clusters); ragged M and N; 3 k-blocks over the splits
+    (s3: one each); 136 tiles, more clusters than the grid holds (66 at s2, 44 at s3), so a
+    CTA takes 2-4 tiles and the handshakes' phases turn over."""
+    from scripts.p0_v3_ab import StudyLaunch, operands
+    M, N, K = shape
+    a, b, pre, x16 = operands(M, N, K, seed=sum(shape) + splits)
+    base = StudyLaunch(V3Study(splits=splits).build(), M, N, K)(
+        a, b, pre, x16, torch.empty(M, N, dtype=torch.bfloat16, device="cuda"))
+    launch = StudyLaunch(V3Study(splits=splits, fixup="dsmem").build(), M, N, K)
+    assert launch.work is None  # no global workspace or counters on this path
+    outs = [launch(a, b, pre, x16, torch.full((M, N), float("nan"), dtype=torch.bfloat16,
+                                               device="cuda")) for _ in range(4)]
+    torch.cuda.synchronize()
+    assert not outs[0].isnan().any()
+    assert torch.equal(outs[0].view(torch.int16), base.view(torch.int16))
+    for again in outs[1:]:
+        assert torch.equal(again.view(torch.int16), outs[0].view(torch.int16))
 
 
 @pytest.mark.gpu

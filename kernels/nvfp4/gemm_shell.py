@@ -87,7 +87,8 @@ from device import ffi
 from device.runtime import cute_modules, pointer_args
 from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_segments
 from epilogues import EpilogueOperands
-from epilogues.tile_store import SPLIT_FIXUPS, SplitFixupStudy, TileStore, workspace_floats
+from epilogues.tile_store import (DSMEM_SPLITS, SPLIT_FIXUPS, SplitFixupStudy, TileStore,
+                                  workspace_floats)
 from producers.activation_stage import (ClusterQuantizingActivationStage,
                                         ExpandedActivationStage, F16TmaActivationStage,
                                         QuantizingActivationStage, WeightsAndF16Producer)
@@ -340,6 +341,14 @@ class BlockscaledGemmSm90:
                              "epilogues/__init__.py)")
         check_links(producer, activation, consumer, self.epilogue)
         self.raster_along_m = raster_along_m
+        # CTAs of a K-split cluster (the DSMEM fixup study: the epilogue's, split s at rank s)
+        self.cluster_k = self.epilogue.cluster_k
+        if self.cluster_k != 1 and (self.cluster_k != splits or cluster_n != 1
+                                    or raster_along_m or getattr(producer, "queue_producers", 0)):
+            raise ValueError(f"a K-split cluster of {self.cluster_k} CTAs with splits = {splits},"
+                             f" cluster_n = {cluster_n}, raster_along_m = {raster_along_m}: it "
+                             "needs one CTA a split, no other cluster, the N-major raster (its "
+                             "tile ids count a CTA's tiles) and no work queue")
         # the work queue's quantizer CTAs, the grid's first (producers.ring_queue)
         self.queue_producers = getattr(producer, "queue_producers", 0)
         if self.queue_producers and (stream_k or splits != 1 or self.cluster_n != 1):
@@ -347,6 +356,10 @@ class BlockscaledGemmSm90:
                              "clusters of one")
         self.roles = tuple(r for r in (producer, activation, consumer) if r is not None)
         self.barrier_table = check_roles(self.roles)
+        for name, count in self.epilogue.fixup_barriers().items():  # its own arrives and waits
+            if name in self.barrier_table:
+                raise ValueError(f"barrier {name!r} declared by a role and by the epilogue")
+            self.barrier_table[name] = (1, count, ("epilogue",), ("epilogue",))
         self.threads = sum(r.warpgroups for r in self.roles) * WARPGROUP
         cap = REGISTER_FILE // self.threads // 8 * 8  # ptxas's per-thread cap for the kernel
         for r in self.roles:
@@ -356,7 +369,8 @@ class BlockscaledGemmSm90:
                                  f"threads caps every thread at {cap} (setmaxnreg moves "
                                  "registers at run time only): use fewer warpgroups")
         self.smem_bytes = sum(r.smem_bytes() for r in self.roles) + 8 * sum(
-            n for n, *_ in self.barrier_table.values()) + 1024
+            n for n, *_ in self.barrier_table.values()) + 1024 + \
+            self.epilogue.fixup_smem_bytes(self.tile_m * self.tile_n)
         if self.smem_bytes > SMEM_PER_CTA_MAX:
             raise ValueError(f"tile {self.tile_m}x{self.tile_n}, stages={self.stages} needs "
                              f"{self.smem_bytes} B of shared memory (> {SMEM_PER_CTA_MAX})")
@@ -380,6 +394,8 @@ class BlockscaledGemmSm90:
         ``ctas`` CTAs (host; 0 words when no tile is split). Raises where the kernel's 32-bit
         arithmetic would overflow."""
         tiles = -(-M // self.tile_m) * -(-N // self.tile_n)
+        if self.cluster_k > 1:  # the K-split cluster reduces on chip
+            return 0, tiles
         depth = self.splits
         if self.stream_k:  # at most this many CTAs' shares meet in one tile
             k_tiles = -(-K // K_BLOCK)
@@ -416,7 +432,9 @@ class BlockscaledGemmSm90:
                 "stages": self.stages, "threads": self.threads, "smem_bytes": self.smem_bytes,
                 "raster_along_m": self.raster_along_m, "splits": self.splits,
                 "stream_k": self.stream_k,
-                "cluster_n": self.cluster_n, "epilogue": type(self.epilogue.output).__name__,
+                "cluster_n": self.cluster_n, "cluster_k": self.cluster_k,
+                "epilogue": type(self.epilogue.output).__name__,
+                "fixup": getattr(self.epilogue, "fixup", "production"),
                 "roles": {type(r).__name__: {"warpgroups": r.warpgroups, "regs": r.regs}
                           for r in self.roles},
                 "barriers": {k: {"stages": v[0], "arrive_count": v[1]}
@@ -465,9 +483,11 @@ class BlockscaledGemmSm90:
             grid = schedule.grid(k_tiles, max_ctas)
         else:
             schedule = TileSchedule((m_tiles, n_tiles, self.splits), self.cluster_n,
-                                    self.raster_along_m, spare=self.queue_producers)
-            grid = schedule.grid(max_ctas // self.cluster_n)
-        cluster = {} if self.cluster_n == 1 else {"cluster": [1, self.cluster_n, 1]}
+                                    self.raster_along_m, spare=self.queue_producers,
+                                    cluster_k=self.cluster_k)
+            grid = schedule.grid(max_ctas // (self.cluster_n * self.cluster_k))
+        ctas = self.cluster_n * self.cluster_k  # a cluster's CTAs, along grid y
+        cluster = {} if ctas == 1 else {"cluster": [1, ctas, 1]}
         k_per_split = (k_tiles + self.splits - 1) // self.splits
         self.kernel(tma, glob, tiled_mma, (mD, mWork, mCount, mGate, mRes), mG, mailbox,
                     schedule, k_tiles, k_per_split).launch(
@@ -485,6 +505,10 @@ class BlockscaledGemmSm90:
         for r in self.roles:
             smem.update(r.allocate(alloc))
         smem["split_flag"] = alloc.allocate_tensor(Int32, cute.make_layout(1), 4)
+        fixup_bytes = self.epilogue.fixup_smem_bytes(self.tile_m * self.tile_n)
+        if cutlass.const_expr(fixup_bytes):  # the DSMEM fixup's receive buffer
+            smem["fixup_recv"] = alloc.allocate_tensor(Float32, cute.make_layout(
+                fixup_bytes // 4), 16)
         if warp == 0:
             for atom, _ in tma:
                 cpasync.prefetch_descriptor(atom)
@@ -493,16 +517,21 @@ class BlockscaledGemmSm90:
                     for s in cutlass.range_constexpr(n):
                         cute.arch.mbarrier_init(bars[name] + s, count)
             cute.arch.mbarrier_init_fence()
-        # a cluster's barriers are armed in both CTAs before either CTA's TMA or arrive can
+        # a cluster's barriers are armed in every CTA before any CTA's TMA or arrive can
         # reach them
-        if cutlass.const_expr(self.cluster_n > 1):
+        if cutlass.const_expr(self.cluster_n * self.cluster_k > 1):
             cute.arch.cluster_arrive_relaxed()
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
         mD, mWork, mCount, mGate, mRes = epi_tensors
+        fixup = {}
+        if cutlass.const_expr(fixup_bytes):
+            fixup = {"fixup": (smem["fixup_recv"].iterator, bars["fix_full"], bars["fix_free"],
+                               mailbox)}
         epi = EpilogueOperands(d=mD, alpha=mG[0][0] * mG[1][0], work=mWork, count=mCount,
-                               flag=smem["split_flag"].iterator, gate=mGate, residual=mRes)
+                               flag=smem["split_flag"].iterator, gate=mGate, residual=mRes,
+                               **fixup)
         ctx = ShellContext(smem=smem, bars=bars, tma=tma, globals=glob, tiled_mma=tiled_mma,
                            epilogue=self.epilogue, epi=epi, mailbox=mailbox,
                            tiles=TileLoop(schedule, k_tiles, k_per_split), scales=mG)
@@ -515,7 +544,7 @@ class BlockscaledGemmSm90:
                 self._dispatch(ctx, warp // 4, tidx, 0, 0)
         else:
             self._dispatch(ctx, warp // 4, tidx, 0, 0)
-        if cutlass.const_expr(self.cluster_n > 1):
+        if cutlass.const_expr(self.cluster_n * self.cluster_k > 1):
             # no CTA leaves while its peer may still store into it or arrive on its barriers
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
@@ -644,8 +673,12 @@ class V3Study:
     tests/test_p0_v3_studies.py build them; notes/p0-gemm.md, P0 v3 1(a) and 1(c)).
 
     ``fixup``: the split-K fixup, "production" (:class:`TileStore`'s vectorised fixed-order
-    reduce, which won this study against the scalar one) or "skip" (no fixup: wrong, timing
-    only; epilogues.tile_store.SplitFixupStudy).
+    reduce, which won this study against the scalar one), "skip" (no fixup: wrong, timing
+    only; epilogues.tile_store.SplitFixupStudy) or "dsmem" (``splits`` 2 or 3: the K splits of
+    a tile are one cluster, launched along grid y, split s at rank s; the partials are
+    exchanged through distributed shared memory and each rank reduces 1/S of the tile in split
+    order: production's bits, no global workspace or counter; SplitFixupStudy's docstring has
+    the protocol, notes/p0-gemm.md session 26 the prediction).
     ``activation``: "expand" (the production activation stage) or "f16_tma": the activation
     given already expanded to f16 [M, K] in the ``a`` buffer and TMA'd into the f16 tiles
     (producers.register_order.WeightsOnlyRegisterOrderProducer +
@@ -687,6 +720,9 @@ class V3Study:
         if self.fixup != "production" and self.splits < 2:
             raise ValueError(f"fixup = {self.fixup!r} with splits = {self.splits}: the fixup "
                              "runs only with >= 2 splits")
+        if self.fixup == "dsmem" and self.splits not in DSMEM_SPLITS:
+            raise ValueError(f"fixup = 'dsmem' with splits = {self.splits}: a K-split cluster "
+                             f"of {DSMEM_SPLITS} CTAs")
 
     @property
     def exact(self) -> bool:
