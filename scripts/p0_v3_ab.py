@@ -76,7 +76,7 @@ from pathlib import Path
 import torch
 
 from configs.arch import K_BLOCK
-from device.runtime import sm_count
+from device.runtime import cluster_ctas, sm_count
 from device.waits import synchronize
 from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4
 from kernels.nvfp4.gemm_shell import ENTRY, V3Study
@@ -134,7 +134,8 @@ class StudyLaunch:
         counters = out if self.counters is None else self.counters
         ENTRY(self.cfg, self.key, (a_q, a[1], pre.codes, pre.scales, a[2], b[2], out,
                                    _mailbox_address(), work, counters, out, out),
-              (self.M, self.N, self.K // 32, sm_count()))
+              (self.M, self.N, self.K // 32,
+               cluster_ctas(self.cfg.cluster_n * self.cfg.cluster_k)))
         return out
 
 
