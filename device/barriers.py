@@ -33,7 +33,7 @@ class Barrier(IntEnum):
     ACT_EMPTY = 3, "activation stage waiting for consumers to release a tile"
     PAGE_FULL = 4, "a frame task waiting for its weight page; 'stage' is the page"
     PAGE_EMPTY = 5, "the frame's loader waiting for a task to release a page"
-    # a K-split cluster's DSMEM fixup (epilogues.tile_store.SplitFixupStudy, fixup "dsmem";
+    # a K-split cluster's DSMEM fixup (epilogues.tile_store.ClusterSplitStore;
     # "stage" is the CTA's cluster rank, its K split)
     FIX_FULL = 6, "a K split waiting for its peers' partials in its shared memory"
     FIX_FREE = 7, "a K split waiting for its peers to have read its previous partials"

@@ -218,7 +218,7 @@ def st_cluster_f32x2(ptr: cute.Pointer, rank: Int32, a: Float32, b: Float32, *, 
 def st_cluster_f32x4(ptr: cute.Pointer, rank: Int32, words, *, loc=None, ip=None) -> None:
     """Store four fp32 at ``ptr``'s offset (16-byte aligned) in the shared memory of cluster
     CTA ``rank`` (``mapa`` + ``st.shared::cluster.v4.f32``): a K-split cluster's partial sums
-    (epilogues.tile_store.SplitFixupStudy, fixup "dsmem")."""
+    (epilogues.tile_store.ClusterSplitStore)."""
     _asm_effect(None, [_saddr(ptr, loc, ip), Int32(rank).ir_value(loc=loc, ip=ip)]
                 + [Float32(w).ir_value(loc=loc, ip=ip) for w in words],
                 "{ .reg .b32 r; mapa.shared::cluster.u32 r, $0, $1; "

@@ -34,7 +34,7 @@ class EpilogueOperands(NamedTuple):
     flag: object      # smem pointer: one int32, "this CTA reduces the tile"
     gate: object      # uint32 [N/2]: a bf16 per-column gate, as pairs (P4)
     residual: object  # uint32 [M, N/2]: the bf16 residual, as pairs (P4; may alias d)
-    # a K-split cluster's DSMEM fixup only (epilogues.tile_store.SplitFixupStudy, "dsmem"):
+    # a K-split cluster's DSMEM fixup only (epilogues.tile_store.ClusterSplitStore):
     # (its receive buffer, its fix_full and fix_free mbarriers, the diagnostics mailbox)
     fixup: object = None
 

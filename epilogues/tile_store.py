@@ -26,6 +26,9 @@ stores -> ``fence.acq_rel.gpu`` -> named barrier ``barrier`` -> one thread
 ``atom.add.acq_rel.gpu`` on the tile's counter and publishes "last" in smem -> ``barrier`` ->
 the last CTA fences and reads the partials. No CTA waits on another, so this cannot deadlock.
 
+:class:`ClusterSplitStore` is the other production split store: a tile's K splits as one
+cluster, the partials reduced in distributed shared memory (the plan's choice at two splits).
+
 The scalar fixup this replaced (one 4-byte store and load per partial, 14-33 µs a call at
 M = 128 against 6-13 µs for this one on the H200) is in git: ``git show bccfed9:epilogues/
 tile_store.py``; notes/p0-gemm.md, P0 v3 1(a).
@@ -88,8 +91,8 @@ class TileStore:
         """{id: threads} of the named barriers :meth:`store` syncs on."""
         return {self.barrier: self.threads} if self.splits > 1 or self.stream_k else {}
 
-    # what the shell provides a fixup beyond the flag word (only SplitFixupStudy's "dsmem"
-    # asks for any): the CTAs of a K-split cluster, mbarriers {name: arrive count}, and the
+    # what the shell provides a fixup beyond the flag word (only ClusterSplitStore asks for
+    # any): the CTAs of a K-split cluster, mbarriers {name: arrive count}, and the
     # shared-memory bytes of a receive buffer for a tile of ``tile_elems`` fp32
     cluster_k = 1
 
@@ -189,26 +192,20 @@ def workspace_floats(splits: int, tiles: int, tile_m: int, tile_n: int) -> int:
     return splits * tiles * tile_m * tile_n if splits > 1 else 0
 
 
-# ---- study (scripts/p0_v3_ab.py and tests build it; never a production choice) ---------------
-SPLIT_FIXUPS = ("skip", "dsmem")
-DSMEM_SPLITS = (2, 3)  # the K-split clusters built (the splits #34 1(a) measures)
+# ---- the K-split cluster's on-chip reduction ---------------------------------------------------
+CLUSTER_SPLITS = (2, 3)  # the K-split clusters built (#34 1(a) measured both; plan picks 2)
 
 
 @dataclass(frozen=True)
-class SplitFixupStudy(TileStore):
-    """Split-K fixup studies (notes/p0-gemm.md, P0 v3 measurement 1(a) and session 26's DSMEM
-    fixup); ``splits`` >= 2. The vectorised fixup measured beside them at 8438956 won and is
-    :class:`TileStore`'s own.
-
-    ``fixup = "skip"``: no partials, no counter, no reduction; every split CTA stores its own
-    partial through the output rule (the splits race: wrong results by design, timing only), so
-    a build's time minus this one's is its fixup's cost.
-
-    ``fixup = "dsmem"`` (S = ``splits`` 2 or 3): the S CTAs of one tile's K splits are one
-    cluster, split s at rank s (the shell launches clusters of :attr:`cluster_k` = S along grid
-    y: device.tiles.TileSchedule(cluster_k=S)). A thread's V = pairs / 2 16-byte vectors (16
-    for the swap-AB consumer) are cut into S shares, share q = vectors [qV/S, (q+1)V/S), which
-    rank q reduces and stores. Per tile, in every consumer thread (the epilogue's ``threads``):
+class ClusterSplitStore(TileStore):
+    """The split-K store of a K-split cluster: the S = ``splits`` (2 or 3) CTAs of one tile's K
+    splits are one cluster, split s at rank s (the shell launches clusters of
+    :attr:`cluster_k` = S along grid y: device.tiles.TileSchedule(cluster_k=S)), and the
+    partials are reduced in distributed shared memory instead of through a global workspace
+    (notes/p0-gemm.md, sessions 26 and 27: 2.3-3.9 µs a call at two splits against the global
+    fixup's 7.6-7.7). A thread's V = pairs / 2 16-byte vectors (16 for the swap-AB consumer)
+    are cut into S shares, share q = vectors [qV/S, (q+1)V/S), which rank q reduces and stores.
+    Per tile, in every consumer thread (the epilogue's ``threads``):
 
     1. wait (cluster-scope acquire) on its own ``fix_free`` for the previous tile's phase (a
        fresh barrier passes): every peer has read what this CTA sent it last tile;
@@ -220,8 +217,8 @@ class SplitFixupStudy(TileStore):
        every peer's ``fix_full``: the barrier orders the CTA's stores before that release;
     4. wait (cluster-scope acquire) on its own ``fix_full`` for this tile's phase, then sum its
        share in split order (p0 + p1) + p2, its own partial from registers at its rank's place
-       and the others' from its buffer (``ld.shared.v4.f32``): production's fp32 adds in
-       production's order, so production's bits; then the output rule into D;
+       and the others' from its buffer (``ld.shared.v4.f32``): the global fixup's fp32 adds in
+       its order, so :class:`TileStore`'s bits at the same split; then the output rule into D;
     5. named barrier; thread 0 arrives (release, cluster scope) on every peer's ``fix_free``.
 
     Barriers (the shell allocates them and arms them before the cluster's start barrier):
@@ -230,42 +227,31 @@ class SplitFixupStudy(TileStore):
     ((k & 1) ^ 1). k = tile id // G (G clusters in the grid: the CTA's k-th tile is work item
     c + kG, and its tile id is its work item under the N-major raster the shell requires).
     No deadlock: a CTA's sends of tile k wait only on its peers' reads of tile k - 1, which
-    need only every CTA's sends of tile k - 1. No CTA exits while a peer may write or arrive
-    into it: the shell's closing cluster barrier. Receive buffer: (S - 1) x ceil(V / S) x
-    threads x 16 bytes (32 KB at S = 2, 48 KB at S = 3), its own (not the ring's: under a
-    persistent walk the producer refills the ring while the consumers run the epilogue). No
-    global workspace, counter, gpu-scope fence or atomic."""
-
-    fixup: str = "skip"
+    need only every CTA's sends of tile k - 1; the waits are inside one cluster, whose CTAs the
+    hardware makes resident together. No CTA exits while a peer may write or arrive into it:
+    the shell's closing cluster barrier. Receive buffer: (S - 1) x ceil(V / S) x threads x 16
+    bytes (32 KB at S = 2, 48 KB at S = 3), its own (not the ring's: under a persistent walk
+    the producer refills the ring while the consumers run the epilogue). No global workspace,
+    counter, gpu-scope fence or atomic."""
 
     def __post_init__(self):
         super().__post_init__()
-        if self.fixup not in SPLIT_FIXUPS:
-            raise ValueError(f"fixup = {self.fixup!r}: choose from {SPLIT_FIXUPS}")
-        if self.splits < 2:
-            raise ValueError(f"splits = {self.splits}: a split-K fixup study needs >= 2")
-        if self.fixup == "dsmem" and self.splits not in DSMEM_SPLITS:
-            raise ValueError(f"splits = {self.splits} with fixup 'dsmem': a K-split cluster of "
-                             f"{DSMEM_SPLITS} CTAs (a cluster of 3 fits a GPC's SMs several "
-                             "times; more are not measured by #34 1(a))")
-        if self.fixup == "dsmem" and self.stream_k:
-            raise ValueError("fixup 'dsmem' under stream-K: a tile's segments are not a cluster")
+        if self.splits not in CLUSTER_SPLITS:
+            raise ValueError(f"splits = {self.splits}: a K-split cluster of {CLUSTER_SPLITS} "
+                             "CTAs (a cluster of 3 fits a GPC's SMs several times; more are "
+                             "not measured by #34 1(a))")
 
     def key(self) -> tuple:
-        return (*super().key(), "fixup", self.fixup)
+        return (*super().key(), "cluster")
 
     @property
     def cluster_k(self) -> int:
-        return self.splits if self.fixup == "dsmem" else 1
+        return self.splits
 
     def fixup_barriers(self) -> dict:
-        if self.fixup != "dsmem":
-            return {}
         return {"fix_full": self.splits - 1, "fix_free": self.splits - 1}
 
     def fixup_smem_bytes(self, tile_elems: int) -> int:
-        if self.fixup != "dsmem":
-            return 0
         return (self.splits - 1) * self._slot_vectors(self._vectors(tile_elems)) \
             * self.threads * 16
 
@@ -288,13 +274,6 @@ class SplitFixupStudy(TileStore):
 
     @cute.jit
     def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32, splits):
-        if cutlass.const_expr(self.fixup == "dsmem"):
-            self._store_dsmem(pairs, ops, tile, M, N2)
-        else:
-            self._store_direct(pairs, ops, tile, M, N2)
-
-    @cute.jit
-    def _store_dsmem(self, pairs, ops, tile, M: Int32, N2: Int32):
         """The K-split cluster's exchange and reduce (the class docstring's steps 1-5)."""
         S = self.splits
         if cutlass.const_expr(len(pairs) % 2):
@@ -353,6 +332,37 @@ class SplitFixupStudy(TileStore):
             for q in cutlass.range_constexpr(S):
                 if rank != Int32(q):
                     arrive_cluster_release(free, Int32(q))
+
+
+# ---- study (scripts/p0_v3_ab.py and tests build it; never a production choice) ---------------
+SPLIT_FIXUPS = ("skip",)
+
+
+@dataclass(frozen=True)
+class SplitFixupStudy(TileStore):
+    """Split-K fixup studies (notes/p0-gemm.md, P0 v3 measurement 1(a)); ``splits`` >= 2. The
+    vectorised fixup measured beside them at 8438956 won and is :class:`TileStore`'s own; the
+    DSMEM reduction (session 26) is :class:`ClusterSplitStore`.
+
+    ``fixup = "skip"``: no partials, no counter, no reduction; every split CTA stores its own
+    partial through the output rule (the splits race: wrong results by design, timing only), so
+    a build's time minus this one's is its fixup's cost."""
+
+    fixup: str = "skip"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.fixup not in SPLIT_FIXUPS:
+            raise ValueError(f"fixup = {self.fixup!r}: choose from {SPLIT_FIXUPS}")
+        if self.splits < 2:
+            raise ValueError(f"splits = {self.splits}: a split-K fixup study needs >= 2")
+
+    def key(self) -> tuple:
+        return (*super().key(), "fixup", self.fixup)
+
+    @cute.jit
+    def _store_split(self, pairs, ops, tile, M: Int32, N2: Int32, splits):
+        self._store_direct(pairs, ops, tile, M, N2)
 
 
 @dsl_user_op

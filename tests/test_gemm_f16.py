@@ -26,7 +26,9 @@ from workbench.compile import compile_report
      lambda: V3Study(stream_k=True, activation="f16_tma", buffers=4)),
     (lambda: BlockscaledGemmSm90.wide_f16(),
      lambda: V3Study(activation="f16_tma_3wg", tokens=256, consumer="pipelined", buffers=4)),
-], ids=["swap-s1", "swap-s3", "swap-stream-k", "wide-t256"])
+    (lambda: BlockscaledGemmSm90.swap_ab_f16(splits=2, cluster_splits=True),
+     lambda: V3Study(splits=2, fixup="dsmem", activation="f16_tma", buffers=4)),
+], ids=["swap-s1", "swap-s3", "swap-stream-k", "wide-t256", "swap-s2-cluster"])
 def test_f16_builds_compile_to_the_measured_studies(build, study):
     """Each production f16 build compiles to the same PTX as the V3Study build that the H200
     A/B measured and the GPU tests verified (15fc61e), so those results carry over."""
@@ -77,6 +79,13 @@ def test_default_config_f16_branch():
     assert pick(128, 21504) == ("swap", True, 1)  # 168 tiles: 1.27 waves
     assert pick(128, 14336) == ("swap", False, 1)
     assert pick(128, 5376) == ("swap", False, 3)
+    assert pick(128, 7168) == ("swap", False, 2)  # 56 tiles
+    # two splits: one cluster a tile, reduced on chip (session 27); three: the global fixup
+    two, three = (default_config(128, N, 5376, 132, prepacked=True, f16=True)
+                  for N in (7168, 5376))
+    assert two.cluster_k == 2 and type(two.epilogue).__name__ == "ClusterSplitStore"
+    assert three.cluster_k == 1 and type(three.epilogue).__name__ == "TileStore"
+    assert two.workspace_floats(128, 7168, 5376, 132) == (0, 56)
     assert pick(256, 21504) == ("wide", True, 1)  # 168 wide tiles: last wave 36 of 132
     assert pick(256, 5376) == ("swap", False, 1)  # 84 tiles: within one wave
     assert pick(256, 5376, 14336) == ("swap", False, 1)
@@ -175,9 +184,45 @@ def test_f16_default_within_bound_and_row_slices(shape, kind):
 
 F16_BUILDS = {"swap_ab_f16": lambda: BlockscaledGemmSm90.swap_ab_f16(),
               "swap_ab_f16_split2": lambda: BlockscaledGemmSm90.swap_ab_f16(splits=2),
+              "swap_ab_f16_split2_cluster": lambda: BlockscaledGemmSm90.swap_ab_f16(
+                  splits=2, cluster_splits=True),
               "swap_ab_f16_stream_k": lambda: BlockscaledGemmSm90.swap_ab_f16(stream_k=True),
               "wide_f16": lambda: BlockscaledGemmSm90.wide_f16(),
               "wide_f16_stream_k": lambda: BlockscaledGemmSm90.wide_f16(stream_k=True)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(128, 512, 2048), (128, 7168, 2048), (300, 520, 1056),
+                                   (700, 384, 160), (1000, 2056, 512)])
+def test_cluster_splits_equal_the_global_fixup_bits(shape):
+    """The K-split cluster (the plan's store at two splits) against the global fixup at two
+    splits: the same bits into a NaN-poisoned output, plain and with P4's gated residual, on
+    a row slice too; 3 reruns identical. (128, 512, 2048) and (128, 7168, 2048) take it as
+    the default config; 1000 x 2056 x 512 has 136 tiles over 66 clusters (2-3 tiles a CTA)."""
+    from kernels.nvfp4.gemm import default_config, gemm_nvfp4
+    M, N, K = shape
+    a, b, pre, a16, _ = _operands(M, N, K, seed=sum(shape) + 27)
+    glob = BlockscaledGemmSm90.swap_ab_f16(splits=2)
+    cfg = BlockscaledGemmSm90.swap_ab_f16(splits=2, cluster_splits=True)
+    if M == 128:
+        assert default_config(M, N, K, prepacked=True, f16=True).static_key() == \
+            cfg.static_key()
+    gate = torch.randn(N, device="cuda").to(torch.bfloat16)
+    res = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+    for kw in ({}, {"gate": gate, "residual": res}):
+        want = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=glob, **kw)
+        outs = [gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=cfg, out=torch.full(
+            (M, N), float("nan"), dtype=torch.bfloat16, device="cuda"), **kw)
+            for _ in range(3)]
+        torch.cuda.synchronize()
+        assert not outs[0].isnan().any()
+        for out in outs:
+            assert torch.equal(out.view(torch.int16), want.view(torch.int16)), kw
+    if M > 128:  # rows [128, M): a slice starting on a scale tile
+        want = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=glob, rows=(128, M))
+        got = gemm_nvfp4(*a, *b, prepacked=pre, a16=a16, config=cfg, rows=(128, M))
+        torch.cuda.synchronize()
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from consumers.register_a_wgmma import RegisterAWgmmaConsumer
-from epilogues.tile_store import SplitFixupStudy, TileStore
+from epilogues.tile_store import ClusterSplitStore, SplitFixupStudy, TileStore
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, V3Study, compile_args
 from producers.activation_stage import F16TmaActivationStage
 from workbench.compile import compile_report
@@ -85,15 +85,19 @@ def test_dsmem_fixup_parts_refuse_bad_arguments():
     """The epilogue refuses other cluster sizes; the shell refuses a K-split cluster whose
     split count differs from the config's, or on the M-major raster (the epilogue counts a
     CTA's tiles by tile id, which is the work item only under the N-major raster)."""
-    with pytest.raises(ValueError, match="dsmem"):
-        SplitFixupStudy(256, splits=4, fixup="dsmem")
+    with pytest.raises(ValueError, match="K-split cluster"):
+        ClusterSplitStore(256, splits=4)
+    with pytest.raises(ValueError, match="K-split cluster"):
+        ClusterSplitStore(256, splits=1)
+    with pytest.raises(ValueError, match="stream_k"):  # stream-K's tiles are not clusters
+        ClusterSplitStore(256, splits=2, stream_k=True)
     cfg = V3Study(splits=2).build()
-    epi = SplitFixupStudy(cfg.consumer.threads, splits=2, fixup="dsmem")
+    epi = ClusterSplitStore(cfg.consumer.threads, splits=2)
     with pytest.raises(ValueError, match="K-split cluster"):
         BlockscaledGemmSm90.from_roles("swap_ab", cfg.producer, cfg.consumer, cfg.activation,
                                        splits=2, raster_along_m=True, epilogue=epi)
-    with pytest.raises(ValueError, match="split-K fixup study"):
-        SplitFixupStudy(256, splits=1, fixup="dsmem")
+    with pytest.raises(ValueError, match="fixup"):
+        SplitFixupStudy(256, splits=2, fixup="dsmem")  # the study keeps "skip" only
 
 
 @pytest.mark.parametrize("splits", [2, 3])
@@ -113,7 +117,7 @@ def test_dsmem_fixup_config(splits):
     assert cfg.workspace_floats(128, 5376, 5376, 132) == (0, 42)
     assert prod.workspace_floats(128, 5376, 5376, 132)[0] > 0
     assert cfg.static_key() != prod.static_key()
-    assert cfg.describe()["cluster_k"] == splits and cfg.describe()["fixup"] == "dsmem"
+    assert cfg.describe()["cluster_k"] == splits and cfg.describe()["fixup"] == "cluster"
 
 
 def test_p0_v3_ab_part_a_rows(monkeypatch):

@@ -19,7 +19,7 @@ import torch
 from configs.arch import K_BLOCK
 from device import ffi
 from device.ffi import plain_cuda, require_hopper
-from device.runtime import check_cuda_tensor, sm_count
+from device.runtime import check_cuda_tensor, cluster_ctas, sm_count
 from device.waits import diagnostics_mailbox
 from epilogues.gate_residual import GateResidualBf16
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
@@ -67,9 +67,10 @@ def default_config(M: int, N: int, K: int, sms: int | None = None,
         if M <= plan.ROW_TILE or tiles <= plan.F16_SWAP_AB_MAX_WAVES * sms:
             lo, hi = plan.F16_STREAM_K_WAVES
             stream_k = stream_k and splits == 1 and lo * sms < tiles <= hi * sms
-            return BlockscaledGemmSm90.swap_ab_f16(stages=plan.SWAP_AB.stages,
-                                                   splits=1 if stream_k else splits,
-                                                   stream_k=stream_k, buffers=plan.F16_BUFFERS)
+            splits = 1 if stream_k else splits
+            return BlockscaledGemmSm90.swap_ab_f16(
+                stages=plan.SWAP_AB.stages, splits=splits, stream_k=stream_k,
+                buffers=plan.F16_BUFFERS, cluster_splits=splits in plan.F16_CLUSTER_SPLITS)
         wide_tiles = -(-M // plan.WIDE_F16.tile_n) * -(-N // plan.NARROW.tile_n)
         last_wave = wide_tiles % sms
         stream_k = (stream_k and wide_tiles // sms <= plan.WIDE_F16_STREAM_K_MAX_FULL_WAVES
@@ -251,12 +252,14 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
         counters = torch.zeros(tiles, dtype=torch.int32, device=a_q.device)
     else:  # never dereferenced
         work = counters = out
+    # a grid of clusters is sized so that every cluster is resident at once (the K-split
+    # cluster's CTAs wait only on each other, but a second round would double its time)
+    scalars = (m, N, K // 32, cluster_ctas(config.cluster_n * config.cluster_k))
     ENTRY(config, config.static_key(),
           (a_rows, a_scales, *b_ptrs, g_a, g_b, out, _mailbox_address(), work, counters,
-           out if gate is None else gate, out if residual is None else residual),
-          (m, N, K // 32, sm_count()))
+           out if gate is None else gate, out if residual is None else residual), scalars)
     if key is not None:
-        _PLANS.put(key, Plan(config, config.static_key(), (m, N, K // 32, sm_count()), M, r0,
+        _PLANS.put(key, Plan(config, config.static_key(), scalars, M, r0,
                              r1, words, tiles, config.needs_prepacked_weights,
                              None if a16 is None else a16.shape[0]))
     return out

@@ -87,8 +87,8 @@ from device import ffi
 from device.runtime import cute_modules, pointer_args
 from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_segments
 from epilogues import EpilogueOperands
-from epilogues.tile_store import (DSMEM_SPLITS, SPLIT_FIXUPS, SplitFixupStudy, TileStore,
-                                  workspace_floats)
+from epilogues.tile_store import (CLUSTER_SPLITS, SPLIT_FIXUPS, ClusterSplitStore,
+                                  SplitFixupStudy, TileStore, workspace_floats)
 from producers.activation_stage import (ClusterQuantizingActivationStage,
                                         ExpandedActivationStage, F16TmaActivationStage,
                                         QuantizingActivationStage, WeightsAndF16Producer)
@@ -249,7 +249,7 @@ class BlockscaledGemmSm90:
 
     @classmethod
     def swap_ab_f16(cls, *, stages: int = 8, splits: int = 1, stream_k: bool = False,
-                    buffers: int = 4) -> BlockscaledGemmSm90:
+                    buffers: int = 4, cluster_splits: bool = False) -> BlockscaledGemmSm90:
         """The swap-AB design on the activation's exact f16 expansion (the ``a`` buffer holds
         f16 [M, K], e2m1 · s of the packed activation, as kernels.nvfp4.quantize.
         quantize_expand_nvfp4 writes it): the weight slabs by the producer's warp
@@ -257,14 +257,17 @@ class BlockscaledGemmSm90:
         into ``buffers`` tiles (producers.activation_stage.F16TmaActivationStage), the
         production consumer. The same wgmmas on the same values in the same order as
         :meth:`swap_ab`, so the same bits at the same split (notes/p0-gemm.md, session 22:
-        15-22 % faster at M = 128)."""
+        15-22 % faster at M = 128). ``cluster_splits``: a tile's K splits are one cluster
+        reducing on chip (epilogues.tile_store.ClusterSplitStore; the same bits as the global
+        fixup at the same split, notes/p0-gemm.md session 27)."""
         _check_ring(stages, splits)
         tokens = RegisterAWgmmaConsumer.TOKENS[0]
         activation = F16TmaActivationStage(tokens, stages, buffers)
         consumer = RegisterAWgmmaConsumer(tokens, stages, activation.tiles)
+        epilogue = ClusterSplitStore(consumer.threads, splits=splits) if cluster_splits else None
         return cls.from_roles("swap_ab", WeightsOnlyRegisterOrderProducer(
             tokens, consumer.tile_n, stages), consumer, activation, splits=splits,
-            raster_along_m=False, stream_k=stream_k)
+            raster_along_m=False, stream_k=stream_k, epilogue=epilogue)
 
     @classmethod
     def wide_f16(cls, *, stages: int = 8, splits: int = 1, stream_k: bool = False,
@@ -434,7 +437,8 @@ class BlockscaledGemmSm90:
                 "stream_k": self.stream_k,
                 "cluster_n": self.cluster_n, "cluster_k": self.cluster_k,
                 "epilogue": type(self.epilogue.output).__name__,
-                "fixup": getattr(self.epilogue, "fixup", "production"),
+                "fixup": getattr(self.epilogue, "fixup",
+                                 "cluster" if self.cluster_k > 1 else "production"),
                 "roles": {type(r).__name__: {"warpgroups": r.warpgroups, "regs": r.regs}
                           for r in self.roles},
                 "barriers": {k: {"stages": v[0], "arrive_count": v[1]}
@@ -662,7 +666,7 @@ class SwapAbStudy:
         return config if self.variant == PRODUCTION else self.variant.of(config)
 
 
-V3_FIXUPS = ("production", *SPLIT_FIXUPS)
+V3_FIXUPS = ("production", *SPLIT_FIXUPS, "dsmem")
 V3_ACTIVATIONS = ("expand", "f16_tma", "f16_tma_3wg")
 V3_CONSUMERS = ("serial", "pipelined")
 
@@ -673,12 +677,13 @@ class V3Study:
     tests/test_p0_v3_studies.py build them; notes/p0-gemm.md, P0 v3 1(a) and 1(c)).
 
     ``fixup``: the split-K fixup, "production" (:class:`TileStore`'s vectorised fixed-order
-    reduce, which won this study against the scalar one), "skip" (no fixup: wrong, timing
-    only; epilogues.tile_store.SplitFixupStudy) or "dsmem" (``splits`` 2 or 3: the K splits of
-    a tile are one cluster, launched along grid y, split s at rank s; the partials are
-    exchanged through distributed shared memory and each rank reduces 1/S of the tile in split
-    order: production's bits, no global workspace or counter; SplitFixupStudy's docstring has
-    the protocol, notes/p0-gemm.md session 26 the prediction).
+    global reduce, which won this study against the scalar one; the plan's at three splits),
+    "skip" (no fixup: wrong, timing only; epilogues.tile_store.SplitFixupStudy) or "dsmem"
+    (``splits`` 2 or 3: epilogues.tile_store.ClusterSplitStore, the K splits of a tile one
+    cluster, launched along grid y, split s at rank s; the partials are exchanged through
+    distributed shared memory and each rank reduces 1/S of the tile in split order: the
+    global fixup's bits, no global workspace or counter; the plan's at two splits,
+    notes/p0-gemm.md sessions 26 and 27).
     ``activation``: "expand" (the production activation stage) or "f16_tma": the activation
     given already expanded to f16 [M, K] in the ``a`` buffer and TMA'd into the f16 tiles
     (producers.register_order.WeightsOnlyRegisterOrderProducer +
@@ -720,9 +725,9 @@ class V3Study:
         if self.fixup != "production" and self.splits < 2:
             raise ValueError(f"fixup = {self.fixup!r} with splits = {self.splits}: the fixup "
                              "runs only with >= 2 splits")
-        if self.fixup == "dsmem" and self.splits not in DSMEM_SPLITS:
+        if self.fixup == "dsmem" and self.splits not in CLUSTER_SPLITS:
             raise ValueError(f"fixup = 'dsmem' with splits = {self.splits}: a K-split cluster "
-                             f"of {DSMEM_SPLITS} CTAs")
+                             f"of {CLUSTER_SPLITS} CTAs")
 
     @property
     def exact(self) -> bool:
@@ -735,8 +740,7 @@ class V3Study:
             producer = WeightsAndF16Producer(tokens, 128, self.stages, self.buffers)  # 2 slabs
             consumer = (PipelinedRegisterAWgmmaConsumer if self.consumer == "pipelined" else
                         RegisterAWgmmaConsumer)(tokens, self.stages, producer.tiles)
-            epilogue = None if self.fixup == "production" else SplitFixupStudy(
-                consumer.threads, splits=self.splits, fixup=self.fixup)
+            epilogue = _study_epilogue(self.fixup, consumer.threads, self.splits)
             return BlockscaledGemmSm90.from_roles(
                 "swap_ab", producer, consumer, None, splits=self.splits, raster_along_m=False,
                 epilogue=epilogue, stream_k=self.stream_k)
@@ -747,11 +751,20 @@ class V3Study:
                     RegisterAWgmmaConsumer)(tokens, self.stages, activation.tiles)
         producer = (WeightsOnlyRegisterOrderProducer if f16 else RegisterOrderProducer)(
             tokens, consumer.tile_n, self.stages)
-        epilogue = None if self.fixup == "production" else SplitFixupStudy(
-            consumer.threads, splits=self.splits, fixup=self.fixup)
+        epilogue = _study_epilogue(self.fixup, consumer.threads, self.splits)
         return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
                                               splits=self.splits, raster_along_m=False,
                                               epilogue=epilogue, stream_k=self.stream_k)
+
+
+def _study_epilogue(fixup: str, threads: int, splits: int):
+    """V3Study's split store: None (the shell's TileStore, the global fixup), the K-split
+    cluster's (production's at two splits) or a study's."""
+    if fixup == "production":
+        return None
+    if fixup == "dsmem":
+        return ClusterSplitStore(threads, splits=splits)
+    return SplitFixupStudy(threads, splits=splits, fixup=fixup)
 
 
 @dataclass(frozen=True)
