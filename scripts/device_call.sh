@@ -43,6 +43,7 @@
 #                quack column needs .whl installed: pip install --no-index --no-deps --target
 #                /tmp/site .whl/*.whl)
 #   host-overhead experiments/host_overhead.py: host µs per eager call of the NVFP4 entries
+#   host-breakdown scripts/host_breakdown.py: a planned Nvfp4Linear call's host time by step
 #   p2-ring-capacity experiments/p2_ring_capacity.py ($WB_EXP_ARGS): the ring against capacity
 #   p2-parity    experiments/p2_parity.py ($WB_EXP_ARGS, e.g. --quick): the full H3's qkv, out and
 #                fc1 at blocks 0, 24, 49 through the ring (2048, 512), every chunk bit for bit
@@ -113,6 +114,8 @@ for what in "$@"; do
     p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
     host-overhead) step host-overhead python3 -m experiments.host_overhead ;;
+    host-breakdown) step host-breakdown env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
+                      python3 scripts/host_breakdown.py ;;
     p1-ab) step p1-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p1_ab.py \
              ${WB_AB_ARGS:-} ;;
     p2-ring-capacity) step p2-ring-capacity python3 -m experiments.p2_ring_capacity \
@@ -136,7 +139,7 @@ for what in "$@"; do
       step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
             "ladder-full, p0-ab, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
-            "host-overhead, frame-protocol, depth-frame, frame-norm-ab, ladder-p2-quick," \
+            "host-overhead, host-breakdown, frame-protocol, depth-frame, frame-norm-ab, ladder-p2-quick," \
             "p2-ring-capacity, p2-parity, p2-block-gate, p1-stream-a, ladder-p1-quick," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac
