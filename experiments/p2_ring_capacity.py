@@ -98,7 +98,7 @@ def first_bad_chunk(y, want, M: int, capacity: int) -> str | None:
 def _shape(name, N, K, M, capacities, quick, seed, streamed=True):
     x, w_q, w_s, g_w = _operands(N, K, M, seed)
     # the ring takes several chunks at every capacity here: never stream-K (kernels/nvfp4/ring.py)
-    config = default_config(M, N, K, prepacked=True, f16=True, stream_k=False)
+    config = default_config(M, N, K, stream_k=False)
     pre = prepack(w_q, w_s)
     q = torch.zeros(-(-M // 16) * 16, K // 2, dtype=torch.uint8, device="cuda")
     s = torch.zeros(nvfp4.scale_shape(M, K), dtype=torch.uint8, device="cuda")
