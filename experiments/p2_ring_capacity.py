@@ -6,7 +6,7 @@ in the seed, and is timed on the complete path only) at M = 37810 rows and ring 
 
 * ``complete``: the complete quantize + P0 path as Nvfp4Linear's p0 runs it: amax kernel ->
   g, the whole activation quantized and expanded to f16 into preallocated buffers,
-  gemm_nvfp4(a16=) over all rows with the f16 ``default_config(M, ..., f16=True,
+  gemm_nvfp4(a16=) over all rows with the f16 ``default_config(M, ...,
   stream_k=False)``;
 * ``total`` (per capacity): the ring as Nvfp4Linear's p2: the same amax -> g, then chunk by
   chunk the quantize-and-expand into the ring (packed rows, scales and f16 rows; allocated per

@@ -9,8 +9,9 @@ Every call runs an f16 build (notes/p0-gemm.md, sessions 22 and 27): the activat
 expansion e2m1 · s read by TMA (``a16``, which kernels.nvfp4.quantize.quantize_expand_nvfp4
 writes beside the packed codes) beside the weight's register-order prepack (``prepacked``,
 kernels.nvfp4.prepack). Without them a call makes them itself, as conveniences that cost time:
-the expansion by kernels.nvfp4.quantize.expand_nvfp4 into a scratch per call, the prepack per
-call. A caller that wants speed passes both (models.nvfp4_linear.Nvfp4Linear does).
+the expansion by kernels.nvfp4.quantize.expand_nvfp4 into a scratch kept per (device, stream,
+rows, K), the prepack per call. A caller that wants speed passes both (models.nvfp4_linear.
+Nvfp4Linear does).
 """
 from __future__ import annotations
 
