@@ -97,6 +97,24 @@ def _random_codes(M, K, seed, nan_scales=False):
     return q.cuda(), s.to(torch.uint8).view(torch.float8_e4m3fn).cuda()
 
 
+def test_expand_reference_is_the_exact_product_on_every_code_and_scale():
+    """The CPU reference the GPU tests hold expand_nvfp4 to: every code byte against every
+    scale byte (signed zeros, subnormal scales, 448, NaN), e2m1 x s exactly, in f16 (no
+    rounding: every finite product an f16 normal or zero)."""
+    from numerics.formats import e2m1_decode, e4m3_decode
+    q = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256, 8)  # [256, 2048]
+    s8 = torch.arange(256, dtype=torch.int32).to(torch.uint8)  # row r: scale byte r
+    blocks = s8.view(-1, 1).expand(256, 4096 // 16)
+    s = nvfp4.to_blocked(blocks).view(torch.float8_e4m3fn)
+    got = _expand_reference(q, s)
+    exact = (e2m1_decode(nvfp4.unpack_codes(q), torch.float64)
+             * e4m3_decode(s8).double().view(-1, 1))
+    nan = exact.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].double(), exact[~nan])
+    assert torch.equal(got[~nan].signbit(), exact[~nan].signbit())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["normal", "lognormal", "ties", "special"])
 @pytest.mark.parametrize("shape", [(16, 16), (48, 16 * 37), (300, 512), (2048, 5376)])
