@@ -378,49 +378,6 @@ ROW_CHUNKS = 8  # 16-byte chunks of one 64-element f16 row (128 B, one swizzle r
 
 
 @cute.jit
-def expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int], rows: cutlass.Constexpr[int],
-                      q_words: cute.Tensor, sf_pairs: cute.Tensor, f16_words: cute.Tensor,
-                      stage: Int32, buf: Int32):
-    """Expand ``rows`` x 64 packed codes of ring stage ``stage`` to exact f16 in buffer ``buf``
-    of a [rows, 64] 128-byte-swizzled K-major tile (wgmma's layout), ``threads`` threads (``t``
-    is this one) sharing the 2·rows 16-byte chunks of packed codes.
-
-    ``q_words``: packed ring as (4 words, 16-byte chunk): chunk (stage·rows + r)·2 + half.
-    ``sf_pairs``: scale ring as uint16 pairs (rows/128 swizzled 128x4 tiles a stage).
-    ``f16_words``: f16 tiles as (4 words, chunk). Per chunk: ``ld.shared.v4``, one 16-bit
-    scale-pair load, 4 x 8 codes through :func:`dequant_e2m1_word`, four ``st.shared.v4`` at
-    swizzled addresses (conflict-free: the 8 lanes of a store phase hit 8 different columns)."""
-    # pass i covers rows [i·R, (i + 1)·R), R = threads / 2, two threads a row: the row offset
-    # i·R is a constant and R divides a scale tile's 128 rows, so every per-thread term below
-    # is a function of t alone (hoisted out of the k-loop into a few registers; written as
-    # (i·threads + t) >> 1 it was recomputed per pass, 6 % more instructions a k-block)
-    per_pass = threads // 2
-    if cutlass.const_expr(SCALE_TILE_ROWS % per_pass or per_pass % 8):
-        raise ValueError(f"{threads} threads: two a row must tile {SCALE_TILE_ROWS} rows evenly "
-                         "in passes of a multiple of 8 rows (the swizzle's row phase)")
-    tr = t >> 1  # this thread's row within a pass
-    half = t & 1
-    for i in cutlass.range_constexpr(2 * rows // threads):
-        r0 = i * per_pass  # a multiple of 8: the swizzle's row phase is tr & 7
-        frag = cute.make_rmem_tensor((4,), Uint32)
-        cute.autovec_copy(q_words[(None, (stage * rows + r0 + tr) * 2 + half)], frag)
-        # the scales of block columns 2·half, 2·half + 1 of row r: one 16-bit pair of its tile
-        tile = stage * (rows // SCALE_TILE_ROWS) + r0 // SCALE_TILE_ROWS
-        in_tile = scale_tile_offset(r0 % SCALE_TILE_ROWS + tr, half * 2)
-        pair = tile * (SCALE_TILE_BYTES // 2) + (in_tile >> 1)
-        sv = e4m3x2_scales_x64(Uint32(sf_pairs[pair]))
-        scales = (prmt(sv, sv, 0x1010), prmt(sv, sv, 0x3232))
-        out_row = (buf * rows + r0 + tr) * ROW_CHUNKS
-        for j in cutlass.range_constexpr(4):
-            words = dequant_e2m1_word(frag[j], scales[j // 2])
-            out = cute.make_rmem_tensor((4,), Uint32)
-            for e in cutlass.range_constexpr(4):
-                out[e] = words[e]
-            chunk = (half * 4 + j) ^ (tr & 7)
-            cute.autovec_copy(out, f16_words[(None, out_row + chunk)])
-
-
-@cute.jit
 def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
                                rows: cutlass.Constexpr[int], x_words: cute.Tensor,
                                f16_words: cute.Tensor, stage: Int32, buf: Int32, g: Float32,
@@ -429,7 +386,7 @@ def quantize_expand_stage_rows(t: Int32, threads: cutlass.Constexpr[int],
     128-byte-swizzled K-major tile, as the producer's TMA wrote it) quantized block by block
     with :func:`quantize_block16` (Comfy's rule, tensor scale ``g``, ``rcp_g`` its rcp.approx)
     and expanded to exact f16 (:func:`dequant_e2m1_word`: e2m1 · scale, the values
-    :func:`expand_stage_rows` writes from the quantize kernel's packed output) into buffer
+    :func:`expand_block16` writes from the quantize kernel's packed output) into buffer
     ``buf`` of the f16 tiles, same swizzle. ``threads`` threads share the rows, one row a thread
     a pass (with fewer rows than threads, threads / rows threads a row, each some of its four
     blocks: the 64-row tile of P1's N-group reuse); a 16-element block is two 16-byte chunks,

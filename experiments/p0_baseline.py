@@ -225,7 +225,7 @@ def _case(name, N, K, M, ck, qk, quick, seed):
 
     p0_sets = [(xs[i][1], xs[i][2], xs[i][3], xs[i][4], *weights[i]) for i in range(sets)]
     row = {"projection": name, "M": M, "N": N, "K": K, "operand_sets": sets,
-           "config": default_config(M, N, K, prepacked=True, f16=True).describe(),
+           "config": default_config(M, N, K).describe(),
            "p0_within_fp32_bound_on_32_rows": within, "p0_exact_fraction": exact_frac}
     flops = 2 * M * N * K
     bytes_p0 = 2 * M * K + N * (K // 2 + K // 16) + 2 * M * N  # A as its f16 expansion

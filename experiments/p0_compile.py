@@ -1,13 +1,14 @@
 """P0 compile report: registers, spills, shared memory and instruction census per configuration.
 
-Compiles every P0 configuration the entry point can choose (schedules/plan.py: the p0 design's
-128 x 256, and 128 x 128 with 1-4 K splits; the swap-AB design with 1-4 K splits) for sm_90a
-without a GPU and records what ptxas produced: registers per thread at launch (65536 / threads;
-setmaxnreg then moves them between the roles), stack frame and local loads (spills), dynamic
-shared memory the configuration asks for, and the instructions that make the design (wgmma
-shape, TMA loads, E4M3 conversions, f16 multiplies, wgmma groups kept in flight). Also the
-small-M GEMV. ``--quick``: three P0 and two GEMV configurations instead of nine and five. CPU
-only: these are compiler facts, not timings.
+Compiles every P0 configuration the entry point can choose (schedules/plan.py: the f16 builds,
+the swap-AB one with 1-4 K splits and on stream-K, the 256-token one on the tile loop and on
+stream-K; the p0 and packed swap-AB designs listed here before session 27 left the code) for
+sm_90a without a GPU and records what ptxas produced: registers per thread at launch (65536 /
+threads; setmaxnreg then moves them between the roles), stack frame and local loads (spills),
+dynamic shared memory the configuration asks for, and the instructions that make the design
+(wgmma shape, TMA loads, E4M3 conversions, f16 multiplies, wgmma groups kept in flight). Also
+the small-M GEMV. ``--quick``: three P0 and two GEMV configurations instead of seven and five.
+CPU only: these are compiler facts, not timings.
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from schedules import plan
 from workbench import results as R
 from workbench.compile import compile_report, ensure_arch_env
 
-P0_CONFIGS = [dict(tile_n=plan.WIDE.tile_n, stages=plan.WIDE.stages)] + [
-    dict(tile_n=plan.NARROW.tile_n, stages=plan.NARROW.stages, splits=sp)
-    for sp in range(1, plan.MAX_SPLITS + 1)] + [
-    dict(design="swap_ab", stages=plan.SWAP_AB.stages, splits=sp)
-    for sp in range(1, plan.MAX_SPLITS + 1)]
+# (BlockscaledGemmSm90 builder, its keywords), as default_config builds them
+_WIDE = dict(stages=plan.WIDE_F16.stages, buffers=plan.F16_BUFFERS, tokens=plan.WIDE_F16.tile_n)
+_SWAP = dict(stages=plan.SWAP_AB.stages, buffers=plan.F16_BUFFERS)
+P0_CONFIGS = [("wide_f16", dict(_WIDE, stream_k=sk)) for sk in (False, True)] + [
+    ("swap_ab_f16", dict(_SWAP, splits=sp)) for sp in range(1, plan.MAX_SPLITS + 1)] + [
+    ("swap_ab_f16", dict(_SWAP, stream_k=True))]
 GEMV_CONFIGS = [(1, 1024), (8, 1024), (1, 2048), (1, 3072), (8, 3072)]
-QUICK_P0 = [P0_CONFIGS[0], P0_CONFIGS[3], P0_CONFIGS[8]]  # M >= 2048; 128x128 s3; swap-AB s3
+QUICK_P0 = [P0_CONFIGS[0], P0_CONFIGS[4], P0_CONFIGS[6]]  # M >= 2048; swap-AB s3; stream-K
 QUICK_GEMV = [GEMV_CONFIGS[0], GEMV_CONFIGS[-1]]
 
 
@@ -36,7 +38,8 @@ def _label(config: dict) -> str:
     if "tile" not in config:  # the GEMV
         return str(config)
     m, n, _ = config["tile"]
-    return f"{config['design']} {m}x{n} stages={config['stages']} splits={config['splits']}"
+    return (f"{config['design']} {m}x{n} stages={config['stages']} splits={config['splits']}"
+            + (" stream-k" if config.get("stream_k") else ""))
 
 
 def main(argv=None) -> int:
@@ -57,12 +60,10 @@ def _main(argv) -> int:
     progress(f"{'quick: ' if args.quick else ''}{len(p0_configs)} P0 and {len(gemv_configs)} "
              "GEMV configurations")
     rows, gates = [], {}
-    for kw in p0_configs:
-        kw = dict(kw)
-        cfg = (P0.BlockscaledGemmSm90.swap_ab(**kw) if kw.pop("design", "p0") == "swap_ab"
-               else P0.BlockscaledGemmSm90(**kw))
+    for build, kw in p0_configs:
+        cfg = getattr(P0.BlockscaledGemmSm90, build)(**kw)
         cap = 65536 // cfg.threads // 8 * 8  # registers a thread at launch
-        progress(f"P0 {cfg.design} {kw}")
+        progress(f"P0 {build} {kw}")
         r = compile_report(cfg, *P0.compile_args())
         rows.append({"kernel": "p0", "config": cfg.describe(), "registers": r.registers,
                      "frame_bytes": r.frame_bytes, "spill_loads": r.spill_loads,
@@ -75,7 +76,7 @@ def _main(argv) -> int:
                      "wgmma_groups_in_flight": getattr(cfg.consumer, "mma_in_flight", 0),
                      "calls": _count(r"CALL\.ABS", r.sass)})
         ok = r.spill_bytes == 0 and r.registers <= cap and rows[-1]["calls"] == 0
-        gates[f"p0 {cfg.design} {kw}: no spills, <= {cap} registers, no calls"] = R.gate(
+        gates[f"p0 {build} {kw}: no spills, <= {cap} registers, no calls"] = R.gate(
             ok, f"{r.registers} registers, frame {r.frame_bytes} B, {r.spill_loads} LDL")
     for M, K in gemv_configs:
         progress(f"GEMV M={M} K={K}")
@@ -90,15 +91,16 @@ def _main(argv) -> int:
                                   "p0_configs": p0_configs, "gemv_configs": gemv_configs},
         measurements=rows, headline={"p0_registers": {
             f"{r['config']['design']} {r['config'].get('tile')}" + (
-                f" splits={r['config']['splits']}" if r["config"].get("splits", 1) > 1 else ""):
+                f" splits={r['config']['splits']}" if r["config"].get("splits", 1) > 1 else "")
+            + (" stream-k" if r["config"].get("stream_k") else ""):
             r["registers"] for r in rows if r["kernel"] == "p0"}},
         gates=gates, seeds={}, notes={
             "source": "compiler output on a CPU machine (no GPU)",
-            "registers": "the per-thread allocation at launch: 168 for the p0 design (65536 / "
-                         "384 threads, rounded to 8; setmaxnreg then gives the producer "
-                         "warpgroup 40 and the two consumers 232: 40·128 + 232·256 = 64512), "
-                         "128 for swap-AB (512 threads; producer 24, activation stage 80, "
-                         "consumers 200: 64512)."})
+            "registers": "the per-thread allocation at launch: 168 for the 256-token f16 "
+                         "build (65536 / 384 threads, rounded to 8; setmaxnreg then gives the "
+                         "producer warpgroup 40 and the two consumers 232: 40·128 + 232·256 = "
+                         "64512), 128 for the swap-AB f16 build (512 threads; each role's "
+                         "share in the config's roles)."})
     path = R.write(summary, args.results_dir)
     print(R.format_table([[r["kernel"], _label(r["config"]), r["registers"], r["frame_bytes"],
                            r["spill_loads"]] for r in rows],

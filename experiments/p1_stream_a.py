@@ -102,11 +102,12 @@ def _case(name, N, K, M, ck, qk, quick, seed, clusters=CLUSTERS):
             builds[f"{c}x1"] = P1Study.of_cluster(c).build()
     builds["1x2"] = P1Study(groups=2, tokens=64, splits=c1.splits).build()
 
-    # exactness: each build against P0's swap-AB GEMM at the same split on the packed activation
-    x, ga, aq, as_, _ = xs[0]
+    # exactness: each build against P0's production swap-AB GEMM at the same split (the f16
+    # build on the activation's expansion: the packed swap-AB's bits, notes/p0-gemm.md)
+    x, ga, aq, as_, a16 = xs[0]
     bq, bs, gb, pre = weights[0]
-    want = gemm_nvfp4(aq, as_, ga, bq, bs, gb, prepacked=pre, rows=(0, M),
-                      config=BlockscaledGemmSm90.swap_ab(stages=c1.stages, splits=c1.splits))
+    want = gemm_nvfp4(aq, as_, ga, bq, bs, gb, prepacked=pre, rows=(0, M), a16=a16,
+                      config=BlockscaledGemmSm90.swap_ab_f16(splits=c1.splits))
     row = {"projection": name, "M": M, "N": N, "K": K, "operand_sets": sets,
            "pinned_to_p0": name in PINNED, "p1_splits": c1.splits, "bits_equal_p0": {},
            "within_oracle_bound": {}, "rerun_identical": {}}

@@ -6,7 +6,7 @@ in the seed, and is timed on the complete path only) at M = 37810 rows and ring 
 
 * ``complete``: the complete quantize + P0 path as Nvfp4Linear's p0 runs it: amax kernel ->
   g, the whole activation quantized and expanded to f16 into preallocated buffers,
-  gemm_nvfp4(a16=) over all rows with the f16 ``default_config(M, ..., f16=True,
+  gemm_nvfp4(a16=) over all rows with the f16 ``default_config(M, ...,
   stream_k=False)``;
 * ``total`` (per capacity): the ring as Nvfp4Linear's p2: the same amax -> g, then chunk by
   chunk the quantize-and-expand into the ring (packed rows, scales and f16 rows; allocated per
@@ -98,7 +98,7 @@ def first_bad_chunk(y, want, M: int, capacity: int) -> str | None:
 def _shape(name, N, K, M, capacities, quick, seed, streamed=True):
     x, w_q, w_s, g_w = _operands(N, K, M, seed)
     # the ring takes several chunks at every capacity here: never stream-K (kernels/nvfp4/ring.py)
-    config = default_config(M, N, K, prepacked=True, f16=True, stream_k=False)
+    config = default_config(M, N, K, stream_k=False)
     pre = prepack(w_q, w_s)
     q = torch.zeros(-(-M // 16) * 16, K // 2, dtype=torch.uint8, device="cuda")
     s = torch.zeros(nvfp4.scale_shape(M, K), dtype=torch.uint8, device="cuda")

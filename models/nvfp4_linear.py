@@ -401,8 +401,8 @@ class Nvfp4Linear:
             self._g_w_dev = torch.tensor([self.g_w], dtype=torch.float32, device=device)
 
     def _p0_config(self, m: int, stream_k: bool = True):
-        """(config, prepack) of p0's GEMM over m rows: default_config of an f16 build (the
-        activation's f16 expansion at hand) with the prepack, made once. p2 passes the whole
+        """(config, prepack) of p0's GEMM over m rows: default_config's f16 build, and the
+        prepack, made once. p2 passes the whole
         call's to every chunk (a chunk's own default could differ: its K split, its design),
         and its ring then holds each chunk's f16 rows; with ``stream_k=False`` (a ring of
         several chunks) never stream-K."""
@@ -411,7 +411,7 @@ class Nvfp4Linear:
         from kernels.nvfp4.gemm import default_config
         from kernels.nvfp4.prepack import prepack
 
-        config = default_config(m, self.N, self.K, prepacked=True, f16=True, stream_k=stream_k)
+        config = default_config(m, self.N, self.K, stream_k=stream_k)
         if self._w_pre is None:
             self._w_pre = prepack(self.w_q, self.w_s)
         return config, self._w_pre

@@ -1,20 +1,14 @@
-"""The activation stage of the swap-AB design: the token tile expanded to exact f16 once per
-CTA tile and k-block, into wgmma's B layout, by a dedicated warpgroup.
+"""The activation stages of the swap-AB designs: what fills the consumer's f16 tiles, one
+k-block of every token row in wgmma's B layout.
 
-This is the producer contract P1 and P2 fill: "an f16 tile [tokens, 64] in the 128-byte-swizzled
-K-major B layout behind ``act_full`` / ``act_empty`` barriers". P0 fills it from the packed ring
-(the producer's TMA'd Comfy codes and scales, device.nvfp4.expand_stage_rows: the
-E4M3-byte trick, one packed convert and one packed multiply per two elements); P1 will fill it
-by quantizing bf16 rows in the GEMM (device.nvfp4.quantize_block16) before the same
-expansion.
-
-Role contract (kernels/nvfp4/gemm_shell.py): one warpgroup at 80 registers. Owns ``buffers``
-f16 tiles (:class:`F16Tiles`, which the consumer is built with) and their barriers:
-``act_full[b]`` (4 arrivals: each warp after its stores and a ``fence.proxy.async``),
-``act_empty[b]`` (the consumers' 8 warp arrivals after the wgmmas that read it retired). Reads
-the producer's ring of ``stages`` stages: waits on its ``full[s]``, arrives on its ``empty[s]``
-(4 arrivals). (A study multicasting the packed activation to CTA pairs, v6, lost and left the
-code: notes/p0-gemm.md.)
+This is the producer contract P0, P1 and P2 fill: "an f16 tile [tokens, 64] in the
+128-byte-swizzled K-major B layout behind ``act_full`` / ``act_empty`` barriers". P0 fills it
+by TMA from the activation's exact f16 expansion (:class:`F16TmaActivationStage`,
+:class:`WeightsAndF16Producer`); P1 by quantizing the bf16 rows in the GEMM
+(device.nvfp4.quantize_block16) and expanding them (:class:`QuantizingActivationStage`); P2's
+work queue from its f16 ring (producers/ring_queue.py). (The stage that expanded the packed
+activation in every CTA, and its multicast to CTA pairs, v6, lost and left the code:
+notes/p0-gemm.md, v6 and session 27.)
 """
 from __future__ import annotations
 
@@ -22,8 +16,7 @@ from typing import NamedTuple
 
 from configs.arch import K_BLOCK, WARP
 from device.barriers import Barrier
-from device.nvfp4 import (ROW_CHUNKS, expand_stage_rows, quantize_expand_stage_rows,
-                          word_view)
+from device.nvfp4 import ROW_CHUNKS, quantize_expand_stage_rows, word_view
 from device.ptx import arrive_expect_tx_cluster, bulk_copy_s2peer, rcp_approx_ftz
 from device.runtime import cute_modules
 from device.tiles import for_each_tile
@@ -31,7 +24,7 @@ from device.waits import acquire_stage, ring_position, wait_parity
 from producers.register_order import WeightsOnlyRegisterOrderProducer, f16_box_layout
 
 cutlass, cute = cute_modules()
-from cutlass import Float16, Int32, Uint16, Uint32  # noqa: E402
+from cutlass import Float16, Int32, Uint32  # noqa: E402
 from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 ROW_BYTES = K_BLOCK * 2  # one f16 row of a k-block
@@ -45,79 +38,12 @@ class F16Tiles(NamedTuple):
     tile_bytes: int
 
 
-class ExpandedActivationStage:
-    """Static config: ``tokens`` rows a tile (one of ``TOKENS``), the producer's ring depth
-    ``stages`` and ``buffers`` f16 tiles. ``expand``: off only in the measurement build that
-    times the rest without the expansion (kernels.nvfp4.gemm_shell.P0Variant)."""
-
-    warpgroups, regs = 1, 80
-    expand = True
-    TOKENS = (128, 256)
-
-    def __init__(self, tokens: int, stages: int, buffers: int = 2):
-        if tokens not in self.TOKENS:
-            raise ValueError(f"tokens = {tokens}: choose from {self.TOKENS}")
-        if not isinstance(buffers, int) or buffers < 2:
-            # one tile cannot be refilled while the consumers still read it (with a wgmma group
-            # in flight, use u is released only after u + 1 is issued: a deadlock)
-            raise ValueError(f"buffers = {buffers!r}: the activation stage needs >= 2 f16 tiles")
-        self.tokens, self.stages = tokens, stages
-        self.tiles = F16Tiles(buffers, tokens * ROW_BYTES)
-
-    def barriers(self) -> dict:
-        return {"act_full": self.tiles.buffers, "act_empty": self.tiles.buffers}
-
-    def arrivals(self) -> dict:
-        return {"empty": WARPS, "act_full": WARPS}
-
-    def waits(self) -> tuple:
-        return ("full", "act_empty")
-
-    def smem_bytes(self) -> int:
-        return self.tiles.buffers * self.tiles.tile_bytes + 1024
-
-    def allocate(self, alloc) -> dict:
-        return {"act_f16": alloc.allocate(self.tiles.buffers * self.tiles.tile_bytes, 1024)}
-
-    @cute.jit
-    def run(self, ctx, t: Int32):
-        sm = ctx.smem
-        q_words = word_view(sm["q_a"].iterator, cute.cosize(sm["q_a"].layout))
-        sf_pairs = cute.make_tensor(cute.recast_ptr(sm["s_a"].iterator, dtype=Uint16),
-                                    cute.make_layout(cute.cosize(sm["s_a"].layout) // 2))
-        f16_words = word_view(sm["act_f16"], self.tiles.buffers * self.tiles.tile_bytes)
-        for_each_tile(ctx.tiles, self.expand_tile,
-                      (q_words, sf_pairs, f16_words, ctx.bars["full"], ctx.bars["empty"],
-                       ctx.bars["act_full"], ctx.bars["act_empty"], ctx.mailbox, t, t % WARP))
-
-    @cute.jit
-    def expand_tile(self, tile, args, count: Int32) -> Int32:
-        """Per k-block of ``tile``: wait for the packed stage and a free f16 tile, expand the
-        stage's activation rows into it, release the stage and publish the tile."""
-        q_words, sf_pairs, f16_words, full, empty, act_full, act_empty, mailbox, t, lane = args
-        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            s, ph = ring_position(count, self.stages)
-            b, bph = ring_position(count, self.tiles.buffers)
-            wait_parity(full + s, ph, Barrier.FULL, s, mailbox)
-            wait_parity(act_empty + b, bph ^ 1, Barrier.ACT_EMPTY, b, mailbox)
-            if cutlass.const_expr(self.expand):
-                expand_stage_rows(t, WARPS * WARP, self.tokens, q_words, sf_pairs, f16_words, s,
-                                  b)
-            # our f16 stores -> wgmma (async proxy); our packed reads -> the next TMA
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.sync_warp()
-            if lane == 0:
-                cute.arch.mbarrier_arrive(empty + s)
-                cute.arch.mbarrier_arrive(act_full + b)
-            count = count + 1
-        return count
-
-
 class F16TmaActivationStage:
     """Study (kernels.nvfp4.gemm_shell.V3Study(activation="f16_tma"); notes/p0-gemm.md, P0 v3
-    measurement 1(c)): the activation arrives already expanded to exact f16 (e2m1 · scale, the
-    values :func:`device.nvfp4.expand_stage_rows` writes, made once on the host), by TMA
-    straight into the f16 tiles, so the CTA does no activation expansion.
+    measurement 1(c); production since session 22 in BlockscaledGemmSm90.swap_ab_f16): the
+    activation arrives already expanded to exact f16 (e2m1 · scale, as
+    kernels.nvfp4.quantize.quantize_expand_nvfp4 or expand_nvfp4 writes it), by TMA straight
+    into the f16 tiles, so the CTA does no activation expansion.
 
     Role contract: one warpgroup at 24 registers (the CTA keeps its 512 threads, so the
     consumers' register budget is the production one); its warp 0 works. Owns ``buffers`` f16
@@ -253,7 +179,7 @@ class WeightsAndF16Producer:
             self.activation.run(ctx, rt - WARP)
 
 
-class QuantizingActivationStage(ExpandedActivationStage):
+class QuantizingActivationStage:
     """P1's activation stage (kernels.nvfp4.gemm_shell.P1Study; notes/p1.md): fills the same
     f16 tiles from the **bf16** token tile that
     :class:`producers.register_order.Bf16RegisterOrderProducer` TMA'd into ring stage ``s``,
@@ -261,17 +187,23 @@ class QuantizingActivationStage(ExpandedActivationStage):
     beforehand: amax on the device) by :func:`device.nvfp4.quantize_block16` (the quantize
     kernel's rule, so the bits are P0's on the packed activation that kernel writes) and
     expanding it to exact f16 (:func:`device.nvfp4.quantize_expand_stage_rows`). No packed
-    activation or activation scale is written anywhere. Role contract as
-    :class:`ExpandedActivationStage`'s (one warpgroup, ``act_full`` 4 arrivals, ``act_empty``
-    the consumers' 8, 4 arrivals on ``empty[s]``), at ``regs`` registers. ``expand`` (the
-    inherited hook): off only in the ablation build (P1Study(variant=P0Variant(
-    skip_dequant=True))), which leaves the f16 tiles unwritten to time the rest alone.
+    activation or activation scale is written anywhere.
+
+    Role contract (kernels/nvfp4/gemm_shell.py): one warpgroup at ``regs`` registers. Owns
+    ``buffers`` f16 tiles (:class:`F16Tiles`, which the consumer is built with) and their
+    barriers: ``act_full[b]`` (4 arrivals: each warp after its stores and a
+    ``fence.proxy.async``), ``act_empty[b]`` (the consumers' 8 warp arrivals after the wgmmas
+    that read it retired). Reads the producer's ring of ``stages`` stages: waits on its
+    ``full[s]``, arrives on its ``empty[s]`` (4 arrivals). ``expand`` (a hook): off only in the
+    ablation build (P1Study(variant=P0Variant(skip_dequant=True))), which leaves the f16 tiles
+    unwritten to time the rest alone.
     ``dump`` (off but in the debug build, P1Study(dump=True), one K split): every consumed
     tile's packed codes and scale bytes also go to global memory through the split-K workspace
     slot (device.nvfp4.quantize_expand_stage_rows), one copy per weight tile:
     kernels.nvfp4.gemm_p1.gemm_nvfp4_p1_dump reads them back."""
 
-    regs = 80
+    warpgroups, regs = 1, 80
+    expand = True
     dump = False
     TOKENS = (64, 128)  # 64: the N-group reuse study's tile (P1Study(groups=2, tokens=64))
 
@@ -279,7 +211,27 @@ class QuantizingActivationStage(ExpandedActivationStage):
         if tokens not in self.TOKENS:
             raise ValueError(f"tokens = {tokens}: P1's stage quantizes tiles of "
                              f"{' or '.join(map(str, self.TOKENS))} rows")
-        super().__init__(tokens, stages, buffers)
+        if not isinstance(buffers, int) or buffers < 2:
+            # one tile cannot be refilled while the consumers still read it (with a wgmma group
+            # in flight, use u is released only after u + 1 is issued: a deadlock)
+            raise ValueError(f"buffers = {buffers!r}: the activation stage needs >= 2 f16 tiles")
+        self.tokens, self.stages = tokens, stages
+        self.tiles = F16Tiles(buffers, tokens * ROW_BYTES)
+
+    def barriers(self) -> dict:
+        return {"act_full": self.tiles.buffers, "act_empty": self.tiles.buffers}
+
+    def arrivals(self) -> dict:
+        return {"empty": WARPS, "act_full": WARPS}
+
+    def waits(self) -> tuple:
+        return ("full", "act_empty")
+
+    def smem_bytes(self) -> int:
+        return self.tiles.buffers * self.tiles.tile_bytes + 1024
+
+    def allocate(self, alloc) -> dict:
+        return {"act_f16": alloc.allocate(self.tiles.buffers * self.tiles.tile_bytes, 1024)}
 
     @cute.jit
     def run(self, ctx, t: Int32):

@@ -1,14 +1,14 @@
-"""Producer of the swap-AB design: one warp streams, per k-block, the activation tile by TMA
-(Comfy-packed codes and swizzled scales, as P0's) and the CTA's two 64-row weight slabs of the
-register-order prepack (kernels/nvfp4/prepack.py) by 1-D bulk copies.
+"""The weight producers of the swap-AB designs: one warp streams, per k-block, the CTA's two
+64-row weight slabs of the register-order prepack (kernels/nvfp4/prepack.py) by 1-D bulk copies
+into the weight ring; the subclasses say what else a ring stage holds of the activation.
 
 Role contract (kernels/nvfp4/gemm_shell.py): warpgroup 0, only its warp 0 works, 24 registers.
-Owns the packed ring: stage ``s`` holds activation codes [tokens, 32 B] and ``tokens/128`` scale
-tiles, and per weight slab w (0, 1) its codes [128 threads][16 B] (2048 B) and scales
-[32 groups][8 B] (256 B), both contiguous in the prepack, so one bulk copy each. ``full[s]``:
-one arrive + the stage's bytes (a last tile's missing slab is neither copied nor counted);
-waits on ``empty[s]`` (the activation stage's and the consumers' arrivals). (A study
-multicasting the activation to CTA pairs, v6, lost and left the code: notes/p0-gemm.md.)
+Owns the weight ring (:class:`PackedRingOwner`): stage ``s`` holds per weight slab w (0, 1) its
+codes [128 threads][16 B] (2048 B) and scales [32 groups][8 B] (256 B), both contiguous in the
+prepack, so one bulk copy each. ``full[s]``: one arrive + the stage's bytes (a last tile's
+missing slab is neither copied nor counted); waits on ``empty[s]`` (its readers' arrivals).
+(The producer that also TMA'd the packed activation into each stage, for the packed swap-AB
+design, lost to the f16 builds and left the code: notes/p0-gemm.md, session 27.)
 """
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from device.waits import acquire_stage
 from numerics.nvfp4 import PREPACK_GROUPS as GROUPS
 from numerics.nvfp4 import PREPACK_SLAB_ROWS as SLAB_ROWS
 from numerics.nvfp4 import PREPACK_THREADS as THREADS
-from producers.tma_prepacked import (PackedRingOwner, check_rows, copy_operand, operand_bytes,
-                                     operand_smem, operand_tma, operand_views, partition_tma)
+from numerics.nvfp4 import SCALE_TILE_ROWS
 
 cutlass, cute = cute_modules()
 from cutlass import BFloat16, Float16, Int32, Uint8  # noqa: E402
@@ -31,6 +30,30 @@ from cutlass.cute.nvgpu import cpasync  # noqa: E402
 SLAB_CODE_BYTES = THREADS * 16  # one slab's codes of one k-block
 SLAB_SCALE_BYTES = GROUPS * 8
 
+
+class PackedRingOwner:
+    """The role contract of a producer that owns the weight ring: ``stages`` stages of
+    ``stage_bytes``, ``full[s]`` completed by its one arrive and the TMA / bulk-copy bytes,
+    ``empty[s]`` waited on before a stage is refilled (its readers declare their arrivals, and
+    their own ``stages``, which the shell checks against ours).
+
+    ``extra_tx_bytes``: bytes announced on ``full[s]`` beyond what the copies deliver. Only the
+    stall study (kernels.nvfp4.gemm_shell.P0Variant) sets it: then the first ``full`` never
+    completes and the bounded wait traps."""
+
+    extra_tx_bytes = 0
+
+    def barriers(self) -> dict:
+        return {"full": self.stages, "empty": self.stages}
+
+    def arrivals(self) -> dict:
+        return {"full": 1}
+
+    def waits(self) -> tuple:
+        return ("empty",)
+
+    def smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes + 4 * 128  # + alignment of up to four arrays
 
 
 def weight_slab_views(b_ptr, sfb_ptr, N: Int32, k32: Int32):
@@ -43,8 +66,10 @@ def weight_slab_views(b_ptr, sfb_ptr, N: Int32, k32: Int32):
     return codes, scales, n_slabs
 
 class RegisterOrderProducer(PackedRingOwner):
-    """Static config: ``tile_m`` token rows (a multiple of 128), ``tile_n`` weight rows (two
-    64-row slabs) and the ring depth ``stages``."""
+    """The weight ring of the register-order prepack's slabs, what its subclasses share.
+    Static config: ``tile_m`` token rows, ``tile_n`` weight rows (two 64-row slabs) and the
+    ring depth ``stages``; ``act_bytes``, what a stage holds of the activation (the
+    subclass's)."""
 
     warpgroups, regs = 1, 24
 
@@ -52,57 +77,25 @@ class RegisterOrderProducer(PackedRingOwner):
         self.check_tile(tile_m, tile_n)
         self.tile_m, self.tile_n, self.stages = tile_m, tile_n, stages
         self.slabs = tile_n // SLAB_ROWS
-        self.act_bytes = operand_bytes(tile_m)
+        self.act_bytes = 0
         self.slab_bytes = SLAB_CODE_BYTES + SLAB_SCALE_BYTES
         self.stage_bytes = self.act_bytes + self.slabs * self.slab_bytes
 
     @staticmethod
     def check_tile(tile_m: int, tile_n: int) -> None:
-        """Tokens in whole scale tiles (the packed activation's); two weight slabs, one a
+        """Tokens in whole 128-row tiles (the f16 builds' TMA boxes); two weight slabs, one a
         consumer warpgroup."""
-        check_rows("tokens", tile_m)
+        if tile_m % SCALE_TILE_ROWS:
+            raise ValueError(f"tokens = {tile_m}: use a multiple of {SCALE_TILE_ROWS}")
         if tile_n != 2 * SLAB_ROWS:
             raise ValueError(f"tile_n = {tile_n}: the consumer's two warpgroups take one "
                              f"{SLAB_ROWS}-row slab each")
 
     def allocate(self, alloc) -> dict:
-        qa, sa = operand_smem(alloc, self.tile_m, self.stages)
         n = self.stages * self.slabs
         wq = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_CODE_BYTES), 128)
         ws = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_SCALE_BYTES), 128)
-        return {"q_a": qa, "s_a": sa, "w_codes": wq, "w_scales": ws}
-
-    def global_views(self, a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
-        """(TMA atoms: activation codes and scales; (prepacked codes, scales, slab count))."""
-        tma = operand_tma(*operand_views(a_ptr, sfa_ptr, M, k32), self.tile_m, self.stages)
-        return tma, weight_slab_views(b_ptr, sfb_ptr, N, k32)
-
-    @cute.jit
-    def run(self, ctx, rt: Int32):
-        if rt // 32 == 0:
-            sm = ctx.smem
-            parts = partition_tma(ctx.tma, (sm["q_a"], sm["s_a"]))
-            for_each_tile(ctx.tiles, self.fill_tile,
-                          (parts, ctx.globals, sm["w_codes"].iterator,
-                           sm["w_scales"].iterator, ctx.bars["full"], ctx.bars["empty"],
-                           ctx.mailbox, ctx.tiles.k_tiles))
-
-    @cute.jit
-    def fill_tile(self, tile, args, count: Int32) -> Int32:
-        """Per k-block of ``tile``: wait for the stage to be free, announce its bytes, TMA the
-        activation and bulk-copy the tile's weight slabs
-        (those inside N)."""
-        parts, (codes, scales, n_slabs), wq, ws, full, empty, mailbox, k_tiles = args
-        slab0 = tile.n * self.slabs
-        valid = cutlass.min(n_slabs - slab0, self.slabs)
-        tx = self.act_bytes + valid * self.slab_bytes + self.extra_tx_bytes
-        for kt in cutlass.range(tile.k0, tile.k1, unroll=1):
-            s, bar = acquire_stage(count, self.stages, empty, full, tx, Barrier.EMPTY, mailbox)
-            copy_operand(parts, tile.m, kt, s, bar)
-            with cute.arch.elect_one():
-                self.copy_slabs(codes, scales, wq, ws, slab0, valid, kt, k_tiles, s, bar)
-            count = count + 1
-        return count
+        return {"w_codes": wq, "w_scales": ws}
 
     @cute.jit
     def copy_slabs(self, codes, scales, wq, ws, slab0: Int32, valid: Int32, kt: Int32,
@@ -120,23 +113,12 @@ class RegisterOrderProducer(PackedRingOwner):
 
 
 class WeightsOnlyRegisterOrderProducer(RegisterOrderProducer):
-    """Study (kernels.nvfp4.gemm_shell.V3Study(activation="f16_tma"); notes/p0-gemm.md, P0 v3
-    measurement 1(c)): the packed ring holds only the two weight slabs; the activation comes
-    already expanded to f16 by its own TMA role
+    """The f16 builds' producer (kernels.nvfp4.gemm_shell.BlockscaledGemmSm90.swap_ab_f16 and
+    wide_f16; notes/p0-gemm.md, P0 v3 measurement 1(c), session 22): the ring holds only the two
+    weight slabs; the activation comes already expanded to f16 by its own TMA role
     (:class:`producers.activation_stage.F16TmaActivationStage`), which reads the TMA atom this
     producer builds over the f16 activation [M, K] (the ``a`` buffer). ``full[s]``: one arrive
     + the slabs' bytes; ``empty[s]``: the consumers' 8 warp arrivals."""
-
-    def __init__(self, tile_m: int, tile_n: int, stages: int):
-        super().__init__(tile_m, tile_n, stages)
-        self.act_bytes = 0
-        self.stage_bytes = self.slabs * self.slab_bytes
-
-    def allocate(self, alloc) -> dict:
-        n = self.stages * self.slabs
-        wq = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_CODE_BYTES), 128)
-        ws = alloc.allocate_tensor(Uint8, cute.make_layout(n * SLAB_SCALE_BYTES), 128)
-        return {"w_codes": wq, "w_scales": ws}
 
     def global_views(self, a_ptr, sfa_ptr, b_ptr, sfb_ptr, M: Int32, N: Int32, k32: Int32):
         """(the f16 activation's TMA atom and tensor; (prepacked codes, scales, slab count))."""
@@ -181,11 +163,10 @@ def f16_box_layout(rows: int, dtype=Float16):
 
 
 class Bf16RegisterOrderProducer(RegisterOrderProducer):
-    """P1's producer (kernels.nvfp4.gemm_shell.P1Study; notes/p1.md): as
-    :class:`RegisterOrderProducer`, but stage ``s`` holds the token tile's k-block as **bf16**
-    (``tile_m`` x 64, 128-byte-swizzled K-major, one TMA over the bf16 activation [M, K] in the
-    ``a`` buffer) beside the two weight slabs; no packed activation or activation scale exists
-    anywhere. ``full[s]``: one arrive + the bf16 tile's bytes + the slabs'; ``empty[s]``: the
+    """P1's producer (kernels.nvfp4.gemm_shell.P1Study; notes/p1.md): stage ``s`` holds the
+    token tile's k-block as **bf16** (``tile_m`` x 64, 128-byte-swizzled K-major, one TMA over
+    the bf16 activation [M, K] in the ``a`` buffer) beside :class:`RegisterOrderProducer`'s two
+    weight slabs; no packed activation or activation scale exists anywhere. ``full[s]``: one arrive + the bf16 tile's bytes + the slabs'; ``empty[s]``: the
     quantizing activation stage's 4 warps and the consumers' 8
     (producers.activation_stage.QuantizingActivationStage).
 

@@ -280,47 +280,29 @@ ROW_TILE = 128  # rows of a CTA tile (tile_m) and of a swizzled scale tile
 @dataclass(frozen=True)
 class TileChoice:
     tile_n: int
-    stages: int  # packed-ring depth
+    stages: int  # weight-ring depth
     source: str  # the notes/p0-gemm.md version that justified it
 
 
-WIDE = TileChoice(
-    tile_n=256, stages=4,
-    source="v1 (c997143) design; 61b6509 ablation log: 128x256 beats 128x128 at M = 2048 qkv; "
-           "v2 (ddb50d7): 256x128 lost to it at M >= 2048; stages 4: v1 design, not swept")
-NARROW = TileChoice(
-    tile_n=128, stages=8,
-    source="61b6509 ablation log: 128x128 beats 128x256 at M = 128 out (twice the CTAs); "
-           "stages 8: v1 design, not swept")
-
-# WIDE once the 128 x 256 tiles fill this many waves of SMs, else NARROW
-WIDE_MIN_WAVES = 2  # v1 (c997143) design; M = 128 (< 1 wave) and 2048 (>= 2 waves) measured
-
-# Split K only below one wave of NARROW tiles: splits = min(MAX_SPLITS, SMs // tiles,
+# Split K only below one wave of 128 x 128 tiles: splits = min(MAX_SPLITS, SMs // tiles,
 # k_blocks // MIN_K_BLOCKS_PER_SPLIT), at least 1.
 MAX_SPLITS = 4  # v4 (4d741a1): 3 splits won for out/fc2 at M = 128, 4 (two waves) lost
 MIN_K_BLOCKS_PER_SPLIT = 16  # v4 (4d741a1) design: each split keeps a pipelined K loop
 
-# The swap-AB design (weights as register-A wgmma from the register-order prepack, 128 tokens x
-# 128 weight rows a CTA) runs when the weight's prepack is at hand and its 128 x 128 tiles
-# stay within SWAP_AB_MAX_WAVES waves of SMs: v5 (6148474) measured it ahead of P0 at M = 128
-# for every H3 shape and at M = 512 for out, fc1, fc2 and 7168 x 5376 (<= 3.4 waves), behind at
-# M = 512 qkv (5.1 waves) and at every shape from M = 2048 on. Splits: the rule above (v5: the
-# best split at M = 128 was SMs // tiles for all five shapes).
-SWAP_AB_MAX_WAVES = 4  # v5 (6148474): between 3.4 waves (won) and 5.1 (lost)
-# The activation multicast across CTA pairs (the study SwapAbStudy(multicast=2), since removed)
-# was not chosen: v6 (dedfb51) measured it 0.5-2 % slower than single CTAs at every H3 shape and
-# M = 128-2048 (the activation's L2 traffic does not limit; the consumer's weight conversion
-# does).
+# The swap-AB tile (weights as register-A wgmma from the register-order prepack, 128 tokens x
+# 128 weight rows a CTA), which the f16 swap-AB build runs (splits: the rule above; v5: the
+# best split at M = 128 was SMs // tiles for all five H3 shapes). The designs that expanded the
+# packed activation in every CTA (p0's 128 x 256 / 128 x 128 tiles, the packed swap-AB) lost
+# to the f16 builds and left the code with their entries (notes/p0-gemm.md, session 27).
 SWAP_AB = TileChoice(
     tile_n=128, stages=8,
     source="v5 (6148474): tokens 128, each k-block's wgmmas retired before the next "
-           "conversion, 2 f16 activation tiles: correct by construction; the one-group-in-"
-           "flight variant measured within 2 % (inside the run's spread) and its A-register "
-           "guard is not ordered by ptxas (v5 review), so it stays a study knob")
+           "conversion: correct by construction; the one-group-in-flight variant measured "
+           "within 2 % (inside the run's spread) and its A-register guard is not ordered by "
+           "ptxas (v5 review); the f16 build's ring the same (session 22)")
 
 # The f16 builds (the activation's exact f16 expansion by TMA; kernels/nvfp4/gemm.py
-# default_config(f16=True), the p0 linear's path): notes/p0-gemm.md, session 22 (15fc61e).
+# default_config, every call's): notes/p0-gemm.md, session 22 (15fc61e).
 # 4 f16 activation buffers: with 2 the pipelined consumer starved (1.5-1.8x slower a k-block);
 # the serial consumer with 4 ran 0.78-0.85x production's time at M = 128
 F16_BUFFERS = 4

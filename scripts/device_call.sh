@@ -23,7 +23,6 @@
 #                (--devices cuda:1,cuda:2,cuda:0: the reference, the adversary, and the p0
 #                model on cuda:0, where its kernels were verified), with 2 the adversary alone
 #                (cuda:0,cuda:1,cuda:0); $WB_LADDER_DEVICES overrides ("none": one device).
-#   p0-ab        scripts/p0_v2_ab.py ($WB_AB_ARGS): P0's designs side by side
 #   p0-v3-ab     scripts/p0_v3_ab.py ($WB_AB_ARGS, e.g. --seconds 170): the split-K fixup studies
 #                and the TMA'd f16 activation against production (notes/p0-gemm.md, P0 v3)
 #   p1-ab        scripts/p1_ab.py ($WB_AB_ARGS): P1 (quantized inside the GEMM) against P0
@@ -111,7 +110,6 @@ for what in "$@"; do
       ;;
     h3-trajectory) step h3-trajectory env WB_WEIGHT_CACHE="${WB_WEIGHT_CACHE:-/tmp/wb-weights}" \
                      python3 -m experiments.h3_trajectory --reference-block ;;
-    p0-ab) step p0-v2-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" python3 scripts/p0_v2_ab.py ${WB_AB_ARGS:-} ;;
     p0-baseline) step p0-baseline python3 -m experiments.p0_baseline ;;
     host-overhead) step host-overhead python3 -m experiments.host_overhead ;;
     host-breakdown) step host-breakdown env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
@@ -138,8 +136,9 @@ for what in "$@"; do
       step p0-baseline python3 -m experiments.p0_baseline
       step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
-            "ladder-full, p0-ab, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
-            "host-overhead, host-breakdown, frame-protocol, depth-frame, frame-norm-ab, ladder-p2-quick," \
+            "ladder-full, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
+            "host-overhead, host-breakdown, frame-protocol, depth-frame, frame-norm-ab," \
+            "ladder-p2-quick," \
             "p2-ring-capacity, p2-parity, p2-block-gate, p1-stream-a, ladder-p1-quick," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac

@@ -2,20 +2,24 @@
 (notes/p0-gemm.md, "P0 v3, measurements 1(a) and 1(c)" and "Stream-K and the pipelined
 consumer": the predictions were written before each run).
 
-(p) the mainloop and the schedule at M = 128 (qkv, fc1, out, wide, fc2): the production build
-through gemm_nvfp4 (its default K split); the same design on device.tiles.StreamKSchedule
-(every CTA the same share of all tiles' k-blocks; its own bits, checked against the oracle's
-bound by the tests); the TMA'd f16 activation with the serial consumer and 4 f16 buffers (the
-control for the buffers); the pipelined consumer (PipelinedRegisterAWgmmaConsumer: convert
-step b + 1 under wgmma(b), two k16 groups in flight) on the expanded activation with 4 buffers,
-on the f16 one with 2 and with 4 buffers; the f16 pipelined build on stream-K; and the
-three-warpgroup f16 build (the TMAs in the producer's warpgroup, as part L) on both schedules.
-over_production = time / production's (whole calls: the schedules differ).
+Session 27 removed the designs that expanded the packed activation in every CTA (the P0
+design, the packed swap-AB and V3Study(activation="expand")): their rows left this script, and
+"production" is now the f16 swap-AB build (BlockscaledGemmSm90.swap_ab_f16) through gemm_nvfp4
+with the activation's f16 expansion and the weight's prepack. ``git show e8e774c:scripts/
+p0_v3_ab.py`` has the rows as they were measured (notes/p0-gemm.md, session 27).
 
-(L) M = 2048 (qkv, fc1, out, fc2, wide): the production default there (the P0 design,
-128 x 256 tiles, both operands expanded to f16 in shared memory) against the swap-AB design at
-one K split (128 x 128 tiles; the activation expanded in the CTA, or given as f16 by TMA with
-4 buffers, on the tile loop and on stream-K); each its own bits, within the bound by the tests.
+(p) the mainloop and the schedule at M = 128 (qkv, fc1, out, wide, fc2): the production build
+through gemm_nvfp4 (the chooser's K split, k_splits); the TMA'd f16 activation with the serial
+consumer and 4 f16 buffers (the control for the buffers); the pipelined consumer
+(PipelinedRegisterAWgmmaConsumer: convert step b + 1 under wgmma(b), two k16 groups in flight)
+with 2 and with 4 buffers; the f16 serial and pipelined builds on device.tiles.StreamKSchedule
+(every CTA the same share of all tiles' k-blocks; their own bits, checked against the oracle's
+bound by the tests). over_production = time / production's (whole calls: the schedules differ).
+
+(L) M = 2048 (qkv, fc1, out, fc2, wide): the production default there (gemm_nvfp4's
+default_config: the 256-token f16 build) against the swap-AB f16 build at one K split (128 x
+128 tiles, 4 buffers, on the tile loop and on stream-K); each its own bits, within the bound by
+the tests.
 
 (W, w) the large-M candidate at M = 2048 (W) and 128 (w), qkv and fc2: three warpgroups (the
 f16 activation's TMA in the producer's warpgroup, producers.activation_stage.WeightsAndF16Producer),
@@ -25,8 +29,7 @@ there (``context_lost`` in the provenance) with every finished job's rows alread
 
 (S256, S512, S1024) qkv, out and fc2 at M = 256, 512 and 1024: the swap-AB f16 build (the
 chooser's split) and on stream-K, the 256-token build on the tile loop and on stream-K, with
-the anchors: where the f16 chooser should switch (schedules/plan.py SWAP_AB_MAX_WAVES was
-measured for the packed builds).
+the anchors: where the f16 chooser should switch (schedules/plan.py F16_SWAP_AB_MAX_WAVES).
 
 Parts p, L and S also time the public peers on the same operand sets in this process: cuBLAS
 bf16 (the activation as bf16 against the dequantized weight) and quack-kernels' gemm_w4a16 on
@@ -45,10 +48,10 @@ counter; production's bits; notes/p0-gemm.md, session 26) and no fixup at all
 skip build's. The vectorised fixup measured here at 8438956 won and is the production store
 since; the scalar one it replaced is in git.
 
-(c) the register-A consumer at M = 128 (qkv, out, fc1, fc2, 7168x5376; the default K split):
-the production build, and the activation given already expanded to f16 by TMA
-(``activation="f16_tma"``; the f16 tile made once here by torch: e2m1 · scale, exactly what the
-activation stage writes) with the production (serial) consumer. ns_per_kblock = the time over
+(c) the register-A consumer at M = 128 (qkv, out, fc1, fc2, 7168x5376; the chooser's K split):
+the production build (4 f16 buffers) and the study's f16 build at 2 buffers (the f16 tile made
+once here by torch: e2m1 · scale, exactly what expand_nvfp4 writes), both with the serial
+consumer. ns_per_kblock = the time over
 the k-blocks one CTA runs in sequence (ceil(work items / CTAs) x k-blocks per split);
 over_production = a variant's ns_per_kblock / the production build's.
 
@@ -78,8 +81,8 @@ import torch
 from configs.arch import K_BLOCK
 from device.runtime import cluster_ctas, sm_count
 from device.waits import synchronize
-from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4
-from kernels.nvfp4.gemm_shell import ENTRY, V3Study
+from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4, k_splits
+from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, V3Study
 from kernels.nvfp4.prepack import prepack
 from numerics import nvfp4
 from validators.gemm_operands import make_operand
@@ -113,11 +116,10 @@ def operands(M, N, K, seed):
 class StudyLaunch:
     """A config launched straight through the FFI entry (what gemm_nvfp4 does after its
     checks), on a persistent split-K workspace and a counter buffer zeroed once (every launch
-    re-arms its counters); an f16-TMA config reads the f16 activation in the ``a`` slot."""
+    re-arms its counters); the f16 activation in the ``a`` slot."""
 
     def __init__(self, cfg, M: int, N: int, K: int):
         self.cfg, self.key, self.M, self.N, self.K = cfg, cfg.static_key(), M, N, K
-        self.f16 = cfg.reads_f16_activation  # its own role, or in the weights' producer (3wg)
         words, tiles = cfg.workspace_floats(M, N, K, sm_count())
         if words:
             self.work = torch.empty(words, dtype=torch.float32, device="cuda")
@@ -126,10 +128,10 @@ class StudyLaunch:
             self.work = self.counters = None
 
     def __call__(self, a, b, pre, x16, out):
-        a_q = x16.view(torch.uint8) if self.f16 else a[0]
-        if a_q.numel() != self.M * self.K * (2 if self.f16 else 1) // (1 if self.f16 else 2):
-            raise ValueError(f"the activation has {a_q.numel()} bytes, not what {self.cfg.design}"
-                             f" reads for M = {self.M}, K = {self.K} (f16: {self.f16})")
+        a_q = x16.view(torch.uint8)
+        if a_q.numel() != self.M * self.K * 2:
+            raise ValueError(f"the f16 activation has {a_q.numel()} bytes, not M x K x 2 for "
+                             f"M = {self.M}, K = {self.K}")
         work = out if self.work is None else self.work
         counters = out if self.counters is None else self.counters
         ENTRY(self.cfg, self.key, (a_q, a[1], pre.codes, pre.scales, a[2], b[2], out,
@@ -140,12 +142,12 @@ class StudyLaunch:
 
 
 def production(M, N, K, splits):
-    """gemm_nvfp4 with the production swap-AB build at ``splits`` (fresh workspace and
-    zero-filled counters every call)."""
-    cfg = V3Study(splits=splits).build()
+    """gemm_nvfp4 with the production swap-AB f16 build at ``splits`` (fresh workspace and
+    zero-filled counters every call), the prepack and the f16 activation given."""
+    cfg = BlockscaledGemmSm90.swap_ab_f16(splits=splits)
 
     def call(a, b, pre, x16, out):
-        return gemm_nvfp4(*a, *b, out=out, config=cfg, prepacked=pre)
+        return gemm_nvfp4(*a, *b, out=out, config=cfg, prepacked=pre, a16=x16)
     return cfg, call
 
 
@@ -159,22 +161,21 @@ def variants(part, M, N, K):
             if sp == 1:
                 continue
             rows.append((f"s{sp} production, counters kept", cfg, StudyLaunch(cfg, M, N, K), True))
-            cfg = V3Study(splits=sp, fixup="dsmem").build()
+            cfg = V3Study(splits=sp, fixup="dsmem", buffers=4).build()
             rows.append((f"s{sp} fixup dsmem cluster", cfg, StudyLaunch(cfg, M, N, K), True))
-            cfg = V3Study(splits=sp, fixup="skip").build()
+            cfg = V3Study(splits=sp, fixup="skip", buffers=4).build()
             rows.append((f"s{sp} fixup skip", cfg, StudyLaunch(cfg, M, N, K), False))
         return rows
-    if part == "L":  # M = 2048: the production default there is the P0 design
-        cfg = default_config(M, N, K, prepacked=True)
+    if part == "L":  # M = 2048: the production default there is the 256-token f16 build
+        cfg = default_config(M, N, K)
 
         def call(a, b, pre, x16, out):
-            return gemm_nvfp4(*a, *b, out=out, prepacked=pre)
-        rows.append((f"{cfg.design} production", cfg, call, True))
-        # the swap-AB design at M = 2048 (128 x 128 tiles, one K split), its activation expanded
-        # in the CTA or given as f16 by TMA, on the tile loop and on stream-K (each its own bits
-        # against the P0 design's; within the bound by the tests)
+            return gemm_nvfp4(*a, *b, out=out, prepacked=pre, a16=x16)
+        rows.append(("default production", cfg, call, True))
+        # the swap-AB f16 build at M = 2048 (128 x 128 tiles, one K split), on the tile loop
+        # and on stream-K (each its own bits against the default's; within the bound by the
+        # tests)
         for study, label in (
-                (V3Study(splits=1), "s1 swap-AB expand"),
                 (V3Study(splits=1, activation="f16_tma", buffers=4), "s1 swap-AB f16 serial b4"),
                 (V3Study(stream_k=True, activation="f16_tma", buffers=4),
                  "stream-k swap-AB f16 serial b4")):
@@ -183,7 +184,7 @@ def variants(part, M, N, K):
         return rows
     if part in SWEEP_M:  # between M = 128 and 2048: the f16 builds' switch point
         rows = []
-        for study, label in ((V3Study(splits=default_config(M, N, K, prepacked=True).splits,
+        for study, label in ((V3Study(splits=k_splits(M, N, K, sm_count()),
                                       activation="f16_tma", buffers=4), "swap-AB f16"),
                              (V3Study(stream_k=True, activation="f16_tma", buffers=4),
                               "swap-AB f16 stream-k"),
@@ -204,14 +205,12 @@ def variants(part, M, N, K):
             rows.append((label, cfg, StudyLaunch(cfg, M, N, K), False))
         return rows
     if part == "p":
-        sp = default_config(M, N, K, prepacked=True).splits
+        sp = k_splits(M, N, K, sm_count())
         cfg, call = production(M, N, K, sp)
         rows.append((f"s{sp} production", cfg, call, True))
         pipe = dict(consumer="pipelined")
         for study, label in (
-                (V3Study(stream_k=True), "stream-k"),
                 (V3Study(splits=sp, activation="f16_tma", buffers=4), f"s{sp} f16 serial b4"),
-                (V3Study(splits=sp, buffers=4, **pipe), f"s{sp} pipelined b4"),
                 (V3Study(splits=sp, activation="f16_tma", buffers=2, **pipe),
                  f"s{sp} f16 pipelined b2"),
                 (V3Study(splits=sp, activation="f16_tma", buffers=4, **pipe),
@@ -224,7 +223,7 @@ def variants(part, M, N, K):
             # stream-K has its own bits (its own summation order); the rest the production ones
             rows.append((label, cfg, StudyLaunch(cfg, M, N, K), not study.stream_k))
         return rows
-    sp = default_config(M, N, K, prepacked=True).splits
+    sp = k_splits(M, N, K, sm_count())
     cfg, call = production(M, N, K, sp)
     rows.append((f"s{sp} production", cfg, call, True))
     study = V3Study(splits=sp, activation="f16_tma")

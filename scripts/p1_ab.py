@@ -6,9 +6,11 @@ on the quantize kernel's output, in one run.
 
 Per projection (qkv, out, fc1; N x K as in experiments/p0_baseline.py) and M in (128, 2048),
 the same bf16 activation x and the same weight:
-* ``p0_gemm``: gemm_nvfp4 on quantize_nvfp4(x, g)'s packed activation (the swap-AB build at 6
-  stages and the split P1 uses, so the bits must be equal);
-* ``p0_e2e``: quantize_nvfp4 + that GEMM (g given: the amax is the same launch on both paths);
+* ``p0_gemm``: gemm_nvfp4 on quantize_expand_nvfp4(x, g)'s f16 expansion (the production
+  swap-AB f16 build at the split P1 uses, so the bits must be equal; the packed swap-AB build
+  this row timed before session 27 has the same bits and left the code: notes/p0-gemm.md);
+* ``p0_e2e``: quantize_expand_nvfp4 + that GEMM (g given: the amax is the same launch on both
+  paths);
 * ``p1``: gemm_nvfp4_p1(x, g): the GEMM that quantizes inside;
 * with ``--ablate``: ``p1_no_quantizer`` (the stage waits and publishes but never writes its
   f16 tiles) and ``p1_no_mma`` (the consumers skip their wgmmas), both wrong by design
@@ -46,7 +48,7 @@ from kernels.nvfp4.gemm import gemm_nvfp4
 from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90, P0Variant, P1Study
 from kernels.nvfp4.prepack import prepack
-from kernels.nvfp4.quantize import quantize_nvfp4
+from kernels.nvfp4.quantize import quantize_expand_nvfp4
 from numerics import nvfp4
 from workbench.timing import bench, rotation_count
 
@@ -55,9 +57,9 @@ JOBS = tuple((name, M) for M in (128, 2048) for name in ("qkv", "fc1", "out"))
 
 
 def splits_for(M: int, N: int, K: int, sms: int) -> int:
-    """The K split gemm_nvfp4's chooser would give the swap-AB design (schedules/plan.py)."""
-    from kernels.nvfp4.gemm import default_config
-    return default_config(M, N, K, sms, prepacked=True).splits
+    """The K split gemm_nvfp4's chooser gives the swap-AB build (schedules/plan.py), P1's."""
+    from kernels.nvfp4.gemm import k_splits
+    return k_splits(M, N, K, sms)
 
 
 def operands(M, N, K, seed):
@@ -74,25 +76,25 @@ def run_job(name, M, args, rows):
     N, K = PROJECTIONS[name]
     sms = sm_count()
     splits = splits_for(M, N, K, sms)
-    p0_cfg = BlockscaledGemmSm90.swap_ab(stages=6, splits=splits)
+    p0_cfg = BlockscaledGemmSm90.swap_ab_f16(splits=splits)
     p1_cfg = P1Study(splits=splits).build()
     per_set = M * K * 2 + N * (K // 2 + K // 16)
     sets = [operands(M, N, K, 1000 * i + M + N) for i in range(rotation_count(per_set, factor=2.0, cap=4))]
-    packed = [quantize_nvfp4(x, g, pad_16x=True) for x, g, *_ in sets]
+    packed = [quantize_expand_nvfp4(x, g, pad_16x=True) for x, g, *_ in sets]
     out = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
 
-    def p0_gemm(x, g, w_q, w_s, pre, g_w, q, s):
+    def p0_gemm(x, g, w_q, w_s, pre, g_w, q, s, f):
         return gemm_nvfp4(q, s, g, w_q, w_s, g_w, prepacked=pre, rows=(0, M), config=p0_cfg,
-                          out=out)
+                          a16=f, out=out)
 
-    def p0_e2e(x, g, w_q, w_s, pre, g_w, q, s):
-        quantize_nvfp4(x, g, pad_16x=True, out=(q, s))
-        return p0_gemm(x, g, w_q, w_s, pre, g_w, q, s)
+    def p0_e2e(x, g, w_q, w_s, pre, g_w, q, s, f):
+        quantize_expand_nvfp4(x, g, pad_16x=True, out=(q, s, f))
+        return p0_gemm(x, g, w_q, w_s, pre, g_w, q, s, f)
 
-    def p1(x, g, w_q, w_s, pre, g_w, q, s):
+    def p1(x, g, w_q, w_s, pre, g_w, q, s, f):
         return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=p1_cfg)
 
-    arg_sets = [(*o, q, s) for o, (q, s) in zip(sets, packed)]
+    arg_sets = [(*o, q, s, f) for o, (q, s, f) in zip(sets, packed)]
     row = {"projection": name, "M": M, "N": N, "K": K, "splits": splits,
            "p1_config": p1_cfg.describe()}
     want = p0_gemm(*arg_sets[0]).clone()
@@ -121,7 +123,7 @@ def run_job(name, M, args, rows):
         row[f"{label}_bits_equal_p0"] = all(torch.equal(r.view(torch.int16),
                                                         want.view(torch.int16)) for r in runs)
 
-        def p1_cluster(x, g, w_q, w_s, pre, g_w, q, s, cfg=cluster_cfg):
+        def p1_cluster(x, g, w_q, w_s, pre, g_w, q, s, f, cfg=cluster_cfg):
             return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=cfg)
         timed.append((label, p1_cluster))
     if args.groups == 2:  # N-group reuse: each quantized 64-row tile into two weight tiles
@@ -131,7 +133,7 @@ def run_job(name, M, args, rows):
         synchronize()
         row["g2_bits_equal_p0"] = bool(torch.equal(g2.view(torch.int16), want.view(torch.int16)))
 
-        def p1_g2(x, g, w_q, w_s, pre, g_w, q, s):
+        def p1_g2(x, g, w_q, w_s, pre, g_w, q, s, f):
             return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=g2_cfg)
         timed.append(("p1_g2", p1_g2))
     if args.ablate:
@@ -150,7 +152,7 @@ def run_job(name, M, args, rows):
                 row[f"{label}_bits_equal_p0"] = bool(torch.equal(got_b.view(torch.int16),
                                                                  want.view(torch.int16)))
 
-            def ablated(x, g, w_q, w_s, pre, g_w, q, s, cfg=cfg):
+            def ablated(x, g, w_q, w_s, pre, g_w, q, s, f, cfg=cfg):
                 return gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=cfg)
             timed.append((label, ablated))
     for label, fn in timed:

@@ -57,14 +57,18 @@ def test_reference_refuses_bad_operands(kw, exc, match):
 
 
 # ---- compile (CI) ----------------------------------------------------------------------------
+F16_BUILDS = {"swap-s3": lambda: BlockscaledGemmSm90.swap_ab_f16(splits=3),
+              "wide": lambda: BlockscaledGemmSm90.wide_f16()}
+
+
 @pytest.mark.compile
-@pytest.mark.parametrize("tile_n,stages,splits", [(256, 4, 1), (128, 8, 3)])
-def test_p4_build_has_two_separate_roundings_per_element(tile_n, stages, splits):
-    plain = BlockscaledGemmSm90(tile_n=tile_n, stages=stages, splits=splits)
+@pytest.mark.parametrize("build", F16_BUILDS)
+def test_p4_f16_build_has_two_separate_roundings_per_element(build):
+    plain = F16_BUILDS[build]()
     p4 = plain.with_output(GateResidualBf16())
     assert p4.static_key() != plain.static_key()
     r0, r = (compile_report(c, *compile_args()) for c in (plain, p4))
-    per_thread = 128 * tile_n // 256  # accumulator elements of one consumer thread
+    per_thread = plain.tile_m * plain.tile_n // 256  # accumulators of one consumer thread
     assert r.ptx.count("mul.rn.f32") == per_thread and r.ptx.count("add.rn.f32") == per_thread
     assert "fma.rn.f32" not in r.ptx, "the gate multiply and residual add must not fuse"
     cvt = "cvt.rn.bf16x2.f32"
@@ -139,10 +143,12 @@ def test_p4_fused_equals_reference_order_default_config():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["random", "cancel", "extremes", "nan"])
-@pytest.mark.parametrize("tile_n,stages,splits", [(256, 4, 1), (128, 8, 1), (128, 8, 3)])
-def test_p4_fused_equals_reference_order(kind, tile_n, stages, splits):
-    cfg = BlockscaledGemmSm90(tile_n=tile_n, stages=stages, splits=splits)
-    _fused_equals_reference_order(300, 520, 1056, seed=tile_n + splits, kind=kind, config=cfg)
+@pytest.mark.parametrize("build,splits", [("wide", 1), ("swap", 1), ("swap", 3)])
+def test_p4_fused_equals_reference_order(kind, build, splits):
+    cfg = (BlockscaledGemmSm90.wide_f16() if build == "wide" else
+           BlockscaledGemmSm90.swap_ab_f16(splits=splits))
+    _fused_equals_reference_order(300, 520, 1056, seed=cfg.tile_m + splits, kind=kind,
+                                  config=cfg)
 
 
 @pytest.mark.gpu

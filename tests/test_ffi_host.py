@@ -47,10 +47,11 @@ def test_ffi_build_has_the_pointer_builds_ptx(name, dtype):
 @needs_tvm_ffi
 @pytest.mark.compile
 @pytest.mark.parametrize("scales", ["uint8", "float8_e4m3fn"])
-def test_gemm_ffi_build_has_the_pointer_builds_ptx(scales):
-    """P0 through the FFI entry: tensors for every buffer but the pinned mailbox (an address);
-    scales as uint8 or as E4M3 tensors (what quantize returns: gemm_nvfp4 passes them as they
-    are), the same kernel either way."""
+def test_gemm_f16_ffi_build_has_the_pointer_builds_ptx(scales):
+    """P0's f16 build through the FFI entry: tensors for every buffer but the pinned mailbox
+    (an address); the f16 activation as bytes [M, 2K], the never-read activation scales as
+    uint8 or as E4M3 tensors (what quantize returns: gemm_nvfp4 passes them as they are), the
+    prepack's 4-D codes and scales; the same kernel either way."""
     import cutlass
 
     from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, compile_args
@@ -58,9 +59,9 @@ def test_gemm_ffi_build_has_the_pointer_builds_ptx(scales):
 
     c = cutlass
     sc = {"uint8": c.Uint8, "float8_e4m3fn": c.Float8E4M3FN}[scales]
-    cfg = BlockscaledGemmSm90(tile_n=128, stages=8, splits=3)
+    cfg = BlockscaledGemmSm90.swap_ab_f16(splits=3)
     ptr = compile_report(cfg, *compile_args())
-    types = [(c.Uint8, 2), (sc, 2), (c.Uint8, 2), (sc, 2), (c.Float32, 1),
+    types = [(c.Uint8, 2), (sc, 2), (c.Uint8, 4), (c.Uint8, 4), (c.Float32, 1),
              (c.Float32, 1), (c.BFloat16, 2), None, (c.Float32, 3), (c.Int32, 1),
              (c.BFloat16, 2), (c.BFloat16, 2)]
     fast = compile_report(cfg, *ENTRY.compile_args(types), options="--enable-tvm-ffi")

@@ -256,10 +256,10 @@ def test_amax_kernel_g_matches_the_host_rule_bit_for_bit(dtype):
 @pytest.mark.parametrize("M, rows", [(128, None), (40, None), (300, (128, 300)), (256, (0, 128))])
 def test_p0_linear_bit_identical_to_the_composition_it_replaced(M, rows):
     """Output bits as before (torch g from the amax, allocating quantize, float g_w), on the
-    first (checked) call and the cached ones, and with a row slice."""
+    first (checked) call and the cached ones, and with a row slice (gemm_nvfp4's conveniences
+    expand the packed activation and prepack the weight per call: the linear's bits)."""
     from kernels.nvfp4.amax import amax
-    from kernels.nvfp4.gemm import default_config, gemm_nvfp4
-    from kernels.nvfp4.prepack import prepack
+    from kernels.nvfp4.gemm import gemm_nvfp4
     from kernels.nvfp4.quantize import quantize_nvfp4
     from models.nvfp4_linear import Nvfp4Linear
 
@@ -271,9 +271,7 @@ def test_p0_linear_bit_identical_to_the_composition_it_replaced(M, rows):
         x = (torch.randn(M, 512, device="cuda", generator=gen) * (i + 1)).to(torch.bfloat16)
         g = nvfp4.global_scale_from_amax(amax(x)).reshape(1)
         q, s = quantize_nvfp4(x, g, pad_16x=True)
-        pre = (prepack(lin.w_q, lin.w_s) if default_config(r1 - r0, 256, 512, prepacked=True)
-               .needs_prepacked_weights else None)
-        want = gemm_nvfp4(q, s, g, lin.w_q, lin.w_s, lin.g_w, rows=(r0, r1), prepacked=pre)
+        want = gemm_nvfp4(q, s, g, lin.w_q, lin.w_s, lin.g_w, rows=(r0, r1))
         for _ in range(2):
             got = lin(x, rows)
             assert torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -1,7 +1,7 @@
 """P1, the activation quantized inside the GEMM (kernels.nvfp4.gemm_shell.P1Study,
 kernels.nvfp4.gemm_p1): its build (CPU), the instructions it was meant to have (compile), and
-its bits against P0 on the quantize kernel's packed activation (GPU), with no packed
-activation or scale tensor allocated on its path."""
+its bits against P0's production swap-AB build on the quantize kernel's output (GPU), with no
+packed activation or scale tensor allocated on its path."""
 import functools
 from dataclasses import replace
 
@@ -16,6 +16,17 @@ from producers.activation_stage import (ClusterQuantizingActivationStage,
 from workbench.compile import compile_report
 
 
+def _p0_bits(x, g_x, pre, w_q, w_s, g_w, splits):
+    """The production swap-AB bits P1 must equal: quantize_expand_nvfp4(x, g_x), then the f16
+    swap-AB build at ``splits`` (the same wgmmas on the same values as the packed swap-AB
+    build P1 was first compared with, which left the code: notes/p0-gemm.md, session 27)."""
+    from kernels.nvfp4.gemm import gemm_nvfp4
+    from kernels.nvfp4.quantize import quantize_expand_nvfp4
+    q, s, a16 = quantize_expand_nvfp4(x, g_x, pad_16x=True)
+    return gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, x.shape[0]), a16=a16,
+                      config=BlockscaledGemmSm90.swap_ab_f16(splits=splits))
+
+
 def test_p1_build_rings_and_barriers():
     """The ring stage holds the bf16 token tile and the weight slabs; ``empty[s]`` counts the
     quantizing stage's 4 warps and the consumers' 8; the f16 tiles are the production ones."""
@@ -23,7 +34,7 @@ def test_p1_build_rings_and_barriers():
     assert cfg.barrier_table["full"][1] == 1 and cfg.barrier_table["empty"][1] == 12
     assert cfg.barrier_table["act_full"][1] == 4 and cfg.barrier_table["act_empty"][1] == 8
     assert cfg.producer.act_bytes == 128 * 64 * 2
-    assert cfg.static_key() != BlockscaledGemmSm90.swap_ab(stages=6).static_key()
+    assert cfg.static_key() != BlockscaledGemmSm90.swap_ab_f16(stages=6).static_key()
     assert P1Study(splits=3).build().splits == 3
     with pytest.raises(ValueError, match="tokens"):
         QuantizingActivationStage(256, 6)
@@ -149,18 +160,14 @@ def _operands(M, N, K, seed, kind="normal"):
 @pytest.mark.parametrize("kind", ["normal", "lognormal"])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_p1_bits_equal_p0_on_the_quantize_kernels_output(shape, kind, splits):
-    """P1 on bf16 x equals the production swap-AB GEMM (same splits and stages) on
-    quantize_nvfp4(x, g)'s packed activation, bit for bit, into a NaN-poisoned output; a rerun
+    """P1 on bf16 x equals the production swap-AB GEMM (same splits: :func:`_p0_bits`) on
+    quantize_expand_nvfp4(x, g)'s output, bit for bit, into a NaN-poisoned output; a rerun
     equal; and the P1 call allocates no [M, K/2] codes or swizzled scale tensor (it allocates
     nothing but its output, given one)."""
-    from kernels.nvfp4.gemm import gemm_nvfp4
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
-    from kernels.nvfp4.quantize import quantize_nvfp4
     M, N, K = shape
     x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + splits, kind=kind)
-    q, s = quantize_nvfp4(x, g_x, pad_16x=True)
-    want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),  # q is 16-padded
-                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
+    want = _p0_bits(x, g_x, pre, w_q, w_s, g_w, splits)
     cfg = P1Study(splits=splits).build()
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)  # compiles; allocations counted next
@@ -208,14 +215,10 @@ def test_p1_drawn_shapes_bits_equal_p0(M, n8, k32, kind, splits, seed):
     """Hypothesis shapes (ragged M, N down to 8, K down to 32): P1's bits equal the production
     swap-AB GEMM's on the quantize kernel's output, into a NaN-poisoned output, a rerun
     equal."""
-    from kernels.nvfp4.gemm import gemm_nvfp4
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
-    from kernels.nvfp4.quantize import quantize_nvfp4
     N, K = 8 * n8, 32 * k32
     x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=seed, kind=kind)
-    q, s = quantize_nvfp4(x, g_x, pad_16x=True)
-    want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
-                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
+    want = _p0_bits(x, g_x, pre, w_q, w_s, g_w, splits)
     cfg = P1Study(splits=splits).build()
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
@@ -237,15 +240,11 @@ def test_p1_pair_bits_equal_p0(shape, kind, splits, buffers):
     72 clusters (more than the 66 an H200 runs at once: some CTAs take two tiles) of 5
     k-blocks (the second tile starts on an odd ring count, so the owners swap); K splits and
     four f16 buffers too."""
-    from kernels.nvfp4.gemm import gemm_nvfp4
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
-    from kernels.nvfp4.quantize import quantize_nvfp4
     M, N, K = shape
     x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + 2 * splits + buffers,
                                            kind=kind)
-    q, s = quantize_nvfp4(x, g_x, pad_16x=True)
-    want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
-                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
+    want = _p0_bits(x, g_x, pre, w_q, w_s, g_w, splits)
     cfg = P1Study(cluster=2, splits=splits, buffers=buffers).build()
     out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
     gemm_nvfp4_p1(x, g_x, pre, g_w, out=out, config=cfg)
@@ -270,15 +269,11 @@ def test_p1_cluster_of_4_and_8_bits_equal_p0_every_run(cluster, shape, splits):
     runs at these shapes). K = 704 is 11 k-blocks (owners wrap unevenly); 1100 x 2048 x 320
     at C = 8 is 9 x 16 tiles in 18 clusters of 5 k-blocks; a weight-tile count C does not
     divide is refused."""
-    from kernels.nvfp4.gemm import gemm_nvfp4
     from kernels.nvfp4.gemm_p1 import gemm_nvfp4_p1
-    from kernels.nvfp4.quantize import quantize_nvfp4
     M, N, K = shape
     x, g_x, pre, w_q, w_s, g_w = _operands(M, N, K, seed=sum(shape) + cluster + splits,
                                            kind="lognormal")
-    q, s = quantize_nvfp4(x, g_x, pad_16x=True)
-    want = gemm_nvfp4(q, s, g_x, w_q, w_s, g_w, prepacked=pre, rows=(0, M),
-                      config=BlockscaledGemmSm90.swap_ab(stages=6, splits=splits))
+    want = _p0_bits(x, g_x, pre, w_q, w_s, g_w, splits)
     cfg = P1Study.of_cluster(cluster, splits=splits).build()
     odd = _operands(M, 128 * (cluster + 2), K, seed=1)
     with pytest.raises(ValueError, match=f"not a multiple of {cluster}"):
@@ -408,7 +403,7 @@ def test_p1_config_follows_p0s_split_and_says_where_its_bits_are_p0s():
                           (2048, 21504, 5376, False),  # p0: the 256-token build
                           (256, 5376, 14336, True)):
         cfg, got_same = choose_config(M, N, K, 132)
-        p0 = default_config(M, N, K, 132, prepacked=True, f16=True)
+        p0 = default_config(M, N, K, 132)
         assert got_same == same and cfg.splits == k_splits(M, N, K, 132)
         if same:
             assert (p0.threads, p0.stream_k, p0.splits) == (cfg.threads, False, cfg.splits)

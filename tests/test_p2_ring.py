@@ -100,10 +100,10 @@ class _Fakes:
         for name in ("require_hopper", "check_cuda_tensor", "validate_gemm"):
             monkeypatch.setattr(R, name, lambda *a, **k: None)
         monkeypatch.setattr(R, "launch_config", lambda config, *a, **k: config)
-        monkeypatch.setattr(R, "default_config", lambda m, N, K, prepacked=False: ("whole", m))
+        monkeypatch.setattr(R, "default_config", lambda m, N, K, stream_k=True: ("whole", m))
         monkeypatch.setattr(R, "current_stream", lambda device: self.stream)
-        monkeypatch.setattr(R, "quantize_nvfp4", self.quantize)
         monkeypatch.setattr(R, "quantize_expand_nvfp4", self.quantize_expand)
+        monkeypatch.setattr(R, "prepack", lambda q, s: ("prepacked", tuple(q.shape)))
         monkeypatch.setattr(R, "gemm_nvfp4", self.gemm)
 
     def quantize(self, xc, g, out):
@@ -176,7 +176,7 @@ def test_ring_chunks_equal_the_whole_reference_call(M, rows, cap, fused, monkeyp
 
 
 def _cpu_ring_init(R):
-    def init(self, capacity, K, device=None, f16=False):
+    def init(self, capacity, K, device=None, f16=True):
         P.check_capacity(capacity)
         self.capacity, self.K, self.nbytes = capacity, K, P.ring_bytes(capacity, K, f16)
         self.q = torch.empty(capacity, K // 2, dtype=torch.uint8)
@@ -227,7 +227,7 @@ def test_stream_k_ring_of_several_chunks_refused(monkeypatch):
     R.plan_ring(x, w_q, w_s, g_w, capacity=256, config=config).run(
         nvfp4.global_scale(x).reshape(1))
     assert [c[0] for c in fakes.calls] == ["quantize", "gemm"]
-    ring = R.PackedRing(128, 64)  # packed only: refused for an f16 config
+    ring = R.PackedRing(128, 64, f16=False)  # packed only: refused (every config reads f16)
     with pytest.raises(ValueError, match="f16 rows exactly when"):
         R.plan_ring(x, w_q, w_s, g_w, ring=ring, config=BlockscaledGemmSm90.swap_ab_f16())
 
@@ -329,10 +329,9 @@ def _p0_whole(x, g, w_q, w_s, g_w, pre, rows, config, gate=None, residual=None):
     from kernels.nvfp4.gemm import gemm_nvfp4
     from kernels.nvfp4.quantize import quantize_nvfp4
 
-    q, s = quantize_nvfp4(x, g, pad_16x=True)
-    return gemm_nvfp4(q, s, g, w_q, w_s, g_w, rows=rows, config=config,
-                      prepacked=pre if config.needs_prepacked_weights else None, gate=gate,
-                      residual=residual)
+    q, s = quantize_nvfp4(x, g, pad_16x=True)  # gemm_nvfp4 expands it (expand_nvfp4)
+    return gemm_nvfp4(q, s, g, w_q, w_s, g_w, rows=rows, config=config, prepacked=pre,
+                      gate=gate, residual=residual)
 
 
 def _first_bad_chunk(y, want, r0, r1, cap):
@@ -352,7 +351,7 @@ def _first_bad_chunk(y, want, r0, r1, cap):
     (300, 2048, 1056, None, 128, True),          # K/16 = 66: scale padding columns in the ring
     (300, 5376, 5376, None, 128, True),          # whole call swap-AB: chunks read the prepack
     (200, 2048, 2048, None, 128, True),          # swap-AB, K split 2: per-chunk workspace
-    (300, 1024, 2048, None, 128, False),         # the p0 design, 128 x 128, K split 2
+    (300, 1024, 2048, None, 128, False),         # no prepack given: the ring makes it once
 ])
 def test_every_chunk_bit_identical_to_p0_whole_call(M, N, K, rows, cap, with_prepack):
     from kernels.nvfp4.gemm import default_config
@@ -360,11 +359,11 @@ def test_every_chunk_bit_identical_to_p0_whole_call(M, N, K, rows, cap, with_pre
 
     x, g, w_q, w_s, g_w, pre = _gpu_case(M, N, K, seed=M + N + cap)
     r0, r1 = rows or (0, M)
-    config = default_config(r1 - r0, N, K, prepacked=with_prepack)
+    config = default_config(r1 - r0, N, K, stream_k=False)  # several chunks: no stream-K
     want = _p0_whole(x, g, w_q, w_s, g_w, pre, (r0, r1), config)
     out = torch.full((r1 - r0, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    y = ring_gemm(x, g, w_q, w_s, g_w, rows=rows, capacity=cap, config=config, prepacked=pre,
-                  out=out)
+    y = ring_gemm(x, g, w_q, w_s, g_w, rows=rows, capacity=cap, config=config,
+                  prepacked=pre if with_prepack else None, out=out)
     torch.cuda.synchronize()
     assert y is out and not torch.isnan(y).any(), "poisoned output not fully overwritten"
     assert _first_bad_chunk(y, want, r0, r1, cap) is None, _first_bad_chunk(y, want, r0, r1,
@@ -381,7 +380,7 @@ def test_fused_gate_residual_through_the_ring_equals_p0():
     gen = torch.Generator(device="cuda").manual_seed(12)
     gate = torch.randn(N, generator=gen, device="cuda").to(torch.bfloat16)
     residual = torch.randn(M, N, generator=gen, device="cuda").to(torch.bfloat16)
-    config = default_config(M, N, K, prepacked=True)
+    config = default_config(M, N, K, stream_k=False)
     want = _p0_whole(x, g, w_q, w_s, g_w, pre, (0, M), config, gate, residual)
     y = ring_gemm(x, g, w_q, w_s, g_w, capacity=cap, config=config, prepacked=pre, gate=gate,
                   residual=residual)
@@ -398,7 +397,7 @@ def test_two_overlapping_requests_on_two_streams():
 
     M, N, K, cap = 3000, 5376, 5376, 512
     cases = [_gpu_case(M, N, K, seed=s) for s in (21, 22)]
-    config = default_config(M, N, K, prepacked=True)
+    config = default_config(M, N, K, stream_k=False)
     wants = [_p0_whole(*c, (0, M), config) for c in cases]
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]

@@ -57,6 +57,134 @@ def test_quantize_expand_writes_the_exact_f16_expansion(kind, shape):
 
 
 @pytest.mark.compile
+def test_expand_compiles_with_the_f16_stores():
+    """expand_nvfp4's kernel: per block one 8-byte code load, one scale byte, one scale convert,
+    8 code converts and two 16-byte f16 stores (2 rows a thread); no spill, <= 64 registers."""
+    from kernels.nvfp4 import quantize as Q
+    from workbench.compile import compile_report
+
+    r = compile_report(Q.EXPAND, *Q.ENTRY_EXPAND.compile_args(ffi=False), arch="sm_90a")
+    assert r.census["st.global.v4"] == 4
+    assert r.ptx.count("ld.global.v2.u32") + r.ptx.count("ld.global.v2.b32") == 2
+    assert r.ptx.count("cvt.rn.f16x2.e4m3x2") == 2 * (1 + 8)
+    assert r.spill_bytes == 0 and r.registers <= 64
+
+
+def _expand_reference(q, s):
+    """numerics.nvfp4.dequantize at g = 1 in f16 on the CPU: e2m1 · s, one exact product."""
+    M, K = q.shape[0], 2 * q.shape[1]
+    return nvfp4.dequantize(q.cpu(), s.cpu(), 1.0, (M, K), dtype=torch.float16)
+
+
+def _assert_same_f16(got, want):
+    """Bit equality, NaN where the reference has NaN (a NaN-poisoned out must be overwritten)."""
+    got = got.cpu()
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan), f"{int((got.isnan() != nan).sum())} NaN mismatches"
+    bad = (got[~nan].view(torch.int16) != want[~nan].view(torch.int16)).sum()
+    assert int(bad) == 0, f"{int(bad)} f16 values differ"
+
+
+def _random_codes(M, K, seed, nan_scales=False):
+    """Every code byte, scale bytes over the whole E4M3 range but NaN (0x7F / 0xFF: then some
+    too), in the swizzled shape; on the GPU."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 256, (M, K // 2), generator=gen, dtype=torch.int32).to(torch.uint8)
+    s = torch.randint(0, 0x7F, nvfp4.scale_shape(M, K), generator=gen, dtype=torch.int32)
+    s = s | (torch.randint(0, 2, s.shape, generator=gen, dtype=torch.int32) << 7)  # signs
+    if nan_scales:
+        s[torch.rand(s.shape, generator=gen) < 0.05] = 0x7F
+    return q.cuda(), s.to(torch.uint8).view(torch.float8_e4m3fn).cuda()
+
+
+def test_expand_reference_is_the_exact_product_on_every_code_and_scale():
+    """The CPU reference the GPU tests hold expand_nvfp4 to: every code byte against every
+    scale byte (signed zeros, subnormal scales, 448, NaN), e2m1 x s exactly, in f16 (no
+    rounding: every finite product an f16 normal or zero)."""
+    from numerics.formats import e2m1_decode, e4m3_decode
+    q = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(256, 8)  # [256, 2048]
+    s8 = torch.arange(256, dtype=torch.int32).to(torch.uint8)  # row r: scale byte r
+    blocks = s8.view(-1, 1).expand(256, 4096 // 16)
+    s = nvfp4.to_blocked(blocks).view(torch.float8_e4m3fn)
+    got = _expand_reference(q, s)
+    exact = (e2m1_decode(nvfp4.unpack_codes(q), torch.float64)
+             * e4m3_decode(s8).double().view(-1, 1))
+    nan = exact.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].double(), exact[~nan])
+    assert torch.equal(got[~nan].signbit(), exact[~nan].signbit())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["normal", "lognormal", "ties", "special"])
+@pytest.mark.parametrize("shape", [(16, 16), (48, 16 * 37), (300, 512), (2048, 5376)])
+def test_expand_equals_quantize_expand_and_the_reference(kind, shape):
+    """expand_nvfp4 of quantize_nvfp4's codes: quantize_expand_nvfp4's f16 bit for bit, and
+    the CPU reference (numerics.nvfp4.dequantize at g = 1)."""
+    from kernels.nvfp4.quantize import expand_nvfp4, quantize_expand_nvfp4
+    from validators.tiles import make_tile, tensor_scale_for
+
+    M, K = shape
+    x = make_tile(kind, M, K, torch.bfloat16, seed=M + K + 2, device="cuda")
+    g = torch.tensor([tensor_scale_for(x)], device="cuda")
+    q, s, f16 = quantize_expand_nvfp4(x, g, pad_16x=True)
+    got = expand_nvfp4(q, s)
+    assert got.dtype == torch.float16 and tuple(got.shape) == (q.shape[0], K)
+    _assert_same_f16(got[:M], f16.cpu())
+    _assert_same_f16(got, _expand_reference(q, s))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nan_scales", [False, True])
+@pytest.mark.parametrize("shape", [(1, 16), (129, 48), (256, 5376)])
+def test_expand_adversarial_codes_into_a_poisoned_out(shape, nan_scales):
+    """Every code byte and scale byte (signed zeros, subnormal scales, 448, NaN scales), into a
+    NaN-poisoned caller-owned out: the reference's bits everywhere."""
+    from kernels.nvfp4.quantize import expand_nvfp4
+
+    M, K = shape
+    q, s = _random_codes(M, K, seed=M * 7 + K, nan_scales=nan_scales)
+    out = torch.full((M, K), float("nan"), dtype=torch.float16, device="cuda")
+    assert expand_nvfp4(q, s.view(torch.uint8), out=out) is out
+    _assert_same_f16(out, _expand_reference(q, s))
+
+
+@pytest.mark.gpu
+@given(rows=st.integers(1, 700), kb=st.integers(1, 80), seed=st.integers(0, 2**30))
+def test_expand_matches_the_reference_on_drawn_shapes(rows, kb, seed):
+    """Hypothesis shapes (rows across scale tiles, K = 16 kb across padded scale columns), a
+    NaN-poisoned out: every element written, the reference's bits."""
+    from kernels.nvfp4.quantize import expand_nvfp4
+
+    K = 16 * kb
+    q, s = _random_codes(rows, K, seed)
+    out = torch.full((rows, K), float("nan"), dtype=torch.float16, device="cuda")
+    expand_nvfp4(q, s, out=out)
+    _assert_same_f16(out, _expand_reference(q, s))
+
+
+@pytest.mark.gpu
+def test_expand_rejects_bad_input_before_launch():
+    from kernels.nvfp4.quantize import expand_nvfp4
+
+    q, s = _random_codes(128, 64, seed=1)
+    poison = torch.full((128, 64), float("nan"), dtype=torch.float16, device="cuda")
+    bad = [((q.float(), s), {}, TypeError, "a_q has dtype"),
+           ((q[:, :4].contiguous(), s), {}, ValueError, "K a positive multiple of 16"),
+           ((q.view(-1), s), {}, ValueError, "2-D"),
+           ((q, s[:, :1]), {}, ValueError, "swizzled scale shape"),
+           ((q, s.float()), {}, TypeError, "a_s has dtype"),
+           ((q.cpu(), s), {}, ValueError, "CUDA"),
+           ((q, s), {"out": poison[:, :32].clone()}, ValueError, "float16 \\[128, 64\\]"),
+           ((q, s), {"out": poison.to(torch.bfloat16)}, TypeError, "out has dtype"),
+           ((q, s), {"out": poison.t()}, ValueError, "contiguous")]
+    for args, kw, exc, match in bad:
+        with pytest.raises(exc, match=match):
+            expand_nvfp4(*args, **kw)
+    assert poison.isnan().all(), "a refused call launched"
+
+
+@pytest.mark.compile
 def test_rcp_probe_compiles():
     from kernels.nvfp4 import rcp_probe
     from workbench.compile import compile_report

@@ -2,8 +2,9 @@
 against P0 (GPU).
 
 P1 changes only who quantizes the activation and where (kernels/nvfp4/gemm_p1.py); its contract
-is that the output equals P0's on the quantize kernel's packed activation with the same tensor
-scale, on the same swap-AB build and K split. Per case: a fresh bf16 activation (normal,
+is that the output equals P0's on the quantize kernel's output with the same tensor scale, on
+the production swap-AB build at the same K split (the f16 build on the activation's expansion:
+the same wgmmas on the same values as the packed swap-AB build P1 was first measured against). Per case: a fresh bf16 activation (normal,
 heavy-tailed channels, or rows of zeros and tiny values), ragged M, N and K (a partial k-block
 and K/16 not a multiple of 4 among them), the split P1's chooser gives; the output poisoned with
 NaN before P1 runs, then run again (two runs equal). P0's own exactness against the oracle is
@@ -19,7 +20,7 @@ from kernels.nvfp4.gemm import gemm_nvfp4
 from kernels.nvfp4.gemm_p1 import choose_config, gemm_nvfp4_p1
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
 from kernels.nvfp4.prepack import prepack
-from kernels.nvfp4.quantize import quantize_nvfp4
+from kernels.nvfp4.quantize import quantize_expand_nvfp4
 from validators.base import RungResult, check
 from validators.rung2_p2_ring import KINDS, case_operands
 
@@ -36,14 +37,14 @@ def run(quick: bool = False, seed: int = 0) -> RungResult:
     checks, elements = {}, 0
     for (M, N, K) in (SHAPES[:3] if quick else SHAPES):
         config, _ = choose_config(M, N, K)
-        p0_config = BlockscaledGemmSm90.swap_ab(stages=config.stages, splits=config.splits)
+        p0_config = BlockscaledGemmSm90.swap_ab_f16(splits=config.splits)
         for kind in KINDS:
             s = zlib.crc32(f"p1:{M}x{N}x{K}:{kind}:{seed}".encode())
             x, w_q, w_s, g_w, g = case_operands(kind, M, N, K, s)
             pre = prepack(w_q, w_s)
-            q, sc = quantize_nvfp4(x, g, pad_16x=True)
+            q, sc, a16 = quantize_expand_nvfp4(x, g, pad_16x=True)
             want = gemm_nvfp4(q, sc, g, w_q, w_s, g_w, rows=(0, M), config=p0_config,
-                              prepacked=pre)
+                              prepacked=pre, a16=a16)
             out = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
             gemm_nvfp4_p1(x, g, pre, g_w, out=out, config=config)
             again = gemm_nvfp4_p1(x, g, pre, g_w, config=config)

@@ -4,10 +4,10 @@ P2 changes only who writes the packed activation and when; its contract is that 
 is bit-identical to P0's whole call (kernels/nvfp4/ring.py). Per case: a fresh bf16 activation
 (normal, heavy-tailed channels, or rows of zeros and tiny values), ragged M, N and K, ring
 capacities of one and several 128-row tiles (a partial last chunk in every case), rows from
-r0 = 0 or 128; the output poisoned with NaN before the ring runs; each case twice, on the
-packed build and on the f16 build Nvfp4Linear's p2 runs (the ring holding each chunk's f16
-expansion; no stream-K across chunks). A case passes when every chunk's rows equal P0's
-(quantize the whole x, gemm_nvfp4 with the whole call's config, a16 for the f16 build).
+r0 = 0 or 128; the output poisoned with NaN before the ring runs; the f16 build Nvfp4Linear's
+p2 runs (the ring holding each chunk's f16 expansion; no stream-K across chunks). A case passes
+when every chunk's rows equal P0's (quantize and expand the whole x, gemm_nvfp4 with the whole
+call's config and a16).
 P0's own exactness against the oracle is part 2b's.
 """
 from __future__ import annotations
@@ -62,29 +62,22 @@ def run(quick: bool = False, seed: int = 0) -> RungResult:
         for kind in KINDS:
             s = zlib.crc32(f"p2:{M}x{N}x{K}:{cap}:{kind}:{seed}".encode())
             x, w_q, w_s, g_w, g = case_operands(kind, M, N, K, s)
-            for f16 in (False, True):
-                several = len(chunk_plan(r0, M, cap)) > 1
-                config = default_config(M - r0, N, K, prepacked=True, f16=f16,
-                                        stream_k=not several)
-                pre = prepack(w_q, w_s) if config.needs_prepacked_weights else None
-                if f16:
-                    q, sc, a16 = quantize_expand_nvfp4(x, g, pad_16x=True)
-                else:
-                    (q, sc), a16 = quantize_nvfp4(x, g, pad_16x=True), None
-                want = gemm_nvfp4(q, sc, g, w_q, w_s, g_w, rows=(r0, M), config=config,
-                                  prepacked=pre, a16=a16)
-                out = torch.full((M - r0, N), float("nan"), dtype=torch.bfloat16,
-                                 device="cuda")
-                ring_gemm(x, g, w_q, w_s, g_w, rows=(r0, M), capacity=cap, config=config,
-                          prepacked=pre, out=out)
-                bad = [c for c in chunk_plan(r0, M, cap) if not torch.equal(
-                    out[c.start - r0:c.stop - r0].view(torch.int16),
-                    want[c.start - r0:c.stop - r0].view(torch.int16))]
-                chunks = len(chunk_plan(r0, M, cap))
-                build = "f16" if f16 else "packed"
-                checks[f"{M}x{N}x{K}:c{cap}:r{r0}:{kind}:{build}"] = check(
-                    not bad, f"{chunks} chunks equal to P0's whole call" if not bad else
-                    f"{len(bad)} of {chunks} chunks differ from P0's whole call (first: chunk "
-                    f"{bad[0].index}, rows [{bad[0].start}, {bad[0].stop}))")
-            elements += 2 * (M - r0) * N  # both builds
+            several = len(chunk_plan(r0, M, cap)) > 1
+            config = default_config(M - r0, N, K, stream_k=not several)
+            pre = prepack(w_q, w_s)
+            q, sc, a16 = quantize_expand_nvfp4(x, g, pad_16x=True)
+            want = gemm_nvfp4(q, sc, g, w_q, w_s, g_w, rows=(r0, M), config=config,
+                              prepacked=pre, a16=a16)
+            out = torch.full((M - r0, N), float("nan"), dtype=torch.bfloat16, device="cuda")
+            ring_gemm(x, g, w_q, w_s, g_w, rows=(r0, M), capacity=cap, config=config,
+                      prepacked=pre, out=out)
+            bad = [c for c in chunk_plan(r0, M, cap) if not torch.equal(
+                out[c.start - r0:c.stop - r0].view(torch.int16),
+                want[c.start - r0:c.stop - r0].view(torch.int16))]
+            chunks = len(chunk_plan(r0, M, cap))
+            checks[f"{M}x{N}x{K}:c{cap}:r{r0}:{kind}:f16"] = check(
+                not bad, f"{chunks} chunks equal to P0's whole call" if not bad else
+                f"{len(bad)} of {chunks} chunks differ from P0's whole call (first: chunk "
+                f"{bad[0].index}, rows [{bad[0].start}, {bad[0].stop}))")
+            elements += (M - r0) * N
     return RungResult.from_checks(2, NAME, checks, elements)

@@ -5,9 +5,13 @@ packed codes uint8 [rows, K/2] (element 2i in the high nibble), E4M3 scales in t
 swizzle [roundup(rows, 128), roundup(K/16, 4)], and an fp32 tensor scale per operand.
 With ``gate`` and ``residual`` the store is P4's exact gated residual add
 (epilogues/gate_residual.py): D = RN_bf16(residual + gate · RN_bf16(alpha · Σ)).
-With ``a16``, the activation's exact f16 expansion e2m1 · s (kernels.nvfp4.quantize.
-quantize_expand_nvfp4 writes it beside the packed codes), the f16 builds read it by TMA instead
-of expanding the packed activation in every CTA (notes/p0-gemm.md, session 22).
+Every call runs an f16 build (notes/p0-gemm.md, sessions 22 and 27): the activation's exact f16
+expansion e2m1 · s read by TMA (``a16``, which kernels.nvfp4.quantize.quantize_expand_nvfp4
+writes beside the packed codes) beside the weight's register-order prepack (``prepacked``,
+kernels.nvfp4.prepack). Without them a call makes them itself, as conveniences that cost time:
+the expansion by kernels.nvfp4.quantize.expand_nvfp4 into a scratch kept per (device, stream,
+rows, K), the prepack per call. A caller that wants speed passes both (models.nvfp4_linear.
+Nvfp4Linear does).
 """
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ from device.runtime import check_cuda_tensor, cluster_ctas, sm_count
 from device.waits import diagnostics_mailbox
 from epilogues.gate_residual import GateResidualBf16
 from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
-from kernels.nvfp4.prepack import PrepackedWeights
+from kernels.nvfp4.prepack import PrepackedWeights, prepack
+from kernels.nvfp4.quantize import expand_nvfp4
 from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape
 from schedules import plan
 
@@ -35,55 +40,39 @@ _CODES, _SCALES, _G = (torch.uint8,), (torch.float8_e4m3fn, torch.uint8), (torch
 def k_splits(M: int, N: int, K: int, sms: int) -> int:
     """The K split of the 128 x 128 builds: only below one wave of tiles, each split keeping a
     pipelined K loop (schedules/plan.py ``MAX_SPLITS``, ``MIN_K_BLOCKS_PER_SPLIT``)."""
-    tiles = -(-M // plan.ROW_TILE) * -(-N // plan.NARROW.tile_n)
+    tiles = -(-M // plan.ROW_TILE) * -(-N // plan.SWAP_AB.tile_n)
     k_blocks = -(-K // K_BLOCK)
     return max(1, min(plan.MAX_SPLITS, sms // tiles, k_blocks // plan.MIN_K_BLOCKS_PER_SPLIT))
 
 
 @functools.lru_cache(maxsize=1024)
 def default_config(M: int, N: int, K: int, sms: int | None = None,
-                   prepacked: bool = False, f16: bool = False,
                    stream_k: bool = True) -> BlockscaledGemmSm90:
-    """The config schedules/plan.py picks: with the weight's register-order prepack at hand and
-    at most ``SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles, the swap-AB design; else 128 x 256
-    tiles once they fill ``WIDE_MIN_WAVES`` waves of SMs, else 128 x 128 (twice the CTAs); K
-    split below one wave of those. With ``f16`` (the activation's f16 expansion at hand, and
-    the prepack) the f16 builds instead: :meth:`BlockscaledGemmSm90.swap_ab_f16` at one token
-    tile or within ``F16_SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles (stream-K where the tiles
-    just pass a whole wave, plan.F16_STREAM_K_WAVES), else :meth:`BlockscaledGemmSm90.wide_f16`
-    (stream-K where its last wave is at most ``WIDE_F16_STREAM_K_LAST_WAVE`` full, after at
-    most ``WIDE_F16_STREAM_K_MAX_FULL_WAVES`` whole waves). ``stream_k=False``: never
-    stream-K (P2's ring of several chunks: stream-K's bits depend on the whole call's tile
-    count). Cached: a config is
-    an immutable value, and building one costs ~50 µs of host time (measured on the CPU), more
-    than a whole launch should."""
+    """The f16 build schedules/plan.py picks: :meth:`BlockscaledGemmSm90.swap_ab_f16` at one
+    token tile or within ``F16_SWAP_AB_MAX_WAVES`` waves of 128 x 128 tiles (K split below one
+    wave, :func:`k_splits`; stream-K where the tiles just pass a whole wave,
+    plan.F16_STREAM_K_WAVES), else :meth:`BlockscaledGemmSm90.wide_f16` (stream-K where its
+    last wave is at most ``WIDE_F16_STREAM_K_LAST_WAVE`` full, after at most
+    ``WIDE_F16_STREAM_K_MAX_FULL_WAVES`` whole waves). ``stream_k=False``: never stream-K (P2's
+    ring of several chunks: stream-K's bits depend on the whole call's tile count). Cached: a
+    config is an immutable value, and building one costs ~50 µs of host time (measured on the
+    CPU), more than a whole launch should."""
     sms = sms or sm_count()
-    row_tiles = -(-M // plan.ROW_TILE)
-    tiles = row_tiles * -(-N // plan.NARROW.tile_n)
-    splits = k_splits(M, N, K, sms)
-    if f16:
-        if not prepacked:
-            raise ValueError("the f16 builds read the weight's register-order prepack")
-        if M <= plan.ROW_TILE or tiles <= plan.F16_SWAP_AB_MAX_WAVES * sms:
-            lo, hi = plan.F16_STREAM_K_WAVES
-            stream_k = stream_k and splits == 1 and lo * sms < tiles <= hi * sms
-            splits = 1 if stream_k else splits
-            return BlockscaledGemmSm90.swap_ab_f16(
-                stages=plan.SWAP_AB.stages, splits=splits, stream_k=stream_k,
-                buffers=plan.F16_BUFFERS, cluster_splits=splits in plan.F16_CLUSTER_SPLITS)
-        wide_tiles = -(-M // plan.WIDE_F16.tile_n) * -(-N // plan.NARROW.tile_n)
-        last_wave = wide_tiles % sms
-        stream_k = (stream_k and wide_tiles // sms <= plan.WIDE_F16_STREAM_K_MAX_FULL_WAVES
-                    and 0 < last_wave <= plan.WIDE_F16_STREAM_K_LAST_WAVE * sms)
-        return BlockscaledGemmSm90.wide_f16(stages=plan.WIDE_F16.stages,
-                                            buffers=plan.F16_BUFFERS,
-                                            tokens=plan.WIDE_F16.tile_n, stream_k=stream_k)
-    if prepacked and tiles <= plan.SWAP_AB_MAX_WAVES * sms:
-        return BlockscaledGemmSm90.swap_ab(stages=plan.SWAP_AB.stages, splits=splits)
-    if row_tiles * -(-N // plan.WIDE.tile_n) >= plan.WIDE_MIN_WAVES * sms:
-        return BlockscaledGemmSm90(tile_n=plan.WIDE.tile_n, stages=plan.WIDE.stages)
-    return BlockscaledGemmSm90(tile_n=plan.NARROW.tile_n, stages=plan.NARROW.stages,
-                               splits=splits)
+    tiles = -(-M // plan.ROW_TILE) * -(-N // plan.SWAP_AB.tile_n)
+    if M <= plan.ROW_TILE or tiles <= plan.F16_SWAP_AB_MAX_WAVES * sms:
+        splits = k_splits(M, N, K, sms)
+        lo, hi = plan.F16_STREAM_K_WAVES
+        stream_k = stream_k and splits == 1 and lo * sms < tiles <= hi * sms
+        splits = 1 if stream_k else splits
+        return BlockscaledGemmSm90.swap_ab_f16(
+            stages=plan.SWAP_AB.stages, splits=splits, stream_k=stream_k,
+            buffers=plan.F16_BUFFERS, cluster_splits=splits in plan.F16_CLUSTER_SPLITS)
+    wide_tiles = -(-M // plan.WIDE_F16.tile_n) * -(-N // plan.SWAP_AB.tile_n)
+    last_wave = wide_tiles % sms
+    stream_k = (stream_k and wide_tiles // sms <= plan.WIDE_F16_STREAM_K_MAX_FULL_WAVES
+                and 0 < last_wave <= plan.WIDE_F16_STREAM_K_LAST_WAVE * sms)
+    return BlockscaledGemmSm90.wide_f16(stages=plan.WIDE_F16.stages, buffers=plan.F16_BUFFERS,
+                                        tokens=plan.WIDE_F16.tile_n, stream_k=stream_k)
 
 
 def _check_operand(name: str, q, s, device):
@@ -148,11 +137,11 @@ def _check_a16(a16, r1: int, K: int, device):
 
 
 def _check_prepacked(prepacked, N: int, K: int, device):
-    """The register-order prepack of the weight (kernels.nvfp4.prepack) the swap-AB design
-    reads instead of b_q / b_s."""
+    """The register-order prepack of the weight (kernels.nvfp4.prepack) the f16 builds read
+    instead of b_q / b_s."""
     if not isinstance(prepacked, PrepackedWeights):
-        raise TypeError("the swap-AB config reads the register-order prepack: pass prepacked= a "
-                        f"PrepackedWeights (kernels.nvfp4.prepack.prepack), got "
+        raise TypeError("the f16 builds read the register-order prepack: pass prepacked= a "
+                        f"PrepackedWeights (kernels.nvfp4.prepack.prepack) or none, got "
                         f"{type(prepacked).__name__}")
     if (prepacked.rows, prepacked.cols) != (N, K):
         raise ValueError(f"prepacked holds a [{prepacked.rows}, {prepacked.cols}] weight; b_q is "
@@ -210,14 +199,17 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     [r1 - r0, N]. ``rows`` slices A without a copy (r0 a multiple of 128); ``out`` receives D.
     With ``gate`` (bf16 [N]) and ``residual`` (bf16 [r1 - r0, N]; may be ``out`` itself, for an
     in-place update) D is RN_bf16(residual + gate · that), bit-identical to
-    numerics.epilogue.gate_residual of the plain output. ``prepacked``: the weight's
-    register-order prepack (kernels.nvfp4.prepack), required by swap-AB configs. ``a16``: the
-    activation's exact f16 expansion, float16 [>= r1, K] (row i = e2m1 · s of a_q's row i, as
-    quantize_expand_nvfp4 writes it); given, the default config is an f16 build that reads it
-    instead of a_q / a_s (the same bits as without it at M <= 4 waves of 128 x 128 tiles; its
-    own, within the bound, beyond), and a config must be an f16 build exactly when it is given.
-    Compiled kernels are cached per static config (``BlockscaledGemmSm90.static_key``). A call
-    whose :func:`signature` passed every check before skips them but the alignment checks."""
+    numerics.epilogue.gate_residual of the plain output. ``config``: an f16 build
+    (``reads_f16_activation``; default :func:`default_config`'s). ``prepacked``: the weight's
+    register-order prepack (kernels.nvfp4.prepack), which the f16 builds read instead of
+    b_q / b_s; ``a16``: the activation's exact f16 expansion, float16 [>= r1, K] (row i =
+    e2m1 · s of a_q's row i, as quantize_expand_nvfp4 writes it), which they read instead of
+    a_q / a_s. Either left out is made per call, a convenience that costs time: the prepack
+    (kernels.nvfp4.prepack.prepack: torch ops, a few weight-sized passes) and the expansion of
+    rows [r0, r1) (kernels.nvfp4.quantize.expand_nvfp4, into a scratch per (device, stream, rows,
+    K): :func:`a16_scratch`); the same bits as when they are given. Compiled kernels are cached
+    per static config (``BlockscaledGemmSm90.static_key``). A call whose :func:`signature`
+    passed every check before skips them but the alignment checks."""
     try:
         key = signature(a_q, a_s, g_a, b_q, b_s, g_b, out, rows, config, gate, residual,
                         prepacked, a16)
@@ -234,18 +226,14 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     m = r1 - r0
     if a16 is not None:
         _check_a16(a16, r1, K, a_q.device)
-    config = launch_config(config, m, N, K, a_q.device, gate, prepacked, f16=a16 is not None)
+    config = launch_config(config, m, N, K, a_q.device, gate, prepacked)
     if out is None:
         out = torch.empty(m, N, dtype=torch.bfloat16, device=a_q.device)
-    # scales go as they are (fp8 or uint8: each a variant of the FFI entry, the same kernel);
-    # no view or slice unless rows asks for one (each costs host time)
-    b_ptrs = (b_q, b_s)
-    if config.needs_prepacked_weights:
-        b_ptrs = (prepacked.codes, prepacked.scales)
-    a_rows = a_q if r0 == 0 and r1 == M else a_q[r0:r1]
-    a_scales = a_s if r0 == 0 else a_s[r0:]  # whole 128-row tiles from r0 on
-    if a16 is not None:  # the kernel's TMA reads f16 [m, K] from the a slot
-        a_rows = (a16 if r0 == 0 and r1 == a16.shape[0] else a16[r0:r1]).view(torch.uint8)
+    if prepacked is None:  # the convenience: made per call
+        prepacked = prepack(b_q, b_s)
+    # the kernel's TMA reads f16 [m, K] from the a slot (the sfa slot is never read); no view
+    # or slice unless rows asks for one (each costs host time)
+    a_rows = _a16_rows(a16, a_q, a_s, r0, r1, M, K)
     words, tiles = config.workspace_floats(m, N, K, sm_count())  # checked in launch_config
     if words:  # fp32 partials and zeroed per-tile counters (the kernel re-arms them)
         work = torch.empty(words, dtype=torch.float32, device=a_q.device)
@@ -256,13 +244,42 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     # cluster's CTAs wait only on each other, but a second round would double its time)
     scalars = (m, N, K // 32, cluster_ctas(config.cluster_n * config.cluster_k))
     ENTRY(config, config.static_key(),
-          (a_rows, a_scales, *b_ptrs, g_a, g_b, out, _mailbox_address(), work, counters,
-           out if gate is None else gate, out if residual is None else residual), scalars)
+          (a_rows, a_s, prepacked.codes, prepacked.scales, g_a, g_b, out, _mailbox_address(),
+           work, counters, out if gate is None else gate, out if residual is None else residual),
+          scalars)
     if key is not None:
         _PLANS.put(key, Plan(config, config.static_key(), scalars, M, r0,
-                             r1, words, tiles, config.needs_prepacked_weights,
-                             None if a16 is None else a16.shape[0]))
+                             r1, words, tiles, None if a16 is None else a16.shape[0]))
     return out
+
+
+def _a16_rows(a16, a_q, a_s, r0: int, r1: int, M: int, K: int):
+    """The f16 rows [r0, r1) the kernel reads, as bytes: ``a16``'s, or (``a16`` None) rows
+    [r0, r1) of a_q / a_s expanded into this stream's scratch."""
+    if a16 is not None:
+        return (a16 if r0 == 0 and r1 == a16.shape[0] else a16[r0:r1]).view(torch.uint8)
+    m = r1 - r0
+    q = a_q if r0 == 0 and r1 == M else a_q[r0:r1]
+    s = a_s if r0 == 0 and r1 == M else a_s[r0:r0 + scale_shape(m, K)[0]]  # whole 128-row tiles
+    return expand_nvfp4(q, s, out=a16_scratch(m, K, a_q.device)).view(torch.uint8)
+
+
+_A16_SCRATCH: dict = {}
+A16_SCRATCH_MAX = 8  # (device, stream, rows, K) sets kept; then they start over
+
+
+def a16_scratch(rows: int, K: int, device) -> torch.Tensor:
+    """The f16 [rows, K] expansion buffer every call without ``a16`` of these rows and K on the
+    current stream shares: calls on one stream run in order, so a call's expansion writes it
+    only after the previous call's GEMM has read it (models.nvfp4_linear's activation scratch
+    rule; at H3's full size one is 406 MB, so one a shape, not one a call)."""
+    key = (str(device), torch.cuda.current_stream(device), rows, K)
+    buf = _A16_SCRATCH.get(key)
+    if buf is None:
+        if len(_A16_SCRATCH) >= A16_SCRATCH_MAX:
+            _A16_SCRATCH.clear()  # a launch still reading an older one keeps it alive
+        buf = _A16_SCRATCH[key] = torch.empty(rows, K, dtype=torch.float16, device=device)
+    return buf
 
 
 # --- the fast path: a signature that passed every check before ----------------------------------
@@ -277,8 +294,7 @@ class Plan(NamedTuple):
     r1: int
     words: int  # the split-K / stream-K workspace's fp32 words (0: none)
     tiles: int
-    prepacked: bool  # B comes from the register-order prepack
-    a16_rows: int | None = None  # the f16 builds: a16's rows (A comes from a16[r0:r1])
+    a16_rows: int | None = None  # a16's rows (A comes from a16[r0:r1]); None: expanded per call
 
 
 _PLANS = ffi.PlanCache()  # signature -> Plan
@@ -328,7 +344,9 @@ def launch(p: Plan, a_q, a_s, g_a, b_q, b_s, g_b, out=None, gate=None, residual=
     """Launch ``p`` on tensors that passed its checks (same signature, aligned): what
     gemm_nvfp4 does after validating, with nothing re-derived. ``work`` and ``counters``: a
     split-K workspace to reuse (counters zeroed once: the kernel re-arms them), else fresh.
-    ``a16``: the f16 expansion an f16 plan reads (its rows as the plan was checked with)."""
+    ``a16``: the f16 expansion the plan reads (its rows as the plan was checked with; None
+    where the plan was made without it: expanded per call); ``prepacked`` None: made per
+    call."""
     m = p.r1 - p.r0
     if out is None:
         out = torch.empty(m, p.scalars[1], dtype=torch.bfloat16, device=a_q.device)
@@ -338,36 +356,36 @@ def launch(p: Plan, a_q, a_s, g_a, b_q, b_s, g_b, out=None, gate=None, residual=
             counters = torch.zeros(p.tiles, dtype=torch.int32, device=a_q.device)
     else:  # never dereferenced
         work = counters = out
-    if p.prepacked:
-        b_q, b_s = prepacked.codes, prepacked.scales
+    if prepacked is None:
+        prepacked = prepack(b_q, b_s)
     if p.a16_rows is not None:
-        a_q = (a16 if p.r0 == 0 and p.r1 == p.a16_rows else a16[p.r0:p.r1]).view(torch.uint8)
-    elif p.r0 or p.r1 != p.M:
-        a_q, a_s = a_q[p.r0:p.r1], a_s[p.r0:]
+        a_rows = (a16 if p.r0 == 0 and p.r1 == p.a16_rows else a16[p.r0:p.r1]).view(torch.uint8)
+    else:
+        a_rows = _a16_rows(None, a_q, a_s, p.r0, p.r1, p.M, p.scalars[2] * 32)
     ENTRY(p.config, p.static_key,
-          (a_q, a_s, b_q, b_s, g_a, g_b, out, _mailbox_address(), work, counters,
+          (a_rows, a_s, prepacked.codes, prepacked.scales, g_a, g_b, out, _mailbox_address(),
+           work, counters,
            out if gate is None else gate, out if residual is None else residual), p.scalars)
     return out
 
 
-def launch_config(config, m: int, N: int, K: int, device, gate=None, prepacked=None,
-                  f16: bool = False):
+def launch_config(config, m: int, N: int, K: int, device, gate=None, prepacked=None):
     """The config a launch over m rows runs (``config``, or default_config(m, ...) when None),
     with the gated residual rule when ``gate`` is given; raises for what that config cannot
-    run (epilogue operands missing, prepack missing or wrong, cluster pairing, workspace
-    indexing, an f16 build without ``f16`` or the reverse). P2's ring calls it once for its
-    largest chunk before any launch."""
-    config = config or default_config(m, N, K, prepacked=prepacked is not None, f16=f16)
-    if config.reads_f16_activation != f16:
-        raise ValueError("config reads the activation's f16 expansion: pass a16=" if not f16
-                         else "a16 given, but config reads the packed activation: pass an f16 "
-                         "build (BlockscaledGemmSm90.swap_ab_f16 or wide_f16) or none")
+    run (not an f16 build, epilogue operands missing, prepack wrong, cluster pairing,
+    workspace indexing). ``prepacked`` None passes: the call makes one. P2's ring calls it once
+    for its largest chunk before any launch."""
+    config = config or default_config(m, N, K)
+    if not config.reads_f16_activation:
+        raise ValueError("config must be an f16 build, reading the activation's f16 expansion "
+                         "and the weight's prepack (BlockscaledGemmSm90.swap_ab_f16, wide_f16, "
+                         "or a V3Study build)")
     if gate is not None and not isinstance(config.epilogue.output, GateResidualBf16):
         config = config.with_output(GATE_RESIDUAL)
     elif gate is None and config.epilogue.operands:
         raise ValueError(f"config's epilogue {type(config.epilogue.output).__name__} reads "
                          f"{config.epilogue.operands}: pass gate and residual")
-    if config.needs_prepacked_weights:
+    if prepacked is not None:
         _check_prepacked(prepacked, N, K, device)
     if config.cluster_n > 1 and -(-N // config.tile_n) % config.cluster_n:
         raise ValueError(f"config pairs CTAs on neighbouring {config.tile_n}-row weight tiles "

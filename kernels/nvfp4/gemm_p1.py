@@ -40,7 +40,7 @@ def choose_config(M: int, N: int, K: int, sms: int | None = None):
     P0 takes stream-K or the 256-token build, P1 runs the same split rule and its bits differ
     from P0's default (they equal gemm_nvfp4 on the same swap-AB config)."""
     sms = sms or sm_count()
-    p0 = p0_default_config(M, N, K, sms, prepacked=True, f16=True)
+    p0 = p0_default_config(M, N, K, sms)
     # P0's swap-AB f16 build (128 tokens a tile; the 256-token build has 256), on the split rule
     same = p0.tile_m == 128 and not p0.stream_k
     return default_config(k_splits(M, N, K, sms)), same

@@ -22,26 +22,31 @@ the shell is built it checks, before anything compiles, that the barriers balanc
 nobody arrives on or waits on is an error: :func:`check_roles`) and that these facts agree
 (:func:`check_links`).
 
-Designs (the module sets; notes/p0-gemm.md has their measurements):
+Designs (the module sets; notes/p0-gemm.md has their measurements). Every production build
+reads the activation's exact f16 expansion (the ``a`` buffer, f16 [M, K]) and the weight's
+register-order prepack (kernels/nvfp4/prepack.py); the designs that expanded the packed
+activation in every CTA (``p0``, the packed ``swap_ab``) lost to them and left the code
+(notes/p0-gemm.md, session 27):
 
-``p0`` (:meth:`BlockscaledGemmSm90.__init__`), 384 threads:
-  ========  ===========  ====  =========================================================
-  role      warpgroups   regs  module
-  producer  0 (warp 0)   40    :class:`producers.tma_prepacked.TmaPrepackedProducer`
-  consumer  1-2          232   :class:`consumers.dequant_wgmma.DequantWgmmaConsumer`
-  ========  ===========  ====  =========================================================
-  packed ring  full[s]: 1 arrive + bytes (TMA); empty[s]: 8 (consumer warps)
-
-``swap_ab`` (:meth:`BlockscaledGemmSm90.swap_ab`; the default at small M when the prepack is
-given), 512 threads: weights on wgmma's M side as the register-sourced A operand, tokens on N:
+``swap_ab_f16`` (:meth:`BlockscaledGemmSm90.swap_ab_f16`; at small M), 512 threads: weights on
+wgmma's M side as the register-sourced A operand, tokens on N:
   ==========  ===========  ====  =======================================================
   role        warpgroups   regs  module
-  producer    0 (warp 0)   24    :class:`producers.register_order.RegisterOrderProducer`
-  activation  1            80    :class:`producers.activation_stage.ExpandedActivationStage`
+  producer    0 (warp 0)   24    :class:`producers.register_order.WeightsOnlyRegisterOrderProducer`
+  activation  1 (warp 0)   24    :class:`producers.activation_stage.F16TmaActivationStage`
   consumer    2-3          200   :class:`consumers.register_a_wgmma.RegisterAWgmmaConsumer`
   ==========  ===========  ====  =======================================================
-  packed ring   full[s]: 1 arrive + bytes; empty[s]: 12 (4 activation + 8 consumer warps)
-  f16 B tiles   act_full[b]: 4 (activation warps); act_empty[b]: 8 (consumer warps)
+  weight ring  full[s]: 1 arrive + bytes; empty[s]: 8 (consumer warps)
+  f16 tiles    act_full[b]: 1 arrive + bytes (TMA); act_empty[b]: 8 (consumer warps)
+
+``wide_f16`` (:meth:`BlockscaledGemmSm90.wide_f16`; at large M), 384 threads, 256 tokens a CTA:
+  ==========  ============  ====  ======================================================
+  role        warpgroups    regs  module
+  producer    0 (warps 0-1) 40    :class:`producers.activation_stage.WeightsAndF16Producer`
+  consumer    1-2           232   :class:`consumers.register_a_wgmma.PipelinedRegisterAWgmmaConsumer`
+  ==========  ============  ====  ======================================================
+  weight ring  full[s]: 1 arrive + bytes; empty[s]: 8 (consumer warps)
+  f16 tiles    act_full[b]: 1 arrive + bytes (TMA); act_empty[b]: 8 (consumer warps)
 
 ``wide_f16_queue`` (:meth:`BlockscaledGemmSm90.wide_f16_queue`; P2's persistent work queue,
 producers/ring_queue.py), 384 threads and ``producers`` extra CTAs at the grid's start:
@@ -56,11 +61,8 @@ producers/ring_queue.py), 384 threads and ``producers`` extra CTAs at the grid's
   global       ready[c]: one per quantizer CTA; done[c]: one per tile (consumer thread 0)
 
 Studies live beside the production classes and only scripts/ and tests build them:
-:class:`P0Variant` (measurement and fault-injection builds), :class:`SwapAbStudy` (the swap-AB
-design's token count, ring, splits, buffers and raster; the knobs measured and not chosen, one
-wgmma group in flight (v5) and the activation multicast to CTA pairs (v6), left the code:
-notes/p0-gemm.md), :class:`V3Study` and :class:`P1Study`. schedules/plan.py says which config
-runs per problem.
+:class:`P0Variant` (measurement and fault-injection builds), :class:`V3Study` and
+:class:`P1Study`. schedules/plan.py says which config runs per problem.
 
 Schedules (:mod:`device.tiles`): ``splits`` equal K splits a tile, or stream-K (``stream_k``,
 swap-AB: every CTA the same share of all tiles' k-blocks, a cut tile's segments reduced in K
@@ -78,7 +80,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 from configs.arch import K_BLOCK, SMEM_PER_CTA_MAX, WARPGROUP
-from consumers.dequant_wgmma import DequantWgmmaConsumer
 from consumers.register_a_wgmma import (GroupedRegisterAWgmmaConsumer,
                                          PeerFedRegisterAWgmmaConsumer,
                                          PipelinedRegisterAWgmmaConsumer, RegisterAWgmmaConsumer,
@@ -89,14 +90,11 @@ from device.tiles import StreamKSchedule, TileLoop, TileSchedule, max_stream_k_s
 from epilogues import EpilogueOperands
 from epilogues.tile_store import (CLUSTER_SPLITS, SPLIT_FIXUPS, ClusterSplitStore,
                                   SplitFixupStudy, TileStore, workspace_floats)
-from producers.activation_stage import (ClusterQuantizingActivationStage,
-                                        ExpandedActivationStage, F16TmaActivationStage,
+from producers.activation_stage import (ClusterQuantizingActivationStage, F16TmaActivationStage,
                                         QuantizingActivationStage, WeightsAndF16Producer)
-from producers.register_order import (Bf16RegisterOrderProducer, RegisterOrderProducer,
-                                      WeightsOnlyRegisterOrderProducer)
+from producers.register_order import Bf16RegisterOrderProducer, WeightsOnlyRegisterOrderProducer
 from producers.ring_queue import TOKENS as TOKENS_QUEUE
 from producers.ring_queue import RingWeightsAndF16Producer
-from producers.tma_prepacked import TmaPrepackedProducer
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Int64, Uint8, Uint32  # noqa: E402
@@ -213,39 +211,18 @@ def _check_ring(stages, splits):
 
 
 class BlockscaledGemmSm90:
-    """Static config: CTA tile ``tile_m`` activation rows x ``tile_n`` weight rows, packed ring
-    depth ``stages``, K ``splits``, tile raster order, the role modules and the epilogue. The
-    constructor builds the ``p0`` design, :meth:`swap_ab` the swap-AB design; studies
-    (:class:`P0Variant`, :class:`SwapAbStudy`) assemble theirs with :meth:`from_roles`."""
+    """Static config: CTA tile ``tile_m`` token rows x ``tile_n`` weight rows, weight ring depth
+    ``stages``, K ``splits`` (or stream-K), tile raster order, the role modules and the
+    epilogue. :meth:`swap_ab_f16` and :meth:`wide_f16` build the production designs,
+    :meth:`wide_f16_queue` P2's; studies (:class:`P0Variant`, :class:`V3Study`,
+    :class:`P1Study`) assemble theirs with :meth:`from_roles`."""
 
     variant = None  # the P0Variant of a measurement build (:meth:`P0Variant.of`), else None
 
-    def __init__(self, *, tile_n: int = 256, stages: int = 4, splits: int = 1,
-                 raster_along_m: bool = True, producer=None, consumer=None, epilogue=None):
-        _check_ring(stages, splits)
-        tile_m = DequantWgmmaConsumer.TILE_M
-        if tile_n not in DequantWgmmaConsumer.TILE_NS:
-            raise ValueError(f"tile_n = {tile_n!r}: choose from {DequantWgmmaConsumer.TILE_NS} "
-                             f"(tile_m is {tile_m})")
-        self._configure("p0", splits, raster_along_m,
-                        producer or TmaPrepackedProducer(tile_m, tile_n, stages), None,
-                        consumer or DequantWgmmaConsumer(tile_m, tile_n, stages), epilogue)
-
-    @classmethod
-    def swap_ab(cls, *, stages: int = 8, splits: int = 1,
-                stream_k: bool = False) -> BlockscaledGemmSm90:
-        """The swap-AB design (the module docstring): 128 tokens x 128 weight rows a CTA,
-        weights from the register-order prepack (kernels.nvfp4.prepack), two f16 activation
-        tiles, each k-block's wgmmas retired before the next conversion. ``stream_k``: the
-        tiles' k-blocks shared evenly by the CTAs (device.tiles.StreamKSchedule) instead of
-        ``splits`` equal K splits a tile."""
-        _check_ring(stages, splits)
-        tokens = RegisterAWgmmaConsumer.TOKENS[0]
-        activation = ExpandedActivationStage(tokens, stages)
-        consumer = RegisterAWgmmaConsumer(tokens, stages, activation.tiles)
-        return cls.from_roles("swap_ab", RegisterOrderProducer(tokens, consumer.tile_n, stages),
-                              consumer, activation, splits=splits, raster_along_m=False,
-                              stream_k=stream_k)
+    def __init__(self, *args, **kwargs):
+        raise TypeError("build a config with BlockscaledGemmSm90.swap_ab_f16, wide_f16, "
+                        "wide_f16_queue or from_roles (the p0 design this constructor built left "
+                        "the code: notes/p0-gemm.md, session 27)")
 
     @classmethod
     def swap_ab_f16(cls, *, stages: int = 8, splits: int = 1, stream_k: bool = False,
@@ -255,11 +232,11 @@ class BlockscaledGemmSm90:
         quantize_expand_nvfp4 writes it): the weight slabs by the producer's warp
         (producers.register_order.WeightsOnlyRegisterOrderProducer), the f16 token tile by TMA
         into ``buffers`` tiles (producers.activation_stage.F16TmaActivationStage), the
-        production consumer. The same wgmmas on the same values in the same order as
-        :meth:`swap_ab`, so the same bits at the same split (notes/p0-gemm.md, session 22:
-        15-22 % faster at M = 128). ``cluster_splits``: a tile's K splits are one cluster
-        reducing on chip (epilogues.tile_store.ClusterSplitStore; the same bits as the global
-        fixup at the same split, notes/p0-gemm.md session 27)."""
+        production consumer. The same wgmmas on the same values in the same order as the
+        packed swap-AB design it replaced, so the same bits at the same split (notes/p0-gemm.md,
+        session 22: 15-22 % faster at M = 128; session 27). ``cluster_splits``: a tile's K
+        splits are one cluster reducing on chip (epilogues.tile_store.ClusterSplitStore; the
+        same bits as the global fixup at the same split, notes/p0-gemm.md session 27)."""
         _check_ring(stages, splits)
         tokens = RegisterAWgmmaConsumer.TOKENS[0]
         activation = F16TmaActivationStage(tokens, stages, buffers)
@@ -278,7 +255,7 @@ class BlockscaledGemmSm90:
         pipelined register-A consumer warpgroups (consumers.register_a_wgmma.
         PipelinedRegisterAWgmmaConsumer: convert k16 step b + 1 under wgmma(b), two groups in
         flight) with ``tokens`` = 256 token rows a CTA (m64n256k16, 128 accumulators a thread
-        at 232 registers). Its own bits (another wgmma shape than :meth:`swap_ab`), every
+        at 232 registers). Its own bits (another wgmma shape than :meth:`swap_ab_f16`), every
         element within the oracle's bound (notes/p0-gemm.md, session 22: 31-36 % faster than
         the P0 design at M = 2048, 6-10 % behind quack's W4A16)."""
         _check_ring(stages, splits)
@@ -413,10 +390,6 @@ class BlockscaledGemmSm90:
                              f"{self.tile_m} x {self.tile_n} exceeds 32-bit indexing; use fewer "
                              "splits (splits only pay below one wave of tiles)")
         return words, tiles
-
-    @property
-    def needs_prepacked_weights(self) -> bool:
-        return self.design == "swap_ab"
 
     def static_key(self) -> tuple:
         """Every static choice that changes the compiled code: the compile cache's key
@@ -580,8 +553,8 @@ PTRS = ((Uint8, 16), (Uint8, 16), (Uint8, 16), (Uint8, 16), (Float32, 4), (Float
         (cutlass.BFloat16, 16), (Int32, 4), (Float32, 16), (Int32, 4), (cutlass.BFloat16, 4),
         (cutlass.BFloat16, 4))
 # a, sfa, b, sfb, gA, gB, d, diagnostics mailbox, split-K workspace, split-K tile counters,
-# the epilogue's gate and residual. b / sfb are the weight in the producer's format: Comfy's
-# packing and swizzled scales (p0), or the register-order prepack's codes and scales (swap_ab).
+# the epilogue's gate and residual. a is the activation in the producer's format (f16 [M, K],
+# or P1's bf16; sfa is then never read), b / sfb the register-order prepack's codes and scales.
 # Slot 7, the pinned-host mailbox, is an address on both host paths.
 ENTRY = ffi.Entry("gemm_nvfp4_sm90", PTRS, scalars=4, addresses=(7,))
 
@@ -592,11 +565,11 @@ def compile_args(M: int = 256, N: int = 512, K: int = 256):
             make_fake_stream())
 
 
-# ---- studies: measurement builds and the swap-AB design's knobs (only scripts/ and tests) ----
+# ---- studies: measurement builds (only scripts/ and tests) -------------------------------------
 @dataclass(frozen=True)
 class P0Variant:
     """Measurement and fault-injection builds: wrong results by design, never a production
-    choice. Only scripts/p0_ablate.py, scripts/p0_v2_ab.py and tests build one.
+    choice. Only :class:`P1Study`, scripts/p1_ab.py and tests build one.
 
     ``skip_dequant`` / ``skip_mma`` drop the f16 expansion / the wgmmas (the roles' ``expand`` /
     ``mma``), to time each half of the mainloop on its own (notes/p0-gemm.md, Ablations);
@@ -640,41 +613,16 @@ def _with_hooks(role, hooks: dict):
     return new
 
 
-@dataclass(frozen=True)
-class SwapAbStudy:
-    """The swap-AB design with its study knobs (scripts/p0_v2_ab.py and tests vary them; the
-    production build is :meth:`BlockscaledGemmSm90.swap_ab`, schedules/plan.py's choice):
-    ``buffers`` f16 activation tiles, the raster order, ``tokens`` and a :class:`P0Variant`.
-    Two knobs that lost left the code (notes/p0-gemm.md): one wgmma group in flight (v5) and
-    the activation's TMA multicast to CTA pairs (v6)."""
-
-    tokens: int = 128
-    stages: int = 8
-    splits: int = 1
-    raster_along_m: bool = False
-    buffers: int = 2
-    variant: P0Variant = PRODUCTION
-
-    def build(self) -> BlockscaledGemmSm90:
-        _check_ring(self.stages, self.splits)
-        activation = ExpandedActivationStage(self.tokens, self.stages, self.buffers)
-        consumer = RegisterAWgmmaConsumer(self.tokens, self.stages, activation.tiles)
-        producer = RegisterOrderProducer(self.tokens, consumer.tile_n, self.stages)
-        config = BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
-                                                splits=self.splits,
-                                                raster_along_m=self.raster_along_m)
-        return config if self.variant == PRODUCTION else self.variant.of(config)
-
-
 V3_FIXUPS = ("production", *SPLIT_FIXUPS, "dsmem")
-V3_ACTIVATIONS = ("expand", "f16_tma", "f16_tma_3wg")
+V3_ACTIVATIONS = ("f16_tma", "f16_tma_3wg")
 V3_CONSUMERS = ("serial", "pipelined")
 
 
 @dataclass(frozen=True)
 class V3Study:
-    """P0 v3's measurement builds of the swap-AB design (scripts/p0_v3_ab.py and
-    tests/test_p0_v3_studies.py build them; notes/p0-gemm.md, P0 v3 1(a) and 1(c)).
+    """P0 v3's measurement builds of the swap-AB design on the activation's f16 expansion
+    (scripts/p0_v3_ab.py and tests/test_p0_v3_studies.py build them; notes/p0-gemm.md, P0 v3
+    1(a) and 1(c)).
 
     ``fixup``: the split-K fixup, "production" (:class:`TileStore`'s vectorised fixed-order
     global reduce, which won this study against the scalar one; the plan's at three splits),
@@ -684,11 +632,13 @@ class V3Study:
     distributed shared memory and each rank reduces 1/S of the tile in split order: the
     global fixup's bits, no global workspace or counter; the plan's at two splits,
     notes/p0-gemm.md sessions 26 and 27).
-    ``activation``: "expand" (the production activation stage) or "f16_tma": the activation
-    given already expanded to f16 [M, K] in the ``a`` buffer and TMA'd into the f16 tiles
-    (producers.register_order.WeightsOnlyRegisterOrderProducer +
-    producers.activation_stage.F16TmaActivationStage; empty[s] then counts the consumers' 8).
-    The consumer is the production one (:class:`RegisterAWgmmaConsumer`). The per-k16
+    ``activation``: "f16_tma" (:meth:`BlockscaledGemmSm90.swap_ab_f16`'s roles: the f16 [M, K]
+    activation in the ``a`` buffer TMA'd into the f16 tiles by its own warpgroup,
+    producers.register_order.WeightsOnlyRegisterOrderProducer +
+    producers.activation_stage.F16TmaActivationStage) or "f16_tma_3wg" (the TMAs in the
+    producer's warpgroup, 384 threads: :meth:`BlockscaledGemmSm90.wide_f16`'s roles). The
+    variant that expanded the packed activation in every CTA lost and left the code
+    (notes/p0-gemm.md, session 27). The per-k16
     interleaved consumer studied beside it lost (1.4-1.6x slower on the H200) and was removed:
     notes/p0-gemm.md, P0 v3 1(a) and 1(c), and ``git show 8438956:consumers/register_a_wgmma.py``.
 
@@ -702,12 +652,12 @@ class V3Study:
     ``stream_k``: the stream-K schedule (device.tiles.StreamKSchedule: every CTA the same
     share of all tiles' k-blocks, a tile's segments added in CTA order) instead of K splits;
     exact (the oracle's bound; its bits are its own, fixed for a given CTA budget).
-    :attr:`exact`: whether the build promises the production bits (same operands; the f16
-    activation being the exact expansion of the packed one)."""
+    :attr:`exact`: whether the build promises the production bits (same operands, same
+    wgmmas in the same order)."""
 
     splits: int = 1
     fixup: str = "production"
-    activation: str = "expand"
+    activation: str = "f16_tma"
     stages: int = 8
     buffers: int = 2
     stream_k: bool = False
@@ -744,13 +694,10 @@ class V3Study:
             return BlockscaledGemmSm90.from_roles(
                 "swap_ab", producer, consumer, None, splits=self.splits, raster_along_m=False,
                 epilogue=epilogue, stream_k=self.stream_k)
-        f16 = self.activation == "f16_tma"
-        activation = (F16TmaActivationStage if f16 else ExpandedActivationStage)(
-            tokens, self.stages, self.buffers)
+        activation = F16TmaActivationStage(tokens, self.stages, self.buffers)
         consumer = (PipelinedRegisterAWgmmaConsumer if self.consumer == "pipelined" else
                     RegisterAWgmmaConsumer)(tokens, self.stages, activation.tiles)
-        producer = (WeightsOnlyRegisterOrderProducer if f16 else RegisterOrderProducer)(
-            tokens, consumer.tile_n, self.stages)
+        producer = WeightsOnlyRegisterOrderProducer(tokens, consumer.tile_n, self.stages)
         epilogue = _study_epilogue(self.fixup, consumer.threads, self.splits)
         return BlockscaledGemmSm90.from_roles("swap_ab", producer, consumer, activation,
                                               splits=self.splits, raster_along_m=False,

@@ -127,6 +127,61 @@ class QuantizeExpandNvfp4Kernel(QuantizeNvfp4Kernel):
             grid=[grid_x, grid_y, 1], block=[self.COLS, self.rows_per_cta, 1], stream=stream)
 
 
+class ExpandNvfp4Kernel:
+    """The exact f16 expansion of packed NVFP4 codes: f16 [M, K], element = e2m1 · s (the
+    E4M3 block scale, no tensor scale), what :class:`QuantizeExpandNvfp4Kernel` writes for the
+    same codes. The f16 builds' A operand made from an already packed activation
+    (kernels.nvfp4.gemm.gemm_nvfp4 without ``a16``).
+
+    Thread (tx, ty) of CTA (bx, by) expands block column c = bx·32 + tx of rows
+    r = (by·rows_per_thread + i)·rows_per_cta + ty, as the quantize kernel's work split: per
+    block one 8-byte load of codes, one scale byte at the cuBLAS 128x4 swizzle offset,
+    :func:`device.nvfp4.expand_block16` (the quantize kernel's expansion rule, shared), two
+    16-byte f16 stores. A warp's 32 blocks are 256 contiguous code bytes and 1 KB of f16."""
+
+    COLS = QuantizeNvfp4Kernel.COLS
+    grid = QuantizeNvfp4Kernel.grid
+
+    def __init__(self, rows_per_cta: int = 8, rows_per_thread: int = 2):
+        self.rows_per_cta = rows_per_cta
+        self.rows_per_thread = rows_per_thread
+        self.key = ("expand", rows_per_cta, rows_per_thread)
+
+    @cute.jit
+    def __call__(self, q, s, f, rows: Int32, k_blocks: Int32, s_bytes: Int32, grid_x: Int32,
+                 grid_y: Int32, stream):  # q, s, f: see ffi.pointer
+        n_blocks = rows * k_blocks
+        mQ = cute.make_tensor(ffi.pointer(q, Uint32), cute.make_layout(n_blocks * 2))
+        mS = cute.make_tensor(ffi.pointer(s, Uint8), cute.make_layout(s_bytes))
+        mF = cute.make_tensor(ffi.pointer(f, Uint32), cute.make_layout(n_blocks * 8))
+        self.kernel(mQ, mS, mF, rows, k_blocks).launch(
+            grid=[grid_x, grid_y, 1], block=[self.COLS, self.rows_per_cta, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mQ: cute.Tensor, mS: cute.Tensor, mF: cute.Tensor, rows: Int32,
+               k_blocks: Int32):
+        tx, ty, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        gQ = cute.zipped_divide(mQ, (2,))  # ((2 words = 16 codes), n_blocks)
+        gF = cute.zipped_divide(mF, (8,))  # ((8 words = 16 f16), n_blocks)
+        scale_col_groups = (k_blocks + (SCALE_TILE_COLS - 1)) // SCALE_TILE_COLS
+        c = bx * self.COLS + tx
+        r0 = by * (self.rows_per_cta * self.rows_per_thread) + ty
+        nrt = self.rows_per_thread
+        codes = [cute.make_rmem_tensor((2,), Uint32) for _ in range(nrt)]
+        s8 = cute.make_rmem_tensor((nrt,), Uint32)
+        for i in cutlass.range_constexpr(nrt):  # every load in flight before the first use
+            r = r0 + i * self.rows_per_cta
+            if c < k_blocks and r < rows:
+                cute.autovec_copy(gQ[(None, r * k_blocks + c)], codes[i])
+                off = scale_swizzle_offset(Uint32(r), Uint32(c), scale_col_groups)
+                s8[i] = Uint32(mS[Int32(off)])
+        for i in cutlass.range_constexpr(nrt):
+            r = r0 + i * self.rows_per_cta
+            if c < k_blocks and r < rows:
+                cute.autovec_copy(expand_block16(codes[i], s8[i]), gF[(None, r * k_blocks + c)])
+
+
 PTRS = ((Uint32, 16), (Uint32, 8), (Uint8, 4), (Float32, 4))  # x words, packed, scales, g
 # (x, q rows, s, g), (rows, k_blocks, row_offset, s_bytes, grid_x, grid_y)
 ENTRY = ffi.Entry("quantize_nvfp4", PTRS, scalars=6)
@@ -134,6 +189,10 @@ ENTRY = ffi.Entry("quantize_nvfp4", PTRS, scalars=6)
 
 PTRS_F16 = (*PTRS, (Uint32, 16))  # ... and the f16 expansion
 ENTRY_F16 = ffi.Entry("quantize_expand_nvfp4", PTRS_F16, scalars=6)
+
+PTRS_EXPAND = ((Uint32, 8), (Uint8, 1), (Uint32, 16))  # codes, scales, f16
+# (q, s, f), (rows, k_blocks, s_bytes, grid_x, grid_y)
+ENTRY_EXPAND = ffi.Entry("expand_nvfp4", PTRS_EXPAND, scalars=5)
 
 
 def compile_args(dtype=None):
@@ -327,3 +386,51 @@ def quantize_expand_nvfp4(x, g, *, pad_16x: bool = False, out=None):
         q, s, f16 = out
     ENTRY_F16(config, config.key, (x, q, s, g, f16), scalars)  # rows [0, M) of q and s
     return q, s if s.dtype == torch.float8_e4m3fn else s.view(torch.float8_e4m3fn), f16
+
+
+EXPAND = ExpandNvfp4Kernel()  # expand_nvfp4's config (one static config: no choice to make)
+_F16 = (torch.float16,)
+
+
+def expand_nvfp4(a_q, a_s, *, out=None):
+    """The exact f16 expansion of packed NVFP4 codes: float16 [M, K], element 2i of row r =
+    e2m1(high nibble of a_q[r, i]) · s (its E4M3 block scale), 2i + 1 the low nibble's; no
+    tensor scale. The same bits as :func:`quantize_expand_nvfp4`'s f16 output for the same codes
+    and numerics.nvfp4.dequantize(a_q, a_s, 1.0, (M, K), dtype=float16) (every value an exact
+    normal f16 or zero; NaN where the scale byte is NaN). ``a_q``: uint8 [M, K/2], K a multiple
+    of 16; ``a_s``: the swizzled E4M3 scales (float8_e4m3fn or uint8,
+    numerics.nvfp4.scale_shape(M, K)), as gemm_nvfp4's A operand. ``out``: a caller-owned
+    contiguous float16 [M, K] to write (else one is allocated). Every check before the launch."""
+    require_hopper()
+    plain_cuda(a_q, Q_DTYPES, 8) or check_cuda_tensor("a_q", a_q, dtypes=Q_DTYPES, align=8)
+    if a_q.dim() != 2:
+        raise ValueError(f"a_q must be 2-D [M, K/2]; got shape {tuple(a_q.shape)}")
+    M, kh = a_q.shape
+    if M == 0 or kh == 0 or kh % (BLOCK // 2):
+        raise ValueError(f"a_q has shape {tuple(a_q.shape)}; need M >= 1 rows of K/2 bytes, K a "
+                         f"positive multiple of {BLOCK}")
+    K = 2 * kh
+    plain_cuda(a_s, S_DTYPES, 1) or check_cuda_tensor("a_s", a_s, dtypes=S_DTYPES, align=1)
+    if tuple(a_s.shape) != scale_shape(M, K):
+        raise ValueError(f"a_s has shape {tuple(a_s.shape)}; a_q [{M}, {kh}] needs the swizzled "
+                         f"scale shape {list(scale_shape(M, K))}")
+    if a_s.device != a_q.device:
+        raise ValueError(f"a_s is on {a_s.device}; a_q is on {a_q.device}")
+    if M * K >= 2**31:
+        raise ValueError(f"a_q holds M x K = {M} x {K} >= 2^31 elements; the kernel indexes "
+                         "with int32: expand it in row slices of whole 128-row scale tiles")
+    kb = K // BLOCK
+    gx, gy = EXPAND.grid(M, kb)
+    if gy > 65535:
+        raise ValueError(f"M = {M} needs {gy} CTAs along grid y (> 65535): expand it in row "
+                         "slices of whole 128-row scale tiles")
+    if out is None:
+        out = torch.empty(M, K, dtype=torch.float16, device=a_q.device)
+    else:
+        plain_cuda(out, _F16, 16) or check_cuda_tensor("out", out, dtypes=_F16)
+        if tuple(out.shape) != (M, K) or out.device != a_q.device:
+            raise ValueError(f"out must be a contiguous float16 [{M}, {K}] on {a_q.device}; got "
+                             f"{tuple(out.shape)} on {out.device}")
+    ENTRY_EXPAND(EXPAND, EXPAND.key, (a_q, a_s, out), (M, kb, a_s.numel(), gx, gy))
+    return out
+

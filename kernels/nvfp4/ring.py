@@ -29,7 +29,8 @@ from kernels.nvfp4.gemm import validate as validate_gemm
 from device.ffi import require_hopper
 from device.runtime import check_cuda_tensor
 from kernels.nvfp4.gemm_shell import BlockscaledGemmSm90
-from kernels.nvfp4.quantize import quantize_expand_nvfp4, quantize_nvfp4
+from kernels.nvfp4.prepack import prepack
+from kernels.nvfp4.quantize import quantize_expand_nvfp4
 from numerics.nvfp4 import BLOCK, SCALE_TILE_COLS, scale_shape
 from schedules.p2_ring import DEFAULT_CAPACITY, check_capacity, chunk_plan, ring_bytes
 
@@ -40,11 +41,12 @@ class PackedRing:
     """``capacity`` rows of packed activation (uint8 [C, K/2]) and their swizzled scales
     (float8_e4m3fn [C, roundup(K/16, 4)]) on the current CUDA device, made on the current
     stream and usable only there. The scale padding columns are zeroed once (the quantize
-    kernel never writes them; the GEMM reads them beside zero codes). With ``f16`` the ring
-    also holds the rows' exact f16 expansion (float16 [C, K]), which the GEMM's f16 builds
-    read (BlockscaledGemmSm90.reads_f16_activation)."""
+    kernel never writes them). With ``f16`` (the default) the ring also holds the rows' exact
+    f16 expansion (float16 [C, K]), which the GEMM's f16 builds read (every config
+    gemm_nvfp4 runs); ``f16=False``: packed rows only, which no config reads (plan_ring
+    refuses such a ring)."""
 
-    def __init__(self, capacity: int, K: int, device=None, f16: bool = False):
+    def __init__(self, capacity: int, K: int, device=None, f16: bool = True):
         check_capacity(capacity)
         self.capacity, self.K = capacity, K
         self.nbytes = ring_bytes(capacity, K, f16)  # checks K
@@ -99,16 +101,14 @@ class RingPlan:
         out = self.out
         if out is None:
             out = torch.empty(m, N, dtype=torch.bfloat16, device=x.device)
+        prepacked = self.prepacked or prepack(w_q, w_s)  # the convenience: once a call
         for ch in self.chunks:
             a, b = ch.start - self.r0, ch.stop - self.r0
             # the slot is free: the previous chunk's GEMM is ahead of this on the stream
-            if ring.f16 is None:
-                quantize_nvfp4(x[ch.start:ch.stop], g, out=(ring.q, ring.s))
-            else:
-                quantize_expand_nvfp4(x[ch.start:ch.stop], g,
-                                      out=(ring.q, ring.s, ring.f16[:ch.rows]))
+            quantize_expand_nvfp4(x[ch.start:ch.stop], g,
+                                  out=(ring.q, ring.s, ring.f16[:ch.rows]))
             gemm_nvfp4(ring.q, ring.s, g, w_q, w_s, g_w, rows=(0, ch.rows), out=out[a:b],
-                       config=self.config, prepacked=self.prepacked, gate=self.gate,
+                       config=self.config, prepacked=prepacked, gate=self.gate,
                        residual=None if self.residual is None else self.residual[a:b],
                        a16=ring.f16)
         return out
@@ -150,12 +150,13 @@ def plan_ring(x, w_q, w_s, g_w, *, rows=None, capacity=None, config=None, prepac
 
     x: bf16/fp16 [M, K], contiguous; rows [r0, r1) of the projection (r0 a multiple of 128);
     capacity: ring rows (a multiple of 128; default the ring's, else DEFAULT_CAPACITY);
-    config: the WHOLE call's static config (default: ``default_config(r1 - r0, N, K,
-    prepacked=prepacked is not None)``, what gemm_nvfp4 picks for the whole rows), never a
-    chunk's; an f16 build (``reads_f16_activation``: Nvfp4Linear's p0 choice) makes the ring
-    hold each chunk's f16 expansion too, and a stream-K one is refused for more than one chunk
-    (its bits depend on the whole call's tile count); out / residual: [r1 - r0, N]; ring: a
-    caller-owned PackedRing of this stream (with f16 rows where the config reads them)."""
+    config: the WHOLE call's static config, an f16 build (default: ``default_config(r1 - r0,
+    N, K)``, what gemm_nvfp4 picks for the whole rows, without stream-K unless the rows are one
+    chunk), never a chunk's; the ring holds each chunk's f16 expansion beside its packed codes,
+    and a stream-K config is refused for more than one chunk (its bits depend on the whole
+    call's tile count); prepacked: the weight's register-order prepack (None: made once a
+    call); out / residual: [r1 - r0, N]; ring: a caller-owned PackedRing of this stream, with
+    f16 rows."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in X_DTYPES:
@@ -181,7 +182,7 @@ def plan_ring(x, w_q, w_s, g_w, *, rows=None, capacity=None, config=None, prepac
     chunks = chunk_plan(r0, r1, capacity)  # checks capacity and r0 on a scale tile
     if config is not None and not isinstance(config, BlockscaledGemmSm90):
         raise TypeError(f"config must be a BlockscaledGemmSm90, got {type(config).__name__}")
-    f16 = config is not None and config.reads_f16_activation
+    f16 = config is None or config.reads_f16_activation  # else launch_config refuses it
     if config is not None and config.stream_k and len(chunks) > 1:
         raise ValueError(f"config is stream-K, whose bits depend on the whole call's tile "
                          f"count, and rows [{r0}, {r1}) take {len(chunks)} chunks of "
@@ -212,8 +213,8 @@ def plan_ring(x, w_q, w_s, g_w, *, rows=None, capacity=None, config=None, prepac
     validate_gemm(ring.q, ring.s, None, w_q, w_s, g_w,
                   None if out is None else out[:first.rows], (0, first.rows), gate,
                   None if residual is None else residual[:first.rows], scales=False)
-    whole = config or default_config(r1 - r0, N, K, prepacked=prepacked is not None)
-    config = launch_config(whole, first.rows, N, K, x.device, gate, prepacked, f16=f16)
+    whole = config or default_config(r1 - r0, N, K, stream_k=len(chunks) == 1)
+    config = launch_config(whole, first.rows, N, K, x.device, gate, prepacked)
     return RingPlan(x, (w_q, w_s, g_w), r0, r1, capacity, chunks, config, prepacked, gate,
                     residual, out, ring)
 

@@ -126,7 +126,7 @@ def plan_queue(x, prepacked, g_w, *, capacity=None, slots=None, producers=None, 
         raise TypeError(f"config must be a BlockscaledGemmSm90, got {type(config).__name__}")
     require_hopper()
     sms = sm_count()
-    whole = config or default_config(M, N, K, sms, prepacked=True, f16=True, stream_k=False)
+    whole = config or default_config(M, N, K, sms, stream_k=False)
     if not (whole.reads_f16_activation and whole.tile_m == 256 and whole.threads == 384):
         raise ValueError(f"the work queue runs the 256-token f16 build (wide_f16); at M = {M} "
                          "the chooser picks the swap-AB build (one chunk's work): call "
