@@ -561,6 +561,10 @@ class _P0Plan:
         self.q_key = self.q_config.key
         self.amax_entry, self.q_entry, self.gemm_launch = A.ENTRY, Q.ENTRY_F16, G.launch
         self.ws, self.q, self.s, self.f16 = ws, q, s, f16
+        # the entries' address slots (kernels.nvfp4.amax / quantize ENTRY*): made once, the
+        # plan keeps the tensors alive
+        self.amax_args = (ws.buf.data_ptr(),)
+        self.q_args = (q.data_ptr(), s.data_ptr(), ws.g.data_ptr(), f16.data_ptr())
         self.a_q, self.a_s, self.a16 = q, s, f16  # the GEMM's A: the rows slice made once
         if gemm_plan.r0 or gemm_plan.r1 != gemm_plan.M or (
                 gemm_plan.a16_rows not in (None, gemm_plan.r1 - gemm_plan.r0)):
@@ -577,8 +581,8 @@ class _P0Plan:
 
     def launch(self, x, w_q, w_s, g_w, pre, gate, residual):
         ws = self.ws
-        self.amax_entry(self.amax_config, self.amax_config.key, (x, ws.buf), self.amax_scalars)
-        self.q_entry(self.q_config, self.q_key, (x, self.q, self.s, ws.g, self.f16),
-                     self.q_scalars)
+        self.amax_entry(self.amax_config, self.amax_config.key, (x, *self.amax_args),
+                        self.amax_scalars)
+        self.q_entry(self.q_config, self.q_key, (x, *self.q_args), self.q_scalars)
         return self.gemm_launch(self.gemm, self.a_q, self.a_s, ws.g, w_q, w_s, g_w, None, gate,
                                 residual, pre, self.work, self.counters, a16=self.a16)

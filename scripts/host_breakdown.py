@@ -39,8 +39,8 @@ def _steps(calls: int) -> dict:
     if p is None or key != L._p0_key(x, None, None, None):
         raise SystemExit("host_breakdown: the call did not make a plan (a changed signature?)")
     ws, g = p.ws, p.gemm
-    a_args = (x, ws.buf)
-    q_args = (x, p.q, p.s, ws.g, p.f16)
+    a_args = (x, *p.amax_args)
+    q_args = (x, *p.q_args)
     out = torch.empty(g.r1 - g.r0, g.scalars[1], dtype=torch.bfloat16, device="cuda")
     steps = {
         "plan key (_p0_key)": lambda: L._p0_key(x, None, None, None),

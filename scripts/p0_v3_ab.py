@@ -82,7 +82,7 @@ from configs.arch import K_BLOCK
 from device.runtime import cluster_ctas, sm_count
 from device.waits import synchronize
 from kernels.nvfp4.gemm import _mailbox_address, default_config, gemm_nvfp4, k_splits
-from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, V3Study
+from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, V3Study, entry_buffers
 from kernels.nvfp4.prepack import prepack
 from numerics import nvfp4
 from validators.gemm_operands import make_operand
@@ -132,10 +132,8 @@ class StudyLaunch:
         if a_q.numel() != self.M * self.K * 2:
             raise ValueError(f"the f16 activation has {a_q.numel()} bytes, not M x K x 2 for "
                              f"M = {self.M}, K = {self.K}")
-        work = out if self.work is None else self.work
-        counters = out if self.counters is None else self.counters
-        ENTRY(self.cfg, self.key, (a_q, a[1], pre.codes, pre.scales, a[2], b[2], out,
-                                   _mailbox_address(), work, counters, out, out),
+        ENTRY(self.cfg, self.key, entry_buffers(a_q, a[1], pre, a[2], b[2], out,
+                                                _mailbox_address(), self.work, self.counters),
               (self.M, self.N, self.K // 32,
                cluster_ctas(self.cfg.cluster_n * self.cfg.cluster_k)))
         return out

@@ -111,7 +111,9 @@ class TensorAbsMax:
 
 
 PTRS = ((Uint16, 16), (Uint32, 16))  # x (raw 16-bit patterns), the result buffer
-ENTRY = ffi.Entry("amax", PTRS, scalars=3)  # (x, out), (n, grid_x, is_bf16)
+# (x, out), (n, grid_x, is_bf16); out is an address (a result buffer its caller made and
+# checked: an int costs less host time than a tensor's conversion, notes/p0-gemm.md session 27)
+ENTRY = ffi.Entry("amax", PTRS, scalars=3, addresses=(1,))
 
 
 def compile_args(dtype=None):
@@ -154,7 +156,7 @@ class AmaxRunner:
         self.out = _result(x)
         self.result = self.out[2 * AMAX]
         n = x.numel()
-        self.launch = ENTRY.bind(self.config, self.config.key, (x, self.out),
+        self.launch = ENTRY.bind(self.config, self.config.key, (x, self.out.data_ptr()),
                                  (n, self.config.grid(n), int(x.dtype == torch.bfloat16)))
 
     def __call__(self):
@@ -218,7 +220,7 @@ def amax(x, config: TensorAbsMax | None = None, *, out: AmaxWorkspace | None = N
             _PLANS.put(key, scalars)
     if out is None:
         buf = _result(x)
-        ENTRY(config, config.key, (x, buf), scalars)
+        ENTRY(config, config.key, (x, buf.data_ptr()), scalars)
         return buf[2 * AMAX]
-    ENTRY(config, config.key, (x, out.buf), scalars)
+    ENTRY(config, config.key, (x, out.buf.data_ptr()), scalars)
     return out.amax

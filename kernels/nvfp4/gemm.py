@@ -26,7 +26,7 @@ from device.ffi import plain_cuda, require_hopper
 from device.runtime import check_cuda_tensor, cluster_ctas, sm_count
 from device.waits import diagnostics_mailbox
 from epilogues.gate_residual import GateResidualBf16
-from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
+from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, entry_buffers
 from kernels.nvfp4.prepack import PrepackedWeights, prepack
 from kernels.nvfp4.quantize import expand_nvfp4
 from numerics.nvfp4 import SCALE_TILE_ROWS, scale_shape
@@ -235,18 +235,16 @@ def gemm_nvfp4(a_q, a_s, g_a, b_q, b_s, g_b, *, out=None, rows=None,
     # or slice unless rows asks for one (each costs host time)
     a_rows = _a16_rows(a16, a_q, a_s, r0, r1, M, K)
     words, tiles = config.workspace_floats(m, N, K, sm_count())  # checked in launch_config
+    work = counters = None  # none: never dereferenced
     if words:  # fp32 partials and zeroed per-tile counters (the kernel re-arms them)
         work = torch.empty(words, dtype=torch.float32, device=a_q.device)
         counters = torch.zeros(tiles, dtype=torch.int32, device=a_q.device)
-    else:  # never dereferenced
-        work = counters = out
     # a grid of clusters is sized so that every cluster is resident at once (the K-split
     # cluster's CTAs wait only on each other, but a second round would double its time)
     scalars = (m, N, K // 32, cluster_ctas(config.cluster_n * config.cluster_k))
     ENTRY(config, config.static_key(),
-          (a_rows, a_s, prepacked.codes, prepacked.scales, g_a, g_b, out, _mailbox_address(),
-           work, counters, out if gate is None else gate, out if residual is None else residual),
-          scalars)
+          entry_buffers(a_rows, a_s, prepacked, g_a, g_b, out, _mailbox_address(), work,
+                        counters, gate, residual), scalars)
     if key is not None:
         _PLANS.put(key, Plan(config, config.static_key(), scalars, M, r0,
                              r1, words, tiles, None if a16 is None else a16.shape[0]))
@@ -350,12 +348,11 @@ def launch(p: Plan, a_q, a_s, g_a, b_q, b_s, g_b, out=None, gate=None, residual=
     m = p.r1 - p.r0
     if out is None:
         out = torch.empty(m, p.scalars[1], dtype=torch.bfloat16, device=a_q.device)
-    if p.words:  # as gemm_nvfp4's split-K block allocates them
-        if work is None:
-            work = torch.empty(p.words, dtype=torch.float32, device=a_q.device)
-            counters = torch.zeros(p.tiles, dtype=torch.int32, device=a_q.device)
-    else:  # never dereferenced
-        work = counters = out
+    if not p.words:  # never dereferenced
+        work = counters = None
+    elif work is None:  # as gemm_nvfp4's split-K block allocates them
+        work = torch.empty(p.words, dtype=torch.float32, device=a_q.device)
+        counters = torch.zeros(p.tiles, dtype=torch.int32, device=a_q.device)
     if prepacked is None:
         prepacked = prepack(b_q, b_s)
     if p.a16_rows is not None:
@@ -363,9 +360,8 @@ def launch(p: Plan, a_q, a_s, g_a, b_q, b_s, g_b, out=None, gate=None, residual=
     else:
         a_rows = _a16_rows(None, a_q, a_s, p.r0, p.r1, p.M, p.scalars[2] * 32)
     ENTRY(p.config, p.static_key,
-          (a_rows, a_s, prepacked.codes, prepacked.scales, g_a, g_b, out, _mailbox_address(),
-           work, counters,
-           out if gate is None else gate, out if residual is None else residual), p.scalars)
+          entry_buffers(a_rows, a_s, prepacked, g_a, g_b, out, _mailbox_address(), work,
+                        counters, gate, residual), p.scalars)
     return out
 
 

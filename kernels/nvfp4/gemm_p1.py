@@ -18,7 +18,7 @@ from epilogues.tile_store import workspace_floats
 from kernels.nvfp4.gemm import (GATE_RESIDUAL, _check_epilogue_operands, _mailbox_address,
                                 k_splits)
 from kernels.nvfp4.gemm import default_config as p0_default_config
-from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, P1Study
+from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, P1Study, entry_buffers
 from kernels.nvfp4.prepack import weight_rows
 from numerics.nvfp4 import BLOCK
 from producers.register_order import Bf16RegisterOrderProducer
@@ -109,11 +109,11 @@ def gemm_nvfp4_p1(x, g_x, prepacked, g_w, *, out=None, config: BlockscaledGemmSm
         work = torch.empty(words, dtype=torch.float32, device=x.device)
         counters = torch.zeros(tiles, dtype=torch.int32, device=x.device)
     else:  # never dereferenced
-        work = counters = out
+        work = counters = None
     xb = x.view(torch.uint8)  # the kernel reads it as bf16 [M, K] (its TMA view)
     ENTRY(config, config.static_key(),
-          (xb, xb, prepacked.codes, prepacked.scales, g_x, g_w, out, _mailbox_address(), work,
-           counters, out if gate is None else gate, out if residual is None else residual),
+          entry_buffers(xb, xb, prepacked, g_x, g_w, out, _mailbox_address(), work, counters,
+                        gate, residual),
           (M, N, K // 32, cluster_ctas(config.cluster_n)))
     return out
 
@@ -142,9 +142,8 @@ def gemm_nvfp4_p1_dump(x, g_x, prepacked, g_w, *, config: BlockscaledGemmSm90 | 
     dump = torch.full((words,), DUMP_POISON, dtype=torch.int32, device=x.device)
     out = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     xb = x.view(torch.uint8)
-    ENTRY(config, config.static_key(),
-          (xb, xb, prepacked.codes, prepacked.scales, g_x, g_w, out, _mailbox_address(),
-           dump.view(torch.float32), out, out, out),  # the workspace slot's type; never added
+    ENTRY(config, config.static_key(),  # the dump in the workspace slot (never added to)
+          entry_buffers(xb, xb, prepacked, g_x, g_w, out, _mailbox_address(), dump),
           (M, N, K // 32, sm_count()))
     cells = dump.view(n_tiles, M, k_tiles, 9)
     codes = cells[..., :8].contiguous().view(torch.uint8).reshape(n_tiles, M, k_tiles * 32)

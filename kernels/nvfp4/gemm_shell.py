@@ -555,8 +555,25 @@ PTRS = ((Uint8, 16), (Uint8, 16), (Uint8, 16), (Uint8, 16), (Float32, 4), (Float
 # a, sfa, b, sfb, gA, gB, d, diagnostics mailbox, split-K workspace, split-K tile counters,
 # the epilogue's gate and residual. a is the activation in the producer's format (f16 [M, K],
 # or P1's bf16; sfa is then never read), b / sfb the register-order prepack's codes and scales.
-# Slot 7, the pinned-host mailbox, is an address on both host paths.
-ENTRY = ffi.Entry("gemm_nvfp4_sm90", PTRS, scalars=4, addresses=(7,))
+# Slot 7, the pinned-host mailbox, is an address on both host paths; so are the prepack's two,
+# the split-K pair and the epilogue pair (:data:`ADDRESS_SLOTS`): TVM-FFI converts a torch
+# tensor natively at ~0.6 µs of host time a launch, an int costs what an int does, and these
+# seven are checked once per signature by the callers, fixed per plan or placeholders (0)
+# never read (notes/p0-gemm.md, session 27: a planned Nvfp4Linear call's host time by step).
+ADDRESS_SLOTS = (2, 3, 7, 8, 9, 10, 11)
+ENTRY = ffi.Entry("gemm_nvfp4_sm90", PTRS, scalars=4, addresses=ADDRESS_SLOTS)
+
+
+def entry_buffers(a, sfa, prepacked, ga, gb, d, mailbox: int, work=None, counters=None,
+                  gate=None, residual=None) -> tuple:
+    """The twelve buffers of :data:`ENTRY` in order: tensors where the native entry checks them
+    (a, sfa, the tensor scales, d), addresses in :data:`ADDRESS_SLOTS` (an absent workspace or
+    epilogue operand is 0: its kernel never reads it)."""
+    return (a, sfa, prepacked.codes.data_ptr(), prepacked.scales.data_ptr(), ga, gb, d, mailbox,
+            0 if work is None else work.data_ptr(),
+            0 if counters is None else counters.data_ptr(),
+            0 if gate is None else gate.data_ptr(),
+            0 if residual is None else residual.data_ptr())
 
 
 def compile_args(M: int = 256, N: int = 512, K: int = 256):

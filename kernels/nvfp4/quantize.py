@@ -184,11 +184,13 @@ class ExpandNvfp4Kernel:
 
 PTRS = ((Uint32, 16), (Uint32, 8), (Uint8, 4), (Float32, 4))  # x words, packed, scales, g
 # (x, q rows, s, g), (rows, k_blocks, row_offset, s_bytes, grid_x, grid_y)
-ENTRY = ffi.Entry("quantize_nvfp4", PTRS, scalars=6)
+# every buffer but x is an address (outputs and g its caller checked: an int costs less host
+# time than a tensor's conversion, notes/p0-gemm.md session 27); x carries the stream's device
+ENTRY = ffi.Entry("quantize_nvfp4", PTRS, scalars=6, addresses=(1, 2, 3))
 
 
 PTRS_F16 = (*PTRS, (Uint32, 16))  # ... and the f16 expansion
-ENTRY_F16 = ffi.Entry("quantize_expand_nvfp4", PTRS_F16, scalars=6)
+ENTRY_F16 = ffi.Entry("quantize_expand_nvfp4", PTRS_F16, scalars=6, addresses=(1, 2, 3, 4))
 
 PTRS_EXPAND = ((Uint32, 8), (Uint8, 1), (Uint32, 16))  # codes, scales, f16
 # (q, s, f), (rows, k_blocks, s_bytes, grid_x, grid_y)
@@ -332,7 +334,7 @@ def quantize_nvfp4(x, g, *, pad_16x: bool = False, out=None, row_offset: int = 0
     else:
         q, s = out
     q_rows = q if row_offset == 0 else q[row_offset:row_offset + scalars[0]]  # no shape read
-    ENTRY(config, ckey, (x, q_rows, s, g), scalars)
+    ENTRY(config, ckey, (x, q_rows.data_ptr(), s.data_ptr(), g.data_ptr()), scalars)
     return q, s if s.dtype == torch.float8_e4m3fn else s.view(torch.float8_e4m3fn)
 
 
@@ -384,7 +386,8 @@ def quantize_expand_nvfp4(x, g, *, pad_16x: bool = False, out=None):
         f16 = torch.empty(M, x.shape[1], dtype=torch.float16, device=x.device)
     else:
         q, s, f16 = out
-    ENTRY_F16(config, config.key, (x, q, s, g, f16), scalars)  # rows [0, M) of q and s
+    ENTRY_F16(config, config.key,  # rows [0, M) of q and s
+              (x, q.data_ptr(), s.data_ptr(), g.data_ptr(), f16.data_ptr()), scalars)
     return q, s if s.dtype == torch.float8_e4m3fn else s.view(torch.float8_e4m3fn), f16
 
 

@@ -23,7 +23,7 @@ from device.residency import check_co_resident
 from device.runtime import check_cuda_tensor, sm_count
 from kernels.nvfp4.gemm import (GATE_RESIDUAL, _check_epilogue_operands, _check_prepacked,
                                 _mailbox_address, default_config)
-from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90
+from kernels.nvfp4.gemm_shell import ENTRY, BlockscaledGemmSm90, entry_buffers
 from kernels.nvfp4.prepack import PrepackedWeights, weight_rows
 from kernels.nvfp4.ring import _check_g
 from producers.ring_queue import QueueLayout
@@ -75,12 +75,10 @@ class QueuePlan:
               or not counters.is_contiguous()):
             raise ValueError(f"counters must be a contiguous int32 [{words}] tensor on "
                              f"{x.device}")
-        gate = out if self.gate is None else self.gate
-        residual = out if self.residual is None else self.residual
         ENTRY(self.config, self.config.static_key(),
-              (ring.view(torch.uint8), x.view(torch.uint8), self.prepacked.codes,
-               self.prepacked.scales, g, self.g_w, out, _mailbox_address(), out, counters, gate,
-               residual), (M, self.N, K // 32, self.gemm_ctas))
+              entry_buffers(ring.view(torch.uint8), x.view(torch.uint8), self.prepacked, g,
+                            self.g_w, out, _mailbox_address(), None, counters, self.gate,
+                            self.residual), (M, self.N, K // 32, self.gemm_ctas))
         return out
 
 
