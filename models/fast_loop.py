@@ -278,9 +278,10 @@ class FastLoop:
         a sampler whose steps cannot be drawn in place: ``fused_draw_args()`` None, or top-p),
         the refusal is logged, kept in ``depth_kernel_refused`` and this fast loop runs
         instead (which refuses, as always, a sampler it cannot draw with either). The frame
-        draws a sampler's steps in place and advances its offsets by 15 a frame. "auto": the plan's dispatch
-        rule (schedules.plan.frame_kernel_dispatch) decides first. A schedule the frame's own
-        checks reject (ScheduleError, ValueError) is a bug, raised, not a fallback."""
+        draws a sampler's steps in place and advances its offsets by 15 a frame. "auto": the
+        plan's dispatch rule (schedules.plan.frame_kernel_dispatch) decides first. A schedule
+        the frame's own checks reject (ScheduleError, ValueError) is a bug, raised, not a
+        fallback."""
         self.depth_frame, self.depth_kernel_refused = None, None
         if plan is not None and (not isinstance(plan, FramePlan) or plan.rows != rows):
             raise ValueError(f"plan {plan!r}: a schedules.plan.FramePlan for {rows} rows, or None")
