@@ -37,7 +37,7 @@ import torch
 from configs.codepredictor import LoopOutput
 from kernels.depth.attention import ATTN_TRACE_POINTS, depth_attention
 from kernels.depth.draw import DRAW_TRACE_POINTS, depth_draw
-from kernels.depth.frame import DepthFrame, FrameUnsupported
+from kernels.depth.frame import DepthFrame, FrameUnsupported, sampler_refusal
 from kernels.depth.frame_protocol import FrameRefused
 from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
 from kernels.depth.gemm_skinny_rwgmma import gemm_skinny_rwgmma, pack_weights_rwgmma
@@ -238,14 +238,17 @@ class ChainBuffers:
 
 
 def _depth_frame_or_reason(fw, rows, sampler, teacher_forced, plan):
-    """(the frame kernel for these weights and rows, None) or (None, why it cannot run)."""
+    """(the frame kernel for these weights and rows, None) or (None, why it cannot run). A
+    sampler's step goes to the frame only where the frame draws it in place
+    (kernels.depth.frame.sampler_refusal: fused_draw_args() returns args, no top-p)."""
     if sampler is not None:
-        return None, ("a sampler: the frame kernel draws greedily or takes given codes (its "
-                      "fused stochastic draw is not built)")
+        why = sampler_refusal(sampler, rows)
+        if why is not None:
+            return None, f"a sampler the frame cannot draw in place: {why}"
     if plan is not None and plan != frame_plan(rows):
         return None, "plan: an A/B plan of the fast loop's kernels, not of the frame kernel"
     try:
-        return DepthFrame(fw, rows, teacher_forced=teacher_forced), None
+        return DepthFrame(fw, rows, teacher_forced=teacher_forced, sampler=sampler), None
     except (FrameUnsupported, FrameRefused, WorkbenchError) as e:
         return None, str(e)
 
@@ -272,10 +275,13 @@ class FastLoop:
         """``depth_kernel``: True runs the frame as one persistent launch (kernels.depth.frame,
         issue #26) where it can run safely; where it cannot (not sm_90, fewer SMs than its
         grid, MPS, co-residency not guaranteed, not the 1.7B bf16 shapes, more than 64 rows,
-        a sampler: its fused stochastic draw is not built), the refusal is logged, kept in
-        ``depth_kernel_refused`` and this fast loop runs instead. "auto": the plan's dispatch
-        rule (schedules.plan.frame_kernel_dispatch) decides first. A schedule the frame's own
-        checks reject (ScheduleError, ValueError) is a bug, raised, not a fallback."""
+        a sampler whose steps cannot be drawn in place: ``fused_draw_args()`` None, or top-p),
+        the refusal is logged, kept in ``depth_kernel_refused`` and this fast loop runs
+        instead (which refuses, as always, a sampler it cannot draw with either). The frame
+        draws a sampler's steps in place and advances its offsets by 15 a frame. "auto": the
+        plan's dispatch rule (schedules.plan.frame_kernel_dispatch) decides first. A schedule
+        the frame's own checks reject (ScheduleError, ValueError) is a bug, raised, not a
+        fallback."""
         self.depth_frame, self.depth_kernel_refused = None, None
         if plan is not None and (not isinstance(plan, FramePlan) or plan.rows != rows):
             raise ValueError(f"plan {plan!r}: a schedules.plan.FramePlan for {rows} rows, or None")
@@ -290,7 +296,7 @@ class FastLoop:
             self.depth_frame, self.depth_kernel_refused = _depth_frame_or_reason(
                 fw, rows, sampler, teacher_forced, plan)
             if self.depth_frame is not None:
-                self._build_depth_frame(fw, rows, teacher_forced, graph)
+                self._build_depth_frame(fw, rows, teacher_forced, graph, sampler)
                 return
             log.warning("depth_kernel refused, running the fast loop: %s",
                         self.depth_kernel_refused)
@@ -308,21 +314,25 @@ class FastLoop:
         if cuda if graph is None else graph:
             self._capture()
 
-    def _build_depth_frame(self, fw, rows, teacher_forced, graph):
-        """The frame kernel's static inputs and, on request (default), its CUDA graph."""
+    def _build_depth_frame(self, fw, rows, teacher_forced, graph, sampler=None):
+        """The frame kernel's static inputs and, on request (default), its CUDA graph (the
+        sampler's offsets as they were before the warm-up run, as _capture leaves them)."""
         cfg = fw.config
         dev = fw.final_norm.device
-        self.fw, self.rows, self.sampler, self.cfg = fw, rows, None, cfg
+        self.fw, self.rows, self.sampler, self.cfg = fw, rows, sampler, cfg
         self.teacher_forced, self.plan, self.run_rows = teacher_forced, None, rows
         self.h = torch.zeros(rows, cfg.talker_hidden, device=dev, dtype=fw.final_norm.dtype)
         self.g0 = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.codes_in = torch.zeros(rows, cfg.heads_drawn, dtype=torch.int64, device=dev)
         self.graph = None
+        offset0 = sampler.offset.clone() if sampler is not None else None
         self._frame_out = self._run_depth_frame()
         if graph is None or graph:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self._frame_out = self._run_depth_frame()
+        if sampler is not None:
+            sampler.offset.copy_(offset0)
 
     def _run_depth_frame(self) -> LoopOutput:
         codes = self.codes_in if self.teacher_forced else None

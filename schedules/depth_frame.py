@@ -78,6 +78,9 @@ class FrameOptions:
     # its normalised input once, and the projection's tiles copy it instead of each
     # normalising all of it again (notes/depth-frame.md, session 21)
     norm_once: bool = False
+    # rows an embedding task: 8 (greedy and given draws), or 1 (the sampled draw, whose task
+    # draws its row with the whole CTA: notes/depth-frame.md, session 27)
+    embed_rows: int = 8
 
 
 @dataclass
@@ -148,7 +151,7 @@ def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
         GATEUP: (2 * cfg.intermediate // 64, 2 * cfg.intermediate, h, False),
         DOWN: (h // 16, h, cfg.intermediate, opt.split_o_down),
         HEAD: (cfg.vocab // 16, cfg.vocab, h, False),
-        EMBED: (rg, h, 0, False),
+        EMBED: (rg if opt.embed_rows == 8 else opt.rows, h, 0, False),
         NORM: (rg, h, 0, False),  # one task an 8-row group: all 1024 features of its rows
     }
     phases = []
@@ -196,6 +199,8 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
         raise ScheduleError(f"ring of {opt.ring_pages} x {opt.page_bytes} B plus "
                             f"{SMEM_OTHER // 1024} KB of other shared memory exceeds "
                             f"{SMEM_PER_CTA_MAX // 1024} KB")
+    if opt.embed_rows not in (1, 8):
+        raise ScheduleError(f"embed_rows {opt.embed_rows}: 8, or 1 (the sampled draw)")
     phases = _phase_list(cfg, opt)
     ctas: list[list[Task]] = [[] for _ in range(opt.grid)]
     counter_expect: list[int] = []

@@ -80,7 +80,7 @@ def test_frame_layout_regions_are_disjoint_and_every_phase_points_inside(rows):
 
 
 def test_depth_kernel_refusal_runs_the_fast_loop_and_says_why(caplog):
-    """depth_kernel=True where the frame kernel cannot run (CPU weights here; a sampler) logs
+    """depth_kernel=True where the frame kernel cannot run (CPU weights here; a CPU sampler) logs
     the reason, keeps it, and the fast loop gives its usual frame."""
     from models.codepredictor import random_weights
     from configs.codepredictor import CodePredictorConfig
@@ -98,7 +98,7 @@ def test_depth_kernel_refusal_runs_the_fast_loop_and_says_why(caplog):
     assert "depth_kernel refused" in caplog.text
     assert torch.equal(loop(h, g0).codes, FastLoop(fw, 2)(h, g0).codes)
     frame, why = _depth_frame_or_reason(fw, 2, Sampler(2, seeds=[1, 2]), False, None)
-    assert frame is None and "stochastic" in why
+    assert frame is None and "fused_draw_args" in why  # a CPU sampler (test_depth_frame_sample)
     auto = FastLoop(fw, 2, depth_kernel="auto")  # the plan: the loop at every row count
     assert auto.depth_frame is None and "dispatch rule" in auto.depth_kernel_refused
     with pytest.raises(ValueError, match="depth_kernel"):

@@ -46,6 +46,7 @@ NOISE = ("early", "compact")
 DRAW_TRACE_POINTS = ("entry", "wait_done", "logits", "selected", "drawn", "gathered")
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+BINS = 256  # a radix pass's digits (8 bits)
 
 
 def philox4x32_10(c0, c1, c2, c3, k0, k1):
@@ -87,6 +88,230 @@ def key_value(k: Uint32) -> Float32:
     return bits_f32(b)
 
 
+class RowDraw:
+    """The choice of one row's code by a group of ``threads`` threads, ``V // threads`` of the
+    row's fp32 logits a thread: temperature, top-k by radix select, the Gumbel terms (``noise``)
+    and the block argmax, or the greedy argmax (``mode``). The one body of the depth draw: the
+    loop's DepthSampler (a CTA of THREADS a row, column tidx + THREADS j, ``bar.sync 0``) and
+    the depth frame's sampled embedding task (kernels/depth/frame_embed.py: the frame's 128
+    consumer threads, its chunk-major columns, a named barrier) both call :meth:`choose`.
+
+    ``column(tidx, j)``: the column of a thread's j-th value (None: tidx + threads j), in
+    increasing order of j (the first index wins ties). ``barrier()``: the group's barrier (None:
+    ``cute.arch.sync_threads``)."""
+
+    def __init__(self, V: int, threads: int, mode: str, noise: str, column=None, barrier=None):
+        if threads % 32 or BINS % threads or V % threads:
+            raise ValueError(f"{threads} threads for a row of {V}: whole warps that divide "
+                             f"the row and the {BINS} bins")
+        self.V, self.threads, self.mode, self.noise = V, threads, mode, noise
+        self.per_thread = V // threads
+        self.column, self.barrier = column, barrier
+
+    def _col(self, tidx, j: int):
+        return tidx + self.threads * j if self.column is None else self.column(tidx, j)
+
+    def _bin(self, tidx, z: int):
+        """The z-th histogram bin a thread zeroes."""
+        return tidx if z == 0 else tidx + z * self.threads
+
+    def _sync(self):
+        if self.barrier is None:
+            cute.arch.sync_threads()
+        else:
+            self.barrier()
+
+    def allocate(self, smem):
+        """The shared memory :meth:`choose` takes: (histograms, selection, best values, best
+        columns, survivors' count and columns, survivors' scores)."""
+        s_hist = smem.allocate_tensor(Int32, cute.make_layout(2 * BINS), 16)
+        s_sel = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
+        s_best = smem.allocate_tensor(Float64, cute.make_layout(self.threads // 32), 16)
+        s_idx = smem.allocate_tensor(Int32, cute.make_layout(self.threads // 32 + 1), 16)
+        # the survivors of top-k: count, columns, scores (16 KB at V = 2048: compact builds
+        # only; the others get one-element stand-ins, of which only the count is zeroed)
+        live = self.V if self.noise == "compact" else 1
+        s_live = smem.allocate_tensor(Int32, cute.make_layout(1 + live), 16)
+        s_live_s = smem.allocate_tensor(Float32, cute.make_layout(live), 16)
+        return s_hist, s_sel, s_best, s_idx, s_live, s_live_s
+
+    @staticmethod
+    def smem_bytes(V: int, threads: int, noise: str) -> int:
+        """What :meth:`allocate` takes, with each tensor's 16-byte alignment."""
+        live = V if noise == "compact" else 1
+        sizes = (8 * BINS, 16, 8 * (threads // 32), 4 * (threads // 32 + 1), 4 * (1 + live),
+                 4 * live)
+        return sum(-(-n // 16) * 16 for n in sizes)
+
+    @cute.jit
+    def kth_largest_key(self, keys, k, s_hist: cute.Tensor, s_sel: cute.Tensor, tidx):
+        """The k-th largest of the group's keys (radix select, most significant byte first)."""
+        prefix = Uint32(0)
+        mask = Uint32(0)
+        remaining = k
+        lane, warp = tidx % 32, tidx // 32
+        for z in cutlass.range_constexpr(BINS // self.threads):
+            s_hist[self._bin(tidx, z)] = Int32(0)
+        self._sync()
+        for p in cutlass.range_constexpr(4):
+            shift = 24 - 8 * p
+            buf = p % 2
+            for j in cutlass.range_constexpr(self.per_thread):
+                if (keys[j] & mask) == prefix:
+                    digit = Int32((keys[j] >> Uint32(shift)) & Uint32(255))
+                    cute.arch.atomic_add((s_hist.iterator + buf * BINS + digit).llvm_ptr,
+                                         Int32(1), scope="cta")
+            self._sync()
+            for z in cutlass.range_constexpr(BINS // self.threads):  # the next pass's
+                s_hist[(1 - buf) * BINS + self._bin(tidx, z)] = Int32(0)
+            if warp == 0:
+                # lane l owns bins 8l..8l+7; counts above each lane's bins by a suffix scan
+                own = Int32(0)
+                for b in cutlass.range_constexpr(8):
+                    own = own + s_hist[buf * BINS + 8 * lane + b]
+                incl = own
+                for o in cutlass.range_constexpr(5):
+                    nb = cute.arch.shuffle_sync_down(incl, offset=1 << o)
+                    if lane + (1 << o) < 32:
+                        incl = incl + nb
+                above = incl - own
+                for bb in cutlass.range_constexpr(8):
+                    b = 7 - bb
+                    c = s_hist[buf * BINS + 8 * lane + b]
+                    if above < remaining and remaining <= above + c:
+                        s_sel[2 * buf] = Int32(8 * lane + b)
+                        s_sel[2 * buf + 1] = remaining - above
+                    above = above + c
+            self._sync()
+            prefix = prefix | (Uint32(s_sel[2 * buf]) << Uint32(shift))
+            mask = mask | (Uint32(255) << Uint32(shift))
+            remaining = s_sel[2 * buf + 1]
+        return prefix
+
+    @cute.jit
+    def gumbel_term(self, col, seed, off) -> Float64:
+        """log(-log u), u column col's Philox uniform (models.philox.uniform)."""
+        r0, r1 = philox4x32_10(Uint32(col), Uint32(off), Uint32(off >> Uint64(32)), Uint32(0),
+                               Uint32(seed), Uint32(seed >> Uint64(32)))
+        bits = (Uint64(r0) << Uint64(21)) | Uint64(r1 >> Uint32(11))
+        u = (Float64(bits) + Float64(0.5)) * Float64(2.0 ** -53)
+        return cute.math.log(-cute.math.log(u))
+
+    @cute.jit
+    def perturbed(self, v, col, sampled, seed, off):
+        """v - log(-log u) on sampled rows, else v."""
+        if sampled:
+            v = v - self.gumbel_term(col, seed, off)
+        return v
+
+    @cute.jit
+    def early_terms(self, T, seed, off, tidx):
+        """The Gumbel terms of this thread's columns (0 on T == 0 rows, whose draw is the
+        argmax), before the dependency wait: they hide in the CTA's early residency."""
+        terms = cute.make_rmem_tensor((self.per_thread,), Float64)
+        for j in cutlass.range_constexpr(self.per_thread):
+            terms[j] = Float64(0.0)
+        if T > Float32(0.0):
+            for j in cutlass.range_constexpr(self.per_thread):
+                terms[j] = self.gumbel_term(self._col(tidx, j), seed, off)
+        return terms
+
+    @cute.jit
+    def compact_survivors(self, s, kth, s_live: cute.Tensor, s_live_s: cute.Tensor, tidx, lane):
+        """The scores s >= kth and their columns into shared memory (any order: the argmax
+        breaks ties by column), one shared atomic per warp and element; returns their count.
+        ``s_live[0]`` must be zero and visible (kth_largest_key's barriers see to it)."""
+        for j in cutlass.range_constexpr(self.per_thread):
+            keep = s[j] >= kth
+            ballot = Uint32(cute.arch.vote_ballot_sync(keep))
+            base = Int32(0)
+            if lane == 0 and ballot != Uint32(0):
+                base = cute.arch.atomic_add(s_live.iterator.llvm_ptr,
+                                            Int32(cute.arch.popc(ballot)), scope="cta")
+            base = cute.arch.shuffle_sync(base, 0)
+            if keep:
+                slot = base + Int32(cute.arch.popc(ballot & cute.arch.lanemask_lt()))
+                s_live[1 + slot] = Int32(self._col(tidx, j))
+                s_live_s[slot] = s[j]
+        self._sync()
+        return s_live[0]
+
+    @cute.jit
+    def choose(self, load, params, smem, terms, stamp, tidx, lane, warp):
+        """The row's code, the same in every thread; ``load(s)`` fills the thread's fp32 logits
+        (rmem [V // threads], column ``column(tidx, j)`` at j); ``params``: the row's (T, k,
+        seed, offset + draw) (zeros in greedy mode); ``smem``: :meth:`allocate`'s; ``terms``:
+        :meth:`early_terms`' (early noise); ``stamp(point)``: a trace hook (DRAW_TRACE_POINTS
+        2 and 3)."""
+        s_hist, s_sel, s_best, s_idx, s_live, s_live_s = smem
+        V, E = self.V, self.per_thread
+        greedy = cutlass.const_expr(self.mode == "greedy")
+        T, k, seed, off = params
+        t = cutlass.select_(T > Float32(0.0), T, Float32(1.0))
+        s = cute.make_rmem_tensor((E,), Float32)
+        keys = cute.make_rmem_tensor((E,), Uint32)
+        # every load before the first division: the division's slow-path branch would
+        # otherwise keep the next load behind it, E dependent L2 trips (v13a)
+        load(s)
+        if cutlass.const_expr(not greedy):
+            for j in cutlass.range_constexpr(E):
+                s[j] = nan_as_neg_inf(s[j] / t)
+                keys[j] = order_key(s[j])
+        stamp(2)
+        no_candidate = Float64(-1.0e308) * Float64(10.0)  # -inf
+        best = no_candidate
+        best_i = Int32(V)  # a row without a candidate draws V, as models.sampler.draw
+        if cutlass.const_expr(greedy):
+            stamp(3)  # no selection
+            for j in cutlass.range_constexpr(E):
+                if Float64(s[j]) > best:
+                    best = Float64(s[j])
+                    best_i = Int32(self._col(tidx, j))
+        else:
+            k = cutlass.select_(k <= Int32(0), Int32(V), cutlass.min(k, Int32(V)))
+            if tidx == 0:
+                s_live[0] = Int32(0)
+            kth = key_value(self.kth_largest_key(keys, k, s_hist, s_sel, tidx))
+            stamp(3)
+            sampled = T > Float32(0.0)
+            if cutlass.const_expr(self.noise == "early"):
+                for j in cutlass.range_constexpr(E):
+                    if s[j] >= kth:
+                        v = Float64(s[j]) - terms[j]  # 0 on T == 0 rows: v = s exactly
+                        if v > best:
+                            best = v
+                            best_i = Int32(self._col(tidx, j))
+            else:  # compact
+                n = self.compact_survivors(s, kth, s_live, s_live_s, tidx, lane)
+                for i in cutlass.range(tidx, n, self.threads):
+                    col = s_live[1 + i]
+                    v = self.perturbed(Float64(s_live_s[i]), col, sampled, seed, off)
+                    # a -inf survivor is no candidate (V stays the answer, as in "early")
+                    if v > best or (v == best and col < best_i and v > no_candidate):
+                        best = v
+                        best_i = col
+        # block argmax, first index on ties
+        for o in cutlass.range_constexpr(5):
+            ov = cute.arch.shuffle_sync_bfly(best, offset=1 << o)
+            oi = cute.arch.shuffle_sync_bfly(best_i, offset=1 << o)
+            if ov > best or (ov == best and oi < best_i):
+                best = ov
+                best_i = oi
+        if lane == 0:
+            s_best[warp] = best
+            s_idx[warp] = best_i
+        self._sync()
+        if tidx == 0:
+            b, bi = s_best[0], s_idx[0]
+            for w in cutlass.range_constexpr(1, self.threads // 32):
+                if s_best[w] > b or (s_best[w] == b and s_idx[w] < bi):
+                    b = s_best[w]
+                    bi = s_idx[w]
+            s_idx[self.threads // 32] = bi
+        self._sync()
+        return s_idx[self.threads // 32]
+
+
 class DepthSampler:
     """Static config: rows M, vocab V (a multiple of 256), widths of the two gathered rows.
     ``trace``: stamp DRAW_TRACE_POINTS. ``noise`` (NOISE): "early" draws Philox and the two
@@ -118,6 +343,7 @@ class DepthSampler:
         self.M, self.V, self.hidden, self.talker = M, V, hidden, talker_hidden
         self.mode, self.pdl, self.trace, self.noise = mode, pdl, trace, noise
         self.per_thread = V // THREADS
+        self.row = RowDraw(V, THREADS, mode, noise)  # the per-row choice (shared with the frame)
 
     @cute.jit
     def __call__(self, logits_ptr: cute.Pointer, temp_ptr: cute.Pointer, topk_ptr: cute.Pointer,
@@ -154,49 +380,6 @@ class DepthSampler:
                     mQkvT, mQkv, mSumIn, mSumOut, draw).launch(
             grid=[M, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
-    @cute.jit
-    def kth_largest_key(self, keys, k, s_hist: cute.Tensor, s_sel: cute.Tensor, tidx):
-        """The k-th largest of the CTA's keys (radix select, most significant byte first)."""
-        prefix = Uint32(0)
-        mask = Uint32(0)
-        remaining = k
-        lane, warp = tidx % 32, tidx // 32
-        s_hist[tidx] = Int32(0)
-        cute.arch.sync_threads()
-        for p in cutlass.range_constexpr(4):
-            shift = 24 - 8 * p
-            buf = p % 2
-            for j in cutlass.range_constexpr(self.per_thread):
-                if (keys[j] & mask) == prefix:
-                    digit = Int32((keys[j] >> Uint32(shift)) & Uint32(255))
-                    cute.arch.atomic_add((s_hist.iterator + buf * THREADS + digit).llvm_ptr,
-                                         Int32(1), scope="cta")
-            cute.arch.sync_threads()
-            s_hist[(1 - buf) * THREADS + tidx] = Int32(0)  # the next pass's histogram
-            if warp == 0:
-                # lane l owns bins 8l..8l+7; counts above each lane's bins by a suffix scan
-                own = Int32(0)
-                for b in cutlass.range_constexpr(8):
-                    own = own + s_hist[buf * THREADS + 8 * lane + b]
-                incl = own
-                for o in cutlass.range_constexpr(5):
-                    nb = cute.arch.shuffle_sync_down(incl, offset=1 << o)
-                    if lane + (1 << o) < 32:
-                        incl = incl + nb
-                above = incl - own
-                for bb in cutlass.range_constexpr(8):
-                    b = 7 - bb
-                    c = s_hist[buf * THREADS + 8 * lane + b]
-                    if above < remaining and remaining <= above + c:
-                        s_sel[2 * buf] = Int32(8 * lane + b)
-                        s_sel[2 * buf + 1] = remaining - above
-                    above = above + c
-            cute.arch.sync_threads()
-            prefix = prefix | (Uint32(s_sel[2 * buf]) << Uint32(shift))
-            mask = mask | (Uint32(255) << Uint32(shift))
-            remaining = s_sel[2 * buf + 1]
-        return prefix
-
     @cute.kernel
     def kernel(self, mL: cute.Tensor, mT: cute.Tensor, mK: cute.Tensor, mSeed: cute.Tensor,
                mOff: cute.Tensor, mCodes: cute.Tensor, mCodesIn: cute.Tensor,
@@ -206,16 +389,7 @@ class DepthSampler:
         tidx, _, _ = cute.arch.thread_idx()
         m, _, _ = cute.arch.block_idx()
         lane, warp = tidx % 32, tidx // 32
-        smem = cutlass.memory.SmemAllocator()
-        s_hist = smem.allocate_tensor(Int32, cute.make_layout(2 * THREADS), 16)
-        s_sel = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
-        s_best = smem.allocate_tensor(Float64, cute.make_layout(THREADS // 32), 16)
-        s_idx = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32 + 1), 16)
-        # the survivors of top-k: count, columns, scores (16 KB at V = 2048: compact builds
-        # only; the others get one-element stand-ins, of which only the count is zeroed)
-        live = self.V if self.noise == "compact" else 1
-        s_live = smem.allocate_tensor(Int32, cute.make_layout(1 + live), 16)
-        s_live_s = smem.allocate_tensor(Float32, cute.make_layout(live), 16)
+        smem = self.row.allocate(cutlass.memory.SmemAllocator())
         self._stamp(mTr, m, tidx, 0)
         hw4, tw4 = self.hidden // 8, self.talker // 8
         # the row's parameters before the wait, whatever the noise: like the early terms they
@@ -228,7 +402,7 @@ class DepthSampler:
             off_next = mOff[m] + Int64(self.advance)
         terms = None
         if cutlass.const_expr(self.mode == "sample" and self.noise == "early"):
-            terms = self.early_terms(params[0], params[2], params[3], tidx)
+            terms = self.row.early_terms(params[0], params[2], params[3], tidx)
         if cutlass.const_expr(self.pdl):
             # the next kernel (a GEMV) only prefetches weights before its own wait: let it in now
             pdl_launch_dependents()
@@ -240,8 +414,9 @@ class DepthSampler:
             self._stamp(mTr, m, tidx, 2)
             self._stamp(mTr, m, tidx, 3)
         else:
-            code = self.choose(mL, params, s_hist, s_sel, s_best, s_idx, s_live, s_live_s, terms,
-                               mTr, m, tidx, lane, warp)
+            code = self.row.choose(lambda s: self._load_row(s, mL, m, tidx), params, smem,
+                                   terms, lambda point: self._stamp(mTr, m, tidx, point), tidx,
+                                   lane, warp)
         self._stamp(mTr, m, tidx, 4)
         if tidx == 0:
             mCodes[m] = Int64(code)
@@ -279,6 +454,12 @@ class DepthSampler:
         self._stamp(mTr, m, tidx, 5)
 
     @cute.jit
+    def _load_row(self, s: cute.Tensor, mL: cute.Tensor, m, tidx):
+        """The CTA's row of fp32 logits, column tidx + THREADS j at s[j] (RowDraw.choose)."""
+        for j in cutlass.range_constexpr(self.per_thread):
+            s[j] = mL[m, tidx + THREADS * j]
+
+    @cute.jit
     def _end_talker_sum(self, row: cute.Tensor, part: list, mSumOut: cute.Tensor, run):
         """A run of 8 talker-sum columns: the fp32 partial (``part``, two runs of 4) plus the
         gathered bf16 row, rounded once to nearest-even bf16 (the same bits as
@@ -296,127 +477,6 @@ class DepthSampler:
         if cutlass.const_expr(self.trace):
             if tidx == 0:
                 mTr[m, point] = Int64(cute.arch.globaltimer())
-
-    @cute.jit
-    def gumbel_term(self, col, seed, off) -> Float64:
-        """log(-log u), u column col's Philox uniform (models.philox.uniform)."""
-        r0, r1 = philox4x32_10(Uint32(col), Uint32(off), Uint32(off >> Uint64(32)), Uint32(0),
-                               Uint32(seed), Uint32(seed >> Uint64(32)))
-        bits = (Uint64(r0) << Uint64(21)) | Uint64(r1 >> Uint32(11))
-        u = (Float64(bits) + Float64(0.5)) * Float64(2.0 ** -53)
-        return cute.math.log(-cute.math.log(u))
-
-    @cute.jit
-    def perturbed(self, v, col, sampled, seed, off):
-        """v - log(-log u) on sampled rows, else v."""
-        if sampled:
-            v = v - self.gumbel_term(col, seed, off)
-        return v
-
-    @cute.jit
-    def early_terms(self, T, seed, off, tidx):
-        """The Gumbel terms of this thread's columns (0 on T == 0 rows, whose draw is the
-        argmax), before the dependency wait: they hide in the CTA's early residency."""
-        terms = cute.make_rmem_tensor((self.per_thread,), Float64)
-        for j in cutlass.range_constexpr(self.per_thread):
-            terms[j] = Float64(0.0)
-        if T > Float32(0.0):
-            for j in cutlass.range_constexpr(self.per_thread):
-                terms[j] = self.gumbel_term(tidx + THREADS * j, seed, off)
-        return terms
-
-    @cute.jit
-    def compact_survivors(self, s, kth, s_live: cute.Tensor, s_live_s: cute.Tensor, tidx, lane):
-        """The scores s >= kth and their columns into shared memory (any order: the argmax
-        breaks ties by column), one shared atomic per warp and element; returns their count.
-        ``s_live[0]`` must be zero and visible (kth_largest_key's barriers see to it)."""
-        for j in cutlass.range_constexpr(self.per_thread):
-            keep = s[j] >= kth
-            ballot = Uint32(cute.arch.vote_ballot_sync(keep))
-            base = Int32(0)
-            if lane == 0 and ballot != Uint32(0):
-                base = cute.arch.atomic_add(s_live.iterator.llvm_ptr,
-                                            Int32(cute.arch.popc(ballot)), scope="cta")
-            base = cute.arch.shuffle_sync(base, 0)
-            if keep:
-                slot = base + Int32(cute.arch.popc(ballot & cute.arch.lanemask_lt()))
-                s_live[1 + slot] = Int32(tidx + THREADS * j)
-                s_live_s[slot] = s[j]
-        cute.arch.sync_threads()
-        return s_live[0]
-
-    @cute.jit
-    def choose(self, mL, params, s_hist, s_sel, s_best, s_idx, s_live, s_live_s, terms, mTr,
-               m, tidx, lane, warp):
-        """The row's code; ``params``: its (T, k, seed, offset + draw), loaded before the
-        wait (zeros in greedy mode)."""
-        V, E = self.V, self.per_thread
-        greedy = cutlass.const_expr(self.mode == "greedy")
-        T, k, seed, off = params
-        t = cutlass.select_(T > Float32(0.0), T, Float32(1.0))
-        s = cute.make_rmem_tensor((E,), Float32)
-        keys = cute.make_rmem_tensor((E,), Uint32)
-        # every load before the first division: the division's slow-path branch would
-        # otherwise keep the next load behind it, E dependent L2 trips (v13a)
-        for j in cutlass.range_constexpr(E):
-            s[j] = mL[m, tidx + THREADS * j]
-        if cutlass.const_expr(not greedy):
-            for j in cutlass.range_constexpr(E):
-                s[j] = nan_as_neg_inf(s[j] / t)
-                keys[j] = order_key(s[j])
-        self._stamp(mTr, m, tidx, 2)
-        no_candidate = Float64(-1.0e308) * Float64(10.0)  # -inf
-        best = no_candidate
-        best_i = Int32(V)  # a row without a candidate draws V, as models.sampler.draw
-        if cutlass.const_expr(greedy):
-            self._stamp(mTr, m, tidx, 3)  # no selection
-            for j in cutlass.range_constexpr(E):
-                if Float64(s[j]) > best:
-                    best = Float64(s[j])
-                    best_i = Int32(tidx + THREADS * j)
-        else:
-            k = cutlass.select_(k <= Int32(0), Int32(V), cutlass.min(k, Int32(V)))
-            if tidx == 0:
-                s_live[0] = Int32(0)
-            kth = key_value(self.kth_largest_key(keys, k, s_hist, s_sel, tidx))
-            self._stamp(mTr, m, tidx, 3)
-            sampled = T > Float32(0.0)
-            if cutlass.const_expr(self.noise == "early"):
-                for j in cutlass.range_constexpr(E):
-                    if s[j] >= kth:
-                        v = Float64(s[j]) - terms[j]  # 0 on T == 0 rows: v = s exactly
-                        if v > best:
-                            best = v
-                            best_i = Int32(tidx + THREADS * j)
-            else:  # compact
-                n = self.compact_survivors(s, kth, s_live, s_live_s, tidx, lane)
-                for i in cutlass.range(tidx, n, THREADS):
-                    col = s_live[1 + i]
-                    v = self.perturbed(Float64(s_live_s[i]), col, sampled, seed, off)
-                    # a -inf survivor is no candidate (V stays the answer, as in "early")
-                    if v > best or (v == best and col < best_i and v > no_candidate):
-                        best = v
-                        best_i = col
-        # block argmax, first index on ties
-        for o in cutlass.range_constexpr(5):
-            ov = cute.arch.shuffle_sync_bfly(best, offset=1 << o)
-            oi = cute.arch.shuffle_sync_bfly(best_i, offset=1 << o)
-            if ov > best or (ov == best and oi < best_i):
-                best = ov
-                best_i = oi
-        if lane == 0:
-            s_best[warp] = best
-            s_idx[warp] = best_i
-        cute.arch.sync_threads()
-        if tidx == 0:
-            b, bi = s_best[0], s_idx[0]
-            for w in cutlass.range_constexpr(1, THREADS // 32):
-                if s_best[w] > b or (s_best[w] == b and s_idx[w] < bi):
-                    b = s_best[w]
-                    bi = s_idx[w]
-            s_idx[THREADS // 32] = bi
-        cute.arch.sync_threads()
-        return s_idx[THREADS // 32]
 
 
 def _ptr_specs():

@@ -13,6 +13,7 @@ The arena (32-bit words; every region 16-byte aligned; chunk-major is [N / 8][R8
 |---|---|
 | x_t | the Talker state h, chunk-major [2048] |
 | codes | [R8][16] int32: g0 (given), g1..g15 (given or drawn) |
+| draw (sampled builds) | [R8][8] words, each row's T, k, seed, offset (frame_embed.DRAW_WORDS) |
 | h_p, ssq_p (p = 0..15) | the residual stream, chunk-major [1024]; its [64][R8] fp32 tile partials |
 | qkv_{l,p}, attn_{l,p}, act_{l,p} | chunk-major [4096] (by kv head), [2048], [3072] |
 | kv_l | K [8][16][R8][128] bf16, then V |
@@ -31,6 +32,7 @@ import torch
 
 from configs.codepredictor import QWEN3_TTS_1P7B, LoopOutput
 from kernels.depth.frame_attention import kv_cache_words, qkv_rows_by_kv_head
+from kernels.depth.frame_embed import DRAW_WORDS
 from kernels.depth.frame_protocol import ProtocolRun
 from kernels.depth.frame_table import phase_row
 from kernels.depth.frame_tiles import (MAX_ROWS, SSQ_TILES, from_chunk_major,
@@ -67,6 +69,22 @@ def check_frame_inputs(fw, rows: int) -> None:
                                "its occupancy check must be on the weights' GPU")
 
 
+def sampler_refusal(sampler, rows: int) -> str | None:
+    """Why the frame cannot draw a step of ``sampler`` in place (None: it can): the sampler's
+    own contract first (``fused_draw_args()`` is None for an eager step, a repetition penalty,
+    min-p, logprobs, a kept last token or a CPU sampler), then what the fused draw lacks
+    (top-p: kernels/depth/draw.py has none, as the fast loop's), then its row count."""
+    if sampler.fused_draw_args() is None:
+        return ("the sampler's step needs the plain path: fused_draw_args() is None (an eager "
+                "step, a repetition penalty, min-p, logprobs, a kept last token or a CPU "
+                "sampler)")
+    if sampler.uses["top_p"]:
+        return "top-p: the fused draw (kernels/depth/draw.py) has none"
+    if sampler.offset.shape[0] != rows:
+        return f"the sampler has {sampler.offset.shape[0]} rows, the frame {rows}"
+    return None
+
+
 class Regions:
     """Word offsets (``at``) and sizes of named arena regions, allocated in order, each
     16-byte aligned; the outputs come first (``outputs_end``: the first constant's word)."""
@@ -80,15 +98,19 @@ class Regions:
         return self.at[key]
 
 
-def frame_layout(cfg, rows: int, norm_once: bool = False) -> Regions:
+def frame_layout(cfg, rows: int, norm_once: bool = False, sample: bool = False) -> Regions:
     """The arena's regions for a step of ``rows`` rows (the module docstring's table);
     ``norm_once`` (schedules.depth_frame.FrameOptions) adds ("xn", type, layer, pos), the
     normalised input of every qkv, gate/up (layer, pos) and head (-1, pos) phase, chunk-major
-    [1024], written once by its norm phase."""
+    [1024], written once by its norm phase; ``sample`` adds the sampled draw's parameters
+    ("draw", right after the codes: the kernel finds them at code_word + 16 R8)."""
     r8 = rows8(rows)
     a = Regions()
     a.add("x_t", cfg.talker_hidden * r8 // 2)
     a.add("codes", r8 * cfg.groups)
+    if sample:
+        a.add("draw", r8 * DRAW_WORDS)
+        assert a.at["draw"] == a.at["codes"] + 16 * r8, "the kernel's parameter offset"
     for p in range(cfg.positions):
         a.add(("h", p), cfg.hidden * r8 // 2)
         a.add(("ssq", p), SSQ_TILES * r8)
@@ -128,26 +150,40 @@ class DepthFrame:
     g0 [R]) and, when built with ``teacher_forced=True``, ``codes`` [R, 15]; returns the
     loop's LoopOutput (partly views of the arena: copy them before the next call). Greedy draws
     otherwise (models.sampler.argmax_candidates; a row without a candidate gets the code
-    ``vocab``, which the caller must check, as in the fast loop). ``trace``: six
-    %globaltimer stamps a task (``self.run.task_stamps()``).
+    ``vocab``, which the caller must check, as in the fast loop), or with ``sampler`` the
+    loop's sampled draws (kernels/depth/draw.py RowDraw: each code the one Sampler.sample()
+    draws from the frame's own logits at the row's T, top-k, seed and offset + group - 1;
+    the sampler's offsets advance by 15 after each call, as fifteen sample() calls; a
+    teacher-forced frame advances them too, as the loop). ``trace``: six %globaltimer stamps
+    a task (``self.run.task_stamps()``).
 
     Refuses (before anything launches) with FrameUnsupported for other shapes, dtypes or row
     counts, and with kernels.depth.frame_protocol.FrameRefused where the grid cannot be
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
     def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
-                 norm_once: bool | None = None):
+                 norm_once: bool | None = None, sampler=None):
         """``norm_once``: normalise each qkv / gate-up / head input once in a norm phase
         (schedules.depth_frame.FrameOptions; None: the plan's rule by rows). The same bits
-        either way."""
+        either way. ``sampler``: a models.sampler.Sampler on the weights' device whose steps
+        the frame can draw (:func:`sampler_refusal`, else FrameUnsupported)."""
         check_frame_inputs(fw, rows)
+        if sampler is not None:
+            why = sampler_refusal(sampler, rows)
+            if why is None and sampler.offset.device != fw.final_norm.device:
+                why = f"the sampler is on {sampler.offset.device}, the weights elsewhere"
+            if why is not None:
+                raise FrameUnsupported(why)
         norm_once = frame_norm_once(rows) if norm_once is None else norm_once
         cfg = fw.config
         self.fw, self.cfg, self.rows, self.r8 = fw, cfg, rows, rows8(rows)
-        self.teacher_forced = teacher_forced
+        self.teacher_forced, self.sampler = teacher_forced, sampler
+        self.draw = "given" if teacher_forced else ("greedy" if sampler is None else "sample")
+        sample = self.draw == "sample"
         self.schedule = F.build(cfg, F.FrameOptions(rows=rows, norm_once=norm_once,
+                                                    embed_rows=1 if sample else 8,
                                                     **FRAME_RING))
-        self.regions = frame_layout(cfg, rows, norm_once)
+        self.regions = frame_layout(cfg, rows, norm_once, sample)
         dev = fw.final_norm.device
         self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)
         self._put_constants()
@@ -159,8 +195,7 @@ class DepthFrame:
             "qkv": [w.index_select(0, order) for w in fw.qkv], "wo": fw.wo,
             "gate_up": fw.gate_up, "down": fw.down, "heads": fw.heads, "proj": fw.proj_w})
         self.run = ProtocolRun(self.schedule, trace=trace, weights=packed,
-                               io=(self.phases, self.arena), fused=True,
-                               draw="given" if teacher_forced else "greedy")
+                               io=(self.phases, self.arena), fused=True, draw=self.draw)
 
     def _put(self, key, t, offset: int = 0):
         flat = t.contiguous().view(torch.int32).reshape(-1)
@@ -189,6 +224,22 @@ class DepthFrame:
         """[R8][16] int32: g0, then g1..g15."""
         w0 = self.regions.at["codes"]
         return self.arena[w0: w0 + self.r8 * self.cfg.groups].view(self.r8, self.cfg.groups)
+
+    def draw_params_view(self):
+        """[R8][DRAW_WORDS] int32 (sampled builds): T bits, k, seed lo / hi, offset lo / hi."""
+        w0 = self.regions.at["draw"]
+        return self.arena[w0: w0 + self.r8 * DRAW_WORDS].view(self.r8, DRAW_WORDS)
+
+    def _put_draw_params(self):
+        """The sampler's per-row T, top-k (clamped to 0..vocab, as models.sampler reads it),
+        seed and offset into the arena: torch copies, so a captured frame reads the values
+        of its replay."""
+        s, R = self.sampler, self.rows
+        p = self.draw_params_view()
+        p[:R, 0].copy_(s.temperature.contiguous().view(torch.int32))
+        p[:R, 1].copy_(s.top_k.clamp(0, self.cfg.vocab))
+        p[:R, 2:4].copy_(s.seed.contiguous().view(torch.int32).view(R, 2))
+        p[:R, 4:6].copy_(s.offset.contiguous().view(torch.int32).view(R, 2))
 
     def poison(self):
         """Every output region NaN and the codes but g0 -1: a run must rewrite them all."""
@@ -226,10 +277,16 @@ class DepthFrame:
         cv[:R, 0].copy_(g0)
         if codes is not None:
             cv[:R, 1:].copy_(codes)
+        if self.draw == "sample":
+            self._put_draw_params()
         self.run.launch()
+        if self.sampler is not None:  # fifteen draws a row, as fifteen sample() calls
+            self.sampler.advance_offsets(c.heads_drawn)
         return LoopOutput(self.codes_out(), self.talker_sum(), self.kv(), self.logits())
 
     def launch(self):
+        """The kernel alone, on the arena's inputs as they are (a sampled build: the draw
+        parameters of the last call; no offset advance)."""
         self.run.launch()
 
     def codes_out(self):

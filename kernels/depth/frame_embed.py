@@ -6,8 +6,11 @@ Embedding task at position p (1..16), in the reference's order (models.codepredi
 * its code: at p = 1 the given g0 (codes column 0); at p >= 2 code column ``group`` = p - 1,
   drawn from head p - 2's logits (its counter wait) or given (``draw = "given"``, teacher
   forcing). The greedy draw is models.sampler.argmax_candidates: each row's first largest
-  non-NaN logit, ``vocab`` where there is none. (This task is the hook of the fused stochastic
-  draw: ``draw`` is a compile-time mode.)
+  non-NaN logit, ``vocab`` where there is none. ``draw = "sample"``: the loop's sampled draw
+  (kernels/depth/draw.py RowDraw, the one body: temperature, top-k, Philox Gumbel-max at the
+  row's seed and offset + group - 1) on the row's bf16 logits widened to fp32, the values
+  models.sampler.Sampler.sample() sees in the frame's fp32 logits; the row's parameters are
+  the arena's ``draw`` region (DRAW_WORDS a row, right after the codes: DepthFrame fills it).
 * p <= 15: the position's input rows, gathered from the pre-projected table
   (models.fast_loop.FastWeights.embed_proj / talker_embed_proj, the fast loop's own tables, so
   the gather gives its rows exactly; the reference projects inside its own GEMM) into h_p,
@@ -20,7 +23,10 @@ Embedding task at position p (1..16), in the reference's order (models.codepredi
   an fp32 sum of 16 bf16 rows does unless an addition rounds differently; it is measured, not
   guaranteed.
 
-128 threads: thread 16·r + j takes row 8g + r and a 16th of the row's features. A code of
+128 threads: thread 16·r + j takes row 8g + r and a 16th of the row's features. A sampled
+build's task is one row (schedules.depth_frame.FrameOptions.embed_rows = 1, tile g: row g): the
+128 threads draw it together (a draw needs the whole row and a block of threads), then threads
+0..15 gather or sum as above. A code of
 ``vocab`` (no candidate) is written as such, and its rows are gathered from row vocab - 1 so
 that nothing reads out of bounds (DepthFrame checks given codes outside graph capture; the
 caller checks drawn ones for ``vocab``).
@@ -29,7 +35,11 @@ from __future__ import annotations
 
 LANES_PER_ROW = 16
 ROWS_PER_TASK = 8
-DRAWS = ("greedy", "given")
+DRAWS = ("greedy", "given", "sample")
+# the sampled draw's parameters, a row: T (fp32 bits), k (int32, 0..vocab; 0: off), seed (lo,
+# hi), offset (lo, hi), two unused
+DRAW_WORDS = 8
+DRAW_NOISE = "compact"  # the survivors drawn one a thread: no terms for the whole row
 
 
 # ---- device -------------------------------------------------------------------------------------
@@ -37,9 +47,26 @@ from device.ptx import (bf16_hi, bf16_lo, ld_relaxed_gpu_u32,  # noqa: E402
                                 ld_relaxed_gpu_v4)
 from device.rounding import bf16x2_rn, tile_ssq  # noqa: E402
 from device.runtime import cute_modules  # noqa: E402
+from kernels.depth.draw import RowDraw, bits_f32  # noqa: E402
 
 cutlass, cute = cute_modules()
-from cutlass import Float32, Int32, Uint32  # noqa: E402
+from cutlass import Float32, Int32, Uint32, Uint64  # noqa: E402
+
+DRAW_THREADS = 128  # the frame's consumer warpgroup (kernels.depth.frame_tiles.CONSUMERS)
+DRAW_BARRIER = 1  # its named barrier (kernels.depth.frame_tiles.CONSUMER_BARRIER)
+
+
+def _frame_column(tidx, j: int):
+    """The column of a drawing thread's j-th logit: its chunks tidx and tidx + 128 of the
+    chunk-major row, 8 columns each (increasing in j)."""
+    return 8 * (tidx + DRAW_THREADS * (j // 8)) + j % 8
+
+
+def frame_row_draw(vocab: int) -> RowDraw:
+    """The loop's per-row choice as the frame's sampled embedding task runs it."""
+    return RowDraw(vocab, DRAW_THREADS, "sample", DRAW_NOISE, column=_frame_column,
+                   barrier=lambda: cute.arch.barrier(barrier_id=DRAW_BARRIER,
+                                                     number_of_threads=DRAW_THREADS))
 
 
 class EmbeddingBodies:
@@ -49,7 +76,74 @@ class EmbeddingBodies:
     @cute.jit
     def _embedding_task(self, tile: Int32, mArena: cute.Tensor, logits_word: Int32,
                         h_word: Int32, ssq_word: Int32, code_word: Int32, group: Int32,
+                        table_word: Int32, talker_word: Int32, sum_word: Int32, dbuf=None):
+        """``dbuf``: the sampled draw's shared memory (RowDraw.allocate; sampled builds)."""
+        if cutlass.const_expr(self.draw == "sample"):
+            self._sampled_embedding_task(tile, mArena, logits_word, h_word, ssq_word, code_word,
+                                         group, table_word, talker_word, sum_word, dbuf)
+        else:
+            self._embedding_rows(tile, mArena, logits_word, h_word, ssq_word, code_word, group,
+                                 table_word, talker_word, sum_word)
+
+    @cute.jit
+    def _sampled_embedding_task(self, tile: Int32, mArena: cute.Tensor, logits_word: Int32,
+                                h_word: Int32, ssq_word: Int32, code_word: Int32, group: Int32,
+                                table_word: Int32, talker_word: Int32, sum_word: Int32, dbuf):
+        """One row (``tile``): its code drawn by all 128 threads (g0 at p = 1), then its
+        gather or Talker sum by threads 0..15."""
+        tidx, _, _ = cute.arch.thread_idx()
+        row = tile
+        at_code = code_word + row * 16 + group
+        code = Int32(mArena[at_code])
+        if logits_word >= 0:
+            code = self._sampled_code(mArena, logits_word, code_word, group, row, dbuf, tidx)
+            if tidx == 0:
+                mArena[at_code] = Uint32(code)
+        limit = cutlass.select_(group == 0, Int32(self.talker_vocab), Int32(self.vocab))
+        safe = cutlass.select_((code >= 0) & (code < limit), code, limit - 1)
+        live = tidx < LANES_PER_ROW
+        if live:
+            if table_word >= 0:
+                self._gather(mArena, table_word, safe, h_word, ssq_word, self.r8, row, tidx,
+                             live)
+            else:
+                self._talker_sum(mArena, code_word, group, code, talker_word, sum_word, row,
+                                 tidx, live)
+
+    @cute.jit
+    def _sampled_code(self, mArena: cute.Tensor, logits_word: Int32, code_word: Int32,
+                      group: Int32, row: Int32, dbuf, tidx) -> Int32:
+        """Row ``row``'s code of column ``group`` (1..15), drawn as the loop's draw ``group -
+        1`` (RowDraw.choose, the same in every thread): its parameters from the ``draw``
+        region (DRAW_WORDS a row at code_word + 16 R8), its logits two 16-byte chunk-major
+        loads a thread, widened to fp32."""
+        r8 = self.r8
+        pw = code_word + r8 * 16 + row * DRAW_WORDS  # written by the host before the launch
+        t = bits_f32(Uint32(mArena[pw]))
+        k = Int32(mArena[pw + 1])
+        seed = (Uint64(Uint32(mArena[pw + 3])) << Uint64(32)) | Uint64(Uint32(mArena[pw + 2]))
+        off = (Uint64(Uint32(mArena[pw + 5])) << Uint64(32)) | Uint64(Uint32(mArena[pw + 4]))
+        params = (t, k, seed, off + Uint64(group - 1))
+        rd = frame_row_draw(self.vocab)
+        n = self.vocab // 8 // DRAW_THREADS
+        loads = [ld_relaxed_gpu_v4(mArena.iterator + logits_word +
+                                   ((i * DRAW_THREADS + tidx) * r8 + row) * 4) for i in range(n)]
+        return rd.choose(lambda s: self._widen(s, loads), params, dbuf, None,
+                         lambda point: None, tidx, tidx % 32, tidx // 32)
+
+    @cute.jit
+    def _widen(self, s: cute.Tensor, loads: list):
+        """The row's bf16 pairs as fp32, chunk i's 8 columns at s[8 i ..]."""
+        for i in cutlass.range_constexpr(len(loads)):
+            for e in cutlass.range_constexpr(4):
+                s[8 * i + 2 * e] = bf16_lo(loads[i][e])
+                s[8 * i + 2 * e + 1] = bf16_hi(loads[i][e])
+
+    @cute.jit
+    def _embedding_rows(self, tile: Int32, mArena: cute.Tensor, logits_word: Int32,
+                        h_word: Int32, ssq_word: Int32, code_word: Int32, group: Int32,
                         table_word: Int32, talker_word: Int32, sum_word: Int32):
+        """The greedy and given builds' task: 8 rows, 16 threads a row."""
         tidx, _, _ = cute.arch.thread_idx()
         r8 = self.r8
         j = tidx % LANES_PER_ROW

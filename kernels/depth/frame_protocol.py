@@ -47,7 +47,8 @@ import torch
 from configs.codepredictor import QWEN3_TTS_1P7B
 from kernels.depth import frame_tiles as T
 from kernels.depth.frame_attention import AttentionBodies
-from kernels.depth.frame_embed import DRAWS, EmbeddingBodies
+from kernels.depth.frame_embed import DRAW_NOISE, DRAWS, EmbeddingBodies, frame_row_draw
+from kernels.depth.draw import RowDraw
 from kernels.depth.frame_tiles import ProjectionBodies, weight_regions
 from device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
                                 red_release_gpu_add, st_cluster_u32)
@@ -130,6 +131,10 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                              self.k_stage) < self.act_buffers:
                 raise ValueError(f"{self.act_buffers} activation buffers of "
                                  f"{T.act_stage_bytes(rows, self.k_stage)} B do not fit")
+            if draw == "sample" and sample_smem_free(rows, combine_slots, ring_pages * page_bytes,
+                                                     self.k_stage, self.act_buffers,
+                                                     cfg.vocab) < 0:
+                raise ValueError(f"the sampled draw's shared memory does not fit at {rows} rows")
         self.walkers = T.CONSUMERS if rows else 1
         self.threads = T.CONSUMERS + 32 if rows else THREADS
         self.loader = T.CONSUMERS if rows else 32
@@ -192,6 +197,9 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             # the row factors, then the task's gamma (NORM_K bf16) as words
             rbuf = alloc.allocate_tensor(Float32, cute.make_layout(T.MAX_ROWS + T.NORM_K // 2),
                                          16).iterator
+        dbuf = None  # the sampled draw's histograms and survivors (RowDraw.allocate)
+        if cutlass.const_expr(self.fused and self.draw == "sample"):
+            dbuf = frame_row_draw(self.vocab).allocate(alloc)
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 cute.arch.mbarrier_init(partial + s, 1)
@@ -208,7 +216,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         if tidx < self.walkers:
             self._walk(cta, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mPhases,
                        mArena, partial, slot_free, combine, page_full, page_empty, ring,
-                       act_full, abuf, parts, rbuf)
+                       act_full, abuf, parts, rbuf, dbuf)
         if cutlass.const_expr(self.pages > 0):
             if tidx == self.loader:
                 self._load(cta, mTable, mCounts, mSources, mWeights, mErrors, mailbox, ring,
@@ -241,7 +249,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     @cute.jit
     def _walk(self, cta: Int32, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mPhases,
               mArena, partial, slot_free, combine, page_full, page_empty, ring, act_full, abuf,
-              parts, rbuf):
+              parts, rbuf, dbuf=None):
         tidx, _, _ = cute.arch.thread_idx()
         R = self.pages
         claim = cute.make_tensor(mErrors.iterator + 1, cute.make_layout(1))
@@ -277,7 +285,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 at, au, split, t_landed, t_computed, t_ready = self._tile_task(
                     ty, half, task_id, row, i, at, au, split, mTable, mPhases, mArena, partial,
                     slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
-                    rbuf, mErrors, mailbox, claim)
+                    rbuf, mErrors, mailbox, claim, dbuf)
                 # every thread's output stores are ordered for the next phases' bulk copies
                 fence_proxy_async_global()
                 cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
@@ -366,7 +374,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     def _tile_task(self, ty: Int32, half: Int32, task_id: Int32, row: Int32, i: Int32,
                    at: Int32, au: Int32, split: Int32, mTable, mPhases, mArena, partial,
                    slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
-                   rbuf, mErrors, mailbox, claim):
+                   rbuf, mErrors, mailbox, claim, dbuf=None):
         """One task's tile by its type (attention and embedding in ``fused`` builds whose phase
         table gives them inputs; otherwise those tasks only wait and signal). Returns the advanced (at, au, split), the stage-0
         landed and last-wgmma stamps, and the task's "ready" stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial
@@ -414,7 +422,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                          mPhases[ph * NPF + PCOL["group"]],
                                          mPhases[ph * NPF + PCOL["table_word"]],
                                          mPhases[ph * NPF + PCOL["talker_word"]],
-                                         mPhases[ph * NPF + PCOL["sum_word"]])
+                                         mPhases[ph * NPF + PCOL["sum_word"]], dbuf)
                 t_ready = cute.arch.globaltimer()
                 t_landed, t_computed = t_ready, t_ready
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
@@ -454,6 +462,20 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 at = at + f * k * 2 // self.page_bytes
                 au = au + stages
         return at, au, split, t_landed, t_computed, t_ready
+
+
+def sample_smem_free(rows: int, combine_slots: int, ring_bytes: int, k_stage: int,
+                     act_buffers: int, vocab: int) -> int:
+    """Shared memory left in a sampled frame build (bytes; < 0: it does not fit): the limit less
+    the reserve, the ring, the combine slots, the norm buffers, the activation buffers and the
+    sampled draw's (RowDraw.smem_bytes)."""
+    from configs.arch import SMEM_PER_CTA_MAX
+
+    used = (T.SMEM_RESERVE + ring_bytes + combine_slots * T.MAX_ROWS * 16 * 4
+            + (T.MAX_ROWS + T.NORM_K // 2) * 4
+            + act_buffers * (T.act_stage_bytes(rows, k_stage) + T.ACT_SLACK)
+            + RowDraw.smem_bytes(vocab, T.CONSUMERS, DRAW_NOISE))
+    return SMEM_PER_CTA_MAX - used
 
 
 PTRS = ((Int32, 16), (Int32, 16), (Int32, 16), (Int32, 4), (Int64, 16), (Int32, 4),
@@ -549,6 +571,10 @@ class ProtocolRun:
         self.kernel = self._frame_kernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
                                          fused=fused, draw=draw, config=schedule.config,
                                          norm_once=opt.norm_once)
+        if rows and fused and (draw == "sample") != (opt.embed_rows == 1):
+            raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
+                             "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "
+                             "the others 8")
         if opt.norm_once and rows and not self.kernel.norm_once:
             raise ValueError("a norm_once schedule needs the fused frame (its norm tasks "
                              "write the projections' inputs)")
