@@ -313,9 +313,10 @@ F16_BUFFERS = 4
 F16_STREAM_K_WAVES = (1.0, 1.5)
 # K splits at which the f16 swap-AB build's splits of a tile are one cluster reducing in
 # distributed shared memory (epilogues.tile_store.ClusterSplitStore) instead of through the
-# global workspace: #34 1(a) (e7999c1, e8e774c) measured its fixup at 2.3-3.9 µs against the
-# global one's 7.6-7.7 at two splits on out, fc2 and 7168 x 5376 (M = 128); at three splits
-# out and fc2 need 42 clusters of 3, more than the GPCs hold at once (25-54 µs)
+# global workspace: #34 1(a) (e7999c1, e8e774c; notes/p0-gemm.md session 27) measured its
+# fixup at a third to a half of the global one's at two splits on out, fc2 and 7168 x 5376
+# (M = 128); at three splits out and fc2 need 42 clusters of 3, more than the GPCs hold at
+# once (a second round: 3-7x the global fixup)
 F16_CLUSTER_SPLITS = (2,)
 # The f16 swap-AB build up to one token tile or one wave of 128 x 128 tiles, the three-warpgroup
 # build with 256 tokens a CTA (m64n256k16) beyond: session 23 (e841be0, part S) measured the
