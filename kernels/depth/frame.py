@@ -136,17 +136,18 @@ class DepthFrame:
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
     def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
-                 norm_once: bool | None = None):
+                 norm_once: bool | None = None, kv_attention: bool = False):
         """``norm_once``: normalise each qkv / gate-up / head input once in a norm phase
         (schedules.depth_frame.FrameOptions; None: the plan's rule by rows). The same bits
-        either way."""
+        either way. ``kv_attention``: one attention task a (kv head, 8 rows), a study switch
+        (FrameOptions; other bits, within the loop's tolerances)."""
         check_frame_inputs(fw, rows)
         norm_once = frame_norm_once(rows) if norm_once is None else norm_once
         cfg = fw.config
         self.fw, self.cfg, self.rows, self.r8 = fw, cfg, rows, rows8(rows)
         self.teacher_forced = teacher_forced
         self.schedule = F.build(cfg, F.FrameOptions(rows=rows, norm_once=norm_once,
-                                                    **FRAME_RING))
+                                                    kv_attention=kv_attention, **FRAME_RING))
         self.regions = frame_layout(cfg, rows, norm_once)
         dev = fw.final_norm.device
         self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)
