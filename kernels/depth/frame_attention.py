@@ -208,10 +208,7 @@ class AttentionBodies:
         seg = lane - j  # the row's first lane in the warp (0 or 16)
         row = group * ROWS_PER_TASK + tidx // LANES_PER_ROW
         live = row < self.rows
-        if tidx == 0:
-            if wait2 >= 0:
-                wait_counter(mCounters, wait2, wait2_expect, task, mailbox, claim)
-        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+        self._task_wait(mCounters, wait2, wait2_expect, task, mailbox, claim)
         K = kv_word + kvh * SLOTS * r8 * 64
         V = K + KV_HEADS * SLOTS * r8 * 64
         mine = row * 64 + 4 * j
@@ -219,10 +216,7 @@ class AttentionBodies:
               for s in range(SLOTS - 1)]
         vc = [ld_relaxed_gpu_v4(mArena.iterator + V + s * r8 * 64 + mine)
               for s in range(SLOTS - 1)]
-        if tidx == 0:
-            if wait >= 0:
-                wait_counter(mCounters, wait, wait_expect, task, mailbox, claim)
-        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+        self._task_wait(mCounters, wait, wait_expect, task, mailbox, claim)
         t_waited = cute.arch.globaltimer()
         # chunk c of this row's qkv output: word qkv_word + (c·R8 + row)·4; the kv head's 64
         # chunks are q 2kv, q 2kv + 1, k, v (16 each)
@@ -273,6 +267,17 @@ class AttentionBodies:
                     mArena[out_word + (((2 * kvh + h) * 16 + j) * r8 + row) * 4 + i] = \
                         bf16x2_rn(acc[h][2 * i], acc[h][2 * i + 1])
         return t_waited
+
+    @cute.jit
+    def _task_wait(self, mCounters: cute.Tensor, cid: Int32, expect: Int32, task: Int32,
+                   mailbox, claim):
+        """Thread 0 waits until counter ``cid`` reaches ``expect`` (cid < 0: no wait); the
+        consumers' named barrier passes its acquire on to every thread."""
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            if cid >= 0:
+                wait_counter(mCounters, cid, expect, task, mailbox, claim)
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
 
     @cute.jit
     def _head_norm(self, x: list, gamma: list) -> list:

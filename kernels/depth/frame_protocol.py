@@ -400,13 +400,15 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 if cutlass.const_expr(self.kv_attention):
                     # the body waits (wait2, its loads, wait); t_computed carries the stamp
                     # after its qkv wait to the walk
+                    wait, wait2 = mTable[row + COL["wait"]], mTable[row + COL["wait2"]]
+                    wait_expect = mTable[row + COL["wait_expect"]]
+                    wait2_expect = mTable[row + COL["wait2_expect"]]
+                    # (every attention phase of its table has inputs: ProtocolRun checks)
                     t_waited = self._kv_attention_task(
                         tile, mArena, a_word, y_word, gamma_word,
                         mPhases[ph * NPF + PCOL["kv_word"]],
                         mPhases[ph * NPF + PCOL["rope_word"]], mPhases[ph * NPF + PCOL["slot"]],
-                        mCounters, mTable[row + COL["wait"]], mTable[row + COL["wait_expect"]],
-                        mTable[row + COL["wait2"]], mTable[row + COL["wait2_expect"]], i,
-                        mailbox, claim)
+                        mCounters, wait, wait_expect, wait2, wait2_expect, i, mailbox, claim)
                     t_ready = cute.arch.globaltimer()
                     t_landed, t_computed = t_ready, t_waited
                 else:
@@ -579,6 +581,11 @@ class ProtocolRun:
         if opt.kv_attention and rows and not self.kernel.kv_attention:
             raise ValueError("a kv_attention schedule needs the fused frame (its attention "
                              "tasks serve both q heads of a kv head)")
+        if self.kernel.kv_attention:  # its attention tasks wait in their body, which needs inputs
+            a_words = io[0].view(-1, NPF)[:, PCOL["a_word"]].cpu()
+            if any(int(a_words[ph.index]) < 0 for ph in schedule.phases if ph.type == F.ATTN):
+                raise ValueError("a kv_attention frame needs every attention phase's inputs in "
+                                 "its phase table")
         sources, total, _ = weight_regions(schedule)
         self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
                                           * opt.page_bytes) if streamed else 0
