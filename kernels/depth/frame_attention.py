@@ -237,16 +237,23 @@ class AttentionBodies:
             for i in cutlass.range_constexpr(4):
                 mArena[K + slot * r8 * 64 + mine + i] = bf16x2_rn(kr[2 * i], kr[2 * i + 1])
                 mArena[V + slot * r8 * 64 + mine + i] = v_words[i]
+        dot_new = []  # q·k of the new slot, each head (today's in-lane order)
+        for h in cutlass.range_constexpr(2):
+            acc = Float32(0.0)
+            for e in cutlass.range_constexpr(8):
+                acc = acc + qr[h][e] * kr[e]
+            dot_new.append(acc)
         part = []
         for s in cutlass.range_constexpr(SLOTS):
-            old = _floats(kc[s]) if s < SLOTS - 1 else kr
             for h in cutlass.range_constexpr(2):
-                dot_new = Float32(0.0)
-                dot_old = Float32(0.0)
-                for e in cutlass.range_constexpr(8):
-                    dot_new = dot_new + qr[h][e] * kr[e]
-                    dot_old = dot_old + qr[h][e] * old[e]
-                part.append(cutlass.select_(s == slot, dot_new, dot_old))
+                dot = dot_new[h]
+                if cutlass.const_expr(s < SLOTS - 1):
+                    old = _floats(kc[s])
+                    dot = Float32(0.0)
+                    for e in cutlass.range_constexpr(8):
+                        dot = dot + qr[h][e] * old[e]
+                    dot = cutlass.select_(s == slot, dot_new[h], dot)
+                part.append(dot)
         dots = reduce_scatter(part, lane, LANES_PER_ROW)  # lane j: slot j, heads 0 and 1
         p = [slot_softmax(dots[h], j <= slot, HEAD_DIM ** -0.5, div_newton) for h in range(2)]
         v_new = _floats(v_words)
