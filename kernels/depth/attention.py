@@ -14,6 +14,9 @@ fits one CTA of ``head_dim`` threads, thread d owning dimension d of every vecto
    leave lane i with pair i), then over the warps in shared memory; softmax in warp 0 (masked
    above ``pos``), p rounded to bf16 as the reference does, p·V summed in fp32.
 
+The reduce-scatter, RoPE's rounded value and the softmax are kernels/depth/attention_math.py's,
+shared with the depth frame's kv-head attention tasks.
+
 Launched with programmatic stream serialisation like the GEMVs around it (it waits for the QKV
 projection, then lets the output projection start streaming its weights).
 """

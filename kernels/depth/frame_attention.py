@@ -180,14 +180,16 @@ class AttentionBodies:
 
         1. Thread 0 waits on ``wait2``, the attention of (layer, pos - 1); a barrier. Then every
            thread loads slots 0..14 of its K and V cache lines (those >= pos are junk, masked
-           below). These loads come before the qkv wait: slot s < pos was
-           written by the attention of (layer, s), complete before (layer, pos - 1)'s
-           attention passed its waits (position s + 1's qkv is downstream of position s's
-           head, which is downstream of every attention at s; position 1 waited on position
-           0's by wait2), so wait2's acquire orders them all. In the chain it is complete long
-           before this task starts, so it costs one acquire that succeeds; it is there so that
-           a CTA reaching this task early still reads complete slots. And V is loaded before
-           this task's own K / V stores (which the compiler could not move loads past).
+           below). These loads come before the qkv wait, since the chain already orders the
+           older slots: slot s < pos - 1 was written by the attention of (layer, s), complete
+           before (layer, pos - 1)'s attention passed its waits (position s + 1's qkv is
+           downstream of position s's head, which is downstream of every attention at s;
+           position 1 waits on position 0's by wait2), and slot pos - 1 by that attention
+           itself, so wait2's acquire orders them all. On the chain that counter is usually
+           complete before this task starts (its qkv is downstream of it too), so the wait
+           costs one acquire that succeeds; it is there so that a CTA that reaches this task
+           early still reads complete slots. V is loaded before this task's own K / V stores
+           too (a load the compiler cannot move past a store that may alias it).
         2. Thread 0 waits on its kv head's qkv counter; a barrier.
         3. q of both heads, k and v of the row, and the norms' and RoPE's constants: q and k
            normalised and rotated by the q-head task's _head_norm and _rope (the same bits).
@@ -239,10 +241,10 @@ class AttentionBodies:
                 mArena[V + slot * r8 * 64 + mine + i] = v_words[i]
         dot_new = []  # q·k of the new slot, each head (today's in-lane order)
         for h in cutlass.range_constexpr(2):
-            acc = Float32(0.0)
+            dn = Float32(0.0)
             for e in cutlass.range_constexpr(8):
-                acc = acc + qr[h][e] * kr[e]
-            dot_new.append(acc)
+                dn = dn + qr[h][e] * kr[e]
+            dot_new.append(dn)
         part = []
         for s in cutlass.range_constexpr(SLOTS):
             for h in cutlass.range_constexpr(2):

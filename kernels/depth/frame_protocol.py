@@ -15,7 +15,8 @@ the cluster barriers):
 1. ``wait >= 0`` (and ``wait2 >= 0``): spin with ``ld.acquire.gpu`` until global counter
    ``wait`` reaches ``wait_expect`` (then ``wait2`` ``wait2_expect``) (:func:`device.waits.wait_counter`: after 2 s it reports the
    counter's name, the CTA and the task, then traps; the first wait of the launch to time out
-   writes the report).
+   writes the report). ``kv_attention`` builds leave an attention task's two waits to its
+   body (wait2, the older K / V slots' loads, then wait: frame_attention._kv_attention_task).
 2. Split tiles (``half`` 0 / 1, the two CTAs of a cluster; their k-th split task uses combine
    slot k % S):
    * rank 1 (``local_wait`` LOCAL_SLOT from k >= S on) waits until rank 0 has consumed partial
