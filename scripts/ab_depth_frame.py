@@ -1,8 +1,9 @@
 """Same-run A/B of a depth frame kernel study switch (norm_once or kv_attention).
 
-Per row count, on the same random 1.7B weights and inputs, greedy draws. ``--study norm_once`` (the default; issue #37 item 1,
-notes/depth-frame.md session 21): each qkv / gate-up / head tile normalising its own input
-(today's build) against ``norm_once=True`` (a norm phase publishes each normalised input once).
+Per row count, on the same random 1.7B weights and inputs, greedy draws. ``--study
+norm_once`` (the default; issue #37 item 1, notes/depth-frame.md session 21): each qkv /
+gate-up / head tile normalising its own input (today's build) against ``norm_once=True`` (a
+norm phase publishes each normalised input once).
 ``--study kv_attention`` (item 2, session 27): today's attention tasks (a q head, 8 rows)
 against ``kv_attention=True`` (a kv head and both its q heads, 8 rows, the older slots loaded
 before the qkv wait); both arms normalise as the plan says (schedules.plan.frame_norm_once).
