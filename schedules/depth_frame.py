@@ -14,10 +14,9 @@ group writes its rows' RMS-normalised input once, and the projection waits on it
 
 Tiles (weights stream through a shared-memory ring of ``ring_pages`` pages of ``page_bytes``):
 qkv 32 output features x K 1024 (128 tiles, 16 per kv head: its 2 q heads, k, v); attn one q head
-x 8 rows (``kv_attention``: one kv head, both its q heads, x 8 rows); o and down 16 features, K
-split across the two CTAs of a cluster (64 tiles, 128 tasks; rank 1 writes its partial into rank
-0's shared memory, rank 0 adds the two in a fixed order, then stores and signals); gateup 64
-weight rows (32 gate + 32 up); head 16 features; proj as o.
+x 8 rows; o and down 16 features, K split across the two CTAs of a cluster (64 tiles, 128 tasks;
+rank 1 writes its partial into rank 0's shared memory, rank 0 adds the two in a fixed order,
+then stores and signals); gateup 64 weight rows (32 gate + 32 up); head 16 features; proj as o.
 
 Global counters (zeroed by the host before each launch), one per (phase, group):
 
@@ -82,12 +81,6 @@ class FrameOptions:
     # rows an embedding task: 8 (greedy and given draws), or 1 (the sampled draw, whose task
     # draws its row with the whole CTA: notes/depth-frame.md, session 27)
     embed_rows: int = 8
-    # a study switch (issue #37 item 2, off until measured on the H200): one attention task a
-    # (kv head, 8 rows) serving both q heads of the pair (kv_heads · groups tasks a phase, not
-    # q_heads · groups), its older K / V slots loaded before its qkv wait, so every attention
-    # task at p >= 1 also waits (first) on the attention of (layer, p - 1) (notes/depth-frame.md,
-    # session 27)
-    kv_attention: bool = False
 
 
 @dataclass
@@ -153,7 +146,7 @@ def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
     specs = {  # type: (tiles, out features, K, split)
         PROJ: (h // 16, h, cfg.talker_hidden, opt.split_o_down),
         QKV: (cfg.qkv_dim // 32, cfg.qkv_dim, h, False),
-        ATTN: ((cfg.kv_heads if opt.kv_attention else cfg.q_heads) * rg, cfg.q_dim, 0, False),
+        ATTN: (cfg.q_heads * rg, cfg.q_dim, 0, False),
         O: (h // 16, h, cfg.q_dim, opt.split_o_down),
         GATEUP: (2 * cfg.intermediate // 64, 2 * cfg.intermediate, h, False),
         DOWN: (h // 16, h, cfg.intermediate, opt.split_o_down),
@@ -181,14 +174,6 @@ def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
             add(HEAD, pos=p)
     add(EMBED, pos=cfg.positions)
     return phases
-
-
-def attn_kv_head(cfg: CodePredictorConfig, opt: FrameOptions, tile: int) -> int:
-    """The kv head of attention tile ``tile``: tile % kv_heads with ``kv_attention`` (a task a
-    kv head and 8-row group), else its q head's (tile % q_heads) // (q_heads / kv_heads)."""
-    if opt.kv_attention:
-        return tile % cfg.kv_heads
-    return (tile % cfg.q_heads) // (cfg.q_heads // cfg.kv_heads)
 
 
 def _weight_bytes(ph: Phase, half: int) -> int:
@@ -286,13 +271,14 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
             if prod is None:
                 continue
             if ph.type == ATTN and prod.type == QKV and opt.per_head_waits:
-                task.wait = prod.counters[attn_kv_head(cfg, opt, task.tile)]
+                kv = (task.tile % cfg.q_heads) // (cfg.q_heads // cfg.kv_heads)
+                task.wait = prod.counters[kv]
             else:
                 task.wait = prod.counters[0]
             task.wait_expect = counter_expect[task.wait]
             task.chunk_of = list(range(prod.n_tiles))
-            if ph.type == ATTN and (ph.pos == 1 or (opt.kv_attention and ph.pos >= 1)):
-                kv_src = next(q for q in phases if q.type == ATTN and q.pos == ph.pos - 1 and
+            if ph.type == ATTN and ph.pos == 1:
+                kv_src = next(q for q in phases if q.type == ATTN and q.pos == 0 and
                               q.layer == ph.layer)
                 task.wait2 = kv_src.counters[0]
     # fix signals of split phases: expected count is tiles, signalled by rank 0 only
@@ -373,25 +359,14 @@ def violations(s: Schedule) -> list[str]:
                     out.append(f"CTA {c} task {i} waits for {e} on {s.counter_names[w]}, which "
                                f"gets {s.counter_expect[w]}")
     # 1b. attention at position 1 waits for position 0's attention of its layer (the K and V
-    # it attends over); later positions are ordered after earlier ones by the draw chain.
-    # kv_attention: every attention at p >= 1 waits on (layer, p - 1)'s, since it loads the
-    # older slots before its qkv wait (that wait, not the chain, orders those loads), and on
-    # its own kv head's qkv tiles
-    attn_at = {(ph.layer, ph.pos): ph.counters[0] for ph in s.phases if ph.type == ATTN}
-    qkv_at = {(ph.layer, ph.pos): ph.counters for ph in s.phases if ph.type == QKV}
+    # it attends over); later positions are ordered after earlier ones by the draw chain
+    attn0 = {ph.layer: ph.counters[0] for ph in s.phases if ph.type == ATTN and ph.pos == 0}
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
             ph = s.phases[t.phase]
-            if t.type != ATTN:
-                continue
-            if (ph.pos == 1 or (opt.kv_attention and ph.pos >= 1)) and \
-                    t.wait2 != attn_at.get((ph.layer, ph.pos - 1)):
-                out.append(f"CTA {c} task {i}: {ph.name} does not wait for position "
-                           f"{ph.pos - 1}'s attention of its layer, whose K and V it reads")
-            if opt.kv_attention and opt.per_head_waits and \
-                    t.wait != qkv_at[(ph.layer, ph.pos)][attn_kv_head(s.config, opt, t.tile)]:
-                out.append(f"CTA {c} task {i}: {ph.name} tile {t.tile} does not wait on its "
-                           "kv head's qkv tiles")
+            if t.type == ATTN and ph.pos == 1 and t.wait2 != attn0.get(ph.layer):
+                out.append(f"CTA {c} task {i}: {ph.name} does not wait for position 0's "
+                           "attention of its layer, whose K and V it reads")
     # 1c. norm_once: every normalised projection waits on the NORM phase just before it, and
     # that NORM phase on the writer of h its projection would have waited on
     if opt.norm_once:

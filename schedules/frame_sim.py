@@ -42,11 +42,6 @@ class Costs:
     fixed_us: dict = field(default_factory=lambda: {
         "proj": 1.75, "qkv": 1.75, "o": 1.75, "gateup": 1.75, "down": 1.75, "head": 1.75,
         "attn": 3.9, "embed": 3.9, "norm": NORM_BODY_US})
-    # the part of a type's body (µs, inside fixed_us) that runs before its counter wait (after
-    # wait2): ``FrameOptions.kv_attention``'s attention loads the older K / V slots so
-    # (kv_attention_costs); such a task ends at max(CTA free [, wait2] + body, counter + the
-    # handoff + body - early)
-    early_us: dict = field(default_factory=dict)
 
 
 SEED_COSTS = Costs()
@@ -96,26 +91,6 @@ def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = No
         name = TYPE_NAMES[t.type]
         body = costs.fixed_us[name]
         cands = [(ends.get((c, i - 1), 0.0), "program", (c, i - 1) if i else None)]
-        early = costs.early_us.get(name, 0.0)
-        if early > 0 and t.n_pages == 0 and t.local_wait == LOCAL_NONE:
-            # wait2, then the early part, then the counter wait, then the rest of the body
-            if t.wait2 >= 0:
-                cands.append((counter_done[t.wait2] + costs.handoff_us, "handoff",
-                              counter_last[t.wait2]))
-            start, cat, pred = max(cands, key=lambda x: x[0])
-            if t.wait >= 0 and counter_done[t.wait] + costs.handoff_us > start + early:
-                start, cat, pred = (counter_done[t.wait] + costs.handoff_us, "handoff",
-                                    counter_last[t.wait])
-                body = body - early
-            starts[node] = start
-            ends[node] = start + body
-            binding[node] = (cat, pred, start)
-            if t.signal >= 0:
-                if ends[node] >= counter_done[t.signal]:
-                    counter_done[t.signal] = ends[node]
-                    counter_last[t.signal] = node
-                signal_ends.setdefault(t.signal, []).append((ends[node], t.tile))
-            continue
         if t.wait >= 0:
             ready = counter_done[t.wait] + costs.handoff_us
             if opt.per_chunk_waits and t.type not in (ATTN, EMBED) and signal_ends.get(t.wait):
@@ -247,18 +222,6 @@ def costs_from_stamps(measurement: dict, base: Costs = SEED_COSTS) -> Costs:
              for k, v in measurement["tile_times"].items()}
     fixed.setdefault("norm", base.fixed_us["norm"] + signal)  # no norm tasks measured yet
     return dataclasses.replace(base, fixed_us=fixed, dsmem_us=0.0)
-
-
-def kv_attention_costs(costs: Costs, body_us: float, early_us: float,
-                       signal_us: float = 0.0) -> Costs:
-    """``costs`` (a calibration of today's attention) for a ``FrameOptions(kv_attention=True)``
-    schedule: an attention task (a kv head, both q heads, 8 rows) costs ``body_us`` after its
-    qkv wait plus ``early_us`` before it (the older K / V slots' loads), plus ``signal_us``
-    (the chain's signal, which costs_from_stamps adds to every body)."""
-    fixed = dict(costs.fixed_us)
-    fixed["attn"] = body_us + early_us + signal_us
-    return dataclasses.replace(costs, fixed_us=fixed, early_us={**costs.early_us,
-                                                                "attn": early_us})
 
 
 # The in-tile normalisation's cost a task (µs; landing + compute), measured as the whole frame

@@ -38,9 +38,6 @@
 #   frame-norm-ab scripts/ab_depth_frame.py ($WB_AB_ARGS): the frame's norm phase (norm_once)
 #                against in-tile normalisation, same run, bits compared (notes/depth-frame.md,
 #                session 21)
-#   frame-attn-ab scripts/ab_depth_frame.py --study kv_attention ($WB_AB_ARGS): the frame's
-#                kv-head attention tasks against today's q-head tasks, same run, chains split
-#                (notes/depth-frame.md, session 27)
 #   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL; the
 #                quack column needs .whl installed: pip install --no-index --no-deps --target
 #                /tmp/site .whl/*.whl)
@@ -132,8 +129,6 @@ for what in "$@"; do
     depth-frame) step depth-frame python3 -m experiments.depth_frame ${WB_EXP_ARGS:-} ;;
     frame-norm-ab) step frame-norm-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
                      python3 scripts/ab_depth_frame.py ${WB_AB_ARGS:-} ;;
-    frame-attn-ab) step frame-attn-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
-                     python3 scripts/ab_depth_frame.py --study kv_attention ${WB_AB_ARGS:-} ;;
     frame-tiles-ab) step frame-tiles-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
                       python3 scripts/frame_tiles_ab.py ${WB_AB_ARGS:-} ;;
     experiments)
@@ -143,7 +138,7 @@ for what in "$@"; do
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
             "ladder-full, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
             "host-overhead, host-breakdown, frame-protocol, depth-frame, frame-norm-ab," \
-            "frame-attn-ab, ladder-p2-quick," \
+            "ladder-p2-quick," \
             "p2-ring-capacity, p2-parity, p2-block-gate, p1-stream-a, ladder-p1-quick," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;
   esac

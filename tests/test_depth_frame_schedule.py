@@ -23,8 +23,7 @@ def schedules(draw):
         [2, 8, 32, 66, 132])), ring_pages=draw(st.sampled_from([32, 33, 35])),
         per_head_waits=draw(st.booleans()), split_o_down=draw(st.booleans()),
         combine_slots=draw(st.sampled_from([1, 2, 3])), max_tasks_per_cta=100_000,
-        norm_once=draw(st.booleans()), embed_rows=draw(st.sampled_from([1, 8])),
-        kv_attention=draw(st.booleans()))
+        norm_once=draw(st.booleans()), embed_rows=draw(st.sampled_from([1, 8])))
     return D.build(cfg, opt)
 
 

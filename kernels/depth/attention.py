@@ -14,9 +14,6 @@ fits one CTA of ``head_dim`` threads, thread d owning dimension d of every vecto
    leave lane i with pair i), then over the warps in shared memory; softmax in warp 0 (masked
    above ``pos``), p rounded to bf16 as the reference does, p·V summed in fp32.
 
-The reduce-scatter, RoPE's rounded value and the softmax are kernels/depth/attention_math.py's,
-shared with the depth frame's kv-head attention tasks.
-
 Launched with programmatic stream serialisation like the GEMVs around it (it waits for the QKV
 projection, then lets the output projection start streaming its weights).
 """
@@ -25,8 +22,7 @@ from __future__ import annotations
 import torch
 
 from device.ptx import pdl_launch_dependents, pdl_wait, timing_perturbation
-from device.rounding import rms_factor, rmsnorm_value
-from kernels.depth.attention_math import reduce_scatter, rope_value, slot_softmax
+from device.rounding import rms_factor, rmsnorm_value, round_bf16
 from device.runtime import (activation_layout, cached_compile, check_cuda_tensor,
                                     cute_modules, current_stream, pointer_args, require_hopper)
 
@@ -144,7 +140,7 @@ class DepthAttention:
         rot = []
         for j in cutlass.range_constexpr(nvec):
             partner = s_vec[j, d ^ (D // 2)] * sign
-            rot.append(rope_value(normed[j], partner, c, s))
+            rot.append(round_bf16(round_bf16(normed[j] * c) + round_bf16(partner * s)))
         k_new = rot[rep]
         mKc[m, h, pos, d] = k_new.to(BFloat16)
         mVc[m, h, pos, d] = v_new
@@ -155,7 +151,15 @@ class DepthAttention:
         # butterfly reduce-scatter (lane i ends with pair i: 31 shuffles, not 32 x 5), then over
         # the warps through shared memory
         part = [rot[r] * keys[t] for r in range(rep) for t in range(SLOTS)]
-        part = reduce_scatter(part, lane, 32)
+        for step in cutlass.range_constexpr(5):
+            o = 16 >> step
+            upper = (lane & o) != 0
+            nxt = []
+            for i in cutlass.range_constexpr(o):
+                send = cutlass.select_(upper, part[i], part[i + o])
+                keep = cutlass.select_(upper, part[i + o], part[i])
+                nxt.append(keep + cute.arch.shuffle_sync_bfly(send, offset=o))
+            part = nxt
         s_part[warp, lane] = part[0]
         cute.arch.sync_threads()
         self._stamp(mTr, m, h, d, 4)
@@ -165,7 +169,16 @@ class DepthAttention:
             tot = Float32(0.0)
             for w in cutlass.range_constexpr(W):
                 tot = tot + s_part[w, lane]
-            s_p[lane] = slot_softmax(tot, t <= pos, D ** -0.5)
+            live = t <= pos
+            sc = cutlass.select_(live, tot * Float32(D ** -0.5), Float32(-3.0e38))
+            best = sc
+            for k in cutlass.range_constexpr(4):
+                best = cute.arch.fmax(best, cute.arch.shuffle_sync_bfly(best, offset=8 >> k))
+            e = cutlass.select_(live, cute.math.exp(sc - best), Float32(0.0))
+            den = e
+            for k in cutlass.range_constexpr(4):
+                den = den + cute.arch.shuffle_sync_bfly(den, offset=8 >> k)
+            s_p[lane] = round_bf16(e / den)
         cute.arch.sync_threads()
         self._stamp(mTr, m, h, d, 5)
         # 5. p·V for this thread's dimension (masked slots hold p = 0 but maybe junk V: select)

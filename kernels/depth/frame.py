@@ -162,13 +162,11 @@ class DepthFrame:
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
     def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
-                 norm_once: bool | None = None, sampler=None, kv_attention: bool = False):
+                 norm_once: bool | None = None, sampler=None):
         """``norm_once``: normalise each qkv / gate-up / head input once in a norm phase
         (schedules.depth_frame.FrameOptions; None: the plan's rule by rows). The same bits
         either way. ``sampler``: a models.sampler.Sampler on the weights' device whose steps
-        the frame can draw (:func:`sampler_refusal`, else FrameUnsupported). ``kv_attention``:
-        one attention task a (kv head, 8 rows), a study switch (FrameOptions; other bits,
-        within the loop's tolerances)."""
+        the frame can draw (:func:`sampler_refusal`, else FrameUnsupported)."""
         check_frame_inputs(fw, rows)
         if sampler is not None:
             why = sampler_refusal(sampler, rows)
@@ -184,7 +182,7 @@ class DepthFrame:
         sample = self.draw == "sample"
         self.schedule = F.build(cfg, F.FrameOptions(rows=rows, norm_once=norm_once,
                                                     embed_rows=1 if sample else 8,
-                                                    kv_attention=kv_attention, **FRAME_RING))
+                                                    **FRAME_RING))
         self.regions = frame_layout(cfg, rows, norm_once, sample)
         dev = fw.final_norm.device
         self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)

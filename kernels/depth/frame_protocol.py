@@ -15,8 +15,7 @@ the cluster barriers):
 1. ``wait >= 0`` (and ``wait2 >= 0``): spin with ``ld.acquire.gpu`` until global counter
    ``wait`` reaches ``wait_expect`` (then ``wait2`` ``wait2_expect``) (:func:`device.waits.wait_counter`: after 2 s it reports the
    counter's name, the CTA and the task, then traps; the first wait of the launch to time out
-   writes the report). ``kv_attention`` builds leave an attention task's two waits to its
-   body (wait2, the older K / V slots' loads, then wait: frame_attention._kv_attention_task).
+   writes the report).
 2. Split tiles (``half`` 0 / 1, the two CTAs of a cluster; their k-th split task uses combine
    slot k % S):
    * rank 1 (``local_wait`` LOCAL_SLOT from k >= S on) waits until rank 0 has consumed partial
@@ -99,7 +98,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
                  page_bytes: int = 0, rows: int = 0, fused: bool = False, draw: str = "greedy",
-                 config=None, norm_once: bool = False, kv_attention: bool = False):
+                 config=None, norm_once: bool = False):
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
         cfg = config or QWEN3_TTS_1P7B
@@ -114,9 +113,6 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         # the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once): compiled only
         # for such schedules, so the default build's code stays as measured
         self.norm_once = norm_once and self.fused
-        # the kv-head attention body (FrameOptions.kv_attention, a study switch): compiled,
-        # and its tasks' waits moved into it, only for such schedules
-        self.kv_attention = kv_attention and self.fused
         self.act_buffers = 1
         self.k_stage = self._k_stage(rows)
         if rows:
@@ -266,9 +262,6 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             t_start = cute.arch.globaltimer()
             wait = mTable[row + COL["wait"]]
             wait2 = mTable[row + COL["wait2"]]
-            if cutlass.const_expr(self.kv_attention):
-                if mTable[row + COL["type"]] == F.ATTN:  # it waits in its body, after loads
-                    wait, wait2 = Int32(-1), Int32(-1)
             if tidx == 0:
                 if wait >= 0:
                     wait_counter(mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox,
@@ -292,11 +285,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 at, au, split, t_landed, t_computed, t_ready = self._tile_task(
                     ty, half, task_id, row, i, at, au, split, mTable, mPhases, mArena, partial,
                     slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
-                    rbuf, mErrors, mailbox, claim, mCounters, dbuf)
-                if cutlass.const_expr(self.kv_attention):
-                    if ty == F.ATTN:  # its counter waited: the stamp its body took
-                        t_waited = t_computed
-                        t_computed = t_landed
+                    rbuf, mErrors, mailbox, claim, dbuf)
                 # every thread's output stores are ordered for the next phases' bulk copies
                 fence_proxy_async_global()
                 cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
@@ -385,7 +374,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     def _tile_task(self, ty: Int32, half: Int32, task_id: Int32, row: Int32, i: Int32,
                    at: Int32, au: Int32, split: Int32, mTable, mPhases, mArena, partial,
                    slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
-                   rbuf, mErrors, mailbox, claim, mCounters, dbuf=None):
+                   rbuf, mErrors, mailbox, claim, dbuf=None):
         """One task's tile by its type (attention and embedding in ``fused`` builds whose phase
         table gives them inputs; otherwise those tasks only wait and signal). Returns the advanced (at, au, split), the stage-0
         landed and last-wgmma stamps, and the task's "ready" stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial
@@ -406,31 +395,16 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         t_landed, t_computed = t_ready, t_ready
         if cutlass.const_expr(self.fused):  # attention and embedding (when the table has them)
             if ty == F.ATTN:
-                if cutlass.const_expr(self.kv_attention):
-                    # the body waits (wait2, its loads, wait); t_computed carries the stamp
-                    # after its qkv wait to the walk
-                    wait, wait2 = mTable[row + COL["wait"]], mTable[row + COL["wait2"]]
-                    wait_expect = mTable[row + COL["wait_expect"]]
-                    wait2_expect = mTable[row + COL["wait2_expect"]]
-                    # (every attention phase of its table has inputs: ProtocolRun checks)
-                    t_waited = self._kv_attention_task(
-                        tile, mArena, a_word, y_word, gamma_word,
-                        mPhases[ph * NPF + PCOL["kv_word"]],
-                        mPhases[ph * NPF + PCOL["rope_word"]], mPhases[ph * NPF + PCOL["slot"]],
-                        mCounters, wait, wait_expect, wait2, wait2_expect, i, mailbox, claim)
-                    t_ready = cute.arch.globaltimer()
-                    t_landed, t_computed = t_ready, t_waited
-                else:
-                    if a_word >= 0:
-                        # thread 0's counter wait is every thread's
-                        cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
-                                          number_of_threads=T.CONSUMERS)
-                        self._attention_task(tile, mArena, a_word, y_word, gamma_word,
-                                             mPhases[ph * NPF + PCOL["kv_word"]],
-                                             mPhases[ph * NPF + PCOL["rope_word"]],
-                                             mPhases[ph * NPF + PCOL["slot"]])
-                    t_ready = cute.arch.globaltimer()
-                    t_landed, t_computed = t_ready, t_ready
+                if a_word >= 0:
+                    # thread 0's counter wait is every thread's
+                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                      number_of_threads=T.CONSUMERS)
+                    self._attention_task(tile, mArena, a_word, y_word, gamma_word,
+                                         mPhases[ph * NPF + PCOL["kv_word"]],
+                                         mPhases[ph * NPF + PCOL["rope_word"]],
+                                         mPhases[ph * NPF + PCOL["slot"]])
+                t_ready = cute.arch.globaltimer()
+                t_landed, t_computed = t_ready, t_ready
             if cutlass.const_expr(self.norm_once):
                 if ty == F.NORM:
                     cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
@@ -596,8 +570,7 @@ class ProtocolRun:
         rows = opt.rows if io is not None else 0
         self.kernel = self._frame_kernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
                                          fused=fused, draw=draw, config=schedule.config,
-                                         norm_once=opt.norm_once,
-                                         kv_attention=opt.kv_attention)
+                                         norm_once=opt.norm_once)
         if rows and fused and (draw == "sample") != (opt.embed_rows == 1):
             raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
                              "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "
@@ -605,14 +578,6 @@ class ProtocolRun:
         if opt.norm_once and rows and not self.kernel.norm_once:
             raise ValueError("a norm_once schedule needs the fused frame (its norm tasks "
                              "write the projections' inputs)")
-        if opt.kv_attention and rows and not self.kernel.kv_attention:
-            raise ValueError("a kv_attention schedule needs the fused frame (its attention "
-                             "tasks serve both q heads of a kv head)")
-        if self.kernel.kv_attention:  # its attention tasks wait in their body, which needs inputs
-            a_words = io[0].view(-1, NPF)[:, PCOL["a_word"]].cpu()
-            if any(int(a_words[ph.index]) < 0 for ph in schedule.phases if ph.type == F.ATTN):
-                raise ValueError("a kv_attention frame needs every attention phase's inputs in "
-                                 "its phase table")
         sources, total, _ = weight_regions(schedule)
         self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
                                           * opt.page_bytes) if streamed else 0
@@ -639,7 +604,7 @@ class ProtocolRun:
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
                self.kernel.talker_vocab, self.kernel.act_buffers, self.kernel.ablate,
-               self.kernel.k_stage, self.kernel.norm_once, self.kernel.kv_attention)
+               self.kernel.k_stage, self.kernel.norm_once)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 
