@@ -176,19 +176,7 @@ def test_sampled_frame_compiles_without_spills(rows):
 
 
 # ---- on the H200 -----------------------------------------------------------------------------
-def _weights():
-    from models.codepredictor import random_weights
-    from models.fast_loop import FastWeights
-
-    w = random_weights(CFG, seed=0, dtype=torch.bfloat16).to(device="cuda")
-    return w, FastWeights(w)
-
-
-def _inputs(rows, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    h = torch.randn(rows, CFG.talker_hidden, generator=g, device="cuda").to(torch.bfloat16)
-    g0 = torch.randint(0, CFG.talker_vocab, (rows,), generator=g, device="cuda")
-    return h, g0
+from tests.test_depth_frame import _inputs, _same, _snapshot, _weights  # noqa: E402
 
 
 # default, greedy, top-k only (T 1), low temperature, top-k off, a near-greedy top-1
@@ -205,17 +193,6 @@ def _sampler(rows, seed):
     smp.offset += torch.randint(0, 2**40, (rows,), generator=g).to("cuda")
     return smp
 
-
-def _snapshot(out):
-    return type(out)(out.codes.clone(), out.talker_sum.clone(),
-                     [(k.clone(), v.clone()) for k, v in out.kv], out.logits.clone())
-
-
-def _same(a, b) -> bool:
-    return (torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
-            and torch.equal(a.talker_sum, b.talker_sum)
-            and all(torch.equal(k, k1) and torch.equal(v, v1)
-                    for (k, v), (k1, v1) in zip(a.kv, b.kv)))
 
 
 def _reference_codes(out, smp, offset0):
