@@ -57,11 +57,6 @@ def _col_byte(c):  # c % 4 picks the byte in the group
     return c & _like(c, SCALE_TILE_COLS - 1)
 
 
-def scale_tile_offset(r, c):
-    """Byte of scale (row r, block column c) inside its 512-byte 128x4 tile (r, c >= 0)."""
-    return _line_byte(r) | _group_byte(r) | _col_byte(c)
-
-
 def scale_swizzle_offset(r, c, col_groups):
     """Byte offset of scale (row r, block column c) in the cuBLAS 128x4 swizzle, ``col_groups``
     = ceil(block columns / 4): :func:`numerics.nvfp4.swizzle_offset` in shifts and masks.
