@@ -275,7 +275,9 @@ def a16_scratch(rows: int, K: int, device) -> torch.Tensor:
     buf = _A16_SCRATCH.get(key)
     if buf is None:
         if len(_A16_SCRATCH) >= A16_SCRATCH_MAX:
-            _A16_SCRATCH.clear()  # a launch still reading an older one keeps it alive
+            # a launch still reading an older set runs before any reuse of its memory: the
+            # caching allocator hands a freed block only to later work on its own stream
+            _A16_SCRATCH.clear()
         buf = _A16_SCRATCH[key] = torch.empty(rows, K, dtype=torch.float16, device=device)
     return buf
 
