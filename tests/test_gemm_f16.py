@@ -86,6 +86,8 @@ def test_default_config_f16_branch():
     assert two.cluster_k == 2 and type(two.epilogue).__name__ == "ClusterSplitStore"
     assert three.cluster_k == 1 and type(three.epilogue).__name__ == "TileStore"
     assert two.workspace_floats(128, 7168, 5376, 132) == (0, 56)
+    with pytest.raises(ValueError, match="two splits only"):  # three lost: a study's, not ours
+        BlockscaledGemmSm90.swap_ab_f16(splits=3, cluster_splits=True)
     assert pick(256, 21504) == ("wide", True, 1)  # 168 wide tiles: last wave 36 of 132
     assert pick(256, 5376) == ("swap", False, 1)  # 84 tiles: within one wave
     assert pick(256, 5376, 14336) == ("swap", False, 1)

@@ -241,6 +241,9 @@ class BlockscaledGemmSm90:
         tokens = RegisterAWgmmaConsumer.TOKENS[0]
         activation = F16TmaActivationStage(tokens, stages, buffers)
         consumer = RegisterAWgmmaConsumer(tokens, stages, activation.tiles)
+        if cluster_splits and splits != 2:  # three lost (a second round): V3Study measures it
+            raise ValueError(f"cluster_splits with splits = {splits}: the K-split cluster is a "
+                             "production store at two splits only (notes/p0-gemm.md, session 27)")
         epilogue = ClusterSplitStore(consumer.threads, splits=splits) if cluster_splits else None
         return cls.from_roles("swap_ab", WeightsOnlyRegisterOrderProducer(
             tokens, consumer.tile_n, stages), consumer, activation, splits=splits,
