@@ -347,6 +347,29 @@ def test_tile_study_knobs_stay_beside_the_production_kernel():
         TileStudy(k_stage=128)
 
 
+@pytest.mark.compile
+def test_code_size_study_compiles_only_the_bodies_it_names():
+    """The code-size study (scripts/frame_code_size.py): an attention-only build keeps the walk,
+    the pages and the pair handoff but no wgmma; an o/down-only build has their 160 wgmmas
+    (64 rows: o's half K 1024, down's 1536, in 16-deep steps); the production kernel compiles
+    every body (``bodies`` None)."""
+    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from kernels.depth.frame_studies import CodeSizeKernel
+    from schedules.plan import FRAME_RING
+    from workbench.compile import compile_report
+
+    assert FrameKernel.bodies is None
+    for bodies, wgmmas in (((F.ATTN,), 0), ((F.O, F.DOWN), 160)):
+        k = CodeSizeKernel(512, 2, False, *FRAME_RING.values(), rows=64, fused=True,
+                           norm_once=True, bodies=bodies)
+        r = compile_report(k, *compile_args())
+        assert r.ptx.count("wgmma.mma_async.sync.aligned.m64n") == wgmmas
+        for needle in ("ld.acquire.gpu.global.b32", "red.release.gpu.global.add.s32",
+                       "st.shared::cluster", "cp.async.bulk.shared::cluster.global"):
+            assert needle in r.ptx, (bodies, needle)
+        assert r.spill_bytes == 0
+
+
 def test_projection_tiles_refuse_a_schedule_they_are_not_built_for():
     """Unsplit o / down / proj (or another config) would leave rank 0 waiting for a partial
     that never comes: refused before the launch, naming the task."""

@@ -95,6 +95,12 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     the full barriers)."""
 
     ablate = ""  # every wgmma and page wait (a tile study may leave some out: frame_studies)
+    # the task types whose bodies compile (None: all); a code-size study compiles some only,
+    # the others keeping their waits, pages, pair handoff and signal (frame_studies)
+    bodies = None
+
+    def _compiles(self, ty: int) -> bool:
+        return self.bodies is None or ty in self.bodies
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
                  page_bytes: int = 0, rows: int = 0, fused: bool = False, draw: str = "greedy",
@@ -394,18 +400,19 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         t_ready = cute.arch.globaltimer()
         t_landed, t_computed = t_ready, t_ready
         if cutlass.const_expr(self.fused):  # attention and embedding (when the table has them)
-            if ty == F.ATTN:
-                if a_word >= 0:
-                    # thread 0's counter wait is every thread's
-                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
-                                      number_of_threads=T.CONSUMERS)
-                    self._attention_task(tile, mArena, a_word, y_word, gamma_word,
-                                         mPhases[ph * NPF + PCOL["kv_word"]],
-                                         mPhases[ph * NPF + PCOL["rope_word"]],
-                                         mPhases[ph * NPF + PCOL["slot"]])
-                t_ready = cute.arch.globaltimer()
-                t_landed, t_computed = t_ready, t_ready
-            if cutlass.const_expr(self.norm_once):
+            if cutlass.const_expr(self._compiles(F.ATTN)):
+                if ty == F.ATTN:
+                    if a_word >= 0:
+                        # thread 0's counter wait is every thread's
+                        cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                          number_of_threads=T.CONSUMERS)
+                        self._attention_task(tile, mArena, a_word, y_word, gamma_word,
+                                             mPhases[ph * NPF + PCOL["kv_word"]],
+                                             mPhases[ph * NPF + PCOL["rope_word"]],
+                                             mPhases[ph * NPF + PCOL["slot"]])
+                    t_ready = cute.arch.globaltimer()
+                    t_landed, t_computed = t_ready, t_ready
+            if cutlass.const_expr(self.norm_once and self._compiles(F.NORM)):
                 if ty == F.NORM:
                     cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
                                       number_of_threads=T.CONSUMERS)
@@ -413,55 +420,92 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                     rbuf)
                     t_ready = cute.arch.globaltimer()
                     t_landed, t_computed = t_ready, t_ready
-            if ty == F.EMBED:
-                code_word = mPhases[ph * NPF + PCOL["code_word"]]
-                if code_word >= 0:
-                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
-                                      number_of_threads=T.CONSUMERS)
-                    self._embedding_task(tile, mArena, a_word, y_word, ssq_out_word, code_word,
-                                         mPhases[ph * NPF + PCOL["group"]],
-                                         mPhases[ph * NPF + PCOL["table_word"]],
-                                         mPhases[ph * NPF + PCOL["talker_word"]],
-                                         mPhases[ph * NPF + PCOL["sum_word"]], dbuf)
-                t_ready = cute.arch.globaltimer()
-                t_landed, t_computed = t_ready, t_ready
+            if cutlass.const_expr(self._compiles(F.EMBED)):
+                if ty == F.EMBED:
+                    code_word = mPhases[ph * NPF + PCOL["code_word"]]
+                    if code_word >= 0:
+                        cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                          number_of_threads=T.CONSUMERS)
+                        self._embedding_task(tile, mArena, a_word, y_word, ssq_out_word,
+                                             code_word, mPhases[ph * NPF + PCOL["group"]],
+                                             mPhases[ph * NPF + PCOL["table_word"]],
+                                             mPhases[ph * NPF + PCOL["talker_word"]],
+                                             mPhases[ph * NPF + PCOL["sum_word"]], dbuf)
+                    t_ready = cute.arch.globaltimer()
+                    t_landed, t_computed = t_ready, t_ready
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
             t = T.PROJECTION_TYPES[kind]
             f, k, is_split = T.TASK_SHAPES[t]
             stages = k // self.k_stage
-            if ty == t:
-                a0 = a_word
-                if cutlass.const_expr(is_split):  # the half's K range of the input
-                    a0 = a_word + half * (k * self.r8 // 2)  # 32-bit words
-                acc, t_landed, t_computed = self._mainloop(
-                    f, stages, a0, at, au, mArena, ring, page_full, page_empty, act_full, abuf,
-                    mailbox, claim, gamma_word, ssq_in_word, rbuf)
-                if cutlass.const_expr(is_split):
-                    if half == 1:
-                        t_ready = self._send_partial(split, i, task_id, acc, combine, partial,
-                                                     slot_free, parts, mailbox, claim)
-                    else:
-                        y = self._receive_partial(split, i, task_id, acc, combine, partial,
-                                                  slot_free, parts, mErrors, mailbox, claim)
-                        t_ready = cute.arch.globaltimer()
-                        if cutlass.const_expr(self.fused):
-                            if resid_kind != T.RESID_NONE:
-                                self._store_residual(mArena, y_word, resid_word, resid_kind,
-                                                     ssq_out_word, tile, y)
+            if cutlass.const_expr(not self._compiles(t)):
+                if ty == t:
+                    at, split, t_ready = self._pages_only(half, f * k * 2 // self.page_bytes, i,
+                                                          task_id, at, split, combine, partial,
+                                                          slot_free, page_full, page_empty,
+                                                          mErrors, mailbox, claim)
+            if cutlass.const_expr(self._compiles(t)):
+                if ty == t:
+                    a0 = a_word
+                    if cutlass.const_expr(is_split):  # the half's K range of the input
+                        a0 = a_word + half * (k * self.r8 // 2)  # 32-bit words
+                    acc, t_landed, t_computed = self._mainloop(
+                        f, stages, a0, at, au, mArena, ring, page_full, page_empty, act_full, abuf,
+                        mailbox, claim, gamma_word, ssq_in_word, rbuf)
+                    if cutlass.const_expr(is_split):
+                        if half == 1:
+                            t_ready = self._send_partial(split, i, task_id, acc, combine, partial,
+                                                         slot_free, parts, mailbox, claim)
+                        else:
+                            y = self._receive_partial(split, i, task_id, acc, combine, partial,
+                                                      slot_free, parts, mErrors, mailbox, claim)
+                            t_ready = cute.arch.globaltimer()
+                            if cutlass.const_expr(self.fused):
+                                if resid_kind != T.RESID_NONE:
+                                    self._store_residual(mArena, y_word, resid_word, resid_kind,
+                                                         ssq_out_word, tile, y)
+                                else:
+                                    self._store_pairs(mArena, y_word, tile * f, y)
                             else:
                                 self._store_pairs(mArena, y_word, tile * f, y)
-                        else:
-                            self._store_pairs(mArena, y_word, tile * f, y)
-                    split = split + 1
-                elif cutlass.const_expr(t == F.GATEUP):
-                    t_ready = cute.arch.globaltimer()
-                    self._store_swiglu(mArena, y_word, tile, acc)
-                else:
-                    t_ready = cute.arch.globaltimer()
-                    self._store_pairs(mArena, y_word, tile * f, acc)
-                at = at + f * k * 2 // self.page_bytes
-                au = au + stages
+                        split = split + 1
+                    elif cutlass.const_expr(t == F.GATEUP):
+                        t_ready = cute.arch.globaltimer()
+                        self._store_swiglu(mArena, y_word, tile, acc)
+                    else:
+                        t_ready = cute.arch.globaltimer()
+                        self._store_pairs(mArena, y_word, tile * f, acc)
+                    at = at + f * k * 2 // self.page_bytes
+                    au = au + stages
         return at, au, split, t_landed, t_computed, t_ready
+
+
+    @cute.jit
+    def _pages_only(self, half: Int32, n: cutlass.Constexpr[int], i: Int32, task_id: Int32,
+                    at: Int32, split: Int32, combine, partial, slot_free, page_full, page_empty,
+                    mErrors, mailbox, claim):
+        """A projection task whose body a code-size study left out: its pages land and go
+        back, its split pair hands over (no fragment), as in the protocol alone. Returns the
+        advanced (at, split) and the "ready" stamp."""
+        R = self.pages
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            for j in cutlass.range_constexpr(n):
+                wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1, Barrier.PAGE_FULL,
+                            (at + j) % R, mailbox, claim)
+        t_ready = cute.arch.globaltimer()
+        if half == 1:
+            t_ready = self._send_partial(split, i, task_id, None, combine, partial, slot_free,
+                                         None, mailbox, claim)
+            split = split + 1
+        elif half == 0:
+            self._receive_partial(split, i, task_id, None, combine, partial, slot_free, None,
+                                  mErrors, mailbox, claim)
+            t_ready = cute.arch.globaltimer()
+            split = split + 1
+        if tidx == 0:
+            for j in cutlass.range_constexpr(n):
+                cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
+        return at + n, split, t_ready
 
 
 def sample_smem_free(rows: int, combine_slots: int, ring_bytes: int, k_stage: int,
@@ -604,7 +648,7 @@ class ProtocolRun:
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
                self.kernel.talker_vocab, self.kernel.act_buffers, self.kernel.ablate,
-               self.kernel.k_stage, self.kernel.norm_once)
+               self.kernel.k_stage, self.kernel.norm_once, self.kernel.bodies)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 

@@ -369,3 +369,25 @@ class TileStudyRun(ProtocolRun):
 
     def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
         return TileStudyKernel(*args, study=self.study, **kwargs)
+
+
+class CodeSizeKernel(FrameKernel):
+    """The frame kernel with only ``bodies`` (task types) compiled: the other tasks keep their
+    counter waits, weight pages, pair handoff and signal, so the walk and the ring run as in
+    the whole frame while the code holds fewer bodies (the code-size study,
+    scripts/frame_code_size.py; the outputs of a partial build are not the frame's)."""
+
+    def __init__(self, *args, bodies: frozenset, **kwargs):
+        self.bodies = frozenset(bodies)
+        super().__init__(*args, **kwargs)
+
+
+class CodeSizeRun(ProtocolRun):
+    """A frame launch (ProtocolRun's arguments) of a :class:`CodeSizeKernel` with ``bodies``."""
+
+    def __init__(self, schedule, *, bodies, **kwargs):
+        self.bodies = frozenset(bodies)
+        super().__init__(schedule, **kwargs)
+
+    def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
+        return CodeSizeKernel(*args, bodies=self.bodies, **kwargs)
