@@ -10,6 +10,8 @@ schedule, arena and packed weights launched as:
 * ``projections``: only the six projection bodies;
 * ``o_down``: only the o and down bodies (the two that neither normalise nor draw).
 
+Every arm is a traced build (six stamps a task), timed and traced alike.
+
 For each: the launch's median µs (workbench.timing.bench), its SASS instruction count (where
 nvdisasm is installed: workbench.compile), and from one traced launch the per-type medians of
 counter wait, landing, compute and epilogue, and ``body_us`` (counter waited -> ready). The
@@ -85,14 +87,14 @@ def _case(fw, rows: int, arms: list, rounds: int, rep_ms: float, sass: bool) -> 
     g = torch.Generator(device="cuda").manual_seed(rows)
     h = torch.randn(rows, CFG.talker_hidden, generator=g, device="cuda").to(torch.bfloat16)
     g0 = torch.randint(0, CFG.talker_vocab, (rows,), generator=g, device="cuda")
-    frame = DepthFrame(fw, rows)
-    traced = DepthFrame(fw, rows, trace=True)
+    # traced builds throughout (one compile an arm): the stamps cost every arm alike
+    frame = DepthFrame(fw, rows, trace=True)
     first = frame(h, g0).codes.clone()
     out = {"rows": rows, "rerun_codes_equal": bool(torch.equal(first, frame(h, g0).codes)),
            "arms": {}}
     runs = {}
     for name in arms:
-        run = _run(frame, ARMS[name], trace=False)
+        run = _run(frame, ARMS[name], trace=True)
         run.launch()
         run.synchronize()
         check = run.check()
@@ -103,23 +105,22 @@ def _case(fw, rows: int, arms: list, rounds: int, rep_ms: float, sass: bool) -> 
         for name, run in runs.items():
             times[name].append(bench(run.launch, warmup_ms=50, rep_ms=rep_ms,
                                      repeat=False).median_us)
-    for name in arms:
-        traced(h, g0)  # the production trace run fills the arena; a partial build reuses it
-        run = _run(traced, ARMS[name], trace=True)
+    for name, run in runs.items():
+        frame(h, g0)  # the production run refills the arena; a partial build reuses it
         run.launch()
         run.synchronize()
         stamps = run.task_stamps()
         out["arms"][name] = {
             "bodies": None if ARMS[name] is None else [TYPE_NAMES[t] for t in ARMS[name]],
             "frame_us": statistics.median(times[name]), "rounds_us": times[name],
-            "sass": _sass_count(runs[name].kernel) if sass else None,
-            "tile_times": _tile_times(traced.schedule, stamps),
-            "body_us": _body_times(traced.schedule, stamps)}
+            "sass": _sass_count(run.kernel) if sass else None,
+            "tile_times": _tile_times(frame.schedule, stamps),
+            "body_us": _body_times(frame.schedule, stamps)}
         print(f"rows {rows} {name}: {out['arms'][name]['frame_us']:.0f} µs, SASS "
               f"{out['arms'][name]['sass']}, body µs "
               + ", ".join(f"{k} {v:.2f}" for k, v in sorted(out["arms"][name]["body_us"].items())),
               flush=True)
-    del runs, frame, traced
+    del runs, frame
     torch.cuda.empty_cache()
     return out
 
