@@ -62,7 +62,7 @@ from schedules import depth_frame as F
 from schedules.plan import FRAME_ACT_BUFFERS, frame_k_stage
 
 cutlass, cute = cute_modules()
-from cutlass import Float32, Int32, Int64  # noqa: E402
+from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
 from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 
 THREADS = 128  # the protocol alone: thread 0 walks, tidx 32 loads
@@ -433,49 +433,77 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                              mPhases[ph * NPF + PCOL["sum_word"]], dbuf)
                     t_ready = cute.arch.globaltimer()
                     t_landed, t_computed = t_ready, t_ready
+        # one mainloop a tile width (its K stages a runtime loop) and the epilogue by type
+        # within it; the first copies and the norm factors once for every width: the frame's
+        # speed follows its code size (notes/depth-frame.md, session 28)
+        compiled = [t for t in T.PROJECTION_TYPES if self._compiles(t)]
+        if cutlass.const_expr(len(compiled) > 0):
+            is_projection = ty == compiled[0]
+            k_task = Int32(T.TASK_SHAPES[compiled[0]][1])
+            for t in compiled[1:]:
+                is_projection = is_projection | (ty == t)
+                k_task = cutlass.select_(ty == t, Int32(T.TASK_SHAPES[t][1]), k_task)
+            # a split tile's half reads its K range of the input (32-bit words)
+            a0 = a_word + cutlass.select_(half > 0, half, Int32(0)) * (k_task * self.r8 // 2)
+            if is_projection:
+                self._first_stages(k_task // self.k_stage, a0, au, mArena, act_full, abuf)
+                if cutlass.const_expr(self.fused):
+                    if gamma_word >= 0:  # the rows' norm factors, while stage 0's copy lands
+                        self._row_factors(mArena, ssq_in_word, gamma_word, rbuf,
+                                          cute.recast_ptr(rbuf + T.MAX_ROWS, dtype=Uint32))
+        for w in cutlass.range_constexpr(len(T.TILE_WIDTHS)):
+            f = T.TILE_WIDTHS[w]
+            types = [t for t in T.PROJECTION_TYPES if T.TASK_SHAPES[t][0] == f
+                     and self._compiles(t)]
+            if cutlass.const_expr(len(types) > 0):
+                is_f = ty == types[0]
+                for t in types[1:]:
+                    is_f = is_f | (ty == t)
+                if is_f:
+                    k = k_task
+                    stages = k // self.k_stage
+                    acc, t_landed, t_computed = self._mainloop(
+                        f, stages, a0, at, au, mArena, ring, page_full, page_empty, act_full,
+                        abuf, mailbox, claim, gamma_word >= 0, rbuf)
+                    t_ready = cute.arch.globaltimer()
+                    if cutlass.const_expr(f == 64):  # gate/up
+                        self._store_swiglu(mArena, y_word, tile, acc)
+                    else:
+                        split_types = [t for t in types if T.TASK_SHAPES[t][2]]
+                        if cutlass.const_expr(len(split_types) > 0):
+                            if half == 1:
+                                t_ready = self._send_partial(split, i, task_id, acc, combine,
+                                                             partial, slot_free, parts, mailbox,
+                                                             claim)
+                            elif half == 0:
+                                y = self._receive_partial(split, i, task_id, acc, combine,
+                                                          partial, slot_free, parts, mErrors,
+                                                          mailbox, claim)
+                                t_ready = cute.arch.globaltimer()
+                                if cutlass.const_expr(self.fused):
+                                    if resid_kind != T.RESID_NONE:
+                                        self._store_residual(mArena, y_word, resid_word,
+                                                             resid_kind, ssq_out_word, tile, y)
+                                    else:
+                                        self._store_pairs(mArena, y_word, tile * f, y)
+                                else:
+                                    self._store_pairs(mArena, y_word, tile * f, y)
+                            else:
+                                self._store_pairs(mArena, y_word, tile * f, acc)
+                            split = split + cutlass.select_(half >= 0, Int32(1), Int32(0))
+                        else:
+                            self._store_pairs(mArena, y_word, tile * f, acc)
+                    at = at + f * k * 2 // self.page_bytes
+                    au = au + stages
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
             t = T.PROJECTION_TYPES[kind]
-            f, k, is_split = T.TASK_SHAPES[t]
-            stages = k // self.k_stage
             if cutlass.const_expr(not self._compiles(t)):
                 if ty == t:
+                    f, k, _ = T.TASK_SHAPES[t]
                     at, split, t_ready = self._pages_only(half, f * k * 2 // self.page_bytes, i,
                                                           task_id, at, split, combine, partial,
                                                           slot_free, page_full, page_empty,
                                                           mErrors, mailbox, claim)
-            if cutlass.const_expr(self._compiles(t)):
-                if ty == t:
-                    a0 = a_word
-                    if cutlass.const_expr(is_split):  # the half's K range of the input
-                        a0 = a_word + half * (k * self.r8 // 2)  # 32-bit words
-                    acc, t_landed, t_computed = self._mainloop(
-                        f, stages, a0, at, au, mArena, ring, page_full, page_empty, act_full, abuf,
-                        mailbox, claim, gamma_word, ssq_in_word, rbuf)
-                    if cutlass.const_expr(is_split):
-                        if half == 1:
-                            t_ready = self._send_partial(split, i, task_id, acc, combine, partial,
-                                                         slot_free, parts, mailbox, claim)
-                        else:
-                            y = self._receive_partial(split, i, task_id, acc, combine, partial,
-                                                      slot_free, parts, mErrors, mailbox, claim)
-                            t_ready = cute.arch.globaltimer()
-                            if cutlass.const_expr(self.fused):
-                                if resid_kind != T.RESID_NONE:
-                                    self._store_residual(mArena, y_word, resid_word, resid_kind,
-                                                         ssq_out_word, tile, y)
-                                else:
-                                    self._store_pairs(mArena, y_word, tile * f, y)
-                            else:
-                                self._store_pairs(mArena, y_word, tile * f, y)
-                        split = split + 1
-                    elif cutlass.const_expr(t == F.GATEUP):
-                        t_ready = cute.arch.globaltimer()
-                        self._store_swiglu(mArena, y_word, tile, acc)
-                    else:
-                        t_ready = cute.arch.globaltimer()
-                        self._store_pairs(mArena, y_word, tile * f, acc)
-                    at = at + f * k * 2 // self.page_bytes
-                    au = au + stages
         return at, au, split, t_landed, t_computed, t_ready
 
 
