@@ -45,18 +45,19 @@ from workbench.timing import COPY_CEILING_BPS, bench
 
 ROWS = (1, 8, 16, 32, 64)
 NOTES = {
-    "prediction": "session 19, before the first run: the projection frame measured 2.67-2.92 "
-                  "ms (results/frame-protocol.json); attention adds ~80 tasks to the chain "
-                  "(one a layer and position, ~2-3 µs each: L2 loads of q/k/v and the "
-                  "cache, shuffles) and the embeddings 15 (~2 µs), so ~2.9-3.2 ms a frame at "
-                  "every row count, slower than the fast loop (1.25 ms at 1 row, 2.0 ms at "
-                  "64): the dispatch rule would keep the loop at every row count.",
+    "prediction": "session 28, before this run (the frame under 8k instructions, #37 item 4; "
+                  "notes/depth-frame.md): frame_bits_ab measured 2685 / 2828 / 3524 µs at 1 / "
+                  "16 / 64 rows (greedy, launch only), so ~2.7-3.6 ms at 1-64 rows here, "
+                  "against the loop's 1.25-1.92 ms: no crossover, the dispatch rule keeps the "
+                  "loop at every row count; the sampled frame +1.1-1.4 % at 64 rows (the draw's "
+                  "~15 embedding tasks of one row on the chain), inside the 3 % budget.",
     "outcome": "ad1357c (H200): correct, but 5054-8779 µs at 1-64 rows (the prediction wrong "
                "by 2-3x: each normalised tile normalises its whole input, and the kernel's "
                "unrolled code). 69d87e0, the stage normalisation a loop and K stages of 512 at "
                "<= 32 rows: 3993 / 4015 / 4511 / 4635 / 5791 µs against the loop's 1167-1897 "
                "µs. The 1.5 ms target is missed; the dispatch rule keeps the loop "
-               "everywhere (notes/depth-frame.md says what limits the frame).",
+               "everywhere (notes/depth-frame.md says what limits the frame). Session 28's "
+               "run: notes/depth-frame.md, session 28.",
 }
 
 
