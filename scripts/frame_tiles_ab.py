@@ -1,4 +1,4 @@
-"""A/B of the depth frame's projection-tile knobs (kernels.depth.frame_studies.TileStudy) on the
+"""A/B of the depth frame's projection-tile knobs (experiments._frame_studies.TileStudy) on the
 H200, in the projection study (random weights, attention and embedding tasks wait and signal
 only).
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from experiments.frame_protocol import _tile_times, critical_chain
-from kernels.depth.frame_studies import ProjectionStudy, TileStudy, TileStudyKernel, TileStudyRun
+from experiments._frame_studies import ProjectionStudy, TileStudy, TileStudyKernel, TileStudyRun
 from schedules.depth_frame import FrameOptions, build
 from schedules.plan import FRAME_RING
 from workbench.timing import bench

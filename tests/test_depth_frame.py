@@ -1,4 +1,4 @@
-"""The whole depth frame as one persistent launch (kernels/depth/frame.py, issue #26): its
+"""The whole depth frame as one persistent launch (kernels/depth/frame/, issue #26): its
 arena layout and phase table (CPU), its compiled kernel (CI), and on the H200 the frame against
 the fast loop (models.fast_loop.FastLoop) with given codes and greedy draws.
 
@@ -28,7 +28,7 @@ def _schedule(rows):
 
 # ---- CPU -------------------------------------------------------------------------------------
 def test_qkv_rows_by_kv_head_is_a_permutation_grouping_each_kv_head():
-    from kernels.depth.frame_attention import qkv_rows_by_kv_head
+    from kernels.depth.frame.attention import qkv_rows_by_kv_head
 
     order = qkv_rows_by_kv_head(CFG)
     assert sorted(order) == list(range(CFG.qkv_dim))
@@ -45,8 +45,7 @@ def test_frame_layout_regions_are_disjoint_and_every_phase_points_inside(rows):
     """Regions never overlap, outputs come before constants, and each phase's table row names
     regions of the right kind (its input and output where the schedule's data flow says)."""
     from kernels.depth.frame import frame_layout
-    from kernels.depth.frame_table import phase_row
-    from kernels.depth.frame_tiles import PHASE_FIELDS
+    from kernels.depth.frame.table import PHASE_FIELDS, phase_row
     from schedules import depth_frame as F
 
     a = frame_layout(CFG, rows)
@@ -112,7 +111,7 @@ def test_frame_kernel_compiles_with_every_body(rows, draw):
     """The whole frame's kernel: wgmma, the bulk copies, the acquire / release counters, the
     cluster handoff (mapa + st.shared::cluster), the attention and embedding bodies' L2 loads,
     no spills and no calls (SwiGLU's and the softmax's divisions are div_newton)."""
-    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from kernels.depth.frame import FrameKernel, compile_args
     from schedules.plan import FRAME_RING
     from workbench.compile import compile_report
 

@@ -3,9 +3,9 @@ work when built for a step's rows.
 
 The frame kernel (issue #26) is a grid of 2-CTA clusters, each CTA walking its static task list
 from :mod:`schedules.depth_frame`. This module is that walk: per task, the waits the schedule
-gives it, timestamps, its cluster handoff and its signal. The task bodies (frame_tiles.py,
-frame_attention.py, frame_embed.py) run between the waits and the signal when the kernel is
-built with ``rows`` (kernels/depth/frame.py builds the whole frame so); built without them it is
+gives it, timestamps, its cluster handoff and its signal. The task bodies (projection.py,
+attention.py, embedding.py) run between the waits and the signal when the kernel is built with
+``rows`` (host.py builds the whole frame so); built without them it is
 the protocol alone, which tests the protocol on the H200 (every wait is bounded and reports
 what it waited on) and measures the floor that synchronisation alone puts under a frame.
 
@@ -37,27 +37,22 @@ its weights before its partial exists) and arrives on ``page_empty`` when the ta
 Shared memory: ``partial[S]`` and ``slot_free[S]`` mbarriers (arrive count 1) and S combine
 words. Both are armed cluster-wide before the first task, and neither CTA exits before its
 peer (closing cluster barrier). Counters start at 0 (the host zeroes them before each launch).
-All CTAs must be co-resident: :func:`run_protocol` checks the occupancy API before launching.
+All CTAs must be co-resident: launch.py's :func:`check_launchable` checks the occupancy API before launching.
 """
 from __future__ import annotations
 
-import numpy as np
-import torch
-
 from configs.codepredictor import QWEN3_TTS_1P7B
-from kernels.depth import frame_tiles as T
-from kernels.depth.frame_attention import AttentionBodies
-from kernels.depth.frame_embed import DRAW_NOISE, DRAWS, EmbeddingBodies, frame_row_draw
 from kernels.depth.draw import RowDraw
-from kernels.depth.frame_tiles import ProjectionBodies, weight_regions
+from kernels.depth.frame import projection as T
+from kernels.depth.frame.attention import AttentionBodies
+from kernels.depth.frame.embedding import DRAW_NOISE, DRAWS, EmbeddingBodies, frame_row_draw
+from kernels.depth.frame.projection import ProjectionBodies
+from kernels.depth.frame.table import PHASE_FIELDS, RESID_NONE
 from device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
                                 red_release_gpu_add, st_cluster_u32)
-from device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
-                                    require_hopper, sm_count)
+from device.runtime import cute_modules, pointer_args
 from device.barriers import Barrier
-from device.residency import NotCoResident, check_co_resident
-from device.waits import (TIMEOUT_NS, diagnostics_mailbox,
-                                  synchronize, wait_cluster_parity, wait_counter, wait_parity)
+from device.waits import (TIMEOUT_NS, wait_cluster_parity, wait_counter, wait_parity)
 from schedules import depth_frame as F
 from schedules.plan import FRAME_ACT_BUFFERS, frame_k_stage
 
@@ -68,8 +63,8 @@ from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 THREADS = 128  # the protocol alone: thread 0 walks, tidx 32 loads
 NF = len(F.FIELDS)
 COL = {name: i for i, name in enumerate(F.FIELDS)}
-NPF = len(T.PHASE_FIELDS)
-PCOL = {name: i for i, name in enumerate(T.PHASE_FIELDS)}
+NPF = len(PHASE_FIELDS)
+PCOL = {name: i for i, name in enumerate(PHASE_FIELDS)}
 TASK_ID_BITS = 16  # a task's id in the combine slot: phase << 16 | tile
 # trace builds, per task: start, counter waited, stage 0 landed, last wgmma retired, ready to
 # signal, signalled (without tiles the middle two equal "counter waited")
@@ -81,7 +76,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     ``trace`` (six %globaltimer stamps a task: STAMPS), the page ring (``ring_pages`` of
     ``page_bytes``; 0: no weight streaming) and ``rows``: 0 builds the protocol alone (thread
     0 walks, tidx 32 loads); 1..64 builds the projection tiles for a step of that many rows
-    (kernels/depth/frame_tiles.py); ``fused`` also the attention and embedding bodies and the
+    (projection.py); ``fused`` also the attention and embedding bodies and the
     tiles' norm, residual and ssq steps (the real frame's data flow), ``draw`` the embedding's
     draw mode, for ``config``'s shapes (None: the 1.7B CodePredictor's). The K stage is the
     plan's (schedules.plan.frame_k_stage) and the activation buffers FRAME_ACT_BUFFERS.
@@ -94,7 +89,8 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     ``slot_free``, ``page_full``, ``page_empty`` and ``act_full`` 1 (with transaction bytes on
     the full barriers)."""
 
-    ablate = ""  # every wgmma and page wait (a tile study may leave some out: frame_studies)
+    ablate = ""  # every wgmma and page wait (a tile study may leave some out:
+    # experiments/_frame_studies.py)
 
     def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
                  page_bytes: int = 0, rows: int = 0, fused: bool = False, draw: str = "greedy",
@@ -141,7 +137,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
 
     def _k_stage(self, rows: int) -> int:
         """K elements of an activation stage: the plan's (schedules.plan.frame_k_stage; a tile
-        study may choose another, kernels.depth.frame_studies.TileStudyKernel)."""
+        study may choose another, experiments._frame_studies.TileStudyKernel)."""
         return frame_k_stage(rows) if rows else T.K_STAGE
 
     @cute.jit
@@ -445,7 +441,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                                   slot_free, parts, mErrors, mailbox, claim)
                         t_ready = cute.arch.globaltimer()
                         if cutlass.const_expr(self.fused):
-                            if resid_kind != T.RESID_NONE:
+                            if resid_kind != RESID_NONE:
                                 self._store_residual(mArena, y_word, resid_word, resid_kind,
                                                      ssq_out_word, tile, y)
                             else:
@@ -488,150 +484,3 @@ def compile_args(grid: int = 132, counters: int = 500):
     """Arguments for cute.compile offline (placeholder addresses, never dereferenced)."""
     return (*pointer_args(PTRS), Int32(grid), Int32(counters), Int32(1 << 12), Int32(1 << 28),
             make_fake_stream())
-
-
-# ---- host -------------------------------------------------------------------------------------
-class FrameRefused(NotCoResident):
-    """The launch would not be safe on this machine (the message says why); nothing ran."""
-
-
-def check_launchable(schedule: F.Schedule) -> None:
-    """Everything that must hold before CTAs that wait on each other launch: the schedule
-    passes validate(); sm_90; enough SMs; no MPS (which may not co-schedule the whole grid);
-    the occupancy API guarantees every cluster resident at once (device.residency). Raises
-    ScheduleError or FrameRefused."""
-    F.validate(schedule)
-    require_hopper()
-    grid = schedule.options.grid
-    if sm_count() < grid:
-        raise FrameRefused(f"the schedule's grid of {grid} CTAs needs {grid} SMs; this GPU has "
-                           f"{sm_count()}")
-    try:
-        check_co_resident(grid, "the schedule's grid", cluster_size=2)
-    except FrameRefused:
-        raise
-    except NotCoResident as e:
-        raise FrameRefused(str(e)) from None
-
-
-def check_tile_shapes(schedule: F.Schedule) -> None:
-    """The projection tiles are compiled for the 1.7B shapes and the schedule's split o /
-    down / proj (kernels.depth.frame_tiles.TASK_SHAPES): refuse, before anything runs, a
-    schedule whose projection tasks differ (another config, ``split_o_down=False``), since
-    the kernel would wait for a partial that never comes and count pages the loader does not."""
-    if schedule.config != QWEN3_TTS_1P7B:
-        raise ValueError("the frame's projection tiles take the 1.7B CodePredictor shapes only")
-    P = schedule.options.page_bytes
-    for c, lst in enumerate(schedule.ctas):
-        for i, t in enumerate(lst):
-            if t.type not in T.TASK_SHAPES:
-                continue
-            f, k, split = T.TASK_SHAPES[t.type]
-            if (t.half >= 0) != split or t.n_pages * P != f * k * 2:
-                raise ValueError(
-                    f"CTA {c} task {i} ({F.TYPE_NAMES[t.type]}, half {t.half}, {t.n_pages} "
-                    f"pages of {P} B) is not the tile the kernel is built for ({f} features x "
-                    f"K {k}, {'split' if split else 'whole'})")
-
-
-class ProtocolRun:
-    """Device buffers of one schedule's frame launch (encoded once): ``launch()`` zeroes the
-    counters and runs the frame's walk (capturable); ``check()`` reads back what a run must
-    leave (every counter at its expected count, no combine mismatch)."""
-
-    def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
-                 table=None, io=None, fused: bool = False, draw: str = "greedy"):
-        """``weights``: stream every task's weight tile through the page ring. True: from a
-        synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
-        which every position reads again); a uint8 CUDA tensor: those bytes, packed by
-        :func:`kernels.depth.frame_tiles.pack_frame_weights`. ``io``: (phase table int32
-        [phases, len(PHASE_FIELDS)], arena) builds the projection tiles for the schedule's rows
-        (kernels/depth/frame_tiles.py), with real weights (tile studies under A/B run through
-        kernels.depth.frame_studies.TileStudyRun)."""
-        check_launchable(schedule)
-        self.schedule = schedule
-        enc, counts = F.encode(schedule) if table is None else table
-        dev = "cuda"
-        self.table = torch.from_numpy(np.ascontiguousarray(enc)).to(dev)
-        self.counts = torch.from_numpy(counts).to(dev)
-        self.expect = torch.tensor(schedule.counter_expect, dtype=torch.int32, device=dev)
-        self.counters = torch.zeros_like(self.expect)
-        self.errors = torch.zeros(2, dtype=torch.int32, device=dev)  # mismatches, claim
-        opt = schedule.options
-        grid, tasks = opt.grid, opt.max_tasks_per_cta
-        self.trace = (torch.zeros(grid, tasks, STAMPS, dtype=torch.int64, device=dev) if trace
-                      else None)
-        streamed = weights is not False
-        if io is not None and not torch.is_tensor(weights):
-            raise ValueError("projection tiles (io) need the packed weights")
-        if io is not None:
-            check_tile_shapes(schedule)
-        pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
-        rows = opt.rows if io is not None else 0
-        self.kernel = self._frame_kernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
-                                         fused=fused, draw=draw, config=schedule.config,
-                                         norm_once=opt.norm_once)
-        if rows and fused and (draw == "sample") != (opt.embed_rows == 1):
-            raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
-                             "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "
-                             "the others 8")
-        if opt.norm_once and rows and not self.kernel.norm_once:
-            raise ValueError("a norm_once schedule needs the fused frame (its norm tasks "
-                             "write the projections' inputs)")
-        sources, total, _ = weight_regions(schedule)
-        self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
-                                          * opt.page_bytes) if streamed else 0
-        self.sources = torch.from_numpy(sources).to(dev)
-        if torch.is_tensor(weights):
-            if weights.dtype != torch.uint8 or weights.numel() != total:
-                raise ValueError(f"weights: {total} packed bytes expected, got "
-                                 f"{weights.numel()} of {weights.dtype}")
-            self.weights = weights
-        else:
-            self.weights = torch.empty(total if streamed else 16, dtype=torch.uint8, device=dev)
-        if io is not None:
-            self.phases, self.arena = io
-        else:
-            self.phases = torch.zeros(4, dtype=torch.int32, device=dev)
-            self.arena = torch.zeros(4, dtype=torch.int32, device=dev)
-        tensors = (self.table, self.counts, self.counters, self.errors,
-                   self.trace if trace else self.table)
-        self.ptrs = (*pointer_args(PTRS[:5], tensors),
-                     pointer_args(PTRS[5:6], [diagnostics_mailbox()])[0],
-                     *pointer_args(PTRS[6:], (self.weights, self.sources, self.phases,
-                                              self.arena)))
-        self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
-                        Int32(self.phases.numel()), Int32(self.arena.numel()))
-        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
-               self.kernel.talker_vocab, self.kernel.act_buffers, self.kernel.ablate,
-               self.kernel.k_stage, self.kernel.norm_once)
-        self.compiled = cached_compile(key, lambda: cute.compile(
-            self.kernel, *self.ptrs, *self.scalars, current_stream()))
-
-    def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
-        """The kernel this run compiles (FrameKernel's arguments; a tile study builds its own:
-        kernels.depth.frame_studies.TileStudyRun)."""
-        return FrameKernel(*args, **kwargs)
-
-    def launch(self):
-        self.counters.zero_()
-        self.errors.zero_()  # the mismatch count and the timeout claim are per launch
-        self.compiled(*self.ptrs, *self.scalars, current_stream())
-
-    def synchronize(self):
-        synchronize(self.schedule.counter_names)
-
-    def check(self) -> dict:
-        """{"counters_at_expected": bool, "combine_mismatches": int} after a synchronised run."""
-        return {"counters_at_expected": bool(torch.equal(self.counters, self.expect)),
-                "combine_mismatches": int(self.errors[0].item())}
-
-    def task_stamps(self) -> list[list[tuple]]:
-        """Per CTA, per task: STAMPS %globaltimer ns (start, counter waited, stage 0 landed,
-        last wgmma retired, ready to signal, signalled; trace builds). "Ready": the tile and
-        the cluster handoff are done (rank 1: its slot is free, before it sends)."""
-        if self.trace is None:
-            raise ValueError("built without trace=True")
-        host = self.trace.cpu().numpy()
-        return [[tuple(int(v) for v in host[c, i]) for i in range(len(lst))]
-                for c, lst in enumerate(self.schedule.ctas)]

@@ -1,5 +1,5 @@
-"""Studies of the depth frame's tiles (kernels/depth/frame_tiles.py), beside the production
-kernel and apart from it: harnesses that check the tiles on random data (the phase tables and
+"""Studies of the depth frame's tiles (kernels/depth/frame/projection.py), apart from the
+production kernel (a helper of experiments, tests and scripts, not an experiment itself): harnesses that check the tiles on random data (the phase tables and
 arenas they run on, and their references) and the tile knobs still under A/B. Only tests,
 experiments and scripts/ build them.
 
@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.depth.frame_protocol import FrameKernel, ProtocolRun
-from kernels.depth.frame_table import phase_row, table_row, unfused_row
-from kernels.depth.frame_tiles import (RESID_ROWS, SSQ_TILES, TILE_FEATURES, check_rows,
-                                       chunk_major_rows, from_chunk_major, pack_frame_weights,
-                                       rows8)
+from kernels.depth.frame import FrameKernel, ProtocolRun
+from kernels.depth.frame.projection import SSQ_TILES, TILE_FEATURES, check_rows, rows8
+from kernels.depth.frame.table import RESID_ROWS, phase_row, table_row, unfused_row
+from kernels.depth.frame.weights import chunk_major_rows, from_chunk_major, pack_frame_weights
 from numerics.rmsnorm import rms_apply
 from schedules import depth_frame as F
 
@@ -226,7 +225,7 @@ class ResidualStudy:
         self.arena[w0: w0 + flat.numel()] = flat
 
     def _row(self, ph) -> list:
-        """The real frame's row (kernels.depth.frame_table.phase_row) but o's input, a fixed
+        """The real frame's row (kernels.depth.frame.table.phase_row) but o's input, a fixed
         x_q, and no inputs for the attention and embedding tasks (they wait and signal only)."""
         o, p = self.offsets, ph.pos
         if ph.type == F.O:
