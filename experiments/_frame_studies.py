@@ -1,7 +1,7 @@
 """Studies of the depth frame's tiles (kernels/depth/frame/projection.py), apart from the
-production kernel (a helper of experiments, tests and scripts, not an experiment itself): harnesses that check the tiles on random data (the phase tables and
-arenas they run on, and their references) and the tile knobs still under A/B. Only tests,
-experiments and scripts/ build them.
+production kernel: harnesses that check the tiles on random data (the phase tables and arenas
+they run on, and their references) and the tile knobs still under A/B. A helper module, not an
+experiment (hence the underscore): only tests, experiments and scripts/ build them.
 
 * :class:`ProjectionStudy`: every projection tile in isolation (fixed inputs), against float64
   within a derived bound.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.depth.frame import FrameKernel, ProtocolRun
+from kernels.depth.frame import FrameBuild, FrameKernel, ProtocolRun
 from kernels.depth.frame.projection import SSQ_TILES, TILE_FEATURES, check_rows, rows8
 from kernels.depth.frame.table import RESID_ROWS, phase_row, table_row, unfused_row
 from kernels.depth.frame.weights import chunk_major_rows, from_chunk_major, pack_frame_weights
@@ -348,12 +348,11 @@ class TileStudy:
 
 
 class TileStudyKernel(FrameKernel):
-    """The frame kernel built with a :class:`TileStudy`'s knobs (``study``; the other arguments
-    are FrameKernel's)."""
+    """The frame kernel of a :class:`FrameBuild` with a :class:`TileStudy`'s knobs (``study``)."""
 
-    def __init__(self, *args, study: TileStudy, **kwargs):
+    def __init__(self, build: FrameBuild, *, study: TileStudy):
         self.study, self.ablate = study, study.ablate
-        super().__init__(*args, **kwargs)
+        super().__init__(build)
 
     def _k_stage(self, rows: int) -> int:
         return self.study.k_stage or super()._k_stage(rows)
@@ -366,5 +365,5 @@ class TileStudyRun(ProtocolRun):
         self.study = study
         super().__init__(schedule, **kwargs)
 
-    def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
-        return TileStudyKernel(*args, study=self.study, **kwargs)
+    def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
+        return TileStudyKernel(build, study=self.study)

@@ -111,12 +111,12 @@ def test_frame_kernel_compiles_with_every_body(rows, draw):
     """The whole frame's kernel: wgmma, the bulk copies, the acquire / release counters, the
     cluster handoff (mapa + st.shared::cluster), the attention and embedding bodies' L2 loads,
     no spills and no calls (SwiGLU's and the softmax's divisions are div_newton)."""
-    from kernels.depth.frame import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING
     from workbench.compile import compile_report
 
-    r = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=rows, fused=True,
-                                   draw=draw), *compile_args())
+    r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=rows,
+                                              fused=True, draw=draw)), *compile_args())
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 416
     for needle in ("cp.async.bulk.shared::cluster.global", "ld.acquire.gpu.global.b32",

@@ -169,11 +169,12 @@ def test_frame_kernel_compiles_with_the_norm_body():
     """The norm_once build at 64 rows: the projections' 416 wgmmas as before, the norm body's
     16-byte relaxed loads of h and gamma and its 64 relaxed ssq loads a row beside the in-tile
     path's, no spills, no calls."""
-    from kernels.depth.frame import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from workbench.compile import compile_report
 
-    r = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=64, fused=True,
-                                   draw="given", norm_once=True), *compile_args())
+    r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64,
+                                              fused=True, draw="given", norm_once=True)),
+                       *compile_args())
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 416
     assert ptx.count("ld.relaxed.gpu.global.f32") >= 2 * 64  # _row_factors' and the norm's

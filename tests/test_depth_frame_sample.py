@@ -153,12 +153,12 @@ def test_sampled_frame_compiles_without_spills(rows):
     one ballot a value slot for the survivors, named barrier 1), no local memory; its only
     calls are the IEEE fp32 division's slow path (s = logits / T, as torch divides; the
     greedy and given builds have none). Prints its SASS count against the greedy build's."""
-    from kernels.depth.frame import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING
     from workbench.compile import compile_report
 
-    r = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=rows, fused=True,
-                                   draw="sample"), *compile_args())
+    r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=rows,
+                                              fused=True, draw="sample")), *compile_args())
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 416
     assert r.frame_bytes == 0 and r.spill_bytes == 0
@@ -169,8 +169,9 @@ def test_sampled_frame_compiles_without_spills(rows):
     if r.sass:
         calls = set(re.findall(r"CALL\.\S+\s+`\(([^)]*)\)", r.sass))
         assert all("div_rn" in c for c in calls), calls
-        greedy = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=rows,
-                                            fused=True, draw="greedy"), *compile_args())
+        greedy = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(),
+                                                       rows=rows, fused=True, draw="greedy")),
+                                *compile_args())
         print(f"rows {rows}: SASS sampled {_sass_count(r.sass)}, greedy "
               f"{_sass_count(greedy.sass)}; registers {r.registers} / {greedy.registers}")
 

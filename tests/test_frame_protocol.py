@@ -24,10 +24,10 @@ ROWS = (1, 13, 64)
 
 @functools.cache
 def _build(trace: bool, pages: int = 0):
-    from kernels.depth.frame import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from workbench.compile import compile_report
 
-    return compile_report(FrameKernel(512, 2, trace, pages, 4096 if pages else 0),
+    return compile_report(FrameKernel(FrameBuild(512, 2, trace, pages, 4096 if pages else 0)),
                           *compile_args())
 
 
@@ -241,13 +241,13 @@ def test_many_waiters_timing_out_together_leave_one_whole_report():
 # ---- the projection tiles (kernels/depth/frame/projection.py) ----------------------------------
 @functools.cache
 def _build_tiles(rows: int):
-    from kernels.depth.frame import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from workbench.compile import compile_report
 
     from schedules.plan import FRAME_RING
 
-    return compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=rows),
-                          *compile_args())
+    return compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(),
+                                                 rows=rows)), *compile_args())
 
 
 @pytest.mark.compile
@@ -316,12 +316,12 @@ def test_frame_kernel_refuses_pages_that_split_a_tile():
     """32 KB pages would leave down's 48 KB half tiles a page and a half: refused at build,
     before anything runs (the one measured attempt deadlocked on the loader, which reported
     it)."""
-    from kernels.depth.frame import FrameKernel
+    from kernels.depth.frame import FrameBuild, FrameKernel
 
     with pytest.raises(ValueError, match="down"):
-        FrameKernel(512, 2, False, 4, 32768, rows=1)
+        FrameKernel(FrameBuild(512, 2, False, 4, 32768, rows=1))
     with pytest.raises(ValueError, match="pages of"):
-        FrameKernel(512, 2, False, 32, 3072, rows=1)
+        FrameKernel(FrameBuild(512, 2, False, 32, 3072, rows=1))
 
 
 def test_tile_study_knobs_stay_beside_the_production_kernel():
@@ -329,15 +329,15 @@ def test_tile_study_knobs_stay_beside_the_production_kernel():
     wait); a TileStudy reaches a kernel only through experiments._frame_studies."""
     import inspect
 
-    from kernels.depth.frame import FrameKernel, ProtocolRun
+    from kernels.depth.frame import FrameBuild, FrameKernel, ProtocolRun
     from experiments._frame_studies import TileStudy, TileStudyKernel, TileStudyRun
     from schedules.plan import FRAME_RING, frame_k_stage
 
     for cls in (FrameKernel, ProtocolRun):
         assert "study" not in inspect.signature(cls.__init__).parameters
-    plain = FrameKernel(512, 2, False, *FRAME_RING.values(), rows=16)
+    plain = FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=16))
     assert plain.ablate == "" and plain.k_stage == frame_k_stage(16) and plain.r8 == 16
-    studied = TileStudyKernel(512, 2, False, *FRAME_RING.values(), rows=13,
+    studied = TileStudyKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=13),
                               study=TileStudy(ablate="no_mma", k_stage=256))
     assert studied.ablate == "no_mma" and studied.k_stage == 256 and studied.r8 == 16
     assert FrameKernel.ablate == "" and issubclass(TileStudyRun, ProtocolRun)
@@ -409,12 +409,12 @@ def test_fused_build_normalizes_stages_and_adds_residuals():
     """``fused``: each projection stage can be RMS-normalised in place (13 stages, each behind
     a shared-memory proxy fence), the row factors come from relaxed gpu-scope loads of the ssq
     partials, the residual epilogue quad-reduces its squares; still 416 wgmmas, no spills."""
-    from kernels.depth.frame import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING
     from workbench.compile import compile_report
 
-    r = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=13, fused=True),
-                       *compile_args())
+    r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=13,
+                                              fused=True)), *compile_args())
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 416
     # 13 normalised K stages of 512 at 13 rows (schedules.plan.frame_k_stage), each behind a

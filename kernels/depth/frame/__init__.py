@@ -21,12 +21,13 @@ What lives where:
 The tile studies (random-data harnesses and the tiles' A/B knobs) are not here but in
 experiments/_frame_studies.py: only tests, experiments and scripts build them.
 """
-from kernels.depth.frame.kernel import PTRS, STAMPS, FrameKernel, compile_args
+from kernels.depth.frame.kernel import (PTRS, STAMPS, FrameBuild, FrameKernel,
+                                        compile_args)
 from kernels.depth.frame.launch import (FrameRefused, ProtocolRun, check_launchable,
                                         check_tile_shapes)
 from kernels.depth.frame.host import (POISON, DepthFrame, FrameUnsupported, Regions,
                                       check_frame_inputs, frame_layout, sampler_refusal)
 
-__all__ = ["PTRS", "STAMPS", "FrameKernel", "compile_args", "FrameRefused", "ProtocolRun",
+__all__ = ["PTRS", "STAMPS", "FrameBuild", "FrameKernel", "compile_args", "FrameRefused", "ProtocolRun",
            "check_launchable", "check_tile_shapes", "POISON", "DepthFrame", "FrameUnsupported",
            "Regions", "check_frame_inputs", "frame_layout", "sampler_refusal"]

@@ -12,7 +12,7 @@ from device.runtime import (cached_compile, cute_modules, current_stream, pointe
                             require_hopper, sm_count)
 from device.waits import diagnostics_mailbox, synchronize
 from kernels.depth.frame import projection as T
-from kernels.depth.frame.kernel import PTRS, STAMPS, FrameKernel
+from kernels.depth.frame.kernel import PTRS, STAMPS, FrameBuild, FrameKernel
 from kernels.depth.frame.weights import weight_regions
 from schedules import depth_frame as F
 
@@ -97,9 +97,9 @@ class ProtocolRun:
             check_tile_shapes(schedule)
         pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
         rows = opt.rows if io is not None else 0
-        self.kernel = self._frame_kernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
-                                         fused=fused, draw=draw, config=schedule.config,
-                                         norm_once=opt.norm_once)
+        self.kernel = self._frame_kernel(FrameBuild(
+            tasks, opt.combine_slots, trace, *pages, rows=rows, fused=fused, draw=draw,
+            config=schedule.config, norm_once=opt.norm_once))
         if rows and fused and (draw == "sample") != (opt.embed_rows == 1):
             raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
                              "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "
@@ -137,10 +137,10 @@ class ProtocolRun:
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 
-    def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
-        """The kernel this run compiles (FrameKernel's arguments; a tile study builds its own:
+    def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
+        """The kernel this run compiles (a tile study builds its own:
         experiments._frame_studies.TileStudyRun)."""
-        return FrameKernel(*args, **kwargs)
+        return FrameKernel(build)
 
     def launch(self):
         self.counters.zero_()

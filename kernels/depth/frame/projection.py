@@ -13,13 +13,13 @@ step's.)
 Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte core matrices):
 
 * weights: each tile (each half of a split tile) packed once on the host as [K' / 8][F][8]
-  bf16 (:func:`weights.pack_tile`), streamed by the loader through the ring's pages. A k16 step reads
-  two K chunks, 2·F·16 bytes, which never straddle a page (pages are multiples of
+  bf16 (:func:`weights.pack_tile`), streamed by the loader through the ring's pages. A k16
+  step reads two K chunks, 2·F·16 bytes, which never straddle a page (pages are multiples of
   STEP_BYTES_MAX), so each step's descriptor starts in one page: K-adjacent chunks F·16 bytes apart (LBO), 8-row
   groups 128 (SBO).
 * activations: chunk-major [K / 8][R8][8] bf16 in global memory (R8 = the step's rows rounded
-  up to 8; :func:`weights.chunk_major_rows`), brought after the task's counter wait by one bulk copy a
-  K stage (k_stage elements: schedules.plan.frame_k_stage; the plan's FRAME_ACT_BUFFERS
+  up to 8; :func:`weights.chunk_major_rows`), brought after the task's counter wait by one bulk
+  copy a K stage (k_stage elements: schedules.plan.frame_k_stage; the plan's FRAME_ACT_BUFFERS
   buffers) into the same image: LBO R8·16, SBO
   128. wgmma reads 64 rows; rows R8..63 fall on later chunks of the buffer (or the slack after
   it), rows nobody stores, whose products only reach accumulator rows that are not stored.
@@ -127,15 +127,18 @@ class ProjectionBodies:
 
     @cute.jit
     def _mainloop(self, f: cutlass.Constexpr[int], stages: cutlass.Constexpr[int],
-                  a_word: Int32, at: Int32, au: Int32, mArena: cute.Tensor, ring, page_full,
-                  page_empty, act_full, abuf, mailbox: cute.Tensor, claim: cute.Tensor,
-                  gamma_word: Int32 = None, ssq_in_word: Int32 = None, rbuf=None):
+                  a_word: Int32, at: Int32, au: Int32, io, g, smem):
         """The task's accumulators (f / 2 fp32 a thread, the m64nF fragment) over ``stages``
         K stages: activations from arena word ``a_word`` on, weights from the ring's pages
-        ``at`` (unwrapped) on; activation buffer uses ``au`` on. Also returns the
-        %globaltimer when stage 0 had landed and when the last wgmma retired. ``fused``
-        builds with ``gamma_word >= 0``: the input is RMS-normalised first
-        (:meth:`_row_factors`, :meth:`_normalize_stage`)."""
+        ``at`` (unwrapped) on; activation buffer uses ``au`` on (the walk's cursor). Also
+        returns the %globaltimer when stage 0 had landed and when the last wgmma retired.
+        ``fused`` builds with the phase's ``io.gamma_word >= 0``: the input is RMS-normalised
+        first (:meth:`_row_factors`, :meth:`_normalize_stage`). ``io``, ``g``, ``smem``: the
+        kernel's PhaseIO, FrameTensors and FrameSmem (kernel.py)."""
+        mArena, mailbox, claim = g.mArena, g.mailbox, g.claim
+        ring, page_full, page_empty = smem.ring, smem.page_full, smem.page_empty
+        act_full, abuf, rbuf = smem.act_full, smem.abuf, smem.rbuf
+        gamma_word, ssq_in_word = io.gamma_word, io.ssq_in_word
         tidx, _, _ = cute.arch.thread_idx()
         R, r8, nb, ks = self.pages, self.r8, self.act_buffers, self.k_stage
         ab = act_stage_bytes(self.rows, ks)
