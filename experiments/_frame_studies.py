@@ -14,6 +14,9 @@ experiment (hence the underscore): only tests, experiments and scripts/ build th
 * :class:`TileStudy`: the projection tiles' A/B knobs (scripts/frame_tiles_ab.py), which reach
   a kernel only through :class:`TileStudyKernel` and :class:`TileStudyRun`, never through the
   production FrameKernel or ProtocolRun.
+* :class:`CodeSizeKernel` / :class:`CodeSizeRun`: the code-size study
+  (scripts/frame_code_size.py): only the named task types' bodies compiled (FrameKernel's
+  ``bodies``).
 """
 from __future__ import annotations
 
@@ -367,3 +370,26 @@ class TileStudyRun(ProtocolRun):
 
     def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
         return TileStudyKernel(build, study=self.study)
+
+
+class CodeSizeKernel(FrameKernel):
+    """The frame kernel of a :class:`FrameBuild` with only ``bodies`` (task types) compiled:
+    the other tasks keep their counter waits, weight pages, pair handoff and signal, so the
+    walk and the ring run as in the whole frame while the code holds fewer bodies (the
+    code-size study, scripts/frame_code_size.py; the outputs of a partial build are not the
+    frame's)."""
+
+    def __init__(self, build: FrameBuild, *, bodies: frozenset):
+        self.bodies = frozenset(bodies)
+        super().__init__(build)
+
+
+class CodeSizeRun(ProtocolRun):
+    """A frame launch (ProtocolRun's arguments) of a :class:`CodeSizeKernel` with ``bodies``."""
+
+    def __init__(self, schedule, *, bodies, **kwargs):
+        self.bodies = frozenset(bodies)
+        super().__init__(schedule, **kwargs)
+
+    def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
+        return CodeSizeKernel(build, bodies=self.bodies)

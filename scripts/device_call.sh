@@ -35,6 +35,10 @@
 #   frame-protocol experiments/frame_protocol.py (the depth frame's synchronisation alone)
 #   frame-tiles-ab scripts/frame_tiles_ab.py ($WB_AB_ARGS): the frame's projection-tile knobs
 #   depth-frame  experiments/depth_frame.py (the whole frame kernel beside the fast loop)
+#   frame-code-size scripts/frame_code_size.py ($WB_AB_ARGS): the frame's bodies compiled alone
+#                against the whole kernel (#37's code-size hypothesis, notes/depth-frame.md)
+#   frame-bits-ab scripts/frame_bits_ab.py ($WB_AB_ARGS, --old-tree DIR): the frame's outputs bit
+#                for bit and its time against another commit's tree
 #   frame-norm-ab scripts/ab_depth_frame.py ($WB_AB_ARGS): the frame's norm phase (norm_once)
 #                against in-tile normalisation, same run, bits compared (notes/depth-frame.md,
 #                session 21)
@@ -127,6 +131,10 @@ for what in "$@"; do
               python3 scripts/stress_fast_loop.py ${WB_STRESS_ARGS:-} ;;
     frame-protocol) step frame-protocol python3 -m experiments.frame_protocol ;;
     depth-frame) step depth-frame python3 -m experiments.depth_frame ${WB_EXP_ARGS:-} ;;
+    frame-code-size) step frame-code-size env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
+                       python3 scripts/frame_code_size.py ${WB_AB_ARGS:-} ;;
+    frame-bits-ab) step frame-bits-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
+                     python3 scripts/frame_bits_ab.py ${WB_AB_ARGS:-} ;;
     frame-norm-ab) step frame-norm-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
                      python3 scripts/ab_depth_frame.py ${WB_AB_ARGS:-} ;;
     frame-tiles-ab) step frame-tiles-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
@@ -137,7 +145,8 @@ for what in "$@"; do
       step ladder-p0-quick python3 -m cli.main ladder --phase p0 --quick ;;
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
             "ladder-full, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
-            "host-overhead, host-breakdown, frame-protocol, depth-frame, frame-norm-ab," \
+            "host-overhead, host-breakdown, frame-protocol, depth-frame, frame-code-size, frame-bits-ab," \
+            "frame-norm-ab," \
             "ladder-p2-quick," \
             "p2-ring-capacity, p2-parity, p2-block-gate, p1-stream-a, ladder-p1-quick," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;

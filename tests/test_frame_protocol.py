@@ -253,17 +253,19 @@ def _build_tiles(rows: int):
 @pytest.mark.compile
 @pytest.mark.parametrize("rows", [1, 64])
 def test_projection_tiles_compile_to_wgmma_over_the_ring(rows):
-    """Per projection type, K stages x 16 wgmma.m64nFk16 (qkv, gate/up, head, o, proj 4
-    stages, down 6): 416 in all; activation stages and weight pages by bulk copy; rank 1's
+    """One K stage of wgmma.m64nFk16 a tile width (F = 16: head, o, proj, down; 32: qkv; 64:
+    gate/up), the stages a runtime loop: 3 x K stage / 16 in all; activation stages and weight
+    pages by bulk copy; rank 1's
     fragment by st.shared::cluster; proxy fences around the generic output stores; the
     protocol's acquire / release. No spills; the one call is the IEEE division's slow path
     (SwiGLU's silu, rounded as the reference rounds)."""
-    from kernels.depth.frame.projection import TASK_SHAPES
+    from kernels.depth.frame.projection import TILE_WIDTHS
+    from schedules.plan import frame_k_stage
 
     r = _build_tiles(rows)
     ptx = r.ptx
-    want = sum(k // 16 for _, k, _ in TASK_SHAPES.values())
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == want == 416
+    want = len(TILE_WIDTHS) * frame_k_stage(rows) // 16
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == want
     for f in (16, 32, 64):
         assert f"m64n{f}k16.f32.bf16.bf16" in ptx
     assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 3
@@ -274,7 +276,7 @@ def test_projection_tiles_compile_to_wgmma_over_the_ring(rows):
     if r.sass is not None:
         calls = re.findall(r"CALL\.\S+\s+`?\(?([^)\s;]+)", r.sass)
         assert all("div_rn" in c for c in calls), calls
-        assert r.sass.count("HGMMA") == 416
+        assert r.sass.count("HGMMA") == want
 
 
 def _tiles_run(rows: int, seed: int = 0):
@@ -347,6 +349,29 @@ def test_tile_study_knobs_stay_beside_the_production_kernel():
         TileStudy(k_stage=128)
 
 
+@pytest.mark.compile
+def test_code_size_study_compiles_only_the_bodies_it_names():
+    """The code-size study (scripts/frame_code_size.py): an attention-only build keeps the walk,
+    the pages and the pair handoff but no wgmma; an o/down-only build has the 16 wgmmas of
+    the width-16 tiles' K stage (256 at 64 rows); the production kernel compiles every body
+    (``bodies`` None)."""
+    from experiments._frame_studies import CodeSizeKernel
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
+    from schedules.plan import FRAME_RING
+    from workbench.compile import compile_report
+
+    assert FrameKernel.bodies is None
+    for bodies, wgmmas in (((F.ATTN,), 0), ((F.O, F.DOWN), 16)):
+        k = CodeSizeKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64,
+                                      fused=True, norm_once=True), bodies=bodies)
+        r = compile_report(k, *compile_args())
+        assert r.ptx.count("wgmma.mma_async.sync.aligned.m64n") == wgmmas
+        for needle in ("ld.acquire.gpu.global.b32", "red.release.gpu.global.add.s32",
+                       "st.shared::cluster", "cp.async.bulk.shared::cluster.global"):
+            assert needle in r.ptx, (bodies, needle)
+        assert r.spill_bytes == 0
+
+
 def test_projection_tiles_refuse_a_schedule_they_are_not_built_for():
     """Unsplit o / down / proj (or another config) would leave rank 0 waiting for a partial
     that never comes: refused before the launch, naming the task."""
@@ -408,7 +433,8 @@ def test_projection_study_layouts_round_trip_on_the_host():
 def test_fused_build_normalizes_stages_and_adds_residuals():
     """``fused``: each projection stage can be RMS-normalised in place (13 stages, each behind
     a shared-memory proxy fence), the row factors come from relaxed gpu-scope loads of the ssq
-    partials, the residual epilogue quad-reduces its squares; still 416 wgmmas, no spills."""
+    partials, the residual epilogue quad-reduces its squares; 96 wgmmas (three tile widths,
+    a K stage of 512), no spills."""
     from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING
     from workbench.compile import compile_report
@@ -416,10 +442,10 @@ def test_fused_build_normalizes_stages_and_adds_residuals():
     r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=13,
                                               fused=True)), *compile_args())
     ptx = r.ptx
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 416
-    # 13 normalised K stages of 512 at 13 rows (schedules.plan.frame_k_stage), each behind a
-    # shared-memory proxy fence
-    assert ptx.count("fence.proxy.async.shared::cta;") == 13
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 96
+    # the stage normalisation in each tile width's stage loop, behind a shared-memory proxy
+    # fence
+    assert ptx.count("fence.proxy.async.shared::cta;") == 3
     assert "ld.relaxed.gpu.global.f32" in ptx and "shfl.sync.bfly" in ptx
     assert r.frame_bytes == 0 and r.spill_bytes == 0
 

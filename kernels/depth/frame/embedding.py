@@ -39,6 +39,7 @@ DRAWS = ("greedy", "given", "sample")
 # the sampled draw's parameters, a row: T (fp32 bits), k (int32, 0..vocab; 0: off), seed (lo,
 # hi), offset (lo, hi), two unused
 DRAW_WORDS = 8
+ARGMAX_PASSES = 2  # the greedy argmax's loads: two passes of 8 chunks a lane
 DRAW_NOISE = "compact"  # the survivors drawn one a thread: no terms for the whole row
 
 
@@ -174,17 +175,21 @@ class EmbeddingBodies:
         smaller index."""
         best = Float32(-float("inf"))
         idx = Int32(self.vocab)
-        n = self.vocab // 8 // LANES_PER_ROW
-        loads = [ld_relaxed_gpu_v4(mArena.iterator + logits_word +
-                                   ((i * LANES_PER_ROW + j) * r8 + row) * 4) for i in range(n)]
-        for i in cutlass.range_constexpr(n):
-            c = i * LANES_PER_ROW + j
-            w = loads[i]
-            for e in cutlass.range_constexpr(8):
-                x = bf16_lo(w[e // 2]) if e % 2 == 0 else bf16_hi(w[e // 2])
-                take = x > best
-                best = cutlass.select_(take, x, best)
-                idx = cutlass.select_(take, c * 8 + e, idx)
+        n = self.vocab // 8 // LANES_PER_ROW // ARGMAX_PASSES
+        # a runtime loop of passes, each with its loads in flight at once: the frame's speed
+        # follows its code size (notes/depth-frame.md, session 28)
+        for p in cutlass.range(ARGMAX_PASSES, unroll=1):
+            loads = [ld_relaxed_gpu_v4(mArena.iterator + logits_word +
+                                       (((p * n + i) * LANES_PER_ROW + j) * r8 + row) * 4)
+                     for i in range(n)]
+            for i in cutlass.range_constexpr(n):
+                c = (p * n + i) * LANES_PER_ROW + j
+                w = loads[i]
+                for e in cutlass.range_constexpr(8):
+                    x = bf16_lo(w[e // 2]) if e % 2 == 0 else bf16_hi(w[e // 2])
+                    take = x > best
+                    best = cutlass.select_(take, x, best)
+                    idx = cutlass.select_(take, c * 8 + e, idx)
         for k in cutlass.range_constexpr(4):
             b2 = cute.arch.shuffle_sync_bfly(best, offset=1 << k)
             i2 = cute.arch.shuffle_sync_bfly(idx, offset=1 << k)

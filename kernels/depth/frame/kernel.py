@@ -61,7 +61,7 @@ from schedules import depth_frame as F
 from schedules.plan import FRAME_ACT_BUFFERS, frame_k_stage
 
 cutlass, cute = cute_modules()
-from cutlass import Float32, Int32, Int64  # noqa: E402
+from cutlass import Float32, Int32, Int64, Uint32  # noqa: E402
 from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 
 THREADS = 128  # the protocol alone: thread 0 walks, tidx 32 loads
@@ -209,6 +209,13 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
 
     ablate = ""  # every wgmma and page wait (a tile study may leave some out:
     # experiments/_frame_studies.py)
+    # the task types whose bodies compile (None: all); a code-size study compiles some only,
+    # the others keeping their waits, pages, pair handoff and signal
+    # (experiments._frame_studies.CodeSizeKernel)
+    bodies = None
+
+    def _compiles(self, ty: int) -> bool:
+        return self.bodies is None or ty in self.bodies
 
     def __init__(self, build: FrameBuild):
         self.build = build
@@ -504,17 +511,18 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         t_ready = cute.arch.globaltimer()
         t_landed, t_computed = t_ready, t_ready
         if cutlass.const_expr(self.fused):  # attention and embedding (when the table has them)
-            if ty == F.ATTN:
-                if io.a_word >= 0:
-                    # thread 0's counter wait is every thread's
-                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
-                                      number_of_threads=T.CONSUMERS)
-                    self._attention_task(tile, mArena, io.a_word, io.y_word, io.gamma_word,
-                                         io.word("kv_word"), io.word("rope_word"),
-                                         io.word("slot"))
-                t_ready = cute.arch.globaltimer()
-                t_landed, t_computed = t_ready, t_ready
-            if cutlass.const_expr(self.norm_once):
+            if cutlass.const_expr(self._compiles(F.ATTN)):
+                if ty == F.ATTN:
+                    if io.a_word >= 0:
+                        # thread 0's counter wait is every thread's
+                        cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                          number_of_threads=T.CONSUMERS)
+                        self._attention_task(tile, mArena, io.a_word, io.y_word, io.gamma_word,
+                                             io.word("kv_word"), io.word("rope_word"),
+                                             io.word("slot"))
+                    t_ready = cute.arch.globaltimer()
+                    t_landed, t_computed = t_ready, t_ready
+            if cutlass.const_expr(self.norm_once and self._compiles(F.NORM)):
                 if ty == F.NORM:
                     cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
                                       number_of_threads=T.CONSUMERS)
@@ -522,50 +530,111 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                     io.ssq_in_word, smem.rbuf)
                     t_ready = cute.arch.globaltimer()
                     t_landed, t_computed = t_ready, t_ready
-            if ty == F.EMBED:
-                code_word = io.word("code_word")
-                if code_word >= 0:
-                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
-                                      number_of_threads=T.CONSUMERS)
-                    self._embedding_task(tile, mArena, io.a_word, io.y_word, io.ssq_out_word,
-                                         code_word, io.word("group"), io.word("table_word"),
-                                         io.word("talker_word"), io.word("sum_word"),
-                                         smem.dbuf)
-                t_ready = cute.arch.globaltimer()
-                t_landed, t_computed = t_ready, t_ready
+            if cutlass.const_expr(self._compiles(F.EMBED)):
+                if ty == F.EMBED:
+                    code_word = io.word("code_word")
+                    if code_word >= 0:
+                        cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                          number_of_threads=T.CONSUMERS)
+                        self._embedding_task(tile, mArena, io.a_word, io.y_word,
+                                             io.ssq_out_word, code_word, io.word("group"),
+                                             io.word("table_word"), io.word("talker_word"),
+                                             io.word("sum_word"), smem.dbuf)
+                    t_ready = cute.arch.globaltimer()
+                    t_landed, t_computed = t_ready, t_ready
+        # one mainloop a tile width (its K stages a runtime loop) and the epilogue by type
+        # within it; the first copies and the norm factors once for every width: the frame's
+        # speed follows its code size (notes/depth-frame.md, session 28)
+        compiled = [t for t in T.PROJECTION_TYPES if self._compiles(t)]
+        if cutlass.const_expr(len(compiled) > 0):
+            is_projection = ty == compiled[0]
+            k_task = Int32(T.TASK_SHAPES[compiled[0]][1])
+            for t in compiled[1:]:
+                is_projection = is_projection | (ty == t)
+                k_task = cutlass.select_(ty == t, Int32(T.TASK_SHAPES[t][1]), k_task)
+            # a split tile's half reads its K range of the input (32-bit words)
+            a0 = io.a_word + cutlass.select_(half > 0, half, Int32(0)) * (k_task * self.r8 // 2)
+            if is_projection:
+                self._first_stages(k_task // self.k_stage, a0, au, g, smem)
+                if cutlass.const_expr(self.fused):
+                    if io.gamma_word >= 0:  # the rows' norm factors, while stage 0's copy lands
+                        self._row_factors(mArena, io.ssq_in_word, io.gamma_word, smem.rbuf,
+                                          cute.recast_ptr(smem.rbuf + T.MAX_ROWS, dtype=Uint32))
+        for w in cutlass.range_constexpr(len(T.TILE_WIDTHS)):
+            f = T.TILE_WIDTHS[w]
+            types = [t for t in T.PROJECTION_TYPES if T.TASK_SHAPES[t][0] == f
+                     and self._compiles(t)]
+            if cutlass.const_expr(len(types) > 0):
+                is_f = ty == types[0]
+                for t in types[1:]:
+                    is_f = is_f | (ty == t)
+                if is_f:
+                    k = k_task
+                    stages = k // self.k_stage
+                    acc, t_landed, t_computed = self._mainloop(f, stages, a0, at, au,
+                                                               io.gamma_word >= 0, g, smem)
+                    t_ready = cute.arch.globaltimer()
+                    if cutlass.const_expr(f == 64):  # gate/up
+                        self._store_swiglu(mArena, io.y_word, tile, acc)
+                    else:
+                        split_types = [t for t in types if T.TASK_SHAPES[t][2]]
+                        if cutlass.const_expr(len(split_types) > 0):
+                            if half == 1:
+                                t_ready = self._send_partial(task, split, acc, g, smem)
+                            elif half == 0:
+                                y = self._receive_partial(task, split, acc, g, smem)
+                                t_ready = cute.arch.globaltimer()
+                                if cutlass.const_expr(self.fused):
+                                    if io.resid_kind != RESID_NONE:
+                                        self._store_residual(mArena, io.y_word, io.resid_word,
+                                                             io.resid_kind, io.ssq_out_word,
+                                                             tile, y)
+                                    else:
+                                        self._store_pairs(mArena, io.y_word, tile * f, y)
+                                else:
+                                    self._store_pairs(mArena, io.y_word, tile * f, y)
+                            else:
+                                self._store_pairs(mArena, io.y_word, tile * f, acc)
+                            split = split + cutlass.select_(half >= 0, Int32(1), Int32(0))
+                        else:
+                            self._store_pairs(mArena, io.y_word, tile * f, acc)
+                    at = at + f * k * 2 // self.page_bytes
+                    au = au + stages
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
             t = T.PROJECTION_TYPES[kind]
-            f, k, is_split = T.TASK_SHAPES[t]
-            stages = k // self.k_stage
-            if ty == t:
-                a0 = io.a_word
-                if cutlass.const_expr(is_split):  # the half's K range of the input
-                    a0 = io.a_word + half * (k * self.r8 // 2)  # 32-bit words
-                acc, t_landed, t_computed = self._mainloop(f, stages, a0, at, au, io, g, smem)
-                if cutlass.const_expr(is_split):
-                    if half == 1:
-                        t_ready = self._send_partial(task, split, acc, g, smem)
-                    else:
-                        y = self._receive_partial(task, split, acc, g, smem)
-                        t_ready = cute.arch.globaltimer()
-                        if cutlass.const_expr(self.fused):
-                            if io.resid_kind != RESID_NONE:
-                                self._store_residual(mArena, io.y_word, io.resid_word,
-                                                     io.resid_kind, io.ssq_out_word, tile, y)
-                            else:
-                                self._store_pairs(mArena, io.y_word, tile * f, y)
-                        else:
-                            self._store_pairs(mArena, io.y_word, tile * f, y)
-                    split = split + 1
-                elif cutlass.const_expr(t == F.GATEUP):
-                    t_ready = cute.arch.globaltimer()
-                    self._store_swiglu(mArena, io.y_word, tile, acc)
-                else:
-                    t_ready = cute.arch.globaltimer()
-                    self._store_pairs(mArena, io.y_word, tile * f, acc)
-                at = at + f * k * 2 // self.page_bytes
-                au = au + stages
+            if cutlass.const_expr(not self._compiles(t)):
+                if ty == t:
+                    f, k, _ = T.TASK_SHAPES[t]
+                    at, split, t_ready = self._pages_only(task, f * k * 2 // self.page_bytes, at,
+                                                          split, g, smem)
         return WalkCursor(at, au, split), t_landed, t_computed, t_ready
+
+    @cute.jit
+    def _pages_only(self, task: FrameTask, n: cutlass.Constexpr[int], at: Int32, split: Int32,
+                    g: FrameTensors, smem: FrameSmem):
+        """A projection task whose body a code-size study left out: its pages land and go
+        back, its split pair hands over (no fragment), as in the protocol alone. Returns the
+        advanced (at, split) and the "ready" stamp."""
+        R = self.pages
+        page_full, page_empty = smem.page_full, smem.page_empty
+        mailbox, claim, half = g.mailbox, g.claim, task.half
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            for j in cutlass.range_constexpr(n):
+                wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1, Barrier.PAGE_FULL,
+                            (at + j) % R, mailbox, claim)
+        t_ready = cute.arch.globaltimer()
+        if half == 1:
+            t_ready = self._send_partial(task, split, None, g, smem)
+            split = split + 1
+        elif half == 0:
+            self._receive_partial(task, split, None, g, smem)
+            t_ready = cute.arch.globaltimer()
+            split = split + 1
+        if tidx == 0:
+            for j in cutlass.range_constexpr(n):
+                cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
+        return at + n, split, t_ready
 
 
 def sample_smem_free(rows: int, combine_slots: int, ring_bytes: int, k_stage: int,

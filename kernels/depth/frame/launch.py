@@ -133,13 +133,13 @@ class ProtocolRun:
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
                self.kernel.talker_vocab, self.kernel.act_buffers, self.kernel.ablate,
-               self.kernel.k_stage, self.kernel.norm_once)
+               self.kernel.k_stage, self.kernel.norm_once, self.kernel.bodies)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 
     def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
-        """The kernel this run compiles (a tile study builds its own:
-        experiments._frame_studies.TileStudyRun)."""
+        """The kernel this run compiles (a tile or code-size study builds its own:
+        experiments._frame_studies.TileStudyRun, CodeSizeRun)."""
         return FrameKernel(build)
 
     def launch(self):

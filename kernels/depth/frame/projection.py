@@ -55,6 +55,7 @@ MAX_ROWS = 64  # the A operand's rows
 STEP_BYTES_MAX = 2048  # a gate/up k16 step (64 x 16 bf16): pages hold whole steps of any tile
 TILE_FEATURES = {F.QKV: 32, F.GATEUP: 64, F.HEAD: 16, F.O: 16, F.DOWN: 16, F.PROJ: 16}
 PROJECTION_TYPES = tuple(TILE_FEATURES)
+TILE_WIDTHS = tuple(sorted(set(TILE_FEATURES.values())))  # one mainloop each
 
 
 def rows8(rows: int) -> int:
@@ -126,58 +127,72 @@ class ProjectionBodies:
     in)."""
 
     @cute.jit
-    def _mainloop(self, f: cutlass.Constexpr[int], stages: cutlass.Constexpr[int],
-                  a_word: Int32, at: Int32, au: Int32, io, g, smem):
+    def _first_stages(self, stages: Int32, a_word: Int32, au: Int32, g, smem):
+        """Thread 0 (after the counter wait) starts the copies of a projection task's first
+        activation stages, from arena word ``a_word`` on into buffer uses ``au`` on (the same
+        for every tile width; :meth:`_mainloop` issues the later ones). ``g``, ``smem``: the
+        kernel's FrameTensors and FrameSmem (kernel.py)."""
+        mArena, act_full, abuf = g.mArena, smem.act_full, smem.abuf
+        tidx, _, _ = cute.arch.thread_idx()
+        nb = self.act_buffers
+        ab = act_stage_bytes(self.rows, self.k_stage)
+        if tidx == 0:
+            for s in cutlass.range_constexpr(nb):
+                if s < stages:
+                    b = (au + s) % nb
+                    cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
+                    bulk_copy_g2s(abuf + b * (ab + ACT_SLACK),
+                                  mArena.iterator + a_word + s * (ab // 4), ab, act_full + b)
+
+    @cute.jit
+    def _mainloop(self, f: cutlass.Constexpr[int], stages: Int32, a_word: Int32, at: Int32,
+                  au: Int32, normalise, g, smem):
         """The task's accumulators (f / 2 fp32 a thread, the m64nF fragment) over ``stages``
-        K stages: activations from arena word ``a_word`` on, weights from the ring's pages
-        ``at`` (unwrapped) on; activation buffer uses ``au`` on (the walk's cursor). Also
-        returns the %globaltimer when stage 0 had landed and when the last wgmma retired.
-        ``fused`` builds with the phase's ``io.gamma_word >= 0``: the input is RMS-normalised
-        first (:meth:`_row_factors`, :meth:`_normalize_stage`). ``io``, ``g``, ``smem``: the
-        kernel's PhaseIO, FrameTensors and FrameSmem (kernel.py)."""
+        K stages, once :meth:`_first_stages` has started the first copies: activations from
+        arena word ``a_word`` on, weights from the ring's pages ``at`` (unwrapped) on;
+        activation buffer uses ``au`` on (the walk's cursor). The stages are a runtime loop,
+        one copy of the stage's code a tile width: the frame's speed follows its code size
+        (notes/depth-frame.md, session 28). Also returns the %globaltimer when stage 0 had
+        landed and when the last wgmma retired. ``normalise`` (``fused`` builds, a runtime
+        bool): rewrite each stage as RMSNorm's output (:meth:`_normalize_stage`, the row
+        factors and gamma already in ``rbuf``: :meth:`_row_factors`). ``g``, ``smem``: the
+        kernel's FrameTensors and FrameSmem (kernel.py)."""
         mArena, mailbox, claim = g.mArena, g.mailbox, g.claim
         ring, page_full, page_empty = smem.ring, smem.page_full, smem.page_empty
         act_full, abuf, rbuf = smem.act_full, smem.abuf, smem.rbuf
-        gamma_word, ssq_in_word = io.gamma_word, io.ssq_in_word
         tidx, _, _ = cute.arch.thread_idx()
         R, r8, nb, ks = self.pages, self.r8, self.act_buffers, self.k_stage
         ab = act_stage_bytes(self.rows, ks)
         buf = ab + ACT_SLACK
         P = self.page_bytes
         sb = f * ks * 2  # a stage's weight bytes: part of a page, or whole pages
-        if tidx == 0:  # the first stages' activations (the counter wait is done)
-            for s in cutlass.range_constexpr(min(nb, stages)):
-                b = (au + s) % nb
-                cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
-                bulk_copy_g2s(abuf + b * buf, mArena.iterator + a_word + s * (ab // 4), ab,
-                              act_full + b)
         a_base, w_base = smem_u32(abuf), smem_u32(ring)
-        acc = [Float32(0.0)] * (f // 2)
+        acc = cute.make_rmem_tensor((f // 2,), Float32)
+        for i in cutlass.range_constexpr(f // 2):
+            acc[i] = Float32(0.0)
         gbuf = rbuf
         if cutlass.const_expr(self.fused):  # the gamma words after the row factors
             gbuf = cute.recast_ptr(rbuf + MAX_ROWS, dtype=Uint32)
-            if gamma_word >= 0:  # the rows' norm factors, while stage 0's copy lands
-                self._row_factors(mArena, ssq_in_word, gamma_word, rbuf, gbuf)
         t_landed = cute.arch.globaltimer()
-        for st in cutlass.range_constexpr(stages):
+        for st in cutlass.range(stages, unroll=1):
             n = au + st
             b = n % nb
             # pages [w0, w1) land for this stage; pages [r0, r1) are done after it
-            w0, w1 = -(-st * sb // P), -(-(st + 1) * sb // P)
+            w0, w1 = (st * sb + P - 1) // P, ((st + 1) * sb + P - 1) // P
             r0, r1 = st * sb // P, (st + 1) * sb // P
             # one thread waits for the stage and the barrier passes the landing on: every
             # thread polling the mbarriers was 8-13 % slower a frame (notes/depth-frame.md)
             if tidx == 0:
                 wait_parity(act_full + b, (n // nb) & 1, Barrier.ACT_FULL, b, mailbox, claim)
                 if cutlass.const_expr(self.ablate != "no_page_wait"):
-                    for j in cutlass.range_constexpr(w0, w1):
-                        wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1, Barrier.PAGE_FULL,
-                                    (at + j) % R, mailbox, claim)
+                    for j in cutlass.range(w0, w1, unroll=1):
+                        wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1,
+                                    Barrier.PAGE_FULL, (at + j) % R, mailbox, claim)
             cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
-            if cutlass.const_expr(st == 0):
+            if st == 0:
                 t_landed = cute.arch.globaltimer()
             if cutlass.const_expr(self.fused):
-                if gamma_word >= 0:
+                if normalise:
                     self._normalize_stage(abuf + b * buf, st, rbuf, gbuf)
             cute.nvgpu.warpgroup.fence()
             for k in cutlass.range_constexpr(ks // 16):
@@ -186,20 +201,22 @@ class ProjectionBodies:
                 desc_b = descriptor(w_base + page * P + off % P, f * 16, 128)
                 desc_a = descriptor(a_base + b * buf + 2 * k * r8 * 16, r8 * 16, 128)
                 if cutlass.const_expr(self.ablate != "no_mma"):
-                    acc = wgmma_ss_m64k16(acc, desc_a, desc_b)
+                    res = wgmma_ss_m64k16([acc[i] for i in range(f // 2)], desc_a, desc_b)
+                    for i in cutlass.range_constexpr(f // 2):
+                        acc[i] = res[i]
             cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             # every warp has retired the wgmmas that read buffer b and the stage's pages
             cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if tidx == 0:
-                for j in cutlass.range_constexpr(r0, r1):
+                for j in cutlass.range(r0, r1, unroll=1):
                     cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
-                if cutlass.const_expr(st + nb < stages):
+                if st + nb < stages:
                     cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
                     bulk_copy_g2s(abuf + b * buf,
                                   mArena.iterator + a_word + (st + nb) * (ab // 4), ab,
                                   act_full + b)
-        return acc, t_landed, cute.arch.globaltimer()
+        return [acc[i] for i in range(f // 2)], t_landed, cute.arch.globaltimer()
 
     @cute.jit
     def _row_factors(self, mArena: cute.Tensor, ssq_in_word: Int32, gamma_word: Int32, rbuf,
@@ -258,7 +275,7 @@ class ProjectionBodies:
                 mArena[y_word + (c * r8 + row) * 4 + i] = rmsnorm_pair(xs[n][i], gs[n][i], r)
 
     @cute.jit
-    def _normalize_stage(self, stage, st: cutlass.Constexpr[int], rbuf, gbuf):
+    def _normalize_stage(self, stage, st: Int32, rbuf, gbuf):
         """Rewrite landed activation stage ``st`` in place as ``bf16(gamma · bf16(x · r))``
         (device.rounding.rmsnorm_pair: the reference's order), 16 bytes at a time,
         then make the writes visible to the wgmmas (async proxy) and meet. Unit u of the
