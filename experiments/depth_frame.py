@@ -1,6 +1,6 @@
 """Depth frame: the whole CodePredictor frame as one persistent launch beside the fast loop.
 
-The frame kernel (kernels/depth/frame.py, issue #26) runs the 16-position, 5-layer depth loop,
+The frame kernel (kernels/depth/frame/, issue #26) runs the 16-position, 5-layer depth loop,
 its heads and greedy draws, as one launch of 132 CTAs in 2-CTA clusters walking
 schedules/depth_frame.py's task lists. Per row count (1, 8, 16, 32, 64), in the same run on the
 same random 1.7B weights (bf16) and inputs:

@@ -2,7 +2,7 @@
 
 The depth frame kernel (issue #26) walks schedules/depth_frame.py's per-CTA task lists: 432
 phases for the 1.7B CodePredictor, each task waiting on a global counter (ld.acquire spin) or
-its cluster pair (DSMEM mbarrier), then signalling (red.release). kernels/depth/frame_protocol.py
+its cluster pair (DSMEM mbarrier), then signalling (red.release). kernels/depth/frame/kernel.py
 runs exactly that walk with no tile work. Its time is the floor the protocol puts under any
 frame built on this schedule, and the per-task stamps give the handoff latency the simulator
 (schedules/frame_sim.py) should charge per dependency.
@@ -15,7 +15,7 @@ dependencies through program order, counters and cluster waits), the time per ph
 path, and from one traced run the span between the first task's start and the last task's
 end, with the median wait of a task. Checks in the same run: every counter at its expected
 count, no combine mismatch. Then the frame with its projection tiles
-(kernels/depth/frame_tiles.py) on random weights, the ring as schedules.plan.FRAME_RING: the
+(kernels/depth/frame/projection.py) on random weights, the ring as schedules.plan.FRAME_RING: the
 outputs against float64 within the derived bound, the time, and a traced run's critical chain
 split into handoff, stage-0 landing, compute, epilogue and signal, with per-type medians; the
 largest row count's traced frame is drawn beside the summary (``frame-protocol.png``: every
@@ -26,8 +26,8 @@ from __future__ import annotations
 import statistics
 
 from experiments._common import need_gpu, parser, progress, run_main
-from kernels.depth.frame_protocol import ProtocolRun
-from kernels.depth.frame_studies import ProjectionStudy
+from experiments._frame_studies import ProjectionStudy
+from kernels.depth.frame import ProtocolRun
 from schedules.depth_frame import TYPE_NAMES, FrameOptions, build, topological_order
 from schedules.plan import FRAME_RING
 from workbench import WorkbenchError
@@ -162,7 +162,7 @@ def _tile_times(s, stamps) -> dict:
 
 
 def _tiles_case(s, quick: bool) -> dict:
-    """The frame with the projection tiles (kernels/depth/frame_tiles.py) on random weights:
+    """The frame with the projection tiles (kernels/depth/frame/projection.py) on random weights:
     the checks, the time, and one traced run's critical chain and per-type tile times."""
     study = ProjectionStudy(s, seed=0)
     run = ProtocolRun(s, weights=study.packed, io=study.io())
@@ -246,7 +246,7 @@ def _main(argv) -> int:
         "the projection tiles)"),
         "tiles_within_bound": R.gate(all(x["tiles_within_bound"] for x in rows),
                                      "every projection output within the derived bound of "
-                                     "float64 (kernels.depth.frame_tiles.projection_error_ratio)")}
+                                     "float64 (experiments._frame_studies.projection_error_ratio)")}
     summary = R.make_summary(
         "frame-protocol", parameters={"rows": args.rows, "quick": args.quick},
         measurements=rows, gates=gates, seeds={},

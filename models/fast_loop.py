@@ -37,8 +37,7 @@ import torch
 from configs.codepredictor import LoopOutput
 from kernels.depth.attention import ATTN_TRACE_POINTS, depth_attention
 from kernels.depth.draw import DRAW_TRACE_POINTS, depth_draw
-from kernels.depth.frame import DepthFrame, FrameUnsupported, sampler_refusal
-from kernels.depth.frame_protocol import FrameRefused
+from kernels.depth.frame import DepthFrame, FrameRefused, FrameUnsupported, sampler_refusal
 from kernels.depth.gemm_skinny import gemm_skinny, pack_weights
 from kernels.depth.gemm_skinny_rwgmma import gemm_skinny_rwgmma, pack_weights_rwgmma
 from kernels.depth.gemm_skinny_wgmma import WGMMA_WARPS, gemm_skinny_wgmma, pack_weights_wgmma

@@ -52,7 +52,7 @@ class SimOptions:
     producer_warp: bool = False  # copies issued as soon as ring pages free, not at task starts
     per_chunk_waits: bool = False
     chunks: int = 4
-    # the frame kernel's split tiles (kernels/depth/frame_tiles.py): both halves run their
+    # the frame kernel's split tiles (kernels/depth/frame/projection.py): both halves run their
     # mainloops at once and only the handoff waits (rank 0 for the partial, rank 1 for its
     # slot), so a cluster wait bounds the task's end, not its start (the seed's model: start)
     cluster_wait_at_end: bool = False

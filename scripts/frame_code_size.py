@@ -4,7 +4,7 @@ bodies? Per row count, on the same random 1.7B weights and inputs (greedy), one 
 schedule, arena and packed weights launched as:
 
 * ``whole``: the production kernel (every body);
-* ``attention``: only the attention body compiled (kernels.depth.frame_studies.CodeSizeKernel);
+* ``attention``: only the attention body compiled (experiments._frame_studies.CodeSizeKernel);
   the projection, norm and embedding tasks keep their waits, weight pages, pair handoff and
   signal, so the walk and the ring run as in the whole frame;
 * ``projections``: only the six projection bodies;
@@ -30,10 +30,9 @@ import statistics
 import torch
 
 from configs.codepredictor import QWEN3_TTS_1P7B as CFG
+from experiments._frame_studies import CodeSizeRun
 from experiments.frame_protocol import _tile_times
-from kernels.depth.frame import DepthFrame
-from kernels.depth.frame_protocol import compile_args
-from kernels.depth.frame_studies import CodeSizeRun
+from kernels.depth.frame import DepthFrame, compile_args
 from models.codepredictor import random_weights
 from models.fast_loop import FastWeights
 from schedules import depth_frame as F

@@ -1,4 +1,4 @@
-"""A/B of the depth frame's projection-tile knobs (kernels.depth.frame_studies.TileStudy) on the
+"""A/B of the depth frame's projection-tile knobs (experiments._frame_studies.TileStudy) on the
 H200, in the projection study (random weights, attention and embedding tasks wait and signal
 only).
 
@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from experiments.frame_protocol import _tile_times, critical_chain
-from kernels.depth.frame_studies import ProjectionStudy, TileStudy, TileStudyKernel, TileStudyRun
+from experiments._frame_studies import ProjectionStudy, TileStudy, TileStudyKernel, TileStudyRun
+from kernels.depth.frame import FrameBuild
 from schedules.depth_frame import FrameOptions, build
 from schedules.plan import FRAME_RING
 from workbench.timing import bench
@@ -48,7 +49,7 @@ def _fits(rows: int, variant) -> str | None:
     """Why the kernel refuses this variant at ``rows`` (None: it builds)."""
     study, (pages, page_bytes) = variant
     try:
-        TileStudyKernel(512, 2, False, pages, page_bytes, rows=rows, study=study)
+        TileStudyKernel(FrameBuild(512, 2, False, pages, page_bytes, rows=rows), study=study)
     except ValueError as e:
         return str(e)
     return None

@@ -1,4 +1,4 @@
-"""The whole depth frame as one persistent launch (kernels/depth/frame.py, issue #26): its
+"""The whole depth frame as one persistent launch (kernels/depth/frame/, issue #26): its
 arena layout and phase table (CPU), its compiled kernel (CI), and on the H200 the frame against
 the fast loop (models.fast_loop.FastLoop) with given codes and greedy draws.
 
@@ -28,7 +28,7 @@ def _schedule(rows):
 
 # ---- CPU -------------------------------------------------------------------------------------
 def test_qkv_rows_by_kv_head_is_a_permutation_grouping_each_kv_head():
-    from kernels.depth.frame_attention import qkv_rows_by_kv_head
+    from kernels.depth.frame.attention import qkv_rows_by_kv_head
 
     order = qkv_rows_by_kv_head(CFG)
     assert sorted(order) == list(range(CFG.qkv_dim))
@@ -45,8 +45,7 @@ def test_frame_layout_regions_are_disjoint_and_every_phase_points_inside(rows):
     """Regions never overlap, outputs come before constants, and each phase's table row names
     regions of the right kind (its input and output where the schedule's data flow says)."""
     from kernels.depth.frame import frame_layout
-    from kernels.depth.frame_table import phase_row
-    from kernels.depth.frame_tiles import PHASE_FIELDS
+    from kernels.depth.frame.table import PHASE_FIELDS, phase_row
     from schedules import depth_frame as F
 
     a = frame_layout(CFG, rows)
@@ -115,12 +114,13 @@ def test_frame_kernel_compiles_with_every_body(rows, draw):
     of wgmmas a tile width (its stages a runtime loop), and **under 8k SASS instructions**
     (#37 item 4: a task body ran 2-3x slower in the 18.5k-instruction build than in a build of
     its own, notes/depth-frame.md session 28)."""
-    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING, frame_k_stage
     from workbench.compile import compile_report
 
-    r = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=rows, fused=True,
-                                   draw=draw, norm_once=rows == 64), *compile_args())
+    r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=rows,
+                                              fused=True, draw=draw, norm_once=rows == 64)),
+                       *compile_args())
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 3 * frame_k_stage(rows) // 16
     for needle in ("cp.async.bulk.shared::cluster.global", "ld.acquire.gpu.global.b32",

@@ -101,8 +101,7 @@ def test_norm_once_layout_and_phase_rows(rows):
     region (disjoint, among the outputs); the projection reads that xn with no norm of its
     own and writes where it did without the switch; other phases' rows are unchanged."""
     from kernels.depth.frame import frame_layout
-    from kernels.depth.frame_table import phase_row
-    from kernels.depth.frame_tiles import PHASE_FIELDS
+    from kernels.depth.frame.table import PHASE_FIELDS, phase_row
 
     a = frame_layout(CFG, rows, norm_once=True)
     off = frame_layout(CFG, rows)
@@ -154,10 +153,10 @@ def _where(regions, w):
 
 
 def test_norm_task_units_cover_its_rows_once():
-    """kernels.depth.frame_tiles._norm_task's mapping: thread t, unit n -> row t % 8 of the
+    """kernels.depth.frame.projection's _norm_task: mapping: thread t, unit n -> row t % 8 of the
     group, chunk n·16 + t / 8: the 128 threads' 8 units are the group's 8 rows x 128 chunks,
     each once, and each thread's row is the factor it reads (sR[t % 8])."""
-    from kernels.depth.frame_tiles import CONSUMERS, NORM_K
+    from kernels.depth.frame.projection import CONSUMERS, NORM_K
 
     units = NORM_K // 8 * 8 // CONSUMERS
     got = [(n * (CONSUMERS // 8) + t // 8, t % 8) for t in range(CONSUMERS) for n in range(units)]
@@ -171,11 +170,12 @@ def test_frame_kernel_compiles_with_the_norm_body():
     tile width: 48), the norm body's
     16-byte relaxed loads of h and gamma and its 64 relaxed ssq loads a row beside the in-tile
     path's, no spills, no calls."""
-    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from workbench.compile import compile_report
 
-    r = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=64, fused=True,
-                                   draw="given", norm_once=True), *compile_args())
+    r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64,
+                                              fused=True, draw="given", norm_once=True)),
+                       *compile_args())
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 48
     assert ptx.count("ld.relaxed.gpu.global.f32") >= 2 * 64  # _row_factors' and the norm's

@@ -81,8 +81,8 @@ def test_sampled_layout_puts_the_parameters_after_the_codes(rows):
     """The sampled arena: a ``draw`` region of [R8][8] words at codes + 16 R8 (where the kernel
     looks), disjoint from the others; the greedy / given layout has none and is unchanged."""
     from kernels.depth.frame import frame_layout
-    from kernels.depth.frame_embed import DRAW_WORDS
-    from kernels.depth.frame_tiles import rows8
+    from kernels.depth.frame.embedding import DRAW_WORDS
+    from kernels.depth.frame.projection import rows8
 
     plain, sampled = frame_layout(CFG, rows), frame_layout(CFG, rows, sample=True)
     r8 = rows8(rows)
@@ -103,7 +103,7 @@ def test_draw_params_pack_each_rows_settings_into_words():
     sampler reads it), seed and offset as (lo, hi) 32-bit words, int64 round trip (negative
     seeds, offsets past 2^32)."""
     from kernels.depth.frame import DepthFrame, frame_layout
-    from kernels.depth.frame_tiles import rows8
+    from kernels.depth.frame.projection import rows8
 
     rows = 5
     settings = [SamplerSettings(temperature=t, top_k=k) for t, k in
@@ -149,13 +149,13 @@ def test_sampled_frame_compiles_without_spills(rows):
     one ballot a value slot for the survivors, named barrier 1), no local memory; its only
     calls are the IEEE fp32 division's slow path (s = logits / T, as torch divides; the
     greedy and given builds have none). Prints its SASS count against the greedy build's."""
-    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING, frame_k_stage
     from tests.test_depth_frame import sass_instructions
     from workbench.compile import compile_report
 
-    r = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=rows, fused=True,
-                                   draw="sample"), *compile_args())
+    r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=rows,
+                                              fused=True, draw="sample")), *compile_args())
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 3 * frame_k_stage(rows) // 16
     assert r.frame_bytes == 0 and r.spill_bytes == 0
@@ -166,8 +166,9 @@ def test_sampled_frame_compiles_without_spills(rows):
     if r.sass:
         calls = set(re.findall(r"CALL\.\S+\s+`\(([^)]*)\)", r.sass))
         assert all("div_rn" in c for c in calls), calls
-        greedy = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=rows,
-                                            fused=True, draw="greedy"), *compile_args())
+        greedy = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(),
+                                                       rows=rows, fused=True, draw="greedy")),
+                                *compile_args())
         print(f"rows {rows}: SASS sampled {sass_instructions(r.sass)}, greedy "
               f"{sass_instructions(greedy.sass)}; registers {r.registers} / {greedy.registers}")
 

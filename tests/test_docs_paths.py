@@ -127,8 +127,9 @@ def test_readme_covers_the_depth_frame():
     text = " ".join(_readme().split())  # lines joined: the layout block wraps its text
     assert "| `depth-frame` | `experiments/depth_frame.py`" in text  # the device step
     assert "`depth-frame.json` (69d87e0), `depth-frame.png`" in text
-    assert "frame (host side: DepthFrame" in text
-    for module in ("frame", "frame_attention", "frame_embed", "frame_table", "frame_protocol",
-                   "frame_tiles"):
-        assert (REPO / "kernels" / "depth" / f"{module}.py").is_file()
+    assert "frame/ " in text and "host (host side: DepthFrame" in text
+    assert (REPO / "kernels" / "depth" / "frame" / "__init__.py").is_file()
+    for module in ("kernel", "launch", "host", "table", "projection", "attention", "embedding",
+                   "weights"):
+        assert (REPO / "kernels" / "depth" / "frame" / f"{module}.py").is_file()
         assert re.search(rf"\b{module}\b(?!\.py)", text), module

@@ -1,4 +1,4 @@
-"""The depth frame's protocol kernel (kernels/depth/frame_protocol.py): the schedule's waits,
+"""The depth frame's protocol kernel (kernels/depth/frame/kernel.py): the schedule's waits,
 cluster handoffs and signals in one persistent launch, without tile work.
 
 Compile tests (CI) check the instructions the protocol rests on; GPU tests run the real
@@ -24,10 +24,10 @@ ROWS = (1, 13, 64)
 
 @functools.cache
 def _build(trace: bool, pages: int = 0):
-    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from workbench.compile import compile_report
 
-    return compile_report(FrameKernel(512, 2, trace, pages, 4096 if pages else 0),
+    return compile_report(FrameKernel(FrameBuild(512, 2, trace, pages, 4096 if pages else 0)),
                           *compile_args())
 
 
@@ -70,7 +70,7 @@ def _schedule(rows: int, **kw) -> F.Schedule:
 
 
 def test_a_schedule_validate_rejects_is_refused_before_anything_runs():
-    from kernels.depth.frame_protocol import check_launchable
+    from kernels.depth.frame import check_launchable
 
     s = _schedule(64)
     task = next(t for lst in s.ctas for t in lst if t.wait >= 0)
@@ -81,7 +81,7 @@ def test_a_schedule_validate_rejects_is_refused_before_anything_runs():
 
 @pytest.mark.gpu
 def test_launch_is_refused_without_guaranteed_coresidency(monkeypatch):
-    from kernels.depth.frame_protocol import FrameRefused, check_launchable
+    from kernels.depth.frame import FrameRefused, check_launchable
 
     with pytest.raises(FrameRefused, match="needs 134 SMs"):
         check_launchable(_schedule(64, grid=134, max_coresident=200))
@@ -128,7 +128,7 @@ def _edges_respected(s: F.Schedule, stamps) -> list[str]:
 def _traced_run_in_order(rows: int, weights: bool = False):
     """One traced launch at ``rows``: the run must leave every counter at its count, no
     combine mismatch, all six stamps of every task (poisoned before) and every edge kept."""
-    from kernels.depth.frame_protocol import ProtocolRun
+    from kernels.depth.frame import ProtocolRun
 
     s = _schedule(rows)
     run = ProtocolRun(s, trace=True, weights=weights)
@@ -161,7 +161,7 @@ def test_protocol_with_weight_streaming_keeps_every_edge(rows):
 
 @pytest.mark.gpu
 def test_protocol_replays_under_a_cuda_graph():
-    from kernels.depth.frame_protocol import ProtocolRun
+    from kernels.depth.frame import ProtocolRun
 
     run = ProtocolRun(_schedule(64))
     run.launch()  # compile outside the capture
@@ -181,7 +181,7 @@ def test_protocol_replays_under_a_cuda_graph():
 
 _STALL = """
 from schedules import depth_frame as F
-from kernels.depth.frame_protocol import ProtocolRun
+from kernels.depth.frame import ProtocolRun
 s = F.build(options=F.FrameOptions(rows={rows}))
 table, counts = F.encode(s)
 c, i = next((c, i) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst)
@@ -238,16 +238,16 @@ def test_many_waiters_timing_out_together_leave_one_whole_report():
     assert m.group(1) in ("attn", "o", "gateup", "down") and int(m.group(3)) < int(m.group(2))
 
 
-# ---- the projection tiles (kernels/depth/frame_tiles.py) ---------------------------------------
+# ---- the projection tiles (kernels/depth/frame/projection.py) ----------------------------------
 @functools.cache
 def _build_tiles(rows: int):
-    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from workbench.compile import compile_report
 
     from schedules.plan import FRAME_RING
 
-    return compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=rows),
-                          *compile_args())
+    return compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(),
+                                                 rows=rows)), *compile_args())
 
 
 @pytest.mark.compile
@@ -259,7 +259,7 @@ def test_projection_tiles_compile_to_wgmma_over_the_ring(rows):
     fragment by st.shared::cluster; proxy fences around the generic output stores; the
     protocol's acquire / release. No spills; the one call is the IEEE division's slow path
     (SwiGLU's silu, rounded as the reference rounds)."""
-    from kernels.depth.frame_tiles import TILE_WIDTHS
+    from kernels.depth.frame.projection import TILE_WIDTHS
     from schedules.plan import frame_k_stage
 
     r = _build_tiles(rows)
@@ -280,8 +280,8 @@ def test_projection_tiles_compile_to_wgmma_over_the_ring(rows):
 
 
 def _tiles_run(rows: int, seed: int = 0):
-    from kernels.depth.frame_protocol import ProtocolRun
-    from kernels.depth.frame_studies import ProjectionStudy
+    from kernels.depth.frame import ProtocolRun
+    from experiments._frame_studies import ProjectionStudy
     from schedules.plan import FRAME_RING
 
     s = _schedule(rows, **FRAME_RING)
@@ -318,28 +318,28 @@ def test_frame_kernel_refuses_pages_that_split_a_tile():
     """32 KB pages would leave down's 48 KB half tiles a page and a half: refused at build,
     before anything runs (the one measured attempt deadlocked on the loader, which reported
     it)."""
-    from kernels.depth.frame_protocol import FrameKernel
+    from kernels.depth.frame import FrameBuild, FrameKernel
 
     with pytest.raises(ValueError, match="down"):
-        FrameKernel(512, 2, False, 4, 32768, rows=1)
+        FrameKernel(FrameBuild(512, 2, False, 4, 32768, rows=1))
     with pytest.raises(ValueError, match="pages of"):
-        FrameKernel(512, 2, False, 32, 3072, rows=1)
+        FrameKernel(FrameBuild(512, 2, False, 32, 3072, rows=1))
 
 
 def test_tile_study_knobs_stay_beside_the_production_kernel():
     """FrameKernel and ProtocolRun take no study knobs (the plan's K stage, every wgmma and page
-    wait); a TileStudy reaches a kernel only through kernels.depth.frame_studies."""
+    wait); a TileStudy reaches a kernel only through experiments._frame_studies."""
     import inspect
 
-    from kernels.depth.frame_protocol import FrameKernel, ProtocolRun
-    from kernels.depth.frame_studies import TileStudy, TileStudyKernel, TileStudyRun
+    from kernels.depth.frame import FrameBuild, FrameKernel, ProtocolRun
+    from experiments._frame_studies import TileStudy, TileStudyKernel, TileStudyRun
     from schedules.plan import FRAME_RING, frame_k_stage
 
     for cls in (FrameKernel, ProtocolRun):
         assert "study" not in inspect.signature(cls.__init__).parameters
-    plain = FrameKernel(512, 2, False, *FRAME_RING.values(), rows=16)
+    plain = FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=16))
     assert plain.ablate == "" and plain.k_stage == frame_k_stage(16) and plain.r8 == 16
-    studied = TileStudyKernel(512, 2, False, *FRAME_RING.values(), rows=13,
+    studied = TileStudyKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=13),
                               study=TileStudy(ablate="no_mma", k_stage=256))
     assert studied.ablate == "no_mma" and studied.k_stage == 256 and studied.r8 == 16
     assert FrameKernel.ablate == "" and issubclass(TileStudyRun, ProtocolRun)
@@ -355,15 +355,15 @@ def test_code_size_study_compiles_only_the_bodies_it_names():
     the pages and the pair handoff but no wgmma; an o/down-only build has the 16 wgmmas of
     the width-16 tiles' K stage (256 at 64 rows); the production kernel compiles every body
     (``bodies`` None)."""
-    from kernels.depth.frame_protocol import FrameKernel, compile_args
-    from kernels.depth.frame_studies import CodeSizeKernel
+    from experiments._frame_studies import CodeSizeKernel
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING
     from workbench.compile import compile_report
 
     assert FrameKernel.bodies is None
     for bodies, wgmmas in (((F.ATTN,), 0), ((F.O, F.DOWN), 16)):
-        k = CodeSizeKernel(512, 2, False, *FRAME_RING.values(), rows=64, fused=True,
-                           norm_once=True, bodies=bodies)
+        k = CodeSizeKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64,
+                                      fused=True, norm_once=True), bodies=bodies)
         r = compile_report(k, *compile_args())
         assert r.ptx.count("wgmma.mma_async.sync.aligned.m64n") == wgmmas
         for needle in ("ld.acquire.gpu.global.b32", "red.release.gpu.global.add.s32",
@@ -375,7 +375,7 @@ def test_code_size_study_compiles_only_the_bodies_it_names():
 def test_projection_tiles_refuse_a_schedule_they_are_not_built_for():
     """Unsplit o / down / proj (or another config) would leave rank 0 waiting for a partial
     that never comes: refused before the launch, naming the task."""
-    from kernels.depth.frame_protocol import check_tile_shapes
+    from kernels.depth.frame import check_tile_shapes
     from schedules.plan import FRAME_RING
 
     check_tile_shapes(_schedule(13, **FRAME_RING))
@@ -388,22 +388,22 @@ def test_projection_study_layouts_round_trip_on_the_host():
     [K' / 8][F][8] (what the kernel's descriptors read), the arena's chunk-major views invert,
     and outputs written from the float64 reference pass the bound while one 2-ulp error
     fails it."""
-    from kernels.depth import frame_tiles as T
-    from kernels.depth.frame_tiles import weight_regions
-    from kernels.depth.frame_studies import ProjectionStudy
+    from kernels.depth.frame import weights as W
+    from kernels.depth.frame.projection import TILE_FEATURES
+    from experiments._frame_studies import ProjectionStudy
 
     s = _schedule(13)
     study = ProjectionStudy(s, seed=3, device="cpu")
-    _, _, where = weight_regions(s)
+    _, _, where = W.weight_regions(s)
     for key in [(F.QKV, 2, 5, -1), (F.GATEUP, 4, 95, -1), (F.DOWN, 1, 63, 1), (F.HEAD, 15, 0, -1),
                 (F.PROJ, 0, 7, 0)]:
         type_, owner, tile, half = key
         w = (study.weights["heads"][owner - 1] if type_ == F.HEAD else study.weights["proj"]
              if type_ == F.PROJ else study.weights[{F.QKV: "qkv", F.GATEUP: "gate_up",
                                                    F.DOWN: "down"}[type_]][owner])
-        tw = T.tile_weights(type_, tile, half, w)
+        tw = W.tile_weights(type_, tile, half, w)
         f, k = tw.shape
-        assert f == T.TILE_FEATURES[type_]
+        assert f == TILE_FEATURES[type_]
         got = study.packed[where[key]: where[key] + f * k * 2].view(torch.bfloat16)
         assert torch.equal(got.reshape(k // 8, f, 8).permute(1, 0, 2).reshape(f, k), tw)
     by_type = {F.QKV: "qkv", F.O: "wo", F.GATEUP: "gate_up", F.DOWN: "down"}
@@ -417,7 +417,7 @@ def test_projection_study_layouts_round_trip_on_the_host():
             n = w.shape[0] // 2
             y = y[:, :n] * torch.sigmoid(y[:, :n]) * y[:, n:]
         w0, n = study.offsets[key]
-        study.arena[w0: w0 + n * study.r8 // 2] = T.chunk_major_rows(
+        study.arena[w0: w0 + n * study.r8 // 2] = W.chunk_major_rows(
             y.to(torch.bfloat16), study.r8).view(torch.int32).reshape(-1)
         assert torch.equal(study.output(key), y.to(torch.bfloat16))
     worst = study.check()
@@ -435,12 +435,12 @@ def test_fused_build_normalizes_stages_and_adds_residuals():
     a shared-memory proxy fence), the row factors come from relaxed gpu-scope loads of the ssq
     partials, the residual epilogue quad-reduces its squares; 96 wgmmas (three tile widths,
     a K stage of 512), no spills."""
-    from kernels.depth.frame_protocol import FrameKernel, compile_args
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING
     from workbench.compile import compile_report
 
-    r = compile_report(FrameKernel(512, 2, False, *FRAME_RING.values(), rows=13, fused=True),
-                       *compile_args())
+    r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=13,
+                                              fused=True)), *compile_args())
     ptx = r.ptx
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 96
     # the stage normalisation in each tile width's stage loop, behind a shared-memory proxy
@@ -454,7 +454,7 @@ def test_residual_study_emulation_follows_the_reference_roundings():
     """The fused study's reference on the host: its RMSNorm is models.codepredictor.rms_norm
     up to the order of the sum of squares (within a bf16 ulp), the ssq partials add up to
     the row's sum of squares, and every phase's table row points inside the arena."""
-    from kernels.depth.frame_studies import (ResidualStudy, frame_rms_norm, ssq_partials,
+    from experiments._frame_studies import (ResidualStudy, frame_rms_norm, ssq_partials,
                                              swiglu_reference)
     from models.codepredictor import rms_norm
 
@@ -490,8 +490,8 @@ def test_fused_residual_stream_matches_its_emulation(rows):
     """The frame with its fused steps (norm prologues, residual and bias epilogues, ssq
     partials) position by position: every output within 2 % of its largest value of the fp32
     emulation, every counter at its count, a second launch bit-identical."""
-    from kernels.depth.frame_protocol import ProtocolRun
-    from kernels.depth.frame_studies import ResidualStudy
+    from kernels.depth.frame import ProtocolRun
+    from experiments._frame_studies import ResidualStudy
     from schedules.plan import FRAME_RING
 
     s = _schedule(rows, **FRAME_RING)

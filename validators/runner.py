@@ -64,7 +64,7 @@ MODEL_RUNGS = {3: "rung3_projections", 4: "rung4_block", 8: "rung8_profile"}
 PASS_RUNGS = (5, 6, 7)
 
 FRAME_NOT_BUILT = (
-    "the depth frame kernel exists (kernels/depth/frame.py, opt-in via "
+    "the depth frame kernel exists (kernels/depth/frame/, opt-in via "
     "FastLoop(depth_kernel=True); checked by tests/test_depth_frame.py and "
     "experiments/depth_frame.py), but its ladder rungs are not built yet")
 # what each phase's rungs exercise beyond the numerics reference, and which issue builds it

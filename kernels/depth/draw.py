@@ -93,7 +93,7 @@ class RowDraw:
     row's fp32 logits a thread: temperature, top-k by radix select, the Gumbel terms (``noise``)
     and the block argmax, or the greedy argmax (``mode``). The one body of the depth draw: the
     loop's DepthSampler (a CTA of THREADS a row, column tidx + THREADS j, ``bar.sync 0``) and
-    the depth frame's sampled embedding task (kernels/depth/frame_embed.py: the frame's 128
+    the depth frame's sampled embedding task (kernels/depth/frame/embedding.py: the frame's 128
     consumer threads, its chunk-major columns, a named barrier) both call :meth:`choose`.
 
     ``column(tidx, j)``: the column of a thread's j-th value (None: tidx + threads j), in

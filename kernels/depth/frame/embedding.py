@@ -53,8 +53,8 @@ from kernels.depth.draw import RowDraw, bits_f32  # noqa: E402
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint32, Uint64  # noqa: E402
 
-DRAW_THREADS = 128  # the frame's consumer warpgroup (kernels.depth.frame_tiles.CONSUMERS)
-DRAW_BARRIER = 1  # its named barrier (kernels.depth.frame_tiles.CONSUMER_BARRIER)
+DRAW_THREADS = 128  # the frame's consumer warpgroup (projection.CONSUMERS)
+DRAW_BARRIER = 1  # its named barrier (projection.CONSUMER_BARRIER)
 
 
 def _frame_column(tidx, j: int):

@@ -1,8 +1,8 @@
 """The whole CodePredictor frame as one persistent launch (issue #26): host side.
 
 :class:`DepthFrame` lays one frame's data out in the frame kernel's arena
-(kernels/depth/frame_protocol.py walks the schedule; the bodies are in frame_tiles.py,
-frame_attention.py and frame_embed.py), packs the weights for the page ring, and turns the
+(kernel.py walks the schedule; the bodies are in projection.py, attention.py and
+embedding.py), packs the weights for the page ring, and turns the
 arena back into the loop's :class:`models.codepredictor.LoopOutput`. Every launch rewrites
 every output, so a replay needs only the inputs copied in (:meth:`DepthFrame.__call__`, CUDA-
 graph capturable).
@@ -13,7 +13,7 @@ The arena (32-bit words; every region 16-byte aligned; chunk-major is [N / 8][R8
 |---|---|
 | x_t | the Talker state h, chunk-major [2048] |
 | codes | [R8][16] int32: g0 (given), g1..g15 (given or drawn) |
-| draw (sampled builds) | [R8][8] words, each row's T, k, seed, offset (frame_embed.DRAW_WORDS) |
+| draw (sampled builds) | [R8][8] words, each row's T, k, seed, offset (embedding.DRAW_WORDS) |
 | h_p, ssq_p (p = 0..15) | the residual stream, chunk-major [1024]; its [64][R8] fp32 tile partials |
 | qkv_{l,p}, attn_{l,p}, act_{l,p} | chunk-major [4096] (by kv head), [2048], [3072] |
 | kv_l | K [8][16][R8][128] bf16, then V |
@@ -31,12 +31,12 @@ from __future__ import annotations
 import torch
 
 from configs.codepredictor import QWEN3_TTS_1P7B, LoopOutput
-from kernels.depth.frame_attention import kv_cache_words, qkv_rows_by_kv_head
-from kernels.depth.frame_embed import DRAW_WORDS
-from kernels.depth.frame_protocol import ProtocolRun
-from kernels.depth.frame_table import phase_row
-from kernels.depth.frame_tiles import (MAX_ROWS, SSQ_TILES, from_chunk_major,
-                                       pack_frame_weights, rows8)
+from kernels.depth.frame.attention import kv_cache_words, qkv_rows_by_kv_head
+from kernels.depth.frame.embedding import DRAW_WORDS
+from kernels.depth.frame.launch import ProtocolRun
+from kernels.depth.frame.projection import MAX_ROWS, SSQ_TILES, rows8
+from kernels.depth.frame.table import phase_row
+from kernels.depth.frame.weights import from_chunk_major, pack_frame_weights
 from schedules import depth_frame as F
 from schedules.plan import FRAME_RING, frame_norm_once
 
@@ -158,7 +158,7 @@ class DepthFrame:
     a task (``self.run.task_stamps()``).
 
     Refuses (before anything launches) with FrameUnsupported for other shapes, dtypes or row
-    counts, and with kernels.depth.frame_protocol.FrameRefused where the grid cannot be
+    counts, and with kernels.depth.frame.FrameRefused where the grid cannot be
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
     def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,

@@ -3,11 +3,11 @@ work when built for a step's rows.
 
 The frame kernel (issue #26) is a grid of 2-CTA clusters, each CTA walking its static task list
 from :mod:`schedules.depth_frame`. This module is that walk: per task, the waits the schedule
-gives it, timestamps, its cluster handoff and its signal. The task bodies (frame_tiles.py,
-frame_attention.py, frame_embed.py) run between the waits and the signal when the kernel is
-built with ``rows`` (kernels/depth/frame.py builds the whole frame so); built without them it is
-the protocol alone, which tests the protocol on the H200 (every wait is bounded and reports
-what it waited on) and measures the floor that synchronisation alone puts under a frame.
+gives it, timestamps, its cluster handoff and its signal. The task bodies (projection.py,
+attention.py, embedding.py) run between the waits and the signal when the kernel is built with
+``rows`` (host.py builds the whole frame so); built without them it is the protocol alone,
+which tests the protocol on the H200 (every wait is bounded and reports what it waited on) and
+measures the floor that synchronisation alone puts under a frame.
 
 Per task, in thread 0 of each CTA (in the protocol alone, the other threads only take part in
 the cluster barriers):
@@ -37,27 +37,26 @@ its weights before its partial exists) and arrives on ``page_empty`` when the ta
 Shared memory: ``partial[S]`` and ``slot_free[S]`` mbarriers (arrive count 1) and S combine
 words. Both are armed cluster-wide before the first task, and neither CTA exits before its
 peer (closing cluster barrier). Counters start at 0 (the host zeroes them before each launch).
-All CTAs must be co-resident: :func:`run_protocol` checks the occupancy API before launching.
+All CTAs must be co-resident: launch.py's :func:`check_launchable` checks the occupancy API
+before launching.
 """
 from __future__ import annotations
 
-import numpy as np
-import torch
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from configs.codepredictor import QWEN3_TTS_1P7B
-from kernels.depth import frame_tiles as T
-from kernels.depth.frame_attention import AttentionBodies
-from kernels.depth.frame_embed import DRAW_NOISE, DRAWS, EmbeddingBodies, frame_row_draw
 from kernels.depth.draw import RowDraw
-from kernels.depth.frame_tiles import ProjectionBodies, weight_regions
+from kernels.depth.frame import projection as T
+from kernels.depth.frame.attention import AttentionBodies
+from kernels.depth.frame.embedding import DRAW_NOISE, DRAWS, EmbeddingBodies, frame_row_draw
+from kernels.depth.frame.projection import ProjectionBodies
+from kernels.depth.frame.table import PHASE_FIELDS, RESID_NONE
 from device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
                                 red_release_gpu_add, st_cluster_u32)
-from device.runtime import (cached_compile, cute_modules, current_stream, pointer_args,
-                                    require_hopper, sm_count)
+from device.runtime import cute_modules, pointer_args
 from device.barriers import Barrier
-from device.residency import NotCoResident, check_co_resident
-from device.waits import (TIMEOUT_NS, diagnostics_mailbox,
-                                  synchronize, wait_cluster_parity, wait_counter, wait_parity)
+from device.waits import (TIMEOUT_NS, wait_cluster_parity, wait_counter, wait_parity)
 from schedules import depth_frame as F
 from schedules.plan import FRAME_ACT_BUFFERS, frame_k_stage
 
@@ -68,23 +67,133 @@ from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 THREADS = 128  # the protocol alone: thread 0 walks, tidx 32 loads
 NF = len(F.FIELDS)
 COL = {name: i for i, name in enumerate(F.FIELDS)}
-NPF = len(T.PHASE_FIELDS)
-PCOL = {name: i for i, name in enumerate(T.PHASE_FIELDS)}
+NPF = len(PHASE_FIELDS)
+PCOL = {name: i for i, name in enumerate(PHASE_FIELDS)}
 TASK_ID_BITS = 16  # a task's id in the combine slot: phase << 16 | tile
 # trace builds, per task: start, counter waited, stage 0 landed, last wgmma retired, ready to
 # signal, signalled (without tiles the middle two equal "counter waited")
 STAMPS = 6
 
 
+@dataclass(frozen=True)
+class FrameBuild:
+    """What a :class:`FrameKernel` is built for: ``max_tasks`` rows of the encoded table per
+    CTA, ``combine_slots`` (S), ``trace`` (six %globaltimer stamps a task: STAMPS), the page
+    ring (``ring_pages`` of ``page_bytes``; 0: no weight streaming) and ``rows``: 0 builds the
+    protocol alone (thread 0 walks, tidx 32 loads); 1..64 builds the projection tiles for a
+    step of that many rows (projection.py); ``fused`` also the attention and embedding bodies
+    and the tiles' norm, residual and ssq steps (the real frame's data flow), ``draw`` the
+    embedding's draw mode, for ``config``'s shapes (None: the 1.7B CodePredictor's);
+    ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once)."""
+    max_tasks: int
+    combine_slots: int
+    trace: bool = False
+    ring_pages: int = 0
+    page_bytes: int = 0
+    rows: int = 0
+    fused: bool = False
+    draw: str = "greedy"
+    config: object = None
+    norm_once: bool = False
+
+
+class FrameTensors(NamedTuple):
+    """The launch's global tensors (kernel() wraps the pointers once): the encoded table,
+    each CTA's task count, the counters, [combine mismatches, timeout claim], the trace
+    stamps, the diagnostics mailbox, the weights and each task's offset into them, the phase
+    table and the arena. ``claim`` (the timeout claim, errors[1]) is made by each role that
+    waits (_walk, _load)."""
+    mTable: cute.Tensor
+    mCounts: cute.Tensor
+    mCounters: cute.Tensor
+    mErrors: cute.Tensor
+    mTrace: cute.Tensor
+    mailbox: cute.Tensor
+    mWeights: cute.Tensor
+    mSources: cute.Tensor
+    mPhases: cute.Tensor
+    mArena: cute.Tensor
+    claim: cute.Tensor = None
+
+
+class FrameSmem(NamedTuple):
+    """The CTA's shared memory (kernel() allocates it): the split handoff's ``partial`` and
+    ``slot_free`` mbarriers and ``combine`` words (S each), the page ring (``ring``; R
+    ``page_full`` / ``page_empty``), the activation stages (``abuf``, ``act_full``), the combine
+    slots' fp32 fragments (``parts``), the norm buffers (``rbuf``: row factors, then gamma) and
+    the sampled draw's (``dbuf``). A build without them aliases the ring (``dbuf``: None)."""
+    partial: object
+    slot_free: object
+    combine: cute.Tensor
+    page_full: object
+    page_empty: object
+    ring: object
+    act_full: object
+    abuf: object
+    parts: object
+    rbuf: object
+    dbuf: object = None
+
+
+class FrameTask(NamedTuple):
+    """One task of the walk: its index ``i`` in the CTA's list, its table ``row`` (word
+    offset), ``ty``, ``half`` (-1 whole, 0 / 1 a split tile's) and ``task_id`` (phase << 16 |
+    tile: what the combine slot carries)."""
+    i: Int32
+    row: Int32
+    ty: Int32
+    half: Int32
+    task_id: Int32
+
+
+class WalkCursor(NamedTuple):
+    """The walk's running counts, carried from task to task: ``at`` pages consumed (the
+    unwrapped ring position), ``au`` activation stages consumed, ``split`` this CTA's split
+    tasks so far (the k of the module docstring). Immutable: a task returns the advanced one
+    (a dynamic loop carries plain values, so the walk unpacks it)."""
+    at: Int32
+    au: Int32
+    split: Int32
+
+
+class PhaseIO(NamedTuple):
+    """A task's phase-table words (table.PHASE_FIELDS), read once at the top of the task:
+    ``a_word`` and ``y_word`` always, the fused steps' words in ``fused`` builds (else -1 /
+    RESID_NONE); the attention and embedding words only where their bodies run
+    (:meth:`word`)."""
+    mPhases: cute.Tensor
+    ph: Int32
+    a_word: Int32
+    y_word: Int32
+    gamma_word: Int32
+    ssq_in_word: Int32
+    resid_word: Int32
+    resid_kind: Int32
+    ssq_out_word: Int32
+
+    @staticmethod
+    def read(mPhases: cute.Tensor, ph: Int32, fused: bool) -> "PhaseIO":
+        a_word = mPhases[ph * NPF + PCOL["a_word"]]
+        y_word = mPhases[ph * NPF + PCOL["y_word"]]
+        gamma_word, ssq_in_word = Int32(-1), Int32(-1)
+        resid_word, resid_kind, ssq_out_word = Int32(-1), Int32(0), Int32(-1)
+        if fused:
+            gamma_word = mPhases[ph * NPF + PCOL["gamma_word"]]
+            ssq_in_word = mPhases[ph * NPF + PCOL["ssq_in_word"]]
+            resid_word = mPhases[ph * NPF + PCOL["resid_word"]]
+            resid_kind = mPhases[ph * NPF + PCOL["resid_kind"]]
+            ssq_out_word = mPhases[ph * NPF + PCOL["ssq_out_word"]]
+        return PhaseIO(mPhases, ph, a_word, y_word, gamma_word, ssq_in_word, resid_word,
+                       resid_kind, ssq_out_word)
+
+    def word(self, name: str) -> Int32:
+        """Another of the phase's words, read where it is used."""
+        return self.mPhases[self.ph * NPF + PCOL[name]]
+
+
 class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
-    """Static config: ``max_tasks`` rows of the encoded table per CTA, ``combine_slots`` (S),
-    ``trace`` (six %globaltimer stamps a task: STAMPS), the page ring (``ring_pages`` of
-    ``page_bytes``; 0: no weight streaming) and ``rows``: 0 builds the protocol alone (thread
-    0 walks, tidx 32 loads); 1..64 builds the projection tiles for a step of that many rows
-    (kernels/depth/frame_tiles.py); ``fused`` also the attention and embedding bodies and the
-    tiles' norm, residual and ssq steps (the real frame's data flow), ``draw`` the embedding's
-    draw mode, for ``config``'s shapes (None: the 1.7B CodePredictor's). The K stage is the
-    plan's (schedules.plan.frame_k_stage) and the activation buffers FRAME_ACT_BUFFERS.
+    """Static config: a :class:`FrameBuild`. The K stage is the plan's
+    (schedules.plan.frame_k_stage) and the activation buffers FRAME_ACT_BUFFERS.
 
     Roles with tiles (160 threads): warps 0-3 are one consumer warpgroup that walks the tasks
     together (thread 0 spins on the counters, issues the activation copies and signals; all 128
@@ -92,19 +201,27 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     handoff); warp 4's lane 0 is the loader. Thread 0 does every mbarrier wait and arrive of
     the walk, and named barrier 1 (128 threads) passes them on. Arrive counts: ``partial``,
     ``slot_free``, ``page_full``, ``page_empty`` and ``act_full`` 1 (with transaction bytes on
-    the full barriers)."""
+    the full barriers).
 
-    ablate = ""  # every wgmma and page wait (a tile study may leave some out: frame_studies)
+    The walk passes its state as a few objects: :class:`FrameTensors` and :class:`FrameSmem`
+    (fixed for the launch), a :class:`FrameTask` and its :class:`PhaseIO` (fixed for a task)
+    and the :class:`WalkCursor` a task advances."""
+
+    ablate = ""  # every wgmma and page wait (a tile study may leave some out:
+    # experiments/_frame_studies.py)
     # the task types whose bodies compile (None: all); a code-size study compiles some only,
-    # the others keeping their waits, pages, pair handoff and signal (frame_studies)
+    # the others keeping their waits, pages, pair handoff and signal
+    # (experiments._frame_studies.CodeSizeKernel)
     bodies = None
 
     def _compiles(self, ty: int) -> bool:
         return self.bodies is None or ty in self.bodies
 
-    def __init__(self, max_tasks: int, combine_slots: int, trace: bool, ring_pages: int = 0,
-                 page_bytes: int = 0, rows: int = 0, fused: bool = False, draw: str = "greedy",
-                 config=None, norm_once: bool = False):
+    def __init__(self, build: FrameBuild):
+        self.build = build
+        max_tasks, combine_slots, trace = build.max_tasks, build.combine_slots, build.trace
+        ring_pages, page_bytes, rows = build.ring_pages, build.page_bytes, build.rows
+        fused, draw, config, norm_once = build.fused, build.draw, build.config, build.norm_once
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
         cfg = config or QWEN3_TTS_1P7B
@@ -147,7 +264,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
 
     def _k_stage(self, rows: int) -> int:
         """K elements of an activation stage: the plan's (schedules.plan.frame_k_stage; a tile
-        study may choose another, kernels.depth.frame_studies.TileStudyKernel)."""
+        study may choose another, experiments._frame_studies.TileStudyKernel)."""
         return frame_k_stage(rows) if rows else T.K_STAGE
 
     @cute.jit
@@ -219,50 +336,53 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             cute.arch.mbarrier_init_fence()
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
+        g = FrameTensors(mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mWeights,
+                         mSources, mPhases, mArena)
+        smem = FrameSmem(partial, slot_free, combine, page_full, page_empty, ring, act_full,
+                         abuf, parts, rbuf, dbuf)
         if tidx < self.walkers:
-            self._walk(cta, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mPhases,
-                       mArena, partial, slot_free, combine, page_full, page_empty, ring,
-                       act_full, abuf, parts, rbuf, dbuf)
+            self._walk(cta, g, smem)
         if cutlass.const_expr(self.pages > 0):
             if tidx == self.loader:
-                self._load(cta, mTable, mCounts, mSources, mWeights, mErrors, mailbox, ring,
-                           page_full, page_empty)
+                self._load(cta, g, smem)
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
 
     @cute.jit
-    def _load(self, cta: Int32, mTable, mCounts, mSources, mWeights, mErrors, mailbox, ring,
-              page_full, page_empty):
+    def _load(self, cta: Int32, g: FrameTensors, smem: FrameSmem):
         """The loader: every task's pages in ring order, each behind its page_empty."""
         R, P = self.pages, self.page_bytes
-        claim = cute.make_tensor(mErrors.iterator + 1, cute.make_layout(1))
+        claim = cute.make_tensor(g.mErrors.iterator + 1, cute.make_layout(1))
         at = Int32(0)  # pages issued so far (the ring position, unwrapped)
-        for i in cutlass.range(mCounts[cta], unroll=1):
-            n = mTable[(cta * self.max_tasks + i) * NF + COL["n_pages"]]
+        for i in cutlass.range(g.mCounts[cta], unroll=1):
+            n = g.mTable[(cta * self.max_tasks + i) * NF + COL["n_pages"]]
             if n > 0:
-                src = mSources[cta * self.max_tasks + i]
+                src = g.mSources[cta * self.max_tasks + i]
                 for j in cutlass.range(n, unroll=1):
                     q, use = (at + j) % R, (at + j) // R
                     # the loader's bound outlasts the tasks': a stall is reported by the
                     # task waiting on its counter, not by the loader behind it
-                    wait_parity(page_empty + q, (use & 1) ^ 1, Barrier.PAGE_EMPTY, q, mailbox, claim,
-                                2 * TIMEOUT_NS)
-                    cute.arch.mbarrier_arrive_and_expect_tx(page_full + q, P)
-                    bulk_copy_g2s(ring + q * P, mWeights.iterator + src + Int64(j) * P, P,
-                                  page_full + q)
+                    wait_parity(smem.page_empty + q, (use & 1) ^ 1, Barrier.PAGE_EMPTY, q,
+                                g.mailbox, claim, 2 * TIMEOUT_NS)
+                    cute.arch.mbarrier_arrive_and_expect_tx(smem.page_full + q, P)
+                    bulk_copy_g2s(smem.ring + q * P, g.mWeights.iterator + src + Int64(j) * P, P,
+                                  smem.page_full + q)
                 at = at + n
 
     @cute.jit
-    def _walk(self, cta: Int32, mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mPhases,
-              mArena, partial, slot_free, combine, page_full, page_empty, ring, act_full, abuf,
-              parts, rbuf, dbuf=None):
+    def _walk(self, cta: Int32, g: FrameTensors, smem: FrameSmem):
+        """This CTA's tasks in order (every walker thread; thread 0 waits and signals)."""
         tidx, _, _ = cute.arch.thread_idx()
         R = self.pages
-        claim = cute.make_tensor(mErrors.iterator + 1, cute.make_layout(1))
+        g = g._replace(claim=cute.make_tensor(g.mErrors.iterator + 1, cute.make_layout(1)))
+        # locals, not g's fields, in the loop: a tensor stored to in a dynamic loop is carried
+        # by it, and a field's store would carry the whole of g
+        mTable, mTrace, mailbox, claim = g.mTable, g.mTrace, g.mailbox, g.claim
+        # the WalkCursor's counts: a dynamic loop carries plain values
         at = Int32(0)  # pages consumed so far (unwrapped ring position)
         au = Int32(0)  # activation stages consumed so far (tiles)
         split = Int32(0)  # this CTA's split tasks so far: the k of the module docstring
-        for i in cutlass.range(mCounts[cta], unroll=1):
+        for i in cutlass.range(g.mCounts[cta], unroll=1):
             row = (cta * self.max_tasks + i) * NF
             stamp = (cta * self.max_tasks + i) * STAMPS
             t_start = cute.arch.globaltimer()
@@ -270,10 +390,10 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             wait2 = mTable[row + COL["wait2"]]
             if tidx == 0:
                 if wait >= 0:
-                    wait_counter(mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox,
+                    wait_counter(g.mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox,
                                  claim)
                 if wait2 >= 0:  # attention at position 1: position 0's K and V too
-                    wait_counter(mCounters, wait2, mTable[row + COL["wait2_expect"]], i,
+                    wait_counter(g.mCounters, wait2, mTable[row + COL["wait2_expect"]], i,
                                  mailbox, claim)
             t_waited = cute.arch.globaltimer()
             if tidx == 0:
@@ -284,14 +404,14 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             ty = mTable[row + COL["type"]]
             half = mTable[row + COL["half"]]
             task_id = (mTable[row + COL["phase"]] << TASK_ID_BITS) | mTable[row + COL["tile"]]
+            task = FrameTask(i, row, ty, half, task_id)
             n = mTable[row + COL["n_pages"]]
             t_ready = t_start
             t_landed, t_computed = t_waited, t_waited
             if cutlass.const_expr(self.rows > 0):
-                at, au, split, t_landed, t_computed, t_ready = self._tile_task(
-                    ty, half, task_id, row, i, at, au, split, mTable, mPhases, mArena, partial,
-                    slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
-                    rbuf, mErrors, mailbox, claim, dbuf)
+                cur, t_landed, t_computed, t_ready = self._tile_task(
+                    task, WalkCursor(at, au, split), g, smem)
+                at, au, split = cur
                 # every thread's output stores are ordered for the next phases' bulk copies
                 fence_proxy_async_global()
                 cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
@@ -299,27 +419,26 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 if cutlass.const_expr(R > 0):  # the tile's weights have landed
                     for j in cutlass.range(n, unroll=1):
                         q, page_use = (at + j) % R, (at + j) // R
-                        wait_parity(page_full + q, page_use & 1, Barrier.PAGE_FULL, q, mailbox, claim)
+                        wait_parity(smem.page_full + q, page_use & 1, Barrier.PAGE_FULL, q,
+                                    mailbox, claim)
                 # (the tile's wgmmas read the pages here: a split tile's half makes its partial)
                 if half == 1:
-                    t_ready = self._send_partial(split, i, task_id, None, combine, partial,
-                                                 slot_free, parts, mailbox, claim)
+                    t_ready = self._send_partial(task, split, None, g, smem)
                     split = split + 1
                 elif half == 0:
-                    self._receive_partial(split, i, task_id, None, combine, partial, slot_free,
-                                          parts, mErrors, mailbox, claim)
+                    self._receive_partial(task, split, None, g, smem)
                     t_ready = cute.arch.globaltimer()
                     split = split + 1
                 else:
                     t_ready = cute.arch.globaltimer()
                 if cutlass.const_expr(R > 0):  # (the epilogue has run) the pages go back
                     for j in cutlass.range(n, unroll=1):
-                        cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
+                        cute.arch.mbarrier_arrive(smem.page_empty + (at + j) % R)
                     at = at + n
             if tidx == 0:
                 signal = mTable[row + COL["signal"]]
                 if signal >= 0:
-                    red_release_gpu_add(mCounters.iterator + signal, Int32(1))
+                    red_release_gpu_add(g.mCounters.iterator + signal, Int32(1))
                 if cutlass.const_expr(self.trace):
                     mTrace[stamp] = t_start
                     mTrace[stamp + 1] = t_waited
@@ -329,8 +448,8 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                     mTrace[stamp + 5] = cute.arch.globaltimer()
 
     @cute.jit
-    def _send_partial(self, split: Int32, i: Int32, task_id: Int32, acc, combine, partial,
-                      slot_free, parts, mailbox, claim):
+    def _send_partial(self, task: FrameTask, split: Int32, acc, g: FrameTensors,
+                      smem: FrameSmem):
         """Rank 1 of a split tile: once rank 0 has consumed partial split - S from the slot,
         the fragment (with tiles) and the task's id into rank 0's slot, then arrive. Returns
         the %globaltimer when the slot was free (the task's "ready" stamp)."""
@@ -339,98 +458,88 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         tidx, _, _ = cute.arch.thread_idx()
         if split >= S:
             if tidx == 0:
-                wait_cluster_parity(slot_free + slot, (use - 1) & 1, Barrier.SLOT, slot, i, split,
-                                    mailbox, claim)
+                wait_cluster_parity(smem.slot_free + slot, (use - 1) & 1, Barrier.SLOT, slot,
+                                    task.i, split, g.mailbox, g.claim)
         t_ready = cute.arch.globaltimer()
         if cutlass.const_expr(acc is not None):
             cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
-            self._send_fragment(parts, slot, acc)
+            self._send_fragment(smem.parts, slot, acc)
             # every thread's fragment stores precede thread 0's release
             cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
         if tidx == 0:
-            st_cluster_u32(combine.iterator + slot, Int32(0), task_id)
-            arrive_cluster_release(partial + slot, Int32(0))
+            st_cluster_u32(smem.combine.iterator + slot, Int32(0), task.task_id)
+            arrive_cluster_release(smem.partial + slot, Int32(0))
         return t_ready
 
     @cute.jit
-    def _receive_partial(self, split: Int32, i: Int32, task_id: Int32, acc, combine, partial,
-                         slot_free, parts, mErrors, mailbox, claim):
+    def _receive_partial(self, task: FrameTask, split: Int32, acc, g: FrameTensors,
+                         smem: FrameSmem):
         """Rank 0 of a split tile: wait for the pair's partial, add it (with tiles), check the
         slot's task id and free the slot. Returns the combined sums (tiles) or None."""
         S = self.slots
         slot, use = split % S, split // S
         tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:
-            wait_cluster_parity(partial + slot, use & 1, Barrier.PARTIAL, slot, i, split,
-                                mailbox, claim)
+            wait_cluster_parity(smem.partial + slot, use & 1, Barrier.PARTIAL, slot, task.i,
+                                split, g.mailbox, g.claim)
         out = acc
         if cutlass.const_expr(acc is not None):
             # thread 0's acquire is every thread's: the barrier orders their reads after it
             cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
-            out = self._add_fragment(parts, slot, acc)
+            out = self._add_fragment(smem.parts, slot, acc)
             # every thread has read the slot before rank 1 may overwrite it
             cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
         if tidx == 0:
-            if combine[slot] != task_id:  # the pair ran its split tiles out of step
-                cute.arch.atomic_add(mErrors.iterator.llvm_ptr, Int32(1))
-            arrive_cluster_release(slot_free + slot, Int32(1))
+            if smem.combine[slot] != task.task_id:  # the pair ran its split tiles out of step
+                cute.arch.atomic_add(g.mErrors.iterator.llvm_ptr, Int32(1))
+            arrive_cluster_release(smem.slot_free + slot, Int32(1))
         return out
 
     @cute.jit
-    def _tile_task(self, ty: Int32, half: Int32, task_id: Int32, row: Int32, i: Int32,
-                   at: Int32, au: Int32, split: Int32, mTable, mPhases, mArena, partial,
-                   slot_free, combine, page_full, page_empty, ring, act_full, abuf, parts,
-                   rbuf, mErrors, mailbox, claim, dbuf=None):
+    def _tile_task(self, task: FrameTask, cur: WalkCursor, g: FrameTensors, smem: FrameSmem):
         """One task's tile by its type (attention and embedding in ``fused`` builds whose phase
-        table gives them inputs; otherwise those tasks only wait and signal). Returns the advanced (at, au, split), the stage-0
-        landed and last-wgmma stamps, and the task's "ready" stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial
-        added)."""
-        ph = mTable[row + COL["phase"]]
-        tile = mTable[row + COL["tile"]]
-        a_word = mPhases[ph * NPF + PCOL["a_word"]]
-        y_word = mPhases[ph * NPF + PCOL["y_word"]]
-        gamma_word, ssq_in_word = Int32(-1), Int32(-1)
-        resid_word, resid_kind, ssq_out_word = Int32(-1), Int32(0), Int32(-1)
-        if cutlass.const_expr(self.fused):
-            gamma_word = mPhases[ph * NPF + PCOL["gamma_word"]]
-            ssq_in_word = mPhases[ph * NPF + PCOL["ssq_in_word"]]
-            resid_word = mPhases[ph * NPF + PCOL["resid_word"]]
-            resid_kind = mPhases[ph * NPF + PCOL["resid_kind"]]
-            ssq_out_word = mPhases[ph * NPF + PCOL["ssq_out_word"]]
+        table gives them inputs; otherwise those tasks only wait and signal). Returns the
+        advanced cursor, the stage-0 landed and last-wgmma stamps, and the task's "ready" stamp
+        (its tile done; rank 1: its slot free; rank 0: the pair's partial added)."""
+        ty, half = task.ty, task.half
+        mArena = g.mArena
+        # the cursor as plain values: the type branches below are dynamic ifs that carry them
+        at, au, split = cur
+        ph = g.mTable[task.row + COL["phase"]]
+        tile = g.mTable[task.row + COL["tile"]]
+        io = PhaseIO.read(g.mPhases, ph, self.fused)
         t_ready = cute.arch.globaltimer()
         t_landed, t_computed = t_ready, t_ready
         if cutlass.const_expr(self.fused):  # attention and embedding (when the table has them)
             if cutlass.const_expr(self._compiles(F.ATTN)):
                 if ty == F.ATTN:
-                    if a_word >= 0:
+                    if io.a_word >= 0:
                         # thread 0's counter wait is every thread's
                         cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
                                           number_of_threads=T.CONSUMERS)
-                        self._attention_task(tile, mArena, a_word, y_word, gamma_word,
-                                             mPhases[ph * NPF + PCOL["kv_word"]],
-                                             mPhases[ph * NPF + PCOL["rope_word"]],
-                                             mPhases[ph * NPF + PCOL["slot"]])
+                        self._attention_task(tile, mArena, io.a_word, io.y_word, io.gamma_word,
+                                             io.word("kv_word"), io.word("rope_word"),
+                                             io.word("slot"))
                     t_ready = cute.arch.globaltimer()
                     t_landed, t_computed = t_ready, t_ready
             if cutlass.const_expr(self.norm_once and self._compiles(F.NORM)):
                 if ty == F.NORM:
                     cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
                                       number_of_threads=T.CONSUMERS)
-                    self._norm_task(tile, mArena, a_word, y_word, gamma_word, ssq_in_word,
-                                    rbuf)
+                    self._norm_task(tile, mArena, io.a_word, io.y_word, io.gamma_word,
+                                    io.ssq_in_word, smem.rbuf)
                     t_ready = cute.arch.globaltimer()
                     t_landed, t_computed = t_ready, t_ready
             if cutlass.const_expr(self._compiles(F.EMBED)):
                 if ty == F.EMBED:
-                    code_word = mPhases[ph * NPF + PCOL["code_word"]]
+                    code_word = io.word("code_word")
                     if code_word >= 0:
                         cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
                                           number_of_threads=T.CONSUMERS)
-                        self._embedding_task(tile, mArena, a_word, y_word, ssq_out_word,
-                                             code_word, mPhases[ph * NPF + PCOL["group"]],
-                                             mPhases[ph * NPF + PCOL["table_word"]],
-                                             mPhases[ph * NPF + PCOL["talker_word"]],
-                                             mPhases[ph * NPF + PCOL["sum_word"]], dbuf)
+                        self._embedding_task(tile, mArena, io.a_word, io.y_word,
+                                             io.ssq_out_word, code_word, io.word("group"),
+                                             io.word("table_word"), io.word("talker_word"),
+                                             io.word("sum_word"), smem.dbuf)
                     t_ready = cute.arch.globaltimer()
                     t_landed, t_computed = t_ready, t_ready
         # one mainloop a tile width (its K stages a runtime loop) and the epilogue by type
@@ -444,13 +553,13 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 is_projection = is_projection | (ty == t)
                 k_task = cutlass.select_(ty == t, Int32(T.TASK_SHAPES[t][1]), k_task)
             # a split tile's half reads its K range of the input (32-bit words)
-            a0 = a_word + cutlass.select_(half > 0, half, Int32(0)) * (k_task * self.r8 // 2)
+            a0 = io.a_word + cutlass.select_(half > 0, half, Int32(0)) * (k_task * self.r8 // 2)
             if is_projection:
-                self._first_stages(k_task // self.k_stage, a0, au, mArena, act_full, abuf)
+                self._first_stages(k_task // self.k_stage, a0, au, g, smem)
                 if cutlass.const_expr(self.fused):
-                    if gamma_word >= 0:  # the rows' norm factors, while stage 0's copy lands
-                        self._row_factors(mArena, ssq_in_word, gamma_word, rbuf,
-                                          cute.recast_ptr(rbuf + T.MAX_ROWS, dtype=Uint32))
+                    if io.gamma_word >= 0:  # the rows' norm factors, while stage 0's copy lands
+                        self._row_factors(mArena, io.ssq_in_word, io.gamma_word, smem.rbuf,
+                                          cute.recast_ptr(smem.rbuf + T.MAX_ROWS, dtype=Uint32))
         for w in cutlass.range_constexpr(len(T.TILE_WIDTHS)):
             f = T.TILE_WIDTHS[w]
             types = [t for t in T.PROJECTION_TYPES if T.TASK_SHAPES[t][0] == f
@@ -462,37 +571,33 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 if is_f:
                     k = k_task
                     stages = k // self.k_stage
-                    acc, t_landed, t_computed = self._mainloop(
-                        f, stages, a0, at, au, mArena, ring, page_full, page_empty, act_full,
-                        abuf, mailbox, claim, gamma_word >= 0, rbuf)
+                    acc, t_landed, t_computed = self._mainloop(f, stages, a0, at, au,
+                                                               io.gamma_word >= 0, g, smem)
                     t_ready = cute.arch.globaltimer()
                     if cutlass.const_expr(f == 64):  # gate/up
-                        self._store_swiglu(mArena, y_word, tile, acc)
+                        self._store_swiglu(mArena, io.y_word, tile, acc)
                     else:
                         split_types = [t for t in types if T.TASK_SHAPES[t][2]]
                         if cutlass.const_expr(len(split_types) > 0):
                             if half == 1:
-                                t_ready = self._send_partial(split, i, task_id, acc, combine,
-                                                             partial, slot_free, parts, mailbox,
-                                                             claim)
+                                t_ready = self._send_partial(task, split, acc, g, smem)
                             elif half == 0:
-                                y = self._receive_partial(split, i, task_id, acc, combine,
-                                                          partial, slot_free, parts, mErrors,
-                                                          mailbox, claim)
+                                y = self._receive_partial(task, split, acc, g, smem)
                                 t_ready = cute.arch.globaltimer()
                                 if cutlass.const_expr(self.fused):
-                                    if resid_kind != T.RESID_NONE:
-                                        self._store_residual(mArena, y_word, resid_word,
-                                                             resid_kind, ssq_out_word, tile, y)
+                                    if io.resid_kind != RESID_NONE:
+                                        self._store_residual(mArena, io.y_word, io.resid_word,
+                                                             io.resid_kind, io.ssq_out_word,
+                                                             tile, y)
                                     else:
-                                        self._store_pairs(mArena, y_word, tile * f, y)
+                                        self._store_pairs(mArena, io.y_word, tile * f, y)
                                 else:
-                                    self._store_pairs(mArena, y_word, tile * f, y)
+                                    self._store_pairs(mArena, io.y_word, tile * f, y)
                             else:
-                                self._store_pairs(mArena, y_word, tile * f, acc)
+                                self._store_pairs(mArena, io.y_word, tile * f, acc)
                             split = split + cutlass.select_(half >= 0, Int32(1), Int32(0))
                         else:
-                            self._store_pairs(mArena, y_word, tile * f, acc)
+                            self._store_pairs(mArena, io.y_word, tile * f, acc)
                     at = at + f * k * 2 // self.page_bytes
                     au = au + stages
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):
@@ -500,21 +605,19 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             if cutlass.const_expr(not self._compiles(t)):
                 if ty == t:
                     f, k, _ = T.TASK_SHAPES[t]
-                    at, split, t_ready = self._pages_only(half, f * k * 2 // self.page_bytes, i,
-                                                          task_id, at, split, combine, partial,
-                                                          slot_free, page_full, page_empty,
-                                                          mErrors, mailbox, claim)
-        return at, au, split, t_landed, t_computed, t_ready
-
+                    at, split, t_ready = self._pages_only(task, f * k * 2 // self.page_bytes, at,
+                                                          split, g, smem)
+        return WalkCursor(at, au, split), t_landed, t_computed, t_ready
 
     @cute.jit
-    def _pages_only(self, half: Int32, n: cutlass.Constexpr[int], i: Int32, task_id: Int32,
-                    at: Int32, split: Int32, combine, partial, slot_free, page_full, page_empty,
-                    mErrors, mailbox, claim):
+    def _pages_only(self, task: FrameTask, n: cutlass.Constexpr[int], at: Int32, split: Int32,
+                    g: FrameTensors, smem: FrameSmem):
         """A projection task whose body a code-size study left out: its pages land and go
         back, its split pair hands over (no fragment), as in the protocol alone. Returns the
         advanced (at, split) and the "ready" stamp."""
         R = self.pages
+        page_full, page_empty = smem.page_full, smem.page_empty
+        mailbox, claim, half = g.mailbox, g.claim, task.half
         tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:
             for j in cutlass.range_constexpr(n):
@@ -522,12 +625,10 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                             (at + j) % R, mailbox, claim)
         t_ready = cute.arch.globaltimer()
         if half == 1:
-            t_ready = self._send_partial(split, i, task_id, None, combine, partial, slot_free,
-                                         None, mailbox, claim)
+            t_ready = self._send_partial(task, split, None, g, smem)
             split = split + 1
         elif half == 0:
-            self._receive_partial(split, i, task_id, None, combine, partial, slot_free, None,
-                                  mErrors, mailbox, claim)
+            self._receive_partial(task, split, None, g, smem)
             t_ready = cute.arch.globaltimer()
             split = split + 1
         if tidx == 0:
@@ -560,150 +661,3 @@ def compile_args(grid: int = 132, counters: int = 500):
     """Arguments for cute.compile offline (placeholder addresses, never dereferenced)."""
     return (*pointer_args(PTRS), Int32(grid), Int32(counters), Int32(1 << 12), Int32(1 << 28),
             make_fake_stream())
-
-
-# ---- host -------------------------------------------------------------------------------------
-class FrameRefused(NotCoResident):
-    """The launch would not be safe on this machine (the message says why); nothing ran."""
-
-
-def check_launchable(schedule: F.Schedule) -> None:
-    """Everything that must hold before CTAs that wait on each other launch: the schedule
-    passes validate(); sm_90; enough SMs; no MPS (which may not co-schedule the whole grid);
-    the occupancy API guarantees every cluster resident at once (device.residency). Raises
-    ScheduleError or FrameRefused."""
-    F.validate(schedule)
-    require_hopper()
-    grid = schedule.options.grid
-    if sm_count() < grid:
-        raise FrameRefused(f"the schedule's grid of {grid} CTAs needs {grid} SMs; this GPU has "
-                           f"{sm_count()}")
-    try:
-        check_co_resident(grid, "the schedule's grid", cluster_size=2)
-    except FrameRefused:
-        raise
-    except NotCoResident as e:
-        raise FrameRefused(str(e)) from None
-
-
-def check_tile_shapes(schedule: F.Schedule) -> None:
-    """The projection tiles are compiled for the 1.7B shapes and the schedule's split o /
-    down / proj (kernels.depth.frame_tiles.TASK_SHAPES): refuse, before anything runs, a
-    schedule whose projection tasks differ (another config, ``split_o_down=False``), since
-    the kernel would wait for a partial that never comes and count pages the loader does not."""
-    if schedule.config != QWEN3_TTS_1P7B:
-        raise ValueError("the frame's projection tiles take the 1.7B CodePredictor shapes only")
-    P = schedule.options.page_bytes
-    for c, lst in enumerate(schedule.ctas):
-        for i, t in enumerate(lst):
-            if t.type not in T.TASK_SHAPES:
-                continue
-            f, k, split = T.TASK_SHAPES[t.type]
-            if (t.half >= 0) != split or t.n_pages * P != f * k * 2:
-                raise ValueError(
-                    f"CTA {c} task {i} ({F.TYPE_NAMES[t.type]}, half {t.half}, {t.n_pages} "
-                    f"pages of {P} B) is not the tile the kernel is built for ({f} features x "
-                    f"K {k}, {'split' if split else 'whole'})")
-
-
-class ProtocolRun:
-    """Device buffers of one schedule's frame launch (encoded once): ``launch()`` zeroes the
-    counters and runs the frame's walk (capturable); ``check()`` reads back what a run must
-    leave (every counter at its expected count, no combine mismatch)."""
-
-    def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
-                 table=None, io=None, fused: bool = False, draw: str = "greedy"):
-        """``weights``: stream every task's weight tile through the page ring. True: from a
-        synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
-        which every position reads again); a uint8 CUDA tensor: those bytes, packed by
-        :func:`kernels.depth.frame_tiles.pack_frame_weights`. ``io``: (phase table int32
-        [phases, len(PHASE_FIELDS)], arena) builds the projection tiles for the schedule's rows
-        (kernels/depth/frame_tiles.py), with real weights (tile studies under A/B run through
-        kernels.depth.frame_studies.TileStudyRun)."""
-        check_launchable(schedule)
-        self.schedule = schedule
-        enc, counts = F.encode(schedule) if table is None else table
-        dev = "cuda"
-        self.table = torch.from_numpy(np.ascontiguousarray(enc)).to(dev)
-        self.counts = torch.from_numpy(counts).to(dev)
-        self.expect = torch.tensor(schedule.counter_expect, dtype=torch.int32, device=dev)
-        self.counters = torch.zeros_like(self.expect)
-        self.errors = torch.zeros(2, dtype=torch.int32, device=dev)  # mismatches, claim
-        opt = schedule.options
-        grid, tasks = opt.grid, opt.max_tasks_per_cta
-        self.trace = (torch.zeros(grid, tasks, STAMPS, dtype=torch.int64, device=dev) if trace
-                      else None)
-        streamed = weights is not False
-        if io is not None and not torch.is_tensor(weights):
-            raise ValueError("projection tiles (io) need the packed weights")
-        if io is not None:
-            check_tile_shapes(schedule)
-        pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
-        rows = opt.rows if io is not None else 0
-        self.kernel = self._frame_kernel(tasks, opt.combine_slots, trace, *pages, rows=rows,
-                                         fused=fused, draw=draw, config=schedule.config,
-                                         norm_once=opt.norm_once)
-        if rows and fused and (draw == "sample") != (opt.embed_rows == 1):
-            raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
-                             "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "
-                             "the others 8")
-        if opt.norm_once and rows and not self.kernel.norm_once:
-            raise ValueError("a norm_once schedule needs the fused frame (its norm tasks "
-                             "write the projections' inputs)")
-        sources, total, _ = weight_regions(schedule)
-        self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
-                                          * opt.page_bytes) if streamed else 0
-        self.sources = torch.from_numpy(sources).to(dev)
-        if torch.is_tensor(weights):
-            if weights.dtype != torch.uint8 or weights.numel() != total:
-                raise ValueError(f"weights: {total} packed bytes expected, got "
-                                 f"{weights.numel()} of {weights.dtype}")
-            self.weights = weights
-        else:
-            self.weights = torch.empty(total if streamed else 16, dtype=torch.uint8, device=dev)
-        if io is not None:
-            self.phases, self.arena = io
-        else:
-            self.phases = torch.zeros(4, dtype=torch.int32, device=dev)
-            self.arena = torch.zeros(4, dtype=torch.int32, device=dev)
-        tensors = (self.table, self.counts, self.counters, self.errors,
-                   self.trace if trace else self.table)
-        self.ptrs = (*pointer_args(PTRS[:5], tensors),
-                     pointer_args(PTRS[5:6], [diagnostics_mailbox()])[0],
-                     *pointer_args(PTRS[6:], (self.weights, self.sources, self.phases,
-                                              self.arena)))
-        self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
-                        Int32(self.phases.numel()), Int32(self.arena.numel()))
-        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
-               self.kernel.talker_vocab, self.kernel.act_buffers, self.kernel.ablate,
-               self.kernel.k_stage, self.kernel.norm_once, self.kernel.bodies)
-        self.compiled = cached_compile(key, lambda: cute.compile(
-            self.kernel, *self.ptrs, *self.scalars, current_stream()))
-
-    def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
-        """The kernel this run compiles (FrameKernel's arguments; a tile study builds its own:
-        kernels.depth.frame_studies.TileStudyRun)."""
-        return FrameKernel(*args, **kwargs)
-
-    def launch(self):
-        self.counters.zero_()
-        self.errors.zero_()  # the mismatch count and the timeout claim are per launch
-        self.compiled(*self.ptrs, *self.scalars, current_stream())
-
-    def synchronize(self):
-        synchronize(self.schedule.counter_names)
-
-    def check(self) -> dict:
-        """{"counters_at_expected": bool, "combine_mismatches": int} after a synchronised run."""
-        return {"counters_at_expected": bool(torch.equal(self.counters, self.expect)),
-                "combine_mismatches": int(self.errors[0].item())}
-
-    def task_stamps(self) -> list[list[tuple]]:
-        """Per CTA, per task: STAMPS %globaltimer ns (start, counter waited, stage 0 landed,
-        last wgmma retired, ready to signal, signalled; trace builds). "Ready": the tile and
-        the cluster handoff are done (rank 1: its slot is free, before it sends)."""
-        if self.trace is None:
-            raise ValueError("built without trace=True")
-        host = self.trace.cpu().numpy()
-        return [[tuple(int(v) for v in host[c, i]) for i in range(len(lst))]
-                for c, lst in enumerate(self.schedule.ctas)]

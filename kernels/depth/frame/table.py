@@ -1,10 +1,25 @@
-"""The depth frame's phase table: one row of PHASE_FIELDS a phase (kernels.depth.frame_tiles
-says what each field means), the arena offsets the frame kernel reads its inputs and outputs
-from."""
+"""The depth frame's phase table: one row of PHASE_FIELDS a phase (what each field means is
+below), the arena offsets the frame kernel reads its inputs and outputs from."""
 from __future__ import annotations
 
-from kernels.depth.frame_tiles import PHASE_FIELDS, RESID_BIAS, RESID_NONE, RESID_ROWS
 from schedules import depth_frame as F
+
+# a phase's arena offsets (32-bit words; -1 none) and its fused steps (``fused`` builds only):
+# a_word, y_word: input and output; gamma_word: RMSNorm the input with these weights, its row
+# factors from the ssq partials at ssq_in_word; resid_word, resid_kind: add a residual (1:
+# chunk-major like y, 2: a bias a feature) after the projection's rounding; ssq_out_word: write
+# the output's per-tile row sums of squares (64 tiles of 16 features). Attention
+# (attention.py): a_word its qkv, y_word its output, gamma_word q_norm then
+# k_norm, kv_word the layer's K cache (V after it), rope_word the position's cos then sin,
+# slot the position. Embedding (embedding.py): a_word the logits drawn from
+# (-1: position 1, code g0), y_word / ssq_out_word the position's h and partials, code_word
+# the codes [R8][16] int32, group the code column it takes or draws, table_word the
+# pre-projected rows it gathers (-1: none, the last draw), talker_word the Talker-space rows,
+# sum_word the Talker sum, bf16 [R8][talker_hidden] (the last step only)
+PHASE_FIELDS = ("a_word", "y_word", "gamma_word", "ssq_in_word", "resid_word", "resid_kind",
+                "ssq_out_word", "kv_word", "rope_word", "slot", "code_word", "group",
+                "table_word", "talker_word", "sum_word")
+RESID_NONE, RESID_ROWS, RESID_BIAS = 0, 1, 2
 
 
 def unfused_row(a_word: int, y_word: int) -> list:
@@ -14,7 +29,7 @@ def unfused_row(a_word: int, y_word: int) -> list:
 
 def table_row(a_word, y_word, gamma_word=-1, ssq_in_word=-1, resid_word=-1,
               resid_kind=RESID_NONE, ssq_out_word=-1, **more) -> list:
-    """One phase's PHASE_FIELDS (kernels.depth.frame_tiles says what each means); ``more``
+    """One phase's PHASE_FIELDS (above); ``more``
     sets the attention and embedding fields by name (the rest are -1)."""
     row = dict(a_word=a_word, y_word=y_word, gamma_word=gamma_word, ssq_in_word=ssq_in_word,
                resid_word=resid_word, resid_kind=resid_kind, ssq_out_word=ssq_out_word)
@@ -26,7 +41,7 @@ def table_row(a_word, y_word, gamma_word=-1, ssq_in_word=-1, resid_word=-1,
 
 
 def phase_row(ph, o: dict, cfg, norm_once: bool = False) -> list:
-    """Phase ``ph``'s PHASE_FIELDS (kernels.depth.frame_tiles) over the regions ``o``.
+    """Phase ``ph``'s PHASE_FIELDS over the regions ``o``.
     ``norm_once`` (schedules.depth_frame.FrameOptions): a norm phase normalises h into
     ("xn", type, layer, pos) with the gamma and ssq its projection would have used, and the
     projection reads that, with no norm of its own (gamma_word -1)."""
@@ -69,5 +84,3 @@ def phase_row(ph, o: dict, cfg, norm_once: bool = False) -> list:
                      ssq_out_word=-1 if last else o[("ssq", p)], code_word=o["codes"],
                      group=p - 1, table_word=table, talker_word=o["talker"],
                      sum_word=o["sum"] if last else -1)
-
-

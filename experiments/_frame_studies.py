@@ -1,7 +1,7 @@
-"""Studies of the depth frame's tiles (kernels/depth/frame_tiles.py), beside the production
-kernel and apart from it: harnesses that check the tiles on random data (the phase tables and
-arenas they run on, and their references) and the tile knobs still under A/B. Only tests,
-experiments and scripts/ build them.
+"""Studies of the depth frame's tiles (kernels/depth/frame/projection.py), apart from the
+production kernel: harnesses that check the tiles on random data (the phase tables and arenas
+they run on, and their references) and the tile knobs still under A/B. A helper module, not an
+experiment (hence the underscore): only tests, experiments and scripts/ build them.
 
 * :class:`ProjectionStudy`: every projection tile in isolation (fixed inputs), against float64
   within a derived bound.
@@ -14,6 +14,9 @@ experiments and scripts/ build them.
 * :class:`TileStudy`: the projection tiles' A/B knobs (scripts/frame_tiles_ab.py), which reach
   a kernel only through :class:`TileStudyKernel` and :class:`TileStudyRun`, never through the
   production FrameKernel or ProtocolRun.
+* :class:`CodeSizeKernel` / :class:`CodeSizeRun`: the code-size study
+  (scripts/frame_code_size.py): only the named task types' bodies compiled (FrameKernel's
+  ``bodies``).
 """
 from __future__ import annotations
 
@@ -21,11 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.depth.frame_protocol import FrameKernel, ProtocolRun
-from kernels.depth.frame_table import phase_row, table_row, unfused_row
-from kernels.depth.frame_tiles import (RESID_ROWS, SSQ_TILES, TILE_FEATURES, check_rows,
-                                       chunk_major_rows, from_chunk_major, pack_frame_weights,
-                                       rows8)
+from kernels.depth.frame import FrameBuild, FrameKernel, ProtocolRun
+from kernels.depth.frame.projection import SSQ_TILES, TILE_FEATURES, check_rows, rows8
+from kernels.depth.frame.table import RESID_ROWS, phase_row, table_row, unfused_row
+from kernels.depth.frame.weights import chunk_major_rows, from_chunk_major, pack_frame_weights
 from numerics.rmsnorm import rms_apply
 from schedules import depth_frame as F
 
@@ -226,7 +228,7 @@ class ResidualStudy:
         self.arena[w0: w0 + flat.numel()] = flat
 
     def _row(self, ph) -> list:
-        """The real frame's row (kernels.depth.frame_table.phase_row) but o's input, a fixed
+        """The real frame's row (kernels.depth.frame.table.phase_row) but o's input, a fixed
         x_q, and no inputs for the attention and embedding tasks (they wait and signal only)."""
         o, p = self.offsets, ph.pos
         if ph.type == F.O:
@@ -349,12 +351,11 @@ class TileStudy:
 
 
 class TileStudyKernel(FrameKernel):
-    """The frame kernel built with a :class:`TileStudy`'s knobs (``study``; the other arguments
-    are FrameKernel's)."""
+    """The frame kernel of a :class:`FrameBuild` with a :class:`TileStudy`'s knobs (``study``)."""
 
-    def __init__(self, *args, study: TileStudy, **kwargs):
+    def __init__(self, build: FrameBuild, *, study: TileStudy):
         self.study, self.ablate = study, study.ablate
-        super().__init__(*args, **kwargs)
+        super().__init__(build)
 
     def _k_stage(self, rows: int) -> int:
         return self.study.k_stage or super()._k_stage(rows)
@@ -367,19 +368,20 @@ class TileStudyRun(ProtocolRun):
         self.study = study
         super().__init__(schedule, **kwargs)
 
-    def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
-        return TileStudyKernel(*args, study=self.study, **kwargs)
+    def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
+        return TileStudyKernel(build, study=self.study)
 
 
 class CodeSizeKernel(FrameKernel):
-    """The frame kernel with only ``bodies`` (task types) compiled: the other tasks keep their
-    counter waits, weight pages, pair handoff and signal, so the walk and the ring run as in
-    the whole frame while the code holds fewer bodies (the code-size study,
-    scripts/frame_code_size.py; the outputs of a partial build are not the frame's)."""
+    """The frame kernel of a :class:`FrameBuild` with only ``bodies`` (task types) compiled:
+    the other tasks keep their counter waits, weight pages, pair handoff and signal, so the
+    walk and the ring run as in the whole frame while the code holds fewer bodies (the
+    code-size study, scripts/frame_code_size.py; the outputs of a partial build are not the
+    frame's)."""
 
-    def __init__(self, *args, bodies: frozenset, **kwargs):
+    def __init__(self, build: FrameBuild, *, bodies: frozenset):
         self.bodies = frozenset(bodies)
-        super().__init__(*args, **kwargs)
+        super().__init__(build)
 
 
 class CodeSizeRun(ProtocolRun):
@@ -389,5 +391,5 @@ class CodeSizeRun(ProtocolRun):
         self.bodies = frozenset(bodies)
         super().__init__(schedule, **kwargs)
 
-    def _frame_kernel(self, *args, **kwargs) -> FrameKernel:
-        return CodeSizeKernel(*args, bodies=self.bodies, **kwargs)
+    def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
+        return CodeSizeKernel(build, bodies=self.bodies)

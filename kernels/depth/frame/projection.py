@@ -1,6 +1,6 @@
 """The depth frame's projection tiles: one task's wgmma over weight pages from the ring.
 
-A projection task of the frame (kernels/depth/frame_protocol.py walks them) computes
+A projection task of the frame (kernel.py walks them) computes
 ``F`` output features of the step's rows: Y[rows, F] = X[rows, K'] · W[F, K']^T, with K' the
 whole K or, for a split tile's half, half of it. The tiles are those of the schedule
 (schedules/depth_frame.py): qkv F = 32, gate/up F = 64 (32 gate and the 32 matching up rows),
@@ -13,13 +13,13 @@ step's.)
 Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte core matrices):
 
 * weights: each tile (each half of a split tile) packed once on the host as [K' / 8][F][8]
-  bf16 (:func:`pack_tile`), streamed by the loader through the ring's pages. A k16 step reads
-  two K chunks, 2·F·16 bytes, which never straddle a page (pages are multiples of
+  bf16 (:func:`weights.pack_tile`), streamed by the loader through the ring's pages. A k16
+  step reads two K chunks, 2·F·16 bytes, which never straddle a page (pages are multiples of
   STEP_BYTES_MAX), so each step's descriptor starts in one page: K-adjacent chunks F·16 bytes apart (LBO), 8-row
   groups 128 (SBO).
 * activations: chunk-major [K / 8][R8][8] bf16 in global memory (R8 = the step's rows rounded
-  up to 8; :func:`chunk_major_rows`), brought after the task's counter wait by one bulk copy a
-  K stage (k_stage elements: schedules.plan.frame_k_stage; the plan's FRAME_ACT_BUFFERS
+  up to 8; :func:`weights.chunk_major_rows`), brought after the task's counter wait by one bulk
+  copy a K stage (k_stage elements: schedules.plan.frame_k_stage; the plan's FRAME_ACT_BUFFERS
   buffers) into the same image: LBO R8·16, SBO
   128. wgmma reads 64 rows; rows R8..63 fall on later chunks of the buffer (or the slack after
   it), rows nobody stores, whose products only reach accumulator rows that are not stored.
@@ -43,9 +43,6 @@ quad columns 8j + 2q and 8j + 2q + 1 of each n8 block j):
   every run gives the same bits.
 """
 from __future__ import annotations
-
-import numpy as np
-import torch
 
 from configs.arch import SMEM_PER_CTA_MAX
 from schedules import depth_frame as F
@@ -89,88 +86,6 @@ def check_rows(rows: int) -> None:
                          "(the wgmma A operand)")
 
 
-# ---- host layouts ------------------------------------------------------------------------------
-def pack_tile(w_tile):
-    """A tile's weights [F, K'] (bf16) as the bytes the ring receives: [K' / 8][F][8]."""
-    f, k = w_tile.shape
-    return w_tile.reshape(f, k // 8, 8).permute(1, 0, 2).contiguous().view(-1).view(
-        torch.uint8)
-
-
-def chunk_major_rows(x, rows_padded: int):
-    """x [R, K] (bf16) as chunk-major [K / 8][rows_padded][8] (rows R.. zero)."""
-    r, k = x.shape
-    out = torch.zeros(k // 8, rows_padded, 8, dtype=x.dtype, device=x.device)
-    out[:, :r] = x.reshape(r, k // 8, 8).transpose(0, 1)
-    return out
-
-
-def from_chunk_major(buf, rows: int, k: int):
-    """The inverse of :func:`chunk_major_rows`: [rows, k] from [k / 8][R8][8] storage."""
-    return buf.reshape(k // 8, -1, 8)[:, :rows].transpose(0, 1).reshape(rows, k)
-
-
-def tile_weights(type_: int, tile: int, half: int, w):
-    """Rows and K range of tile ``tile`` (``half`` 0 / 1 of a split tile, -1 whole) of a
-    projection of weight ``w`` [N, K] (gate/up: [2N, K], gate rows first)."""
-    f = TILE_FEATURES[type_]
-    if type_ == F.GATEUP:
-        n = w.shape[0] // 2
-        rows = torch.cat([w[32 * tile: 32 * tile + 32], w[n + 32 * tile: n + 32 * tile + 32]])
-    else:
-        rows = w[f * tile: f * (tile + 1)]
-    if half >= 0:
-        k2 = w.shape[1] // 2
-        rows = rows[:, half * k2: (half + 1) * k2]
-    return rows
-
-
-def weight_regions(schedule: F.Schedule) -> tuple:
-    """(int64 [grid, max_tasks] byte offset of each task's weight tile, -1 for none; the
-    buffer's size; {(type, owner, tile, half): offset}). One region per distinct tile of the
-    model: a layer's tiles are shared by every position, each head's by its one position (the
-    owner is the layer, or the position for heads and proj); a split tile's halves are
-    adjacent."""
-    opt = schedule.options
-    out = np.full((opt.grid, opt.max_tasks_per_cta), -1, dtype=np.int64)
-    where: dict = {}
-    size = 0
-    for c, lst in enumerate(schedule.ctas):
-        for i, t in enumerate(lst):
-            if t.n_pages == 0:
-                continue
-            ph = schedule.phases[t.phase]
-            owner = ph.pos if t.type in (F.HEAD, F.PROJ) else ph.layer
-            key = (t.type, owner, t.tile, t.half)
-            if key not in where:
-                where[key] = size
-                size += t.n_pages * opt.page_bytes
-            out[c, i] = where[key]
-    return out, max(size, 16), where
-
-
-def pack_frame_weights(schedule, projections: dict):
-    """The ring's source buffer (uint8, on the projections' device) for ``schedule``: every
-    region of :func:`weight_regions` filled with its tile, packed
-    by :func:`pack_tile`. ``projections``: "qkv", "wo", "gate_up", "down" (one [N, K] bf16 a
-    layer; gate_up [2N, K], gate rows first), "heads" (one a drawn group, for positions 1..15)
-    and "proj" (the Talker-state projection, [1024, 2048])."""
-    _, size, where = weight_regions(schedule)
-    dev = projections["proj"].device
-    out = torch.zeros(size, dtype=torch.uint8, device=dev)
-    by_type = {F.QKV: "qkv", F.O: "wo", F.GATEUP: "gate_up", F.DOWN: "down"}
-    for (type_, owner, tile, half), off in where.items():
-        if type_ == F.HEAD:
-            w = projections["heads"][owner - 1]
-        elif type_ == F.PROJ:
-            w = projections["proj"]
-        else:
-            w = projections[by_type[type_]][owner]
-        packed = pack_tile(tile_weights(type_, tile, half, w).contiguous())
-        out[off: off + packed.numel()] = packed
-    return out
-
-
 # ---- device -------------------------------------------------------------------------------------
 from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
 from device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
@@ -183,6 +98,7 @@ from device.runtime import cute_modules  # noqa: E402
 from device.barriers import Barrier  # noqa: E402
 from device.waits import wait_parity  # noqa: E402
 from device.wgmma import wgmma_ss_m64k16  # noqa: E402
+from kernels.depth.frame.table import RESID_BIAS  # noqa: E402
 
 cutlass, cute = cute_modules()
 from cutlass import Float32, Int32, Uint32  # noqa: E402
@@ -193,22 +109,6 @@ CONSUMERS = 128
 TASK_SHAPES = {F.QKV: (32, 1024, False), F.GATEUP: (64, 1024, False),
                F.HEAD: (16, 1024, False), F.O: (16, 1024, True), F.PROJ: (16, 1024, True),
                F.DOWN: (16, 1536, True)}
-# a phase's arena offsets (32-bit words; -1 none) and its fused steps (``fused`` builds only):
-# a_word, y_word: input and output; gamma_word: RMSNorm the input with these weights, its row
-# factors from the ssq partials at ssq_in_word; resid_word, resid_kind: add a residual (1:
-# chunk-major like y, 2: a bias a feature) after the projection's rounding; ssq_out_word: write
-# the output's per-tile row sums of squares (64 tiles of 16 features). Attention
-# (kernels/depth/frame_attention.py): a_word its qkv, y_word its output, gamma_word q_norm then
-# k_norm, kv_word the layer's K cache (V after it), rope_word the position's cos then sin,
-# slot the position. Embedding (kernels/depth/frame_embed.py): a_word the logits drawn from
-# (-1: position 1, code g0), y_word / ssq_out_word the position's h and partials, code_word
-# the codes [R8][16] int32, group the code column it takes or draws, table_word the
-# pre-projected rows it gathers (-1: none, the last draw), talker_word the Talker-space rows,
-# sum_word the Talker sum, bf16 [R8][talker_hidden] (the last step only)
-PHASE_FIELDS = ("a_word", "y_word", "gamma_word", "ssq_in_word", "resid_word", "resid_kind",
-                "ssq_out_word", "kv_word", "rope_word", "slot", "code_word", "group",
-                "table_word", "talker_word", "sum_word")
-RESID_NONE, RESID_ROWS, RESID_BIAS = 0, 1, 2
 SSQ_TILES = 64  # ssq partials a row: the hidden size in tiles of 16 features
 NORM_K = 1024  # the K of every normalised input (qkv, gate/up, head: the hidden size)
 
@@ -227,11 +127,12 @@ class ProjectionBodies:
     in)."""
 
     @cute.jit
-    def _first_stages(self, stages: Int32, a_word: Int32, au: Int32, mArena: cute.Tensor,
-                      act_full, abuf):
+    def _first_stages(self, stages: Int32, a_word: Int32, au: Int32, g, smem):
         """Thread 0 (after the counter wait) starts the copies of a projection task's first
         activation stages, from arena word ``a_word`` on into buffer uses ``au`` on (the same
-        for every tile width; :meth:`_mainloop` issues the later ones)."""
+        for every tile width; :meth:`_mainloop` issues the later ones). ``g``, ``smem``: the
+        kernel's FrameTensors and FrameSmem (kernel.py)."""
+        mArena, act_full, abuf = g.mArena, smem.act_full, smem.abuf
         tidx, _, _ = cute.arch.thread_idx()
         nb = self.act_buffers
         ab = act_stage_bytes(self.rows, self.k_stage)
@@ -245,17 +146,20 @@ class ProjectionBodies:
 
     @cute.jit
     def _mainloop(self, f: cutlass.Constexpr[int], stages: Int32, a_word: Int32, at: Int32,
-                  au: Int32, mArena: cute.Tensor, ring, page_full, page_empty, act_full, abuf,
-                  mailbox: cute.Tensor, claim: cute.Tensor, normalise=None, rbuf=None):
+                  au: Int32, normalise, g, smem):
         """The task's accumulators (f / 2 fp32 a thread, the m64nF fragment) over ``stages``
         K stages, once :meth:`_first_stages` has started the first copies: activations from
         arena word ``a_word`` on, weights from the ring's pages ``at`` (unwrapped) on;
-        activation buffer uses ``au`` on. The stages are a runtime loop, one copy of the
-        stage's code a tile width: the frame's speed follows its code size
+        activation buffer uses ``au`` on (the walk's cursor). The stages are a runtime loop,
+        one copy of the stage's code a tile width: the frame's speed follows its code size
         (notes/depth-frame.md, session 28). Also returns the %globaltimer when stage 0 had
         landed and when the last wgmma retired. ``normalise`` (``fused`` builds, a runtime
         bool): rewrite each stage as RMSNorm's output (:meth:`_normalize_stage`, the row
-        factors and gamma already in ``rbuf``: :meth:`_row_factors`)."""
+        factors and gamma already in ``rbuf``: :meth:`_row_factors`). ``g``, ``smem``: the
+        kernel's FrameTensors and FrameSmem (kernel.py)."""
+        mArena, mailbox, claim = g.mArena, g.mailbox, g.claim
+        ring, page_full, page_empty = smem.ring, smem.page_full, smem.page_empty
+        act_full, abuf, rbuf = smem.act_full, smem.abuf, smem.rbuf
         tidx, _, _ = cute.arch.thread_idx()
         R, r8, nb, ks = self.pages, self.r8, self.act_buffers, self.k_stage
         ab = act_stage_bytes(self.rows, ks)
