@@ -27,8 +27,10 @@ from models.fast_loop import FastWeights
 from workbench.results import provenance_line, write_record
 from workbench.timing import bench
 
-PREDICTION = {  # notes/depth-frame.md, session 21 (simulator, central: body 3 µs, high share)
-    1: "+60 µs (-106..+620)", 16: "-156 µs (-320..+527)", 64: "-846 µs (-1002..+233)"}
+PREDICTION = {  # notes/depth-frame.md, session 28 (after item 4; the delta is norm once - in-tile)
+    32: "+100..+300 µs (in-tile stays the rule below 64 rows)",
+    64: "+150..+350 µs: in-tile now wins at 64 rows (the norm tasks' ~740 µs of chain against "
+        "~440-525 µs of in-tile normalisation in ~175 normalised tiles)"}
 
 
 def _same(a, b) -> bool:
