@@ -14,9 +14,9 @@ experiment (hence the underscore): only tests, experiments and scripts/ build th
 * :class:`TileStudy`: the projection tiles' A/B knobs (scripts/frame_tiles_ab.py), which reach
   a kernel only through :class:`TileStudyKernel` and :class:`TileStudyRun`, never through the
   production FrameKernel or ProtocolRun.
-* :class:`CodeSizeKernel` / :class:`CodeSizeRun`: the code-size study
-  (scripts/frame_code_size.py): only the named task types' bodies compiled (FrameKernel's
-  ``bodies``).
+* :class:`FrameStudyKernel` / :class:`FrameStudyRun`: the code-size study and the whole
+  frame's ablations (scripts/frame_code_size.py): only the named task types' bodies compiled
+  (FrameKernel's ``bodies``), or one step of the projection tiles left out (``ablate``).
 """
 from __future__ import annotations
 
@@ -372,24 +372,33 @@ class TileStudyRun(ProtocolRun):
         return TileStudyKernel(build, study=self.study)
 
 
-class CodeSizeKernel(FrameKernel):
-    """The frame kernel of a :class:`FrameBuild` with only ``bodies`` (task types) compiled:
-    the other tasks keep their counter waits, weight pages, pair handoff and signal, so the
-    walk and the ring run as in the whole frame while the code holds fewer bodies (the
-    code-size study, scripts/frame_code_size.py; the outputs of a partial build are not the
-    frame's)."""
+FRAME_ABLATIONS = ("", "no_store", "no_mma", "no_page_wait")
 
-    def __init__(self, build: FrameBuild, *, bodies: frozenset):
-        self.bodies = frozenset(bodies)
+
+class FrameStudyKernel(FrameKernel):
+    """The frame kernel of a :class:`FrameBuild` with only ``bodies`` (task types; None: all)
+    compiled, or with a step of the projection tiles left out (``ablate``, timing only: the
+    outputs are wrong): "no_store" skips their output stores (the residual's ssq partials
+    stay), "no_mma" their wgmmas, "no_page_wait" their waits on the weight pages. The tasks
+    without a body keep their counter waits, weight pages, pair handoff and signal, so the
+    walk and the ring run as in the whole frame (the code-size study and the ablations of
+    scripts/frame_code_size.py)."""
+
+    def __init__(self, build: FrameBuild, *, bodies=None, ablate: str = ""):
+        if ablate not in FRAME_ABLATIONS:
+            raise ValueError(f"ablate {ablate!r}: choose from {FRAME_ABLATIONS}")
+        self.bodies = None if bodies is None else frozenset(bodies)
+        self.ablate = ablate
         super().__init__(build)
 
 
-class CodeSizeRun(ProtocolRun):
-    """A frame launch (ProtocolRun's arguments) of a :class:`CodeSizeKernel` with ``bodies``."""
+class FrameStudyRun(ProtocolRun):
+    """A frame launch (ProtocolRun's arguments) of a :class:`FrameStudyKernel`."""
 
-    def __init__(self, schedule, *, bodies, **kwargs):
-        self.bodies = frozenset(bodies)
+    def __init__(self, schedule, *, bodies=None, ablate: str = "", **kwargs):
+        self.bodies = None if bodies is None else frozenset(bodies)
+        self.study_ablate = ablate
         super().__init__(schedule, **kwargs)
 
     def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
-        return CodeSizeKernel(build, bodies=self.bodies)
+        return FrameStudyKernel(build, bodies=self.bodies, ablate=self.study_ablate)

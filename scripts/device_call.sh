@@ -35,8 +35,8 @@
 #   frame-protocol experiments/frame_protocol.py (the depth frame's synchronisation alone)
 #   frame-tiles-ab scripts/frame_tiles_ab.py ($WB_AB_ARGS): the frame's projection-tile knobs
 #   depth-frame  experiments/depth_frame.py (the whole frame kernel beside the fast loop)
-#   frame-code-size scripts/frame_code_size.py ($WB_AB_ARGS): the frame's bodies compiled alone
-#                against the whole kernel (#37's code-size hypothesis, notes/depth-frame.md)
+#   frame-code-size scripts/frame_code_size.py ($WB_AB_ARGS): the frame in parts, bodies compiled
+#                alone or a tile step ablated (#37's code-size study and ablations)
 #   frame-bits-ab scripts/frame_bits_ab.py ($WB_AB_ARGS, --old-tree DIR): the frame's outputs bit
 #                for bit and its time against another commit's tree
 #   frame-norm-ab scripts/ab_depth_frame.py ($WB_AB_ARGS): the frame's norm phase (norm_once)

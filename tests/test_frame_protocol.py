@@ -355,14 +355,14 @@ def test_code_size_study_compiles_only_the_bodies_it_names():
     the pages and the pair handoff but no wgmma; an o/down-only build has the 16 wgmmas of
     the width-16 tiles' K stage (256 at 64 rows); the production kernel compiles every body
     (``bodies`` None)."""
-    from experiments._frame_studies import CodeSizeKernel
+    from experiments._frame_studies import FrameStudyKernel
     from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING
     from workbench.compile import compile_report
 
     assert FrameKernel.bodies is None
     for bodies, wgmmas in (((F.ATTN,), 0), ((F.O, F.DOWN), 16)):
-        k = CodeSizeKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64,
+        k = FrameStudyKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64,
                                       fused=True, norm_once=True), bodies=bodies)
         r = compile_report(k, *compile_args())
         assert r.ptx.count("wgmma.mma_async.sync.aligned.m64n") == wgmmas
@@ -370,6 +370,26 @@ def test_code_size_study_compiles_only_the_bodies_it_names():
                        "st.shared::cluster", "cp.async.bulk.shared::cluster.global"):
             assert needle in r.ptx, (bodies, needle)
         assert r.spill_bytes == 0
+
+
+@pytest.mark.compile
+def test_frame_ablations_leave_out_only_their_step():
+    """The whole frame's ablations (scripts/frame_code_size.py): "no_store" drops the
+    projection tiles' output stores (the attention and embedding stores and the residual's
+    ssq partials stay), keeping every wgmma; an unknown ablation is refused."""
+    from experiments._frame_studies import FrameStudyKernel
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
+    from schedules.plan import FRAME_RING
+    from workbench.compile import compile_report
+
+    build = FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64, fused=True,
+                       norm_once=True)
+    whole = compile_report(FrameKernel(build), *compile_args()).ptx
+    cut = compile_report(FrameStudyKernel(build, ablate="no_store"), *compile_args()).ptx
+    assert cut.count("wgmma.mma_async.sync.aligned.m64n") == 48
+    assert 0 < cut.count("st.global.b32") < whole.count("st.global.b32")
+    with pytest.raises(ValueError, match="ablate"):
+        FrameStudyKernel(build, ablate="no_signal")
 
 
 def test_projection_tiles_refuse_a_schedule_they_are_not_built_for():

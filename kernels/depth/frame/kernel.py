@@ -207,11 +207,12 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     (fixed for the launch), a :class:`FrameTask` and its :class:`PhaseIO` (fixed for a task)
     and the :class:`WalkCursor` a task advances."""
 
-    ablate = ""  # every wgmma and page wait (a tile study may leave some out:
-    # experiments/_frame_studies.py)
+    # every wgmma, page wait and output store (a study may leave one out:
+    # experiments/_frame_studies.py, TileStudyKernel and FrameStudyKernel)
+    ablate = ""
     # the task types whose bodies compile (None: all); a code-size study compiles some only,
     # the others keeping their waits, pages, pair handoff and signal
-    # (experiments._frame_studies.CodeSizeKernel)
+    # (experiments._frame_studies.FrameStudyKernel)
     bodies = None
 
     def _compiles(self, ty: int) -> bool:

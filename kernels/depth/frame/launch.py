@@ -138,8 +138,8 @@ class ProtocolRun:
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 
     def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
-        """The kernel this run compiles (a tile or code-size study builds its own:
-        experiments._frame_studies.TileStudyRun, CodeSizeRun)."""
+        """The kernel this run compiles (a study builds its own:
+        experiments._frame_studies.TileStudyRun, FrameStudyRun)."""
         return FrameKernel(build)
 
     def launch(self):

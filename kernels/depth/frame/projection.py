@@ -346,12 +346,13 @@ class ProjectionBodies:
         output features f0 + 8j + c, chunk-major [N / 8][R8][8] from arena word ``y_word``."""
         r0, r1, c = self._fragment_coords()
         r8 = self.r8
-        for j in cutlass.range_constexpr(len(vals) // 4):
-            feat = f0 + 8 * j  # a multiple of 8: the pair's chunk
-            for h, r in ((0, r0), (1, r1)):
-                if r < self.rows:
-                    mArena[y_word + ((feat // 8) * r8 + r) * 4 + c // 2] = bf16x2_rn(
-                        vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1])
+        if cutlass.const_expr(self.ablate != "no_store"):  # (a study's ablation)
+            for j in cutlass.range_constexpr(len(vals) // 4):
+                feat = f0 + 8 * j  # a multiple of 8: the pair's chunk
+                for h, r in ((0, r0), (1, r1)):
+                    if r < self.rows:
+                        mArena[y_word + ((feat // 8) * r8 + r) * 4 + c // 2] = bf16x2_rn(
+                            vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1])
 
     @cute.jit
     def _store_swiglu(self, mArena: cute.Tensor, y_word: Int32, tile: Int32, acc: list):
