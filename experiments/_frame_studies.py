@@ -372,6 +372,8 @@ class TileStudyRun(ProtocolRun):
         return TileStudyKernel(build, study=self.study)
 
 
+# (timing only; "no_page_wait" also lets a page go back, and the loader re-arm it, while its
+# copy may still be in flight: its times are estimates, and it relies on the ring running ahead)
 FRAME_ABLATIONS = ("", "no_store", "no_mma", "no_page_wait")
 
 
@@ -387,6 +389,9 @@ class FrameStudyKernel(FrameKernel):
     def __init__(self, build: FrameBuild, *, bodies=None, ablate: str = ""):
         if ablate not in FRAME_ABLATIONS:
             raise ValueError(f"ablate {ablate!r}: choose from {FRAME_ABLATIONS}")
+        if bodies is not None and not set(bodies) <= set(range(len(F.TYPE_NAMES))):
+            raise ValueError(f"bodies {sorted(bodies)!r}: task types, the ints of "
+                             "schedules.depth_frame (F.ATTN, F.O, ...)")
         self.bodies = None if bodies is None else frozenset(bodies)
         self.ablate = ablate
         super().__init__(build)

@@ -51,13 +51,11 @@ NOTES = {
                   "against the loop's 1.25-1.92 ms: no crossover, the dispatch rule keeps the "
                   "loop at every row count; the sampled frame +1.1-1.4 % at 64 rows (the draw's "
                   "~15 embedding tasks of one row on the chain), inside the 3 % budget.",
-    "outcome": "ad1357c (H200): correct, but 5054-8779 µs at 1-64 rows (the prediction wrong "
-               "by 2-3x: each normalised tile normalises its whole input, and the kernel's "
-               "unrolled code). 69d87e0, the stage normalisation a loop and K stages of 512 at "
-               "<= 32 rows: 3993 / 4015 / 4511 / 4635 / 5791 µs against the loop's 1167-1897 "
-               "µs. The 1.5 ms target is missed; the dispatch rule keeps the loop "
-               "everywhere (notes/depth-frame.md says what limits the frame). Session 28's "
-               "run: notes/depth-frame.md, session 28.",
+    "outcome": "129a606 (H200, --quick): 2773 / 2778 / 2950 / 3217 / 3641 µs at 1 / 8 / 16 / "
+               "32 / 64 rows against the loop's 1179-1940 µs (the prediction held); no "
+               "crossover, the dispatch rule keeps the loop; sampling +0.1 % at 64 rows. "
+               "Earlier: 69d87e0 3993-5791 µs (18.5k instructions of code), ad1357c "
+               "5054-8779 µs (notes/depth-frame.md).",
 }
 
 

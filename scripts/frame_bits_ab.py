@@ -36,9 +36,11 @@ def _frames(root: Path, rows_list, rep_ms: float) -> dict:
     from models.fast_loop import FastWeights
     from workbench.timing import bench
 
+    import kernels.depth.frame as frame_code
+
     w = random_weights(CFG, seed=0, dtype=torch.bfloat16).to(device="cuda")
     fw = FastWeights(w)
-    out = {}
+    out = {"_frame_code": str(Path(frame_code.__file__).resolve())}  # which tree ran
     for rows in rows_list:
         g = torch.Generator(device="cuda").manual_seed(rows)
         h = torch.randn(rows, CFG.talker_hidden, generator=g, device="cuda").to(torch.bfloat16)
@@ -62,6 +64,10 @@ def _frames(root: Path, rows_list, rep_ms: float) -> dict:
 
 
 def _equal(a, b) -> dict:
+    if len(a["kv"]) != len(b["kv"]) or any(
+            x.shape != y.shape for (ka, va), (kb, vb) in zip(a["kv"], b["kv"])
+            for x, y in ((ka, kb), (va, vb))):
+        return {"kv_layout": False}
     same = {k: bool(torch.equal(a[k].view(torch.int16) if a[k].dtype == torch.bfloat16
                                 else a[k], b[k].view(torch.int16)
                                 if b[k].dtype == torch.bfloat16 else b[k]))
@@ -77,6 +83,8 @@ def main(argv=None) -> int:
     p.add_argument("--old-tree", type=Path)
     p.add_argument("--rows", type=int, nargs="*", default=[1, 16, 64])
     p.add_argument("--rep-ms", type=float, default=300)
+    p.add_argument("--old-commit", default=None,
+                   help="the commit the old tree was archived from (recorded)")
     p.add_argument("--dump", type=Path, help="(the old tree's run) write outputs here")
     args = p.parse_args(argv)
     if args.dump:
@@ -84,6 +92,9 @@ def main(argv=None) -> int:
         return 0
     if args.old_tree is None or not (args.old_tree / "kernels" / "depth").is_dir():
         p.error("--old-tree must be a checkout of another commit (kernels/depth/ inside)")
+    old_tree = args.old_tree.resolve()  # the child runs from inside it
+    if old_tree == ROOT:
+        p.error("--old-tree is this tree: nothing to compare")
     sys.path.insert(0, str(ROOT))
     from workbench.results import provenance_line, write_record
 
@@ -91,18 +102,22 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         dump = Path(tmp) / "old.pt"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(args.old_tree.resolve())] + [x for x in os.environ.get("PYTHONPATH", "").split(
+            [str(old_tree)] + [x for x in os.environ.get("PYTHONPATH", "").split(
                 os.pathsep) if x and Path(x).resolve() != ROOT]))
-        me = args.old_tree / "scripts" / Path(__file__).name
+        me = old_tree / "scripts" / Path(__file__).name
         if not me.exists():  # an older tree without this script: run ours from there
             me = Path(__file__).resolve()
-        print(f"old tree {args.old_tree}:", flush=True)
+        print(f"old tree {old_tree}:", flush=True)
         subprocess.run([sys.executable, str(me), "--dump", str(dump), "--rows",
                         *map(str, args.rows), "--rep-ms", str(args.rep_ms)],
-                       env=env, cwd=args.old_tree, check=True)
+                       env=env, cwd=old_tree, check=True)
         old = torch.load(dump, weights_only=False)  # our own file
+    ran = old.pop("_frame_code", None)  # (an older copy of this script does not say)
+    if ran is not None and not Path(ran).is_relative_to(old_tree):
+        raise SystemExit(f"the old run imported {ran}, not the old tree {old_tree}")
     print("this tree:", flush=True)
     new = _frames(ROOT, args.rows, args.rep_ms)
+    new.pop("_frame_code")
     cases = []
     for key, (o_new, t_new) in new.items():
         o_old, t_old = old[key]
@@ -110,7 +125,8 @@ def main(argv=None) -> int:
         cases.append({"rows": key[0], "mode": key[1], "old_us": t_old, "new_us": t_new,
                       "equal": same, "all_equal": all(same.values())})
     path = write_record("depth-frame-bits-ab", {"parameters": {
-        "rows": args.rows, "rep_ms": args.rep_ms, "old_tree": str(args.old_tree)},
+        "rows": args.rows, "rep_ms": args.rep_ms, "old_tree": str(args.old_tree),
+        "old_commit": args.old_commit},
         "cases": cases}, seeds={"weights": 0, "inputs": "rows"})
     print(f"{'rows':>4} {'mode':>6} {'old µs':>8} {'new µs':>8}  equal")
     for c in cases:

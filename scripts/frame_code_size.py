@@ -31,7 +31,6 @@ Writes the record ``depth-frame-code-size.json`` (workbench.results.write_record
 table.
 """
 import argparse
-import re
 import statistics
 
 import torch
@@ -83,9 +82,7 @@ def _sass_count(kernel) -> int | None:
     except Exception as e:  # noqa: BLE001 (a count is optional: say why it is missing)
         print(f"  SASS not counted: {e}")
         return None
-    if not r.sass:
-        return None
-    return len(re.findall(r"^\s*/\*[0-9a-f]+\*/\s+\S", r.sass, re.M))
+    return r.sass_instructions
 
 
 def _run(frame: DepthFrame, arm: str, trace: bool):

@@ -150,14 +150,15 @@ def test_sampled_frame_compiles_without_spills(rows):
     calls are the IEEE fp32 division's slow path (s = logits / T, as torch divides; the
     greedy and given builds have none). Prints its SASS count against the greedy build's."""
     from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
+    from kernels.depth.frame.projection import TILE_WIDTHS
     from schedules.plan import FRAME_RING, frame_k_stage
-    from tests.test_depth_frame import sass_instructions
     from workbench.compile import compile_report
 
     r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=rows,
                                               fused=True, draw="sample")), *compile_args())
     ptx = r.ptx
-    assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 3 * frame_k_stage(rows) // 16
+    wgmmas = len(TILE_WIDTHS) * frame_k_stage(rows) // 16  # one K stage a tile width
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == wgmmas
     assert r.frame_bytes == 0 and r.spill_bytes == 0
     assert "mul.hi.u32" in ptx and "fma.rn.f64" in ptx and "lg2.approx.f64" not in ptx
     assert ptx.count("vote.sync.ballot") == CFG.vocab // 128  # 16 values a thread
@@ -169,8 +170,8 @@ def test_sampled_frame_compiles_without_spills(rows):
         greedy = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(),
                                                        rows=rows, fused=True, draw="greedy")),
                                 *compile_args())
-        print(f"rows {rows}: SASS sampled {sass_instructions(r.sass)}, greedy "
-              f"{sass_instructions(greedy.sass)}; registers {r.registers} / {greedy.registers}")
+        print(f"rows {rows}: SASS sampled {r.sass_instructions}, greedy "
+              f"{greedy.sass_instructions}; registers {r.registers} / {greedy.registers}")
 
 
 # ---- on the H200 -----------------------------------------------------------------------------

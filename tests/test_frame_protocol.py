@@ -379,7 +379,7 @@ def test_code_size_study_compiles_only_the_bodies_it_names():
 def test_frame_ablations_leave_out_only_their_step():
     """The whole frame's ablations (scripts/frame_code_size.py): "no_store" drops the
     projection tiles' output stores (the attention and embedding stores and the residual's
-    ssq partials stay), keeping every wgmma; an unknown ablation is refused."""
+    ssq partials stay), keeping every wgmma; an unknown ablation or body is refused."""
     from experiments._frame_studies import FrameStudyKernel
     from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from schedules.plan import FRAME_RING
@@ -393,6 +393,8 @@ def test_frame_ablations_leave_out_only_their_step():
     assert 0 < cut.count("st.global.b32") < whole.count("st.global.b32")
     with pytest.raises(ValueError, match="ablate"):
         FrameStudyKernel(build, ablate="no_signal")
+    with pytest.raises(ValueError, match="bodies"):  # names, not the task-type ints
+        FrameStudyKernel(build, bodies=("attn",))
 
 
 def test_projection_tiles_refuse_a_schedule_they_are_not_built_for():

@@ -72,6 +72,12 @@ class CompileReport:
         return frame + local_ops
 
     @property
+    def sass_instructions(self) -> int | None:
+        """Instructions in the SASS listing (one a line after its /*offset*/); None without
+        nvdisasm."""
+        return len(re.findall(r"^\s*/\*[0-9a-f]+\*/\s+\S", self.sass, re.M)) if self.sass else None
+
+    @property
     def spill_loads(self) -> int:
         """LDL instructions in SASS: a spilled register must be reloaded, while a stack frame that
         only holds ``printf`` arguments (e.g. a timeout message) is written with STL, never read."""

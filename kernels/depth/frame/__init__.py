@@ -29,6 +29,7 @@ from kernels.depth.frame.launch import (FrameRefused, ProtocolRun, check_chunk_w
 from kernels.depth.frame.host import (POISON, DepthFrame, FrameUnsupported, Regions,
                                       check_frame_inputs, frame_layout, sampler_refusal)
 
-__all__ = ["PTRS", "STAMPS", "FrameBuild", "FrameKernel", "compile_args", "FrameRefused", "ProtocolRun",
-           "check_launchable", "check_chunk_waits", "check_tile_shapes", "POISON", "DepthFrame", "FrameUnsupported",
-           "Regions", "check_frame_inputs", "frame_layout", "sampler_refusal"]
+__all__ = ["PTRS", "STAMPS", "FrameBuild", "FrameKernel", "compile_args", "FrameRefused",
+           "ProtocolRun", "check_launchable", "check_chunk_waits", "check_tile_shapes", "POISON",
+           "DepthFrame", "FrameUnsupported", "Regions", "check_frame_inputs", "frame_layout",
+           "sampler_refusal"]

@@ -13,13 +13,13 @@ Per task, in thread 0 of each CTA (in the protocol alone, the other threads only
 the cluster barriers):
 
 1. ``wait >= 0`` (and ``wait2 >= 0``): spin with ``ld.acquire.gpu`` until global counter
-   ``wait`` reaches ``wait_expect`` (then ``wait2`` ``wait2_expect``) (:func:`device.waits.wait_counter`: after 2 s it reports the
-   counter's name, the CTA and the task, then traps; the first wait of the launch to time out
-   writes the report). A chunked task (``wait_chunks`` > 1: o and down with
-   ``FrameOptions.chunk_waits``) skips this wait in builds with tiles: its projection body
-   waits for counter ``wait + s`` before it copies K stage s (projection.py), so the task's
-   "counter waited" stamp comes before its first chunk's wait and the chunk waits fall in
-   its "stage 0 landed" and compute stamps.
+   ``wait`` reaches ``wait_expect`` (then ``wait2`` ``wait2_expect``)
+   (:func:`device.waits.wait_counter`: after 2 s it reports the counter's name, the CTA
+   and the task, then traps; the first wait of the launch to time out writes the report). A
+   chunked task (``wait_chunks`` > 1: o and down with ``FrameOptions.chunk_waits``) skips this
+   wait in builds with tiles: its projection body waits for counter ``wait + s`` before it
+   copies K stage s (projection.py), so the task's "counter waited" stamp comes before its
+   first chunk's wait and the chunk waits fall in its "stage 0 landed" and compute stamps.
 2. Split tiles (``half`` 0 / 1, the two CTAs of a cluster; their k-th split task uses combine
    slot k % S):
    * rank 1 (``local_wait`` LOCAL_SLOT from k >= S on) waits until rank 0 has consumed partial
@@ -32,11 +32,14 @@ the cluster barriers):
 
 With ``weights`` the CTA also streams every task's weight tile through the shared-memory page
 ring the schedule plans (``ring_pages`` pages of ``page_bytes``; a tile takes ``n_pages``
-consecutive pages in ring order). Thread 0 of warp 1 is the loader: per page it waits on
-``page_empty[p]``, announces the bytes on ``page_full[p]`` and issues one 1-D bulk copy; it runs
-ahead of the tasks as far as free pages allow, since weights never depend on data. Thread 0
-waits on ``page_full`` of its task's pages after the counter wait (a split tile's half needs
-its weights before its partial exists) and arrives on ``page_empty`` when the task is done. Page p's k-th use has parity k & 1 on both barriers.
+consecutive pages in ring order). One thread is the loader (the protocol alone: thread 0 of
+warp 1; with tiles: lane 0 of warp 4, thread 128): per page it waits on ``page_empty[p]``,
+announces the bytes on ``page_full[p]`` and issues one 1-D bulk copy; it runs ahead of the
+tasks as far as free pages allow, since weights never depend on data. Thread 0 waits on
+``page_full`` of its task's pages after the counter wait (with tiles, stage by stage: a
+page before the first stage that reads it) and arrives on ``page_empty`` once they are read
+(the protocol alone: when the task is done; with tiles: after the last stage that reads
+each). Page p's k-th use has parity k & 1 on both barriers.
 
 Shared memory: ``partial[S]`` and ``slot_free[S]`` mbarriers (arrive count 1) and S combine
 words. Both are armed cluster-wide before the first task, and neither CTA exits before its
@@ -53,7 +56,8 @@ from configs.codepredictor import QWEN3_TTS_1P7B
 from kernels.depth.draw import RowDraw
 from kernels.depth.frame import projection as T
 from kernels.depth.frame.attention import AttentionBodies
-from kernels.depth.frame.embedding import DRAW_NOISE, DRAWS, EmbeddingBodies, frame_row_draw
+from kernels.depth.frame.embedding import (ARGMAX_PASSES, DRAW_NOISE, DRAWS, LANES_PER_ROW,
+                                          EmbeddingBodies, frame_row_draw)
 from kernels.depth.frame.projection import ProjectionBodies
 from kernels.depth.frame.table import PHASE_FIELDS, RESID_NONE
 from device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
@@ -105,8 +109,8 @@ class FrameTensors(NamedTuple):
     """The launch's global tensors (kernel() wraps the pointers once): the encoded table,
     each CTA's task count, the counters, [combine mismatches, timeout claim], the trace
     stamps, the diagnostics mailbox, the weights and each task's offset into them, the phase
-    table and the arena. ``claim`` (the timeout claim, errors[1]) is made by each role that
-    waits (_walk, _load)."""
+    table and the arena. ``claim`` (the timeout claim, errors[1]) is set by _walk for the
+    consumer's waits; the loader (_load) makes its own."""
     mTable: cute.Tensor
     mCounts: cute.Tensor
     mCounters: cute.Tensor
@@ -206,9 +210,9 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
 
     Roles with tiles (160 threads): warps 0-3 are one consumer warpgroup that walks the tasks
     together (thread 0 spins on the counters, issues the activation copies and signals; all 128
-    run the wgmmas, wait on the pages and the activation stages, and take part in the split
-    handoff); warp 4's lane 0 is the loader. Thread 0 does every mbarrier wait and arrive of
-    the walk, and named barrier 1 (128 threads) passes them on. Arrive counts: ``partial``,
+    run the wgmmas and take part in the split handoff); warp 4's lane 0 is the loader. Thread
+    0 does every mbarrier wait and arrive of the walk (the pages, the activation stages, the
+    pair's slots), and named barrier 1 (128 threads) passes them on. Arrive counts: ``partial``,
     ``slot_free``, ``page_full``, ``page_empty`` and ``act_full`` 1 (with transaction bytes on
     the full barriers).
 
@@ -235,6 +239,10 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
         cfg = config or QWEN3_TTS_1P7B
+        scan = 8 * LANES_PER_ROW * ARGMAX_PASSES  # the greedy argmax's columns a pass round
+        if fused and rows and draw == "greedy" and cfg.vocab % scan:
+            raise ValueError(f"vocab {cfg.vocab}: the greedy draw scans whole rounds of {scan} "
+                             "columns")
         self.vocab, self.hidden, self.talker_hidden = cfg.vocab, cfg.hidden, cfg.talker_hidden
         self.draw, self.talker_vocab = draw, cfg.talker_vocab
         self.max_tasks, self.slots, self.trace = max_tasks, combine_slots, trace

@@ -151,9 +151,11 @@ class ProtocolRun:
                                               self.arena)))
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
-        key = ("frame_kernel", tasks, opt.combine_slots, trace, *pages, rows, fused, draw,
-               self.kernel.talker_vocab, self.kernel.act_buffers, self.kernel.ablate,
-               self.kernel.k_stage, self.kernel.norm_once, self.kernel.bodies)
+        # the kernel's class too: a study subclass never reuses the production build
+        key = ("frame_kernel", type(self.kernel).__qualname__, tasks, opt.combine_slots, trace,
+               *pages, rows, fused, draw, self.kernel.talker_vocab, self.kernel.act_buffers,
+               self.kernel.ablate, self.kernel.k_stage, self.kernel.norm_once,
+               self.kernel.bodies)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 

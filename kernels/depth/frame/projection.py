@@ -15,8 +15,8 @@ Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte c
 * weights: each tile (each half of a split tile) packed once on the host as [K' / 8][F][8]
   bf16 (:func:`weights.pack_tile`), streamed by the loader through the ring's pages. A k16
   step reads two K chunks, 2·F·16 bytes, which never straddle a page (pages are multiples of
-  STEP_BYTES_MAX), so each step's descriptor starts in one page: K-adjacent chunks F·16 bytes apart (LBO), 8-row
-  groups 128 (SBO).
+  STEP_BYTES_MAX), so each step's descriptor starts in one page: K-adjacent chunks F·16
+  bytes apart (LBO), 8-row groups 128 (SBO).
 * activations: chunk-major [K / 8][R8][8] bf16 in global memory (R8 = the step's rows rounded
   up to 8; :func:`weights.chunk_major_rows`), brought after the task's counter wait (a chunked
   task's: the stage's own chunk counter, FrameOptions.chunk_waits) by one bulk copy a K stage (k_stage elements: schedules.plan.frame_k_stage; the plan's FRAME_ACT_BUFFERS
@@ -26,8 +26,9 @@ Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte c
 
 Per K stage: thread 0 waits for the activation stage and the stage's weight pages and the
 warpgroup meets at a named barrier; all issue k_stage / 16 wgmmas, retire them, meet again,
-and thread 0 frees the pages and refills the activation buffer with stage s + buffers. Pages go back per stage, not per task, so the
-loader streams the rest of a tile (a gate/up tile is the whole ring) while its first stages
+and thread 0 frees the pages and refills the activation buffer with stage s + buffers (the
+stages a runtime loop, one copy of it a tile width). Pages go back per stage, not per task, so
+the loader streams the rest of a tile (a gate/up tile is the whole ring) while its first stages
 compute.
 
 Epilogues, from the m64nF fragment (warp w holds rows 16w + g and 16w + g + 8, thread q of its
@@ -127,8 +128,8 @@ def _sum_in_order(xs: list) -> Float32:
 
 class ProjectionBodies:
     """The projection task's device code, mixed into the frame kernel (which provides
-    ``rows``, ``r8`` (rows8 of them), ``pages``, ``slots`` and the shared-memory objects passed
-    in)."""
+    ``rows``, ``r8`` (rows8 of them), ``pages``, ``page_bytes``, ``slots``, ``k_stage``,
+    ``act_buffers``, ``fused``, ``eps``, ``ablate`` and the shared-memory objects passed in)."""
 
     @cute.jit
     def _chunk_wait(self, task, s: Int32, g):
