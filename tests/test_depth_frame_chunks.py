@@ -94,7 +94,6 @@ def test_the_frame_build_carries_the_chunk_path():
     from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from kernels.depth.frame.projection import CHUNK_WIDTHS
     from schedules.plan import FRAME_ACT_BUFFERS
-    from tests.test_depth_frame import sass_instructions
     from workbench.compile import compile_report
 
     r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64,
@@ -108,7 +107,7 @@ def test_the_frame_build_carries_the_chunk_path():
     if r.sass is None:
         pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not counted")
     assert not re.search(r"^\s*/\*[0-9a-f]+\*/\s+CALL\.", r.sass, re.M)
-    assert sass_instructions(r.sass) < 8000
+    assert r.sass_instructions < 8000
 
 
 # ---- on the H200 -----------------------------------------------------------------------------
