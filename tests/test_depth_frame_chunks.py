@@ -25,14 +25,14 @@ def _schedule(rows, chunk_waits=True, **kw):
 
 
 # ---- CPU -------------------------------------------------------------------------------------
-def test_the_plan_keeps_whole_phase_waits_until_measured():
-    """No production change: DepthFrame's chunk_waits=None takes the plan's rule, which is off
-    at every row count until an H200 A/B (scripts/ab_frame_chunks.py) sets it."""
+def test_the_plan_takes_chunk_waits_at_every_row_count():
+    """DepthFrame's chunk_waits=None takes the plan's rule, which the H200 A/B
+    (scripts/ab_frame_chunks.py, 23c1df6) set to every row count."""
     from kernels.depth.frame import DepthFrame
     from schedules import plan
 
-    assert plan.FRAME_CHUNK_WAITS_FROM_ROWS is None
-    assert not any(plan.frame_chunk_waits(r) for r in range(1, 65))
+    assert plan.FRAME_CHUNK_WAITS_FROM_ROWS == 1
+    assert all(plan.frame_chunk_waits(r) for r in range(1, 65))
     assert inspect.signature(DepthFrame).parameters["chunk_waits"].default is None
 
 
