@@ -70,6 +70,13 @@ NOTES = {
 }
 
 
+def _waited_counters(t) -> list[int]:
+    """The counters a task waits on: ``wait`` (a chunked task, FrameOptions.chunk_waits: its
+    chunks ``wait .. wait + wait_chunks - 1``) and ``wait2``."""
+    out = [t.wait + j for j in range(max(t.wait_chunks, 1))] if t.wait >= 0 else []
+    return out + ([t.wait2] if t.wait2 >= 0 else [])
+
+
 def critical_path(s) -> int:
     """Tasks on the longest dependency chain (program order, counters, cluster waits)."""
     order = topological_order(s)
@@ -82,9 +89,8 @@ def critical_path(s) -> int:
     for c, i in order:
         t = s.ctas[c][i]
         preds = [(c, i - 1)] if i else []
-        for w in (t.wait, t.wait2):
-            if w >= 0:
-                preds += signallers.get(w, [])
+        for w in _waited_counters(t):
+            preds += signallers.get(w, [])
         if t.local_dep is not None:
             preds.append(t.local_dep)
         depth[(c, i)] = 1 + max((depth[p] for p in preds if p in depth), default=0)
@@ -93,7 +99,9 @@ def critical_path(s) -> int:
 
 def critical_chain(s, stamps) -> dict:
     """Walk back from the last task to end along whichever dependency released each task
-    last (the previous task on its CTA, or its counter's last signaller) and split that
+    last (the previous task on its CTA, or its counter's last signaller; a chunked task's
+    binding counter: the one of its chunks and wait2 whose last signaller was ready last) and
+    split that
     chain's time: handoff (a signaller ready -> the waiter through its counter wait; with
     program order binding, the wait's own acquire), landing (waited -> stage 0's activations
     and weight pages landed), compute (-> the last wgmma retired: the other stages' waits
@@ -123,7 +131,8 @@ def critical_chain(s, stamps) -> dict:
         if count_signal:
             split["signal_us"] += (end - ready) / 1e3
             signal_tasks += 1
-        by_counter = max((last_ready[w] for w in (t.wait, t.wait2) if w >= 0), default=None)
+        by_counter = max((last_ready[w] for w in _waited_counters(t) if w in last_ready),
+                         default=None)
         by_order = stamps[c][i - 1][5] if i else None
         if by_counter is not None and (by_order is None or by_counter[0] > by_order):
             split["handoff_us"] += (waited - by_counter[0]) / 1e3

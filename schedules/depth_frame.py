@@ -47,12 +47,14 @@ import numpy as np
 
 from configs.arch import SMEM_PER_CTA_MAX
 from configs.codepredictor import QWEN3_TTS_1P7B, CodePredictorConfig
+from schedules.plan import frame_k_stage
 
 PROJ, QKV, ATTN, O, GATEUP, DOWN, HEAD, EMBED, NORM = range(9)
 TYPE_NAMES = ("proj", "qkv", "attn", "o", "gateup", "down", "head", "embed", "norm")
 # the projections whose input is RMS-normalised (``norm_once``: a NORM phase before each)
 NORMALISED = (QKV, GATEUP, HEAD)
 SPLIT_TYPES = (PROJ, O, DOWN)
+CHUNKED = (O, DOWN)  # the consumers that may wait per chunk (their inputs are not normalised)
 LOCAL_NONE, LOCAL_PARTIAL, LOCAL_SLOT = 0, 1, 2
 MAX_COLOCATED = 132  # H200: 132 SMs, one ~213 KB CTA per SM
 SMEM_OTHER = 85 * 1024  # activation tiles, combine buffers, barriers (the seed used 213 KB in all)
@@ -81,6 +83,12 @@ class FrameOptions:
     # rows an embedding task: 8 (greedy and given draws), or 1 (the sampled draw, whose task
     # draws its row with the whole CTA: notes/depth-frame.md, session 27)
     embed_rows: int = 8
+    # per-chunk waits (issue #37 item 5, off until measured on the H200): the attention
+    # (positions >= 1) and gate/up phases signal one counter a K chunk of their consumer
+    # (schedules.plan.frame_k_stage(rows) elements: one activation stage), and each o / down
+    # K stage waits for its own chunk only, so the tile starts while the rest of the producer
+    # phase finishes (notes/depth-frame.md, session 28)
+    chunk_waits: bool = False
 
 
 @dataclass
@@ -95,6 +103,9 @@ class Phase:
     split: bool
     counters: list[int] = field(default_factory=list)
     feeds: int = -1  # NORM: the projection type whose input it normalises (the next phase)
+    # chunk_waits: K elements of the consumer's input each of ``counters`` covers (counter j:
+    # features j·chunk_k ..); 0: the counters are not by chunk
+    chunk_k: int = 0
 
     @property
     def name(self) -> str:
@@ -124,6 +135,9 @@ class Task:
     n_pages: int = 0
     issue_before: int = -1  # index in this CTA's list before which the weight copy is issued
     chunk_of: list[int] = field(default_factory=list)  # producer tiles this task's K chunks need
+    # chunk waits (FrameOptions.chunk_waits): K stage s waits for counter wait + s (consecutive
+    # chunk counters of one phase, each expecting wait_expect); 0: one wait before the task
+    wait_chunks: int = 0
 
 
 @dataclass
@@ -176,6 +190,51 @@ def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
     return phases
 
 
+def _chunk_k(cfg: CodePredictorConfig, opt: FrameOptions) -> int:
+    """K elements of a chunk counter (``chunk_waits``: the consumer's activation stage,
+    schedules.plan.frame_k_stage), 0 without chunk waits. Every producer task must write
+    within one chunk and every consumer task (half) take whole chunks."""
+    if not opt.chunk_waits:
+        return 0
+    try:
+        ks = frame_k_stage(opt.rows)
+    except ValueError as e:
+        raise ScheduleError(f"chunk_waits: {e}") from None
+    halves = 2 if opt.split_o_down else 1
+    if ks % cfg.head_dim or ks % 32 or cfg.q_dim % (halves * ks) or \
+            cfg.intermediate % (halves * ks):
+        raise ScheduleError(f"chunk_waits: chunks of {ks} K elements do not divide the o / "
+                            "down tiles or split an attention head or a gate/up tile")
+    return ks
+
+
+def _chunked_producer(ph: Phase) -> bool:
+    """Whether ``chunk_waits`` gives ``ph`` one counter a chunk: gate/up, and attention from
+    position 1 on (at position 0 it also feeds position 1's attention through ``wait2``,
+    which needs the whole phase)."""
+    return ph.type == GATEUP or (ph.type == ATTN and ph.pos >= 1)
+
+
+def _input_features(ph: Phase, cfg: CodePredictorConfig) -> int:
+    """Features of the input that ``ph`` (attention or gate/up) writes for its consumer."""
+    return cfg.q_dim if ph.type == ATTN else cfg.intermediate
+
+
+def _written(ph: Phase, cfg: CodePredictorConfig, tile: int) -> tuple[int, int]:
+    """[lo, hi) features of the consumer's input that tile ``tile`` of ``ph`` writes:
+    attention, its q head's (tile % q_heads); gate/up, its 32 act features."""
+    if ph.type == ATTN:
+        hq = tile % cfg.q_heads
+        return hq * cfg.head_dim, (hq + 1) * cfg.head_dim
+    return 32 * tile, 32 * tile + 32
+
+
+def _chunk_of_tile(ph: Phase, cfg: CodePredictorConfig, tile: int, ks: int) -> int:
+    lo, hi = _written(ph, cfg, tile)
+    assert lo // ks == (hi - 1) // ks, "a producer task writes within one chunk"
+    return lo // ks
+
+
 def _weight_bytes(ph: Phase, half: int) -> int:
     if ph.type in (ATTN, EMBED, NORM):
         return 0
@@ -202,6 +261,7 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
     if opt.embed_rows not in (1, 8):
         raise ScheduleError(f"embed_rows {opt.embed_rows}: 8, or 1 (the sampled draw)")
     phases = _phase_list(cfg, opt)
+    ks = _chunk_k(cfg, opt)
     ctas: list[list[Task]] = [[] for _ in range(opt.grid)]
     counter_expect: list[int] = []
     counter_names: list[str] = []
@@ -216,6 +276,12 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
         if ph.type == QKV and opt.per_head_waits:
             per = ph.n_tiles // cfg.kv_heads
             ph.counters = [new_counter(f"{ph.name}.kv{g}", per) for g in range(cfg.kv_heads)]
+        elif ks and _chunked_producer(ph):
+            ph.chunk_k = ks
+            expect = [0] * (_input_features(ph, cfg) // ks)
+            for t in range(ph.n_tiles):
+                expect[_chunk_of_tile(ph, cfg, t, ks)] += 1
+            ph.counters = [new_counter(f"{ph.name}.c{j}", e) for j, e in enumerate(expect)]
         else:
             ph.counters = [new_counter(ph.name, ph.n_tiles)]
 
@@ -266,6 +332,8 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
                 task.signal = -1  # rank 0 combines and signals
             elif ph.type == QKV and opt.per_head_waits:
                 task.signal = ph.counters[task.tile // (ph.n_tiles // cfg.kv_heads)]
+            elif ph.chunk_k:
+                task.signal = ph.counters[_chunk_of_tile(ph, cfg, task.tile, ph.chunk_k)]
             else:
                 task.signal = ph.counters[0]
             if prod is None:
@@ -273,6 +341,11 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
             if ph.type == ATTN and prod.type == QKV and opt.per_head_waits:
                 kv = (task.tile % cfg.q_heads) // (cfg.q_heads // cfg.kv_heads)
                 task.wait = prod.counters[kv]
+            elif prod.chunk_k:
+                # K stage s of the task waits for chunk first + s: its K range's producers
+                k_task = ph.k // 2 if task.half >= 0 else ph.k
+                task.wait_chunks = k_task // prod.chunk_k
+                task.wait = prod.counters[max(task.half, 0) * task.wait_chunks]
             else:
                 task.wait = prod.counters[0]
             task.wait_expect = counter_expect[task.wait]
@@ -289,6 +362,8 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
         for task in lst:
             if task.wait >= 0:
                 task.wait_expect = counter_expect[task.wait]
+                assert all(counter_expect[task.wait + j] == task.wait_expect
+                           for j in range(task.wait_chunks)), "chunk counters of one expect"
             if task.wait2 >= 0:
                 task.wait2_expect = counter_expect[task.wait2]
     _plan_combine(ctas, opt)
@@ -385,6 +460,10 @@ def violations(s: Schedule) -> list[str]:
                                    f"{norm.name}, which writes its normalised input")
     elif any(ph.type == NORM for ph in s.phases):
         out.append("NORM phases in a schedule built without norm_once")
+    # 1d. chunk waits: a chunk counter counts the producer tasks that write its K range; a
+    # task waiting on one waits, stage by stage, on exactly the chunks of its own K range;
+    # nothing waits on part of a phase otherwise
+    out += _chunk_violations(s)
     # 2. weight copies never land on pages a running or waiting task still reads
     for c, lst in enumerate(s.ctas):
         last_user = {}
@@ -429,6 +508,49 @@ def violations(s: Schedule) -> list[str]:
     return out
 
 
+def _chunk_violations(s: Schedule) -> list[str]:
+    out: list[str] = []
+    cfg = s.config
+    owner = {cid: ph for ph in s.phases for cid in ph.counters}
+    for c, lst in enumerate(s.ctas):
+        for i, t in enumerate(lst):
+            ph = s.phases[t.phase]
+            pp = owner.get(t.signal)
+            if pp is not None and pp.chunk_k:
+                lo, hi = _written(pp, cfg, t.tile)
+                if t.signal != pp.counters[0] + lo // pp.chunk_k or (hi - 1) // pp.chunk_k != \
+                        lo // pp.chunk_k:
+                    out.append(f"CTA {c} task {i}: {ph.name} tile {t.tile} writes features "
+                               f"{lo}..{hi - 1} but signals {s.counter_names[t.signal]}")
+            if t.wait2 >= 0 and owner.get(t.wait2) is not None and owner[t.wait2].chunk_k:
+                out.append(f"CTA {c} task {i}: its second wait is one chunk of "
+                           f"{owner[t.wait2].name}")
+            if t.wait < 0:
+                if t.wait_chunks:
+                    out.append(f"CTA {c} task {i}: {t.wait_chunks} chunk waits and no counter")
+                continue
+            pp = owner.get(t.wait)
+            if pp is None or not pp.chunk_k:
+                if t.wait_chunks > 1:
+                    out.append(f"CTA {c} task {i}: {t.wait_chunks} chunk waits on "
+                               f"{s.counter_names[t.wait]}, which is not a chunk counter")
+                continue
+            k_task = ph.k // 2 if t.half >= 0 else ph.k
+            first = pp.counters[0] + max(t.half, 0) * k_task // pp.chunk_k
+            if ph.type not in CHUNKED or t.wait != first or \
+                    t.wait_chunks * pp.chunk_k != k_task:
+                out.append(f"CTA {c} task {i}: {ph.name} (half {t.half}) waits on "
+                           f"{max(t.wait_chunks, 1)} chunk(s) of {pp.name} from "
+                           f"{s.counter_names[t.wait]}, not on the chunks of its K range")
+            for j in range(t.wait_chunks):
+                if t.wait + j >= len(s.counter_expect) or t.wait_expect != \
+                        s.counter_expect[t.wait + j]:
+                    out.append(f"CTA {c} task {i}: chunk wait {j} expects {t.wait_expect}, "
+                               "not its counter's count")
+                    break
+    return out
+
+
 def validate(s: Schedule) -> Schedule:
     v = violations(s)
     if v:
@@ -445,8 +567,8 @@ def dependency_edges(s: Schedule):
                 yield (c, i - 1), (c, i)
             if t.signal >= 0:
                 yield (c, i), ("ctr", t.signal)
-            if t.wait >= 0:
-                yield ("ctr", t.wait), (c, i)
+            for j in range(max(t.wait_chunks, 1) if t.wait >= 0 else 0):
+                yield ("ctr", t.wait + j), (c, i)  # a chunked task: each of its chunks
             if t.wait2 >= 0:
                 yield ("ctr", t.wait2), (c, i)
             if t.local_dep is not None:
@@ -490,7 +612,7 @@ def _find_cycle(s: Schedule) -> str | None:
 # --- encoding -------------------------------------------------------------------------------
 FIELDS = ("type", "phase", "tile", "half", "wait", "wait_expect", "local_wait", "local_dep_cta",
           "local_dep_index", "slot", "signal", "page_first", "n_pages", "issue_before", "wait2",
-          "wait2_expect")
+          "wait2_expect", "wait_chunks")
 
 
 def encode(s: Schedule) -> tuple[np.ndarray, np.ndarray]:
@@ -506,7 +628,7 @@ def encode(s: Schedule) -> tuple[np.ndarray, np.ndarray]:
             dep = t.local_dep or (-1, -1)
             table[c, i] = (t.type, t.phase, t.tile, t.half, t.wait, t.wait_expect, t.local_wait,
                            dep[0], dep[1], t.slot, t.signal, t.page_first, t.n_pages,
-                           t.issue_before, t.wait2, t.wait2_expect)
+                           t.issue_before, t.wait2, t.wait2_expect, t.wait_chunks)
     return table, counts
 
 

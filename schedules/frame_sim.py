@@ -6,8 +6,12 @@ Every CTA runs its task list in order. A task starts when
   * its cluster-local dependency finished (plus a DSMEM hop), and
   * its weight tile has landed: issued at the start of task ``issue_before`` (or, with a producer
     warp, as soon as the ring pages are free) and streamed at the per-SM share of bandwidth.
-It then runs for a fixed per-type latency plus its MMA/epilogue work. With ``per_chunk_waits`` a
-projection starts each K chunk as soon as the producer tiles of that chunk are done.
+It then runs for a fixed per-type latency plus its MMA/epilogue work. A schedule built with
+``FrameOptions(chunk_waits=True)`` has real chunk counters: a chunked task's stage s may start
+once chunk s's counter is complete, so the task starts at the latest of (counter s done +
+handoff - s · body / stages) over its stages. For schedules without them, ``per_chunk_waits``
+approximates the same: a projection starts each of ``chunks`` K chunks as soon as the
+producer tiles of that chunk are done.
 
 Costs are per-task constants, calibrated (:func:`calibrate`) from the split of the seed's traced
 frame at 64 rows: 470-480 µs of handoffs and 1620-1700 µs of phase-slowest tasks over 432
@@ -91,7 +95,12 @@ def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = No
         name = TYPE_NAMES[t.type]
         body = costs.fixed_us[name]
         cands = [(ends.get((c, i - 1), 0.0), "program", (c, i - 1) if i else None)]
-        if t.wait >= 0:
+        if t.wait >= 0 and t.wait_chunks > 1:  # the schedule's own chunk counters
+            n = t.wait_chunks
+            ready, w = max((counter_done[t.wait + j] + costs.handoff_us - j * body / n,
+                            t.wait + j) for j in range(n))
+            cands.append((ready, "handoff", counter_last[w]))
+        elif t.wait >= 0:
             ready = counter_done[t.wait] + costs.handoff_us
             if opt.per_chunk_waits and t.type not in (ATTN, EMBED) and signal_ends.get(t.wait):
                 # chunk j of the K loop needs the producers of chunk j; the task's last chunk

@@ -70,6 +70,11 @@ FRAME_ACT_BUFFERS = 2
 # 15fc61e A/B (scripts/ab_depth_frame.py; notes/depth-frame.md, session 22) measured it -243 us
 # at 64 rows, +170 at 16 and +419 at 1 (the same bits); rows in between were not measured
 FRAME_NORM_ONCE_FROM_ROWS = 64
+# the frame kernel's per-chunk waits (schedules.depth_frame.FrameOptions.chunk_waits, issue #37
+# item 5: o and down wait per K stage for their chunk's producers) from this many rows on: the
+# 23c1df6 A/B (scripts/ab_frame_chunks.py) measured it faster at 1 and 64 rows with the same
+# bits; 8-32 rows were not measured (notes/depth-frame.md, session 28: per-chunk waits, built)
+FRAME_CHUNK_WAITS_FROM_ROWS = 1
 # the frame kernel's activation stage (K elements) by the step's rows: (up to rows, K). 512
 # beat 256 at 1-32 rows in the projection study (notes/depth-frame.md, session 19); at 64 rows
 # two stages of 512 do not fit beside the ring
@@ -93,6 +98,12 @@ def frame_norm_once(rows: int) -> bool:
     """Whether the frame kernel normalises once in norm phases at ``rows`` rows
     (FRAME_NORM_ONCE_FROM_ROWS)."""
     return FRAME_NORM_ONCE_FROM_ROWS is not None and rows >= FRAME_NORM_ONCE_FROM_ROWS
+
+
+def frame_chunk_waits(rows: int) -> bool:
+    """Whether the frame kernel's o and down tasks wait per K chunk at ``rows`` rows
+    (FRAME_CHUNK_WAITS_FROM_ROWS)."""
+    return FRAME_CHUNK_WAITS_FROM_ROWS is not None and rows >= FRAME_CHUNK_WAITS_FROM_ROWS
 
 
 def frame_k_stage(rows: int) -> int:

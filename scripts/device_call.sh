@@ -42,6 +42,9 @@
 #   frame-norm-ab scripts/ab_depth_frame.py ($WB_AB_ARGS): the frame's norm phase (norm_once)
 #                against in-tile normalisation, same run, bits compared (notes/depth-frame.md,
 #                session 21)
+#   frame-chunks-ab scripts/ab_frame_chunks.py ($WB_AB_ARGS): the frame's per-chunk waits
+#                (chunk_waits) against whole-phase waits, same run, bits compared
+#                (notes/depth-frame.md, session 28)
 #   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL; the
 #                quack column needs .whl installed: pip install --no-index --no-deps --target
 #                /tmp/site .whl/*.whl)
@@ -137,6 +140,8 @@ for what in "$@"; do
                      python3 scripts/frame_bits_ab.py ${WB_AB_ARGS:-} ;;
     frame-norm-ab) step frame-norm-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
                      python3 scripts/ab_depth_frame.py ${WB_AB_ARGS:-} ;;
+    frame-chunks-ab) step frame-chunks-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
+                       python3 scripts/ab_frame_chunks.py ${WB_AB_ARGS:-} ;;
     frame-tiles-ab) step frame-tiles-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
                       python3 scripts/frame_tiles_ab.py ${WB_AB_ARGS:-} ;;
     experiments)
@@ -146,7 +151,7 @@ for what in "$@"; do
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
             "ladder-full, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
             "host-overhead, host-breakdown, frame-protocol, depth-frame, frame-code-size, frame-bits-ab," \
-            "frame-norm-ab," \
+            "frame-norm-ab, frame-chunks-ab," \
             "ladder-p2-quick," \
             "p2-ring-capacity, p2-parity, p2-block-gate, p1-stream-a, ladder-p1-quick," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;

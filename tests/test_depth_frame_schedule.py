@@ -19,11 +19,13 @@ SMALL = st.builds(CodePredictorConfig, layers=st.integers(1, 2), positions=st.in
 @st.composite
 def schedules(draw):
     cfg = draw(SMALL)
-    opt = D.FrameOptions(rows=draw(st.integers(1, 128)), grid=draw(st.sampled_from(
+    rows = draw(st.integers(1, 128))
+    opt = D.FrameOptions(rows=rows, grid=draw(st.sampled_from(
         [2, 8, 32, 66, 132])), ring_pages=draw(st.sampled_from([32, 33, 35])),
         per_head_waits=draw(st.booleans()), split_o_down=draw(st.booleans()),
         combine_slots=draw(st.sampled_from([1, 2, 3])), max_tasks_per_cta=100_000,
-        norm_once=draw(st.booleans()), embed_rows=draw(st.sampled_from([1, 8])))
+        norm_once=draw(st.booleans()), embed_rows=draw(st.sampled_from([1, 8])),
+        chunk_waits=rows <= 64 and draw(st.booleans()))  # (the frame kernel's rows: 1..64)
     return D.build(cfg, opt)
 
 
@@ -36,6 +38,8 @@ def test_generated_schedules_validate(s):
     assert [len(x) for x in back] == [len(x) for x in s.ctas]
     t = s.ctas[0][0]
     assert back[0][0]["type"] == t.type and back[0][0]["signal"] == t.signal
+    assert [[(d["wait"], d["wait_expect"], d["wait_chunks"]) for d in x] for x in back] == \
+        [[(t.wait, t.wait_expect, t.wait_chunks) for t in x] for x in s.ctas]
 
 
 def _tasks(s, pred):
@@ -238,3 +242,159 @@ def test_quick_frame_schedule_names_what_it_cuts():
             return abs(v - grid[best])
         assert E._coarse_to_fine(grid, error) == grid[best]
         assert len(set(tried)) < len(grid)
+
+
+# ---- chunk waits (FrameOptions.chunk_waits, issue #37 item 5) -------------------------------
+CHUNK_K = {1: 512, 13: 512, 64: 256}  # schedules.plan.frame_k_stage
+
+
+def _chunked(rows, **kw):
+    from schedules.plan import FRAME_RING
+
+    return D.build(options=D.FrameOptions(rows=rows, chunk_waits=True, **FRAME_RING, **kw))
+
+
+@pytest.mark.parametrize("rows", [1, 13, 64])
+def test_chunk_waits_count_the_producers_of_each_k_stage(rows):
+    """Attention (positions >= 1) and gate/up signal one counter a K stage of their consumer
+    (attention task of q head hq: chunk hq·128 / ks; gate/up tile t: 32t / ks), each expecting
+    its producers (their sum: the phase's tasks); o and down wait per stage from their K
+    half's first chunk on (rank 1: K half / ks further), with one expect for all; position 0's
+    attention, qkv, gate/up, head and proj keep whole-phase waits. The same tasks, signals
+    aside, as the unchunked build, and the encoding carries wait_chunks."""
+    from schedules.plan import FRAME_RING, frame_k_stage
+
+    ks = frame_k_stage(rows)
+    assert ks == CHUNK_K[rows]
+    s = D.validate(_chunked(rows))
+    base = D.validate(D.build(options=D.FrameOptions(rows=rows, **FRAME_RING)))
+    rg = -(-rows // 8)
+    for ph in s.phases:
+        exp = [s.counter_expect[c] for c in ph.counters]
+        if ph.type == D.ATTN and ph.pos >= 1:
+            assert ph.chunk_k == ks and exp == [ks // 128 * rg] * (2048 // ks)
+            assert all(s.counter_names[c] == f"{ph.name}.c{j}" for j, c in enumerate(ph.counters))
+        elif ph.type == D.GATEUP:
+            assert ph.chunk_k == ks and exp == [ks // 32] * (3072 // ks)
+        else:
+            assert ph.chunk_k == 0
+        if ph.chunk_k:
+            assert sum(exp) == ph.n_tiles
+            assert ph.counters == list(range(ph.counters[0], ph.counters[0] + len(exp)))
+    n = 0
+    for lst, blst in zip(s.ctas, base.ctas):
+        assert [(t.phase, t.tile, t.half) for t in lst] == [(t.phase, t.tile, t.half)
+                                                             for t in blst]
+        for t in lst:
+            ph = s.phases[t.phase]
+            chunked = t.type in D.CHUNKED and not (t.type == D.O and ph.pos == 0)
+            assert (t.wait_chunks > 0) == chunked, (ph.name, t.half)
+            if not chunked:
+                continue
+            n += 1
+            prod = s.phases[t.phase - 1]
+            k_half = {D.O: 1024, D.DOWN: 1536}[t.type]
+            assert t.wait_chunks == k_half // ks
+            assert t.wait == prod.counters[0] + t.half * k_half // ks
+            assert all(s.counter_expect[t.wait + j] == t.wait_expect
+                       for j in range(t.wait_chunks))
+    assert n == 2 * 64 * (5 * 16 + 5 * 15)  # down everywhere, o from position 1 on; two halves
+    back = D.decode(*D.encode(s))
+    assert D.FIELDS[-1] == "wait_chunks" and D.FIELDS.index("wait2_expect") == 15
+    assert [[d["wait_chunks"] for d in x] for x in back] == \
+        [[t.wait_chunks for t in x] for x in s.ctas]
+
+
+def test_chunk_waits_refuse_rows_the_kernel_has_no_stage_for():
+    with pytest.raises(D.ScheduleError, match="chunk_waits"):
+        _chunked(65)
+    assert not any(t.wait_chunks for lst in D.build().ctas for t in lst)  # off by default
+
+
+def _first(s, pred):
+    return next((c, i, t) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst)
+                if pred(t, s.phases[t.phase]))
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_broken_chunk_waits_are_rejected(rows):
+    """Each chunk rule has a broken schedule validate() refuses: a stage waiting on another
+    range's chunk, too few chunk waits, a producer signalling another chunk, a chunked
+    normalised projection (its norm needs every partial), a whole-phase wait on one chunk."""
+    s = _chunked(rows)
+    assert D.violations(s) == []
+
+    def broken(edit, needle):
+        bad = copy.deepcopy(s)
+        edit(bad)
+        v = D.violations(bad)
+        assert any(needle in x for x in v), v[:3]
+
+    def shift(bad):  # rank 0 of an o tile waits from rank 1's first chunk on
+        _, _, t = _first(bad, lambda t, ph: t.type == D.O and t.half == 0 and t.wait_chunks)
+        t.wait += t.wait_chunks
+    broken(shift, "not on the chunks of its K range")
+
+    def fewer(bad):
+        _, _, t = _first(bad, lambda t, ph: t.type == D.DOWN and t.half == 1)
+        t.wait_chunks -= 1
+    broken(fewer, "not on the chunks of its K range")
+
+    def resignal(bad):  # a gate/up tile counts in its neighbour chunk
+        _, _, t = _first(bad, lambda t, ph: t.type == D.GATEUP and t.tile == 0)
+        t.signal += 1
+    broken(resignal, "writes features 0..31 but signals")
+
+    def qkv(bad):  # a qkv tile waiting per chunk on the down counter (not a chunk counter)
+        _, _, t = _first(bad, lambda t, ph: t.type == D.QKV and t.wait >= 0)
+        t.wait_chunks = 4
+    broken(qkv, "not a chunk counter")
+
+    def whole(bad):  # an o tile of position 1 waits once, on its first chunk only
+        _, _, t = _first(bad, lambda t, ph: t.type == D.O and ph.pos == 1)
+        t.wait_chunks = 0
+    broken(whole, "not on the chunks of its K range")
+
+    def wait2(bad):  # position 1's attention on one chunk of position 0's attention
+        _, _, t = _first(bad, lambda t, ph: t.wait2 >= 0)
+        ph = next(p for p in bad.phases if p.type == D.ATTN and p.pos == 2)
+        t.wait2 = ph.counters[0]
+    broken(wait2, "second wait is one chunk")
+
+
+def test_chunk_waits_are_edges_of_the_deadlock_check():
+    """A chunked task depends on every chunk counter it waits on: the dependency graph has an
+    edge from each, and a task whose later chunk is signalled only after it (on its own CTA)
+    deadlocks."""
+    s = _chunked(1)
+    c, i, t = _first(s, lambda t, ph: t.wait_chunks > 1)
+    edges = {a for a, b in D.dependency_edges(s) if b == (c, i) and a[0] == "ctr"}
+    assert edges == {("ctr", t.wait + j) for j in range(t.wait_chunks)}
+    bad = copy.deepcopy(s)
+    c, i, t = _first(bad, lambda t, ph: t.wait_chunks > 1 and t.half == 0)
+    later = next(j for j in range(i + 1, len(bad.ctas[c])) if bad.ctas[c][j].signal >= 0)
+    sig = bad.ctas[c][later].signal
+    # make the task's last chunk counter a counter its own later task signals
+    bad.counter_expect[t.wait + t.wait_chunks - 1] = bad.counter_expect[sig]
+    old = t.wait + t.wait_chunks - 1
+    for lst in bad.ctas:
+        for u in lst:
+            if u.signal == old:
+                u.signal = -2  # (dropped from the graph)
+    bad.ctas[c][later].signal = old
+    assert D.topological_order(bad) is None
+
+
+def test_simulator_honours_real_chunk_counters():
+    """The simulator starts a chunked task's stage s when chunk s completes: with the chunk
+    counters' last producers late, the chunked schedule is never slower than the unchunked one,
+    and with uniform per-type costs (every producer of a phase ends together) the two agree
+    within a few µs: per-chunk waits on o and down alone gain little in the model."""
+    from schedules.plan import FRAME_RING
+
+    so = F.SimOptions(producer_warp=True, cluster_wait_at_end=True)
+    for rows in (1, 64):
+        base = F.simulate(D.build(options=D.FrameOptions(rows=rows, **FRAME_RING)), opt=so)
+        ch = F.simulate(_chunked(rows), opt=so)
+        assert ch.makespan_us <= base.makespan_us + 1e-6
+        assert base.makespan_us - ch.makespan_us < 20

@@ -256,10 +256,11 @@ def test_projection_tiles_compile_to_wgmma_over_the_ring(rows):
     """One K stage of wgmma.m64nFk16 a tile width (F = 16: head, o, proj, down; 32: qkv; 64:
     gate/up), the stages a runtime loop: 3 x K stage / 16 in all; activation stages and weight
     pages by bulk copy; rank 1's
-    fragment by st.shared::cluster; proxy fences around the generic output stores; the
-    protocol's acquire / release. No spills; the one call is the IEEE division's slow path
+    fragment by st.shared::cluster; proxy fences around the generic output stores (and after
+    each chunk wait: FrameOptions.chunk_waits, runtime-selected, in the first stages' copies
+    and in the o / down width's mainloop); the protocol's acquire / release. No spills; the one call is the IEEE division's slow path
     (SwiGLU's silu, rounded as the reference rounds)."""
-    from kernels.depth.frame.projection import TILE_WIDTHS
+    from kernels.depth.frame.projection import CHUNK_WIDTHS, TILE_WIDTHS
     from schedules.plan import frame_k_stage
 
     r = _build_tiles(rows)
@@ -270,7 +271,9 @@ def test_projection_tiles_compile_to_wgmma_over_the_ring(rows):
         assert f"m64n{f}k16.f32.bf16.bf16" in ptx
     assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 3
     assert "st.shared::cluster.v2.f32" in ptx and "mapa.shared::cluster.u32" in ptx
-    assert ptx.count("fence.proxy.async.global;") == 2
+    from schedules.plan import FRAME_ACT_BUFFERS
+
+    assert ptx.count("fence.proxy.async.global;") == 2 + FRAME_ACT_BUFFERS + len(CHUNK_WIDTHS)
     assert "ld.acquire.gpu.global.b32" in ptx and "red.release.gpu.global.add.s32" in ptx
     assert r.frame_bytes == 0 and r.spill_bytes == 0
     if r.sass is not None:

@@ -7,6 +7,7 @@ What lives where:
   (``FrameBuild``) and walks with (the shared-memory handles, the global tensors, a task's
   phase words, the walk's cursor); ``compile_args`` for offline compiles.
 * launch.py: the checks before a launch (:func:`check_launchable`, :func:`check_tile_shapes`,
+  :func:`check_chunk_waits`,
   :class:`FrameRefused`) and :class:`ProtocolRun`, one schedule's launch and its buffers.
 * host.py: :class:`DepthFrame`, the frame on real weights: its arena (:func:`frame_layout`,
   :class:`Regions`), its input checks (:func:`check_frame_inputs`, :func:`sampler_refusal`,
@@ -23,11 +24,12 @@ experiments/_frame_studies.py: only tests, experiments and scripts build them.
 """
 from kernels.depth.frame.kernel import (PTRS, STAMPS, FrameBuild, FrameKernel,
                                         compile_args)
-from kernels.depth.frame.launch import (FrameRefused, ProtocolRun, check_launchable,
-                                        check_tile_shapes)
+from kernels.depth.frame.launch import (FrameRefused, ProtocolRun, check_chunk_waits,
+                                        check_launchable, check_tile_shapes)
 from kernels.depth.frame.host import (POISON, DepthFrame, FrameUnsupported, Regions,
                                       check_frame_inputs, frame_layout, sampler_refusal)
 
 __all__ = ["PTRS", "STAMPS", "FrameBuild", "FrameKernel", "compile_args", "FrameRefused",
-           "ProtocolRun", "check_launchable", "check_tile_shapes", "POISON", "DepthFrame",
-           "FrameUnsupported", "Regions", "check_frame_inputs", "frame_layout", "sampler_refusal"]
+           "ProtocolRun", "check_launchable", "check_chunk_waits", "check_tile_shapes", "POISON",
+           "DepthFrame", "FrameUnsupported", "Regions", "check_frame_inputs", "frame_layout",
+           "sampler_refusal"]

@@ -38,7 +38,7 @@ from kernels.depth.frame.projection import MAX_ROWS, SSQ_TILES, rows8
 from kernels.depth.frame.table import phase_row
 from kernels.depth.frame.weights import from_chunk_major, pack_frame_weights
 from schedules import depth_frame as F
-from schedules.plan import FRAME_RING, frame_norm_once
+from schedules.plan import FRAME_RING, frame_chunk_waits, frame_norm_once
 
 POISON = 0x7FC07FC0  # a bf16 NaN pair (and an fp32 NaN)
 
@@ -162,10 +162,12 @@ class DepthFrame:
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
     def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
-                 norm_once: bool | None = None, sampler=None):
+                 norm_once: bool | None = None, sampler=None, chunk_waits: bool | None = None):
         """``norm_once``: normalise each qkv / gate-up / head input once in a norm phase
         (schedules.depth_frame.FrameOptions; None: the plan's rule by rows). The same bits
-        either way. ``sampler``: a models.sampler.Sampler on the weights' device whose steps
+        either way. ``chunk_waits``: o and down wait per K stage for their chunk's producers
+        (schedules.depth_frame.FrameOptions; None: the plan's rule, frame_chunk_waits); the
+        same bits either way. ``sampler``: a models.sampler.Sampler on the weights' device whose steps
         the frame can draw (:func:`sampler_refusal`, else FrameUnsupported)."""
         check_frame_inputs(fw, rows)
         if sampler is not None:
@@ -175,6 +177,7 @@ class DepthFrame:
             if why is not None:
                 raise FrameUnsupported(why)
         norm_once = frame_norm_once(rows) if norm_once is None else norm_once
+        chunk_waits = frame_chunk_waits(rows) if chunk_waits is None else chunk_waits
         cfg = fw.config
         self.fw, self.cfg, self.rows, self.r8 = fw, cfg, rows, rows8(rows)
         self.teacher_forced, self.sampler = teacher_forced, sampler
@@ -182,7 +185,7 @@ class DepthFrame:
         sample = self.draw == "sample"
         self.schedule = F.build(cfg, F.FrameOptions(rows=rows, norm_once=norm_once,
                                                     embed_rows=1 if sample else 8,
-                                                    **FRAME_RING))
+                                                    chunk_waits=chunk_waits, **FRAME_RING))
         self.regions = frame_layout(cfg, rows, norm_once, sample)
         dev = fw.final_norm.device
         self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)

@@ -15,7 +15,11 @@ the cluster barriers):
 1. ``wait >= 0`` (and ``wait2 >= 0``): spin with ``ld.acquire.gpu`` until global counter
    ``wait`` reaches ``wait_expect`` (then ``wait2`` ``wait2_expect``)
    (:func:`device.waits.wait_counter`: after 2 s it reports the counter's name, the CTA
-   and the task, then traps; the first wait of the launch to time out writes the report).
+   and the task, then traps; the first wait of the launch to time out writes the report). A
+   chunked task (``wait_chunks`` > 1: o and down with ``FrameOptions.chunk_waits``) skips this
+   wait in builds with tiles: its projection body waits for counter ``wait + s`` before it
+   copies K stage s (projection.py), so the task's "counter waited" stamp comes before its
+   first chunk's wait and the chunk waits fall in its "stage 0 landed" and compute stamps.
 2. Split tiles (``half`` 0 / 1, the two CTAs of a cluster; their k-th split task uses combine
    slot k % S):
    * rank 1 (``local_wait`` LOCAL_SLOT from k >= S on) waits until rank 0 has consumed partial
@@ -141,13 +145,18 @@ class FrameSmem(NamedTuple):
 
 class FrameTask(NamedTuple):
     """One task of the walk: its index ``i`` in the CTA's list, its table ``row`` (word
-    offset), ``ty``, ``half`` (-1 whole, 0 / 1 a split tile's) and ``task_id`` (phase << 16 |
-    tile: what the combine slot carries)."""
+    offset), ``ty``, ``half`` (-1 whole, 0 / 1 a split tile's), ``task_id`` (phase << 16 |
+    tile: what the combine slot carries) and its counter wait (``wait``, ``wait_expect``,
+    ``wait_chunks``: > 1, the projection body waits for counter wait + s before it copies K
+    stage s; schedules.depth_frame.FrameOptions.chunk_waits)."""
     i: Int32
     row: Int32
     ty: Int32
     half: Int32
     task_id: Int32
+    wait: Int32
+    wait_expect: Int32
+    wait_chunks: Int32
 
 
 class WalkCursor(NamedTuple):
@@ -396,11 +405,18 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             stamp = (cta * self.max_tasks + i) * STAMPS
             t_start = cute.arch.globaltimer()
             wait = mTable[row + COL["wait"]]
+            wait_expect = mTable[row + COL["wait_expect"]]
             wait2 = mTable[row + COL["wait2"]]
+            up_front = wait >= 0
+            wait_chunks = Int32(0)
+            if cutlass.const_expr(self.rows > 0):
+                # a chunked task (o, down) waits per K stage in its projection body instead
+                # (ProtocolRun refuses chunked schedules in builds without those bodies)
+                wait_chunks = mTable[row + COL["wait_chunks"]]
+                up_front = up_front & (wait_chunks <= 1)
             if tidx == 0:
-                if wait >= 0:
-                    wait_counter(g.mCounters, wait, mTable[row + COL["wait_expect"]], i, mailbox,
-                                 claim)
+                if up_front:
+                    wait_counter(g.mCounters, wait, wait_expect, i, mailbox, claim)
                 if wait2 >= 0:  # attention at position 1: position 0's K and V too
                     wait_counter(g.mCounters, wait2, mTable[row + COL["wait2_expect"]], i,
                                  mailbox, claim)
@@ -413,7 +429,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             ty = mTable[row + COL["type"]]
             half = mTable[row + COL["half"]]
             task_id = (mTable[row + COL["phase"]] << TASK_ID_BITS) | mTable[row + COL["tile"]]
-            task = FrameTask(i, row, ty, half, task_id)
+            task = FrameTask(i, row, ty, half, task_id, wait, wait_expect, wait_chunks)
             n = mTable[row + COL["n_pages"]]
             t_ready = t_start
             t_landed, t_computed = t_waited, t_waited
@@ -564,7 +580,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             # a split tile's half reads its K range of the input (32-bit words)
             a0 = io.a_word + cutlass.select_(half > 0, half, Int32(0)) * (k_task * self.r8 // 2)
             if is_projection:
-                self._first_stages(k_task // self.k_stage, a0, au, g, smem)
+                self._first_stages(k_task // self.k_stage, a0, au, task, g, smem)
                 if cutlass.const_expr(self.fused):
                     if io.gamma_word >= 0:  # the rows' norm factors, while stage 0's copy lands
                         self._row_factors(mArena, io.ssq_in_word, io.gamma_word, smem.rbuf,
@@ -581,7 +597,8 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                     k = k_task
                     stages = k // self.k_stage
                     acc, t_landed, t_computed = self._mainloop(f, stages, a0, at, au,
-                                                               io.gamma_word >= 0, g, smem)
+                                                               io.gamma_word >= 0, task, g,
+                                                               smem)
                     t_ready = cute.arch.globaltimer()
                     if cutlass.const_expr(f == 64):  # gate/up
                         self._store_swiglu(mArena, io.y_word, tile, acc)

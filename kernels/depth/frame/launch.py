@@ -63,6 +63,25 @@ def check_tile_shapes(schedule: F.Schedule) -> None:
                     f"K {k}, {'split' if split else 'whole'})")
 
 
+def check_chunk_waits(schedule: F.Schedule, kernel: FrameKernel) -> None:
+    """A schedule with chunk waits (FrameOptions.chunk_waits: o and down wait per K stage in
+    their projection bodies) needs a build with those bodies and the schedule's chunk as its
+    K stage; in any other build a chunked task would wait on its first chunk only. Raises
+    ValueError."""
+    chunked = {(t.type, t.wait_chunks) for lst in schedule.ctas for t in lst
+               if t.wait_chunks > 1}
+    if not chunked:
+        return
+    if not (kernel.rows and all(kernel._compiles(ty) for ty, _ in chunked)):
+        raise ValueError("a schedule with chunk waits needs the frame built with its o and "
+                         "down bodies (they wait per K stage): build it without chunk_waits")
+    for ty, n in chunked:
+        k = T.TASK_SHAPES[ty][1]
+        if k != n * kernel.k_stage:
+            raise ValueError(f"{F.TYPE_NAMES[ty]} waits on {n} chunks of its K {k}; the kernel's "
+                             f"K stage is {kernel.k_stage}")
+
+
 class ProtocolRun:
     """Device buffers of one schedule's frame launch (encoded once): ``launch()`` zeroes the
     counters and runs the frame's walk (capturable); ``check()`` reads back what a run must
@@ -104,6 +123,7 @@ class ProtocolRun:
             raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
                              "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "
                              "the others 8")
+        check_chunk_waits(schedule, self.kernel)
         if opt.norm_once and rows and not self.kernel.norm_once:
             raise ValueError("a norm_once schedule needs the fused frame (its norm tasks "
                              "write the projections' inputs)")
@@ -160,7 +180,10 @@ class ProtocolRun:
     def task_stamps(self) -> list[list[tuple]]:
         """Per CTA, per task: STAMPS %globaltimer ns (start, counter waited, stage 0 landed,
         last wgmma retired, ready to signal, signalled; trace builds). "Ready": the tile and
-        the cluster handoff are done (rank 1: its slot is free, before it sends)."""
+        the cluster handoff are done (rank 1: its slot is free, before it sends). A chunked
+        task (FrameOptions.chunk_waits) has no up-front wait: its "counter waited" is taken
+        where the wait would be, so its chunk waits fall in "landing" (the first stages') and
+        "compute" (the later stages')."""
         if self.trace is None:
             raise ValueError("built without trace=True")
         host = self.trace.cpu().numpy()

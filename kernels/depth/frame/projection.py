@@ -18,8 +18,8 @@ Operands, both in wgmma's canonical K-major, no-swizzle image (8-row x 16-byte c
   STEP_BYTES_MAX), so each step's descriptor starts in one page: K-adjacent chunks F·16
   bytes apart (LBO), 8-row groups 128 (SBO).
 * activations: chunk-major [K / 8][R8][8] bf16 in global memory (R8 = the step's rows rounded
-  up to 8; :func:`weights.chunk_major_rows`), brought after the task's counter wait by one bulk
-  copy a K stage (k_stage elements: schedules.plan.frame_k_stage; the plan's FRAME_ACT_BUFFERS
+  up to 8; :func:`weights.chunk_major_rows`), brought after the task's counter wait (a chunked
+  task's: the stage's own chunk counter, FrameOptions.chunk_waits) by one bulk copy a K stage (k_stage elements: schedules.plan.frame_k_stage; the plan's FRAME_ACT_BUFFERS
   buffers) into the same image: LBO R8·16, SBO
   128. wgmma reads 64 rows; rows R8..63 fall on later chunks of the buffer (or the slack after
   it), rows nobody stores, whose products only reach accumulator rows that are not stored.
@@ -57,6 +57,9 @@ STEP_BYTES_MAX = 2048  # a gate/up k16 step (64 x 16 bf16): pages hold whole ste
 TILE_FEATURES = {F.QKV: 32, F.GATEUP: 64, F.HEAD: 16, F.O: 16, F.DOWN: 16, F.PROJ: 16}
 PROJECTION_TYPES = tuple(TILE_FEATURES)
 TILE_WIDTHS = tuple(sorted(set(TILE_FEATURES.values())))  # one mainloop each
+# the tile widths of the consumers that may wait per K chunk (FrameOptions.chunk_waits: o and
+# down): only their mainloops compile the chunk wait
+CHUNK_WIDTHS = tuple(sorted({TILE_FEATURES[t] for t in F.CHUNKED}))
 
 
 def rows8(rows: int) -> int:
@@ -90,14 +93,15 @@ def check_rows(rows: int) -> None:
 # ---- device -------------------------------------------------------------------------------------
 from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
 from device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
-                                fence_proxy_async_shared_cta, ld_relaxed_gpu_f32,
+                                fence_proxy_async_global, fence_proxy_async_shared_cta,
+                                ld_relaxed_gpu_f32,
                                 ld_relaxed_gpu_v4, ld_shared_v4,
                                 smem_u32, st_cluster_f32x2, st_shared_v4)
 from device.rounding import (bf16x2_rn, quad_ssq, rms_factor,  # noqa: E402
                                      rmsnorm_pair, round_bf16, swiglu_value)
 from device.runtime import cute_modules  # noqa: E402
 from device.barriers import Barrier  # noqa: E402
-from device.waits import wait_parity  # noqa: E402
+from device.waits import wait_counter, wait_parity  # noqa: E402
 from device.wgmma import wgmma_ss_m64k16  # noqa: E402
 from kernels.depth.frame.table import RESID_BIAS  # noqa: E402
 
@@ -128,10 +132,22 @@ class ProjectionBodies:
     ``act_buffers``, ``fused``, ``eps``, ``ablate`` and the shared-memory objects passed in)."""
 
     @cute.jit
-    def _first_stages(self, stages: Int32, a_word: Int32, au: Int32, g, smem):
+    def _chunk_wait(self, task, s: Int32, g):
+        """Thread 0, before it copies K stage ``s`` of a chunked task (``task.wait_chunks``
+        > 1: schedules.depth_frame.FrameOptions.chunk_waits): wait until the stage's chunk
+        counter ``task.wait + s`` reaches ``task.wait_expect`` (a timeout reports that counter
+        and the task), then order the stage's bulk copy (async proxy) after the acquire."""
+        if task.wait_chunks > 1:
+            wait_counter(g.mCounters, task.wait + s, task.wait_expect, task.i, g.mailbox,
+                         g.claim)
+            fence_proxy_async_global()
+
+    @cute.jit
+    def _first_stages(self, stages: Int32, a_word: Int32, au: Int32, task, g, smem):
         """Thread 0 (after the counter wait) starts the copies of a projection task's first
         activation stages, from arena word ``a_word`` on into buffer uses ``au`` on (the same
-        for every tile width; :meth:`_mainloop` issues the later ones). ``g``, ``smem``: the
+        for every tile width; :meth:`_mainloop` issues the later ones); a chunked ``task``
+        (kernel.py's FrameTask) waits for each stage's chunk first. ``g``, ``smem``: the
         kernel's FrameTensors and FrameSmem (kernel.py)."""
         mArena, act_full, abuf = g.mArena, smem.act_full, smem.abuf
         tidx, _, _ = cute.arch.thread_idx()
@@ -140,6 +156,7 @@ class ProjectionBodies:
         if tidx == 0:
             for s in cutlass.range_constexpr(nb):
                 if s < stages:
+                    self._chunk_wait(task, Int32(s), g)
                     b = (au + s) % nb
                     cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
                     bulk_copy_g2s(abuf + b * (ab + ACT_SLACK),
@@ -147,7 +164,7 @@ class ProjectionBodies:
 
     @cute.jit
     def _mainloop(self, f: cutlass.Constexpr[int], stages: Int32, a_word: Int32, at: Int32,
-                  au: Int32, normalise, g, smem):
+                  au: Int32, normalise, task, g, smem):
         """The task's accumulators (f / 2 fp32 a thread, the m64nF fragment) over ``stages``
         K stages, once :meth:`_first_stages` has started the first copies: activations from
         arena word ``a_word`` on, weights from the ring's pages ``at`` (unwrapped) on;
@@ -156,8 +173,10 @@ class ProjectionBodies:
         (notes/depth-frame.md, session 28). Also returns the %globaltimer when stage 0 had
         landed and when the last wgmma retired. ``normalise`` (``fused`` builds, a runtime
         bool): rewrite each stage as RMSNorm's output (:meth:`_normalize_stage`, the row
-        factors and gamma already in ``rbuf``: :meth:`_row_factors`). ``g``, ``smem``: the
-        kernel's FrameTensors and FrameSmem (kernel.py)."""
+        factors and gamma already in ``rbuf``: :meth:`_row_factors`). ``task``: kernel.py's
+        FrameTask (a chunked one waits for stage s's chunk before its copy:
+        :meth:`_chunk_wait`; compiled in the CHUNK_WIDTHS mainloops only). ``g``, ``smem``: the kernel's FrameTensors and FrameSmem
+        (kernel.py)."""
         mArena, mailbox, claim = g.mArena, g.mailbox, g.claim
         ring, page_full, page_empty = smem.ring, smem.page_full, smem.page_empty
         act_full, abuf, rbuf = smem.act_full, smem.abuf, smem.rbuf
@@ -213,6 +232,8 @@ class ProjectionBodies:
                 for j in cutlass.range(r0, r1, unroll=1):
                     cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
                 if st + nb < stages:
+                    if cutlass.const_expr(f in CHUNK_WIDTHS):
+                        self._chunk_wait(task, st + nb, g)
                     cute.arch.mbarrier_arrive_and_expect_tx(act_full + b, ab)
                     bulk_copy_g2s(abuf + b * buf,
                                   mArena.iterator + a_word + (st + nb) * (ab // 4), ab,
