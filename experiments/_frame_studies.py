@@ -16,7 +16,10 @@ experiment (hence the underscore): only tests, experiments and scripts/ build th
   production FrameKernel or ProtocolRun.
 * :class:`FrameStudyKernel` / :class:`FrameStudyRun`: the code-size study and the whole
   frame's ablations (scripts/frame_code_size.py): only the named task types' bodies compiled
-  (FrameKernel's ``bodies``), or one step of the projection tiles left out (``ablate``).
+  (FrameKernel's ``bodies``), or one step of the projection tiles left out (``ablate``), or
+  the tiles' outputs by one bulk store a tile (``bulk_store``).
+* :func:`snapshot_outputs` / :func:`same_bits`: a frame's outputs kept past the next launch,
+  and compared bit for bit (the A/B scripts' check that two builds did the same arithmetic).
 """
 from __future__ import annotations
 
@@ -384,26 +387,46 @@ class FrameStudyKernel(FrameKernel):
     stay), "no_mma" their wgmmas, "no_page_wait" their waits on the weight pages. The tasks
     without a body keep their counter waits, weight pages, pair handoff and signal, so the
     walk and the ring run as in the whole frame (the code-size study and the ablations of
-    scripts/frame_code_size.py)."""
+    scripts/frame_code_size.py). ``bulk_store``: the projection tiles' outputs by one bulk
+    store a tile (#37 item 5; the same bits on every real row)."""
 
-    def __init__(self, build: FrameBuild, *, bodies=None, ablate: str = ""):
+    def __init__(self, build: FrameBuild, *, bodies=None, ablate: str = "",
+                 bulk_store: bool = False):
         if ablate not in FRAME_ABLATIONS:
             raise ValueError(f"ablate {ablate!r}: choose from {FRAME_ABLATIONS}")
         if bodies is not None and not set(bodies) <= set(range(len(F.TYPE_NAMES))):
             raise ValueError(f"bodies {sorted(bodies)!r}: task types, the ints of "
                              "schedules.depth_frame (F.ATTN, F.O, ...)")
         self.bodies = None if bodies is None else frozenset(bodies)
-        self.ablate = ablate
+        self.ablate, self.bulk_store = ablate, bulk_store
         super().__init__(build)
 
 
 class FrameStudyRun(ProtocolRun):
     """A frame launch (ProtocolRun's arguments) of a :class:`FrameStudyKernel`."""
 
-    def __init__(self, schedule, *, bodies=None, ablate: str = "", **kwargs):
+    def __init__(self, schedule, *, bodies=None, ablate: str = "", bulk_store: bool = False,
+                 **kwargs):
         self.bodies = None if bodies is None else frozenset(bodies)
-        self.study_ablate = ablate
+        self.study_ablate, self.study_bulk_store = ablate, bulk_store
         super().__init__(schedule, **kwargs)
 
     def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
-        return FrameStudyKernel(build, bodies=self.bodies, ablate=self.study_ablate)
+        return FrameStudyKernel(build, bodies=self.bodies, ablate=self.study_ablate,
+                                bulk_store=self.study_bulk_store)
+
+
+def snapshot_outputs(out):
+    """A copy of a frame's LoopOutput (its talker_sum and kv are views of the arena)."""
+    return type(out)(out.codes.clone(), out.talker_sum.clone(),
+                     [(k.clone(), v.clone()) for k, v in out.kv], out.logits.clone())
+
+
+def same_bits(a, b) -> bool:
+    """Codes, logits, Talker sum and KV of two LoopOutputs equal bit for bit (NaNs included)."""
+    return (torch.equal(a.codes, b.codes) and torch.equal(a.logits.view(torch.int32),
+                                                          b.logits.view(torch.int32))
+            and torch.equal(a.talker_sum.view(torch.int16), b.talker_sum.view(torch.int16))
+            and all(torch.equal(k.view(torch.int16), k1.view(torch.int16)) and
+                    torch.equal(v.view(torch.int16), v1.view(torch.int16))
+                    for (k, v), (k1, v1) in zip(a.kv, b.kv)))

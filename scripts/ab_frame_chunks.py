@@ -23,6 +23,7 @@ import torch
 
 from configs.codepredictor import QWEN3_TTS_1P7B as CFG
 from experiments.frame_protocol import _tile_times, critical_chain
+from experiments._frame_studies import same_bits, snapshot_outputs
 from kernels.depth.frame import DepthFrame
 from models.codepredictor import random_weights
 from models.fast_loop import FastWeights
@@ -41,20 +42,6 @@ PREDICTION = {
     "expected": "-0..-40 µs a frame (within ~1 %), the same bits"}
 
 
-def _same(a, b) -> bool:
-    return (torch.equal(a.codes, b.codes) and torch.equal(a.logits.view(torch.int32),
-                                                          b.logits.view(torch.int32))
-            and torch.equal(a.talker_sum.view(torch.int16), b.talker_sum.view(torch.int16))
-            and all(torch.equal(k.view(torch.int16), k1.view(torch.int16)) and
-                    torch.equal(v.view(torch.int16), v1.view(torch.int16))
-                    for (k, v), (k1, v1) in zip(a.kv, b.kv)))
-
-
-def _snapshot(out):
-    return type(out)(out.codes.clone(), out.talker_sum.clone(),
-                     [(k.clone(), v.clone()) for k, v in out.kv], out.logits.clone())
-
-
 def _case(fw, rows: int, rounds: int, rep_ms: float) -> dict:
     g = torch.Generator(device="cuda").manual_seed(rows)
     h = torch.randn(rows, CFG.talker_hidden, generator=g, device="cuda").to(torch.bfloat16)
@@ -64,7 +51,7 @@ def _case(fw, rows: int, rounds: int, rep_ms: float) -> dict:
     for name, on in arms.items():
         f = DepthFrame(fw, rows, chunk_waits=on)
         f.poison()
-        outs[name] = _snapshot(f(h, g0))
+        outs[name] = snapshot_outputs(f(h, g0))
         f.run.synchronize()
         assert f.run.check() == {"counters_at_expected": True, "combine_mismatches": 0}, name
         frames[name] = f
@@ -73,7 +60,7 @@ def _case(fw, rows: int, rounds: int, rep_ms: float) -> dict:
         for name, f in frames.items():
             times[name].append(bench(f.launch, warmup_ms=50, rep_ms=rep_ms,
                                      repeat=False).median_us)
-    out = {"rows": rows, "bits_equal": _same(outs["whole"], outs["chunks"]),
+    out = {"rows": rows, "bits_equal": same_bits(outs["whole"], outs["chunks"]),
            "norm_once": frames["whole"].schedule.options.norm_once,
            "counters": {n: len(f.schedule.counter_expect) for n, f in frames.items()}}
     for name in arms:

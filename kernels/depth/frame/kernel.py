@@ -223,6 +223,9 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     # every wgmma, page wait and output store (a study may leave one out:
     # experiments/_frame_studies.py, TileStudyKernel and FrameStudyKernel)
     ablate = ""
+    # the projection tiles' outputs by one bulk store a tile, not a store a thread (a study:
+    # experiments._frame_studies.FrameStudyKernel; notes/depth-frame.md, session 29)
+    bulk_store = False
     # the task types whose bodies compile (None: all); a code-size study compiles some only,
     # the others keeping their waits, pages, pair handoff and signal
     # (experiments._frame_studies.FrameStudyKernel)
@@ -601,7 +604,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                                                smem)
                     t_ready = cute.arch.globaltimer()
                     if cutlass.const_expr(f == 64):  # gate/up
-                        self._store_swiglu(mArena, io.y_word, tile, acc)
+                        self._store_swiglu(mArena, io.y_word, tile, acc, smem.abuf)
                     else:
                         split_types = [t for t in types if T.TASK_SHAPES[t][2]]
                         if cutlass.const_expr(len(split_types) > 0):
@@ -614,16 +617,17 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                     if io.resid_kind != RESID_NONE:
                                         self._store_residual(mArena, io.y_word, io.resid_word,
                                                              io.resid_kind, io.ssq_out_word,
-                                                             tile, y)
+                                                             tile, y, smem.abuf)
                                     else:
-                                        self._store_pairs(mArena, io.y_word, tile * f, y)
+                                        self._store_pairs(mArena, io.y_word, tile * f, y,
+                                                          smem.abuf)
                                 else:
-                                    self._store_pairs(mArena, io.y_word, tile * f, y)
+                                    self._store_pairs(mArena, io.y_word, tile * f, y, smem.abuf)
                             else:
-                                self._store_pairs(mArena, io.y_word, tile * f, acc)
+                                self._store_pairs(mArena, io.y_word, tile * f, acc, smem.abuf)
                             split = split + cutlass.select_(half >= 0, Int32(1), Int32(0))
                         else:
-                            self._store_pairs(mArena, io.y_word, tile * f, acc)
+                            self._store_pairs(mArena, io.y_word, tile * f, acc, smem.abuf)
                     at = at + f * k * 2 // self.page_bytes
                     au = au + stages
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):

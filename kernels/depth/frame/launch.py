@@ -155,7 +155,7 @@ class ProtocolRun:
         key = ("frame_kernel", type(self.kernel).__qualname__, tasks, opt.combine_slots, trace,
                *pages, rows, fused, draw, self.kernel.talker_vocab, self.kernel.act_buffers,
                self.kernel.ablate, self.kernel.k_stage, self.kernel.norm_once,
-               self.kernel.bodies)
+               self.kernel.bodies, self.kernel.bulk_store)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 
