@@ -16,8 +16,7 @@ experiment (hence the underscore): only tests, experiments and scripts/ build th
   production FrameKernel or ProtocolRun.
 * :class:`FrameStudyKernel` / :class:`FrameStudyRun`: the code-size study and the whole
   frame's ablations (scripts/frame_code_size.py): only the named task types' bodies compiled
-  (FrameKernel's ``bodies``), or one step of the projection tiles left out (``ablate``), or
-  the tiles' outputs by one bulk store a tile (``bulk_store``).
+  (FrameKernel's ``bodies``), or one step of the projection tiles left out (``ablate``).
 * :func:`snapshot_outputs` / :func:`same_bits`: a frame's outputs kept past the next launch,
   and compared bit for bit (the A/B scripts' check that two builds did the same arithmetic).
 """
@@ -387,33 +386,29 @@ class FrameStudyKernel(FrameKernel):
     stay), "no_mma" their wgmmas, "no_page_wait" their waits on the weight pages. The tasks
     without a body keep their counter waits, weight pages, pair handoff and signal, so the
     walk and the ring run as in the whole frame (the code-size study and the ablations of
-    scripts/frame_code_size.py). ``bulk_store``: the projection tiles' outputs by one bulk
-    store a tile (#37 item 5; the same bits on every real row)."""
+    scripts/frame_code_size.py)."""
 
-    def __init__(self, build: FrameBuild, *, bodies=None, ablate: str = "",
-                 bulk_store: bool = False):
+    def __init__(self, build: FrameBuild, *, bodies=None, ablate: str = ""):
         if ablate not in FRAME_ABLATIONS:
             raise ValueError(f"ablate {ablate!r}: choose from {FRAME_ABLATIONS}")
         if bodies is not None and not set(bodies) <= set(range(len(F.TYPE_NAMES))):
             raise ValueError(f"bodies {sorted(bodies)!r}: task types, the ints of "
                              "schedules.depth_frame (F.ATTN, F.O, ...)")
         self.bodies = None if bodies is None else frozenset(bodies)
-        self.ablate, self.bulk_store = ablate, bulk_store
+        self.ablate = ablate
         super().__init__(build)
 
 
 class FrameStudyRun(ProtocolRun):
     """A frame launch (ProtocolRun's arguments) of a :class:`FrameStudyKernel`."""
 
-    def __init__(self, schedule, *, bodies=None, ablate: str = "", bulk_store: bool = False,
-                 **kwargs):
+    def __init__(self, schedule, *, bodies=None, ablate: str = "", **kwargs):
         self.bodies = None if bodies is None else frozenset(bodies)
-        self.study_ablate, self.study_bulk_store = ablate, bulk_store
+        self.study_ablate = ablate
         super().__init__(schedule, **kwargs)
 
     def _frame_kernel(self, build: FrameBuild) -> FrameKernel:
-        return FrameStudyKernel(build, bodies=self.bodies, ablate=self.study_ablate,
-                                bulk_store=self.study_bulk_store)
+        return FrameStudyKernel(build, bodies=self.bodies, ablate=self.study_ablate)
 
 
 def snapshot_outputs(out):

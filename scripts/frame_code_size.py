@@ -15,8 +15,10 @@ launched as (experiments._frame_studies.FrameStudyKernel):
 * ``no_mma``: every body, the projection tiles' wgmmas left out (the compute item 3 reshapes);
 * ``no_page_wait``: every body, the tiles' waits on their weight pages left out (whether the
   ring runs behind the tasks);
-* ``bulk_store``: every body, each projection tile's outputs sent by one bulk store (item 5's
-  second half): an exact arm, its outputs compared bit for bit with the whole build's.
+* ``bulk_store`` / ``thread_store``: every body, each projection tile's outputs sent by one
+  bulk store (item 5's second half) / by a store a thread, whichever the plan's rule gives the
+  production build (schedules.plan.frame_bulk_store): exact arms, their outputs compared bit
+  for bit with the whole build's.
 
 Every arm is a traced build (six stamps a task), timed and traced alike. The ablated and
 partial builds' outputs are not the frame's: only their times mean anything; the whole build's
@@ -49,11 +51,13 @@ from workbench.results import provenance_line, write_record
 from workbench.timing import bench
 
 PROJECTIONS = (F.QKV, F.GATEUP, F.HEAD, F.O, F.DOWN, F.PROJ)
-# arm: (bodies compiled (None: all), ablation of the projection tiles, one bulk store a tile)
-ARMS = {"whole": (None, "", False), "attention": ((F.ATTN,), "", False),
-        "projections": (PROJECTIONS, "", False), "o_down": ((F.O, F.DOWN), "", False),
-        "no_store": (None, "no_store", False), "no_mma": (None, "no_mma", False),
-        "no_page_wait": (None, "no_page_wait", False), "bulk_store": (None, "", True)}
+# arm: (bodies compiled (None: all), ablation of the projection tiles, the tiles' output store:
+# None the plan's, "bulk" one bulk store a tile, "thread" a store a thread)
+ARMS = {"whole": (None, "", None), "attention": ((F.ATTN,), "", None),
+        "projections": (PROJECTIONS, "", None), "o_down": ((F.O, F.DOWN), "", None),
+        "no_store": (None, "no_store", None), "no_mma": (None, "no_mma", None),
+        "no_page_wait": (None, "no_page_wait", None), "bulk_store": (None, "", "bulk"),
+        "thread_store": (None, "", "thread")}
 CHAIN = ("handoff_us", "landing_us", "compute_us", "epilogue_us", "signal_us")
 PREDICTION = {  # notes/depth-frame.md, session 28, each written before its run
     "code_size": "if code size is the cause: the attention body (waited -> ready) falls from "
@@ -65,8 +69,12 @@ PREDICTION = {  # notes/depth-frame.md, session 28, each written before its run
                  "~1.1 µs of signal a task, of which the stores ~0.3-0.5); no_mma -450..-650 "
                  "µs (most of the chain's 980 µs of compute, the stage waits stay); "
                  "no_page_wait within 3 % (the ring runs ahead of the tasks).",
-    "bulk_store": "the same bits on every real row; -0..-40 µs at 64 rows, +0..+20 at 1 row "
-                  "(session 29; bounded by ee088be's no_store, -104 µs at 64 rows)"}
+    "bulk_store": "against thread_store: the same bits on every real row; -0..-40 µs at 64 "
+                  "rows, +0..+20 at 1 row (session 29, before 995e356's run; bounded by "
+                  "ee088be's no_store, -104 µs at 64 rows)",
+    "bulk_store_32": "after 995e356 (bulk -117 / -69 / +50 µs at 1 / 16 / 64 rows): bulk "
+                     "-0..-50 µs at 32 rows (the crossover between 16 and 64, ~40-48 rows "
+                     "interpolated)"}
 
 
 def _body_times(s, stamps) -> dict:
@@ -92,12 +100,13 @@ def _sass_count(kernel) -> int | None:
 
 def _run(frame: DepthFrame, arm: str, trace: bool):
     """The frame's launch as ``arm`` builds it (whole: the production run)."""
-    bodies, ablate, bulk_store = ARMS[arm]
-    if bodies is None and not ablate and not bulk_store:
+    bodies, ablate, store = ARMS[arm]
+    if bodies is None and not ablate and store is None:
         return frame.run
+    bulk = frame.run.kernel.bulk_store if store is None else store == "bulk"
     return FrameStudyRun(frame.schedule, trace=trace, weights=frame.run.weights,
                          io=(frame.phases, frame.arena), fused=True, draw=frame.draw,
-                         bodies=bodies, ablate=ablate, bulk_store=bulk_store)
+                         bodies=bodies, ablate=ablate, bulk_store=bulk)
 
 
 def _exact(arm: str) -> bool:
@@ -149,7 +158,7 @@ def _case(fw, rows: int, arms: list, rounds: int, rep_ms: float, sass: bool) -> 
         stamps = run.task_stamps()
         out["arms"][name] = {
             "bodies": None if ARMS[name][0] is None else [TYPE_NAMES[t] for t in ARMS[name][0]],
-            "ablate": ARMS[name][1], "bulk_store": ARMS[name][2],
+            "ablate": ARMS[name][1], "bulk_store": run.kernel.bulk_store,
             "bits_equal_whole": (same_bits(_outputs_of(frame, run, h, g0), first)
                                  if _exact(name) else None),
             "frame_us": statistics.median(times[name]), "rounds_us": times[name],

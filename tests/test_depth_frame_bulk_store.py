@@ -1,11 +1,11 @@
 """The depth frame's projection tiles with one bulk store a tile (issue #37 item 5, second half;
-notes/depth-frame.md, session 29), a study build (experiments._frame_studies.FrameStudyKernel
-``bulk_store``) timed against the production frame by scripts/frame_code_size.py.
+notes/depth-frame.md, session 29): kernels.depth.frame.FrameBuild.bulk_store, chosen by
+schedules.plan.frame_bulk_store (below 64 rows, where the 995e356 A/B measured it faster).
 
-Compile tests (CI): the study build sends each epilogue's tile with one
-``cp.async.bulk.global.shared::cta`` and completes it before the signal; the production build
-has none. GPU tests: the study build's outputs equal the production frame's bit for bit (codes,
-Talker sum, KV, logits) at 1, 13 and 64 rows, given codes and greedy draws.
+CPU: the plan's rule and DepthFrame's default. Compile tests (CI): the bulk build sends each
+epilogue's tile with one ``cp.async.bulk.global.shared::cta`` and completes it before the
+signal; the store-a-thread build has none. GPU tests: the two builds' outputs equal bit for bit
+(codes, Talker sum, KV, logits) at 1, 13 and 64 rows, given codes and greedy draws.
 """
 from __future__ import annotations
 
@@ -22,41 +22,58 @@ BULK_STORE = "cp.async.bulk.global.shared::cta.bulk_group"
 STORE_SITES = 5
 
 
+def test_the_plan_takes_the_bulk_store_below_64_rows():
+    """DepthFrame's bulk_store=None takes the plan's rule: bulk below 64 rows, where it won."""
+    import inspect
+
+    from kernels.depth.frame import DepthFrame
+    from schedules import plan
+
+    assert plan.FRAME_BULK_STORE_BELOW_ROWS == 64
+    assert all(plan.frame_bulk_store(r) for r in range(1, 64)) and not plan.frame_bulk_store(64)
+    assert inspect.signature(DepthFrame).parameters["bulk_store"].default is None
+
+
 @pytest.mark.compile
 def test_bulk_store_build_sends_each_tile_once_and_completes_it_before_the_signal():
     """Five epilogue sites, each one bulk store and one full completion wait (not ``.read``:
     the writes must be performed before the release); fewer per-thread global stores (the
-    attention, embedding and ssq stores stay); the same 48 wgmmas, no spills; the production
-    build has no bulk store and takes no bulk_store knob."""
-    import inspect
+    attention, embedding and ssq stores stay); the same 48 wgmmas, no spills, under 8k SASS
+    instructions; the store-a-thread build has no bulk store. The protocol alone (no rows)
+    never takes the bulk store."""
+    import re
 
-    from experiments._frame_studies import FrameStudyKernel
     from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from workbench.compile import compile_report
 
-    build = FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64, fused=True, draw="given",
-                       norm_once=True)
-    assert FrameKernel.bulk_store is False
-    assert "bulk_store" not in inspect.signature(FrameKernel.__init__).parameters
-    whole = compile_report(FrameKernel(build), *compile_args())
-    bulk = compile_report(FrameStudyKernel(build, bulk_store=True), *compile_args())
-    assert BULK_STORE not in whole.ptx
+    def build(bulk, rows=64):
+        return FrameBuild(512, 2, False, *FRAME_RING.values(), rows=rows, fused=True,
+                          draw="given", norm_once=True, bulk_store=bulk)
+
+    assert FrameKernel(build(True, rows=0)).bulk_store is False
+    thread = compile_report(FrameKernel(build(False)), *compile_args())
+    bulk = compile_report(FrameKernel(build(True)), *compile_args())
+    assert BULK_STORE not in thread.ptx
     assert bulk.ptx.count(BULK_STORE) == STORE_SITES
     assert bulk.ptx.count("cp.async.bulk.wait_group 0;") == STORE_SITES
     assert "cp.async.bulk.wait_group.read" not in bulk.ptx
-    assert bulk.ptx.count("st.global.b32") < whole.ptx.count("st.global.b32")
+    assert bulk.ptx.count("st.global.b32") < thread.ptx.count("st.global.b32")
     assert bulk.ptx.count("wgmma.mma_async.sync.aligned.m64n") == 48
     assert bulk.spill_bytes == 0 and bulk.frame_bytes == 0
+    if bulk.sass is None:
+        pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not counted")
+    assert not re.search(r"^\s*/\*[0-9a-f]+\*/\s+CALL\.", bulk.sass, re.M)
+    assert bulk.sass_instructions < 8000
 
 
 # ---- on the H200 -----------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("teacher_forced", [True, False], ids=["given", "greedy"])
 @pytest.mark.parametrize("rows", [1, 13, 64])
-def test_bulk_store_frame_bits_equal_the_production_frame(rows, teacher_forced):
-    """The same arithmetic, another store path: every output equal bit for bit, both runs on
+def test_bulk_store_frame_bits_equal_the_store_a_thread_frame(rows, teacher_forced):
+    """The same arithmetic, another store path: every output equal bit for bit, each frame on
     a poisoned arena; every counter at its count and no combine mismatch."""
-    from experiments._frame_studies import FrameStudyRun, same_bits, snapshot_outputs
+    from experiments._frame_studies import same_bits, snapshot_outputs
     from kernels.depth.frame import DepthFrame
     from tests.test_depth_frame import _inputs, _weights
 
@@ -65,17 +82,14 @@ def test_bulk_store_frame_bits_equal_the_production_frame(rows, teacher_forced):
     g = torch.Generator(device="cuda").manual_seed(200 + rows)
     codes = (torch.randint(0, CFG.vocab, (rows, CFG.heads_drawn), generator=g, device="cuda")
              if teacher_forced else None)
-    frame = DepthFrame(fw, rows, teacher_forced=teacher_forced)
-    frame.poison()
-    want = snapshot_outputs(frame(h, g0, codes))
-    frame.run.synchronize()
-    production = frame.run
-    frame.run = FrameStudyRun(frame.schedule, weights=production.weights,
-                              io=(frame.phases, frame.arena), fused=True, draw=frame.draw,
-                              bulk_store=True)
-    frame.poison()
-    got = snapshot_outputs(frame(h, g0, codes))
-    frame.run.synchronize()
-    assert frame.run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
-    assert torch.isfinite(got.logits).all()
-    assert same_bits(got, want)
+    outs = {}
+    for bulk in (False, True):
+        frame = DepthFrame(fw, rows, teacher_forced=teacher_forced, bulk_store=bulk)
+        assert frame.run.kernel.bulk_store == bulk
+        frame.poison()
+        outs[bulk] = snapshot_outputs(frame(h, g0, codes))
+        frame.run.synchronize()
+        assert frame.run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
+        del frame
+    assert torch.isfinite(outs[True].logits).all()
+    assert same_bits(outs[True], outs[False])

@@ -92,7 +92,9 @@ class FrameBuild:
     step of that many rows (projection.py); ``fused`` also the attention and embedding bodies
     and the tiles' norm, residual and ssq steps (the real frame's data flow), ``draw`` the
     embedding's draw mode, for ``config``'s shapes (None: the 1.7B CodePredictor's);
-    ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once)."""
+    ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once);
+    ``bulk_store``: the projection tiles' outputs by one bulk store a tile, not a store a
+    thread (the same bits on every real row; schedules.plan.frame_bulk_store chooses)."""
     max_tasks: int
     combine_slots: int
     trace: bool = False
@@ -103,6 +105,7 @@ class FrameBuild:
     draw: str = "greedy"
     config: object = None
     norm_once: bool = False
+    bulk_store: bool = False
 
 
 class FrameTensors(NamedTuple):
@@ -223,9 +226,6 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     # every wgmma, page wait and output store (a study may leave one out:
     # experiments/_frame_studies.py, TileStudyKernel and FrameStudyKernel)
     ablate = ""
-    # the projection tiles' outputs by one bulk store a tile, not a store a thread (a study:
-    # experiments._frame_studies.FrameStudyKernel; notes/depth-frame.md, session 29)
-    bulk_store = False
     # the task types whose bodies compile (None: all); a code-size study compiles some only,
     # the others keeping their waits, pages, pair handoff and signal
     # (experiments._frame_studies.FrameStudyKernel)
@@ -257,6 +257,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         # the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once): compiled only
         # for such schedules, so the default build's code stays as measured
         self.norm_once = norm_once and self.fused
+        self.bulk_store = build.bulk_store and rows > 0
         self.act_buffers = 1
         self.k_stage = self._k_stage(rows)
         if rows:

@@ -88,7 +88,8 @@ class ProtocolRun:
     leave (every counter at its expected count, no combine mismatch)."""
 
     def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
-                 table=None, io=None, fused: bool = False, draw: str = "greedy"):
+                 table=None, io=None, fused: bool = False, draw: str = "greedy",
+                 bulk_store: bool = False):
         """``weights``: stream every task's weight tile through the page ring. True: from a
         synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
         which every position reads again); a uint8 CUDA tensor: those bytes, packed by
@@ -118,7 +119,7 @@ class ProtocolRun:
         rows = opt.rows if io is not None else 0
         self.kernel = self._frame_kernel(FrameBuild(
             tasks, opt.combine_slots, trace, *pages, rows=rows, fused=fused, draw=draw,
-            config=schedule.config, norm_once=opt.norm_once))
+            config=schedule.config, norm_once=opt.norm_once, bulk_store=bulk_store))
         if rows and fused and (draw == "sample") != (opt.embed_rows == 1):
             raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
                              "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "

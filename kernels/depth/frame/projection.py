@@ -367,8 +367,8 @@ class ProjectionBodies:
     def _store_pairs(self, mArena: cute.Tensor, y_word: Int32, f0, vals: list, abuf):
         """bf16 pairs of ``vals`` (the fragment's order: per n8 block j, rows r0 and r1) at
         output features f0 + 8j + c, chunk-major [N / 8][R8][8] from arena word ``y_word``.
-        ``bulk_store`` builds (a study: experiments._frame_studies.FrameStudyKernel) write
-        the tile's image ([len(vals) / 4][R8][8], one contiguous run of the output, padding
+        ``bulk_store`` builds (FrameBuild.bulk_store; the plan's rule by rows) write the
+        tile's image ([len(vals) / 4][R8][8], one contiguous run of the output, padding
         rows included) into activation buffer ``abuf`` (idle between a task's last stage and
         the next task's first copies), and thread 0 sends it with one bulk store, complete
         before the walk's proxy fence and signal (notes/depth-frame.md, session 29)."""
