@@ -39,12 +39,9 @@
 #                alone or a tile step ablated (#37's code-size study and ablations)
 #   frame-bits-ab scripts/frame_bits_ab.py ($WB_AB_ARGS, --old-tree DIR): the frame's outputs bit
 #                for bit and its time against another commit's tree
-#   frame-norm-ab scripts/ab_depth_frame.py ($WB_AB_ARGS): the frame's norm phase (norm_once)
-#                against in-tile normalisation, same run, bits compared (notes/depth-frame.md,
-#                session 21)
-#   frame-chunks-ab scripts/ab_frame_chunks.py ($WB_AB_ARGS): the frame's per-chunk waits
-#                (chunk_waits) against whole-phase waits, same run, bits compared
-#                (notes/depth-frame.md, session 28)
+#   frame-option-ab scripts/ab_frame_option.py ($WB_AB_ARGS, --option norm_once | chunk_waits |
+#                bulk_store): one of the frame's exact options off and on, same run, alternating
+#                rounds, bits compared (notes/depth-frame.md)
 #   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL; the
 #                quack column needs .whl installed: pip install --no-index --no-deps --target
 #                /tmp/site .whl/*.whl)
@@ -138,10 +135,8 @@ for what in "$@"; do
                        python3 scripts/frame_code_size.py ${WB_AB_ARGS:-} ;;
     frame-bits-ab) step frame-bits-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
                      python3 scripts/frame_bits_ab.py ${WB_AB_ARGS:-} ;;
-    frame-norm-ab) step frame-norm-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
-                     python3 scripts/ab_depth_frame.py ${WB_AB_ARGS:-} ;;
-    frame-chunks-ab) step frame-chunks-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
-                       python3 scripts/ab_frame_chunks.py ${WB_AB_ARGS:-} ;;
+    frame-option-ab) step frame-option-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
+                       python3 scripts/ab_frame_option.py ${WB_AB_ARGS:-} ;;
     frame-tiles-ab) step frame-tiles-ab env PYTHONPATH="$PWD:${PYTHONPATH:-}" \
                       python3 scripts/frame_tiles_ab.py ${WB_AB_ARGS:-} ;;
     experiments)
@@ -151,7 +146,7 @@ for what in "$@"; do
     *) echo "device_call.sh: unknown step '$what' (fast, depth, nvfp4, selected, ladder-quick," \
             "ladder-full, p0-v3-ab, p1-ab, stress, h3-trajectory, p0-baseline," \
             "host-overhead, host-breakdown, frame-protocol, depth-frame, frame-code-size, frame-bits-ab," \
-            "frame-norm-ab, frame-chunks-ab," \
+            "frame-option-ab," \
             "ladder-p2-quick," \
             "p2-ring-capacity, p2-parity, p2-block-gate, p1-stream-a, ladder-p1-quick," \
             "frame-tiles-ab, experiments)" >&2; exit 2 ;;

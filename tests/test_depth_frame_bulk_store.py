@@ -13,7 +13,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from configs.codepredictor import QWEN3_TTS_1P7B as CFG  # noqa: E402
 from schedules.plan import FRAME_RING  # noqa: E402
 
 BULK_STORE = "cp.async.bulk.global.shared::cta.bulk_group"
@@ -41,9 +40,8 @@ def test_bulk_store_build_sends_each_tile_once_and_completes_it_before_the_signa
     attention, embedding and ssq stores stay); the same 48 wgmmas, no spills, under 8k SASS
     instructions; the store-a-thread build has no bulk store. The protocol alone (no rows)
     never takes the bulk store."""
-    import re
-
     from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
+    from tests.test_depth_frame import assert_small_frame_code
     from workbench.compile import compile_report
 
     def build(bulk, rows=64):
@@ -59,11 +57,7 @@ def test_bulk_store_build_sends_each_tile_once_and_completes_it_before_the_signa
     assert "cp.async.bulk.wait_group.read" not in bulk.ptx
     assert bulk.ptx.count("st.global.b32") < thread.ptx.count("st.global.b32")
     assert bulk.ptx.count("wgmma.mma_async.sync.aligned.m64n") == 48
-    assert bulk.spill_bytes == 0 and bulk.frame_bytes == 0
-    if bulk.sass is None:
-        pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not counted")
-    assert not re.search(r"^\s*/\*[0-9a-f]+\*/\s+CALL\.", bulk.sass, re.M)
-    assert bulk.sass_instructions < 8000
+    assert_small_frame_code(bulk)
 
 
 # ---- on the H200 -----------------------------------------------------------------------------
@@ -72,24 +66,12 @@ def test_bulk_store_build_sends_each_tile_once_and_completes_it_before_the_signa
 @pytest.mark.parametrize("rows", [1, 13, 64])
 def test_bulk_store_frame_bits_equal_the_store_a_thread_frame(rows, teacher_forced):
     """The same arithmetic, another store path: every output equal bit for bit, each frame on
-    a poisoned arena; every counter at its count and no combine mismatch."""
-    from experiments._frame_studies import same_bits, snapshot_outputs
-    from kernels.depth.frame import DepthFrame
-    from tests.test_depth_frame import _inputs, _weights
+    a poisoned arena; every counter at its count, no combine mismatch, and a rerun of the
+    bulk frame is bit-identical."""
+    from tests.test_depth_frame import _option_outputs, _same
 
-    _, fw = _weights()
-    h, g0 = _inputs(rows, seed=rows)
-    g = torch.Generator(device="cuda").manual_seed(200 + rows)
-    codes = (torch.randint(0, CFG.vocab, (rows, CFG.heads_drawn), generator=g, device="cuda")
-             if teacher_forced else None)
-    outs = {}
-    for bulk in (False, True):
-        frame = DepthFrame(fw, rows, teacher_forced=teacher_forced, bulk_store=bulk)
-        assert frame.run.kernel.bulk_store == bulk
-        frame.poison()
-        outs[bulk] = snapshot_outputs(frame(h, g0, codes))
-        frame.run.synchronize()
-        assert frame.run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
-        del frame
+    outs, runs = _option_outputs(rows, teacher_forced, "bulk_store", 200 + rows, rerun=True)
+    for on, run in runs.items():
+        assert run.kernel.bulk_store == on
     assert torch.isfinite(outs[True].logits).all()
-    assert same_bits(outs[True], outs[False])
+    assert _same(outs[False], outs[True])

@@ -8,7 +8,6 @@ and on the H200 the chunked frame's bits against the whole-phase frame's."""
 from __future__ import annotations
 
 import inspect
-import re
 
 import pytest
 import torch
@@ -27,7 +26,7 @@ def _schedule(rows, chunk_waits=True, **kw):
 # ---- CPU -------------------------------------------------------------------------------------
 def test_the_plan_takes_chunk_waits_at_every_row_count():
     """DepthFrame's chunk_waits=None takes the plan's rule, which the H200 A/B
-    (scripts/ab_frame_chunks.py, 23c1df6) set to every row count."""
+    (scripts/ab_frame_option.py, 23c1df6) set to every row count."""
     from kernels.depth.frame import DepthFrame
     from schedules import plan
 
@@ -94,6 +93,7 @@ def test_the_frame_build_carries_the_chunk_path():
     from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
     from kernels.depth.frame.projection import CHUNK_WIDTHS
     from schedules.plan import FRAME_ACT_BUFFERS
+    from tests.test_depth_frame import assert_small_frame_code
     from workbench.compile import compile_report
 
     r = compile_report(FrameKernel(FrameBuild(512, 2, False, *FRAME_RING.values(), rows=64,
@@ -103,11 +103,7 @@ def test_the_frame_build_carries_the_chunk_path():
     assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 48
     assert ptx.count("ld.acquire.gpu.global.b32") > 4  # (4 without the chunk path, 07a1fb2)
     assert ptx.count("fence.proxy.async.global;") == 2 + FRAME_ACT_BUFFERS + len(CHUNK_WIDTHS)
-    assert r.frame_bytes == 0 and r.spill_bytes == 0
-    if r.sass is None:
-        pytest.skip("nvdisasm is not installed (pip nvidia-cuda-nvdisasm): SASS not counted")
-    assert not re.search(r"^\s*/\*[0-9a-f]+\*/\s+CALL\.", r.sass, re.M)
-    assert r.sass_instructions < 8000
+    assert_small_frame_code(r)
 
 
 # ---- on the H200 -----------------------------------------------------------------------------
@@ -119,27 +115,10 @@ def test_chunked_frame_bits_equal_the_whole_phase_frame(rows, teacher_forced):
     Talker sum, KV, logits; given codes and greedy draws): the same arithmetic, only the
     waits differ. Every counter (the chunk counters too) at its count, no combine mismatch,
     and a rerun of the chunked frame is bit-identical."""
-    from kernels.depth.frame import DepthFrame
-    from tests.test_depth_frame import _inputs, _same, _snapshot, _weights
+    from tests.test_depth_frame import _option_outputs, _same
 
-    _, fw = _weights()
-    h, g0 = _inputs(rows, seed=rows)
-    g = torch.Generator(device="cuda").manual_seed(100 + rows)
-    codes = (torch.randint(0, CFG.vocab, (rows, CFG.heads_drawn), generator=g, device="cuda")
-             if teacher_forced else None)
-    outs = {}
-    for on in (False, True):
-        frame = DepthFrame(fw, rows, teacher_forced=teacher_forced, chunk_waits=on)
-        assert any(t.wait_chunks > 1 for lst in frame.schedule.ctas for t in lst) == on
-        frame.poison()
-        outs[on] = _snapshot(frame(h, g0, codes))
-        frame.run.synchronize()
-        assert frame.run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
-        if on:
-            frame.poison()
-            again = _snapshot(frame(h, g0, codes))
-            frame.run.synchronize()
-            assert _same(again, outs[on])
-        del frame
+    outs, runs = _option_outputs(rows, teacher_forced, "chunk_waits", 100 + rows, rerun=True)
+    for on, run in runs.items():
+        assert any(t.wait_chunks > 1 for lst in run.schedule.ctas for t in lst) == on
     assert torch.isfinite(outs[True].logits).all()
     assert _same(outs[False], outs[True])
