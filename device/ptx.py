@@ -114,29 +114,6 @@ def bulk_copy_g2s(dst: cute.Pointer, src: cute.Pointer, size: int, mbar: cute.Po
                     is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-@dsl_user_op
-def bulk_store_s2g(dst: cute.Pointer, src: cute.Pointer, size: Int32, *, loc=None, ip=None):
-    """``cp.async.bulk.global.shared::cta.bulk_group`` and ``commit_group``: ``size`` bytes (a
-    multiple of 16; both ends 16-byte aligned) of this CTA's shared ``src`` to global ``dst``,
-    as a bulk group of its own. The writer's generic stores to ``src`` need a
-    ``fence.proxy.async.shared::cta`` first; :func:`bulk_store_wait` completes it."""
-    d = llvm.ptrtoint(T.i64(), dst.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
-    s = llvm.ptrtoint(T.i32(), src.to_llvm_ptr(loc=loc, ip=ip), loc=loc, ip=ip)
-    llvm.inline_asm(None, [d, s, Int32(size).ir_value(loc=loc, ip=ip)],
-                    "{ .reg .u64 g; cvta.to.global.u64 g, $0; "
-                    "cp.async.bulk.global.shared::cta.bulk_group [g], [$1], $2; "
-                    "cp.async.bulk.commit_group; }", "l,r,r", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-
-@dsl_user_op
-def bulk_store_wait(*, loc=None, ip=None):
-    """``cp.async.bulk.wait_group 0``: this thread's bulk stores have completed: their writes
-    are performed (not only their shared-memory reads, as ``.read`` would wait for), so a
-    later proxy fence and release publish them to other CTAs."""
-    llvm.inline_asm(None, [], "cp.async.bulk.wait_group 0;", "", has_side_effects=True,
-                    is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
 # ---- cross-CTA handoffs (the depth frame's counters and cluster-pair partials) -------------
 def _asm_effect(ret, args, text, constraints, loc, ip):
     """Inline asm that must not be hoisted, merged or dropped (a spin's load, a signal)."""

@@ -75,11 +75,6 @@ FRAME_NORM_ONCE_FROM_ROWS = 64
 # 23c1df6 A/B (scripts/ab_frame_option.py) measured it faster at 1 and 64 rows with the same
 # bits; 8-32 rows were not measured (notes/depth-frame.md, session 28: per-chunk waits, built)
 FRAME_CHUNK_WAITS_FROM_ROWS = 1
-# the frame kernel's projection tiles send their outputs by one bulk store a tile below this many
-# rows, by a store a thread from it on (kernels.depth.frame.FrameBuild.bulk_store, issue #37 item
-# 5): the 995e356 A/B (scripts/frame_code_size.py) measured the bulk store faster at 1 and 16
-# rows and slower at 64, the same bits; 32 rows not measured (notes/depth-frame.md, session 29)
-FRAME_BULK_STORE_BELOW_ROWS = 64
 # the frame kernel's activation stage (K elements) by the step's rows: (up to rows, K). 512
 # beat 256 at 1-32 rows in the projection study (notes/depth-frame.md, session 19); at 64 rows
 # two stages of 512 do not fit beside the ring
@@ -109,12 +104,6 @@ def frame_chunk_waits(rows: int) -> bool:
     """Whether the frame kernel's o and down tasks wait per K chunk at ``rows`` rows
     (FRAME_CHUNK_WAITS_FROM_ROWS)."""
     return FRAME_CHUNK_WAITS_FROM_ROWS is not None and rows >= FRAME_CHUNK_WAITS_FROM_ROWS
-
-
-def frame_bulk_store(rows: int) -> bool:
-    """Whether the frame kernel's projection tiles store by one bulk store a tile at ``rows``
-    rows (FRAME_BULK_STORE_BELOW_ROWS)."""
-    return FRAME_BULK_STORE_BELOW_ROWS is not None and rows < FRAME_BULK_STORE_BELOW_ROWS
 
 
 def frame_k_stage(rows: int) -> int:

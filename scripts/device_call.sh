@@ -39,9 +39,9 @@
 #                alone or a tile step ablated (#37's code-size study and ablations)
 #   frame-bits-ab scripts/frame_bits_ab.py ($WB_AB_ARGS, --old-tree DIR): the frame's outputs bit
 #                for bit and its time against another commit's tree
-#   frame-option-ab scripts/ab_frame_option.py ($WB_AB_ARGS, --option norm_once | chunk_waits |
-#                bulk_store): one of the frame's exact options off and on, same run, alternating
-#                rounds, bits compared (notes/depth-frame.md)
+#   frame-option-ab scripts/ab_frame_option.py ($WB_AB_ARGS, --option norm_once | chunk_waits):
+#                one of the frame's exact options off and on, same run, alternating rounds,
+#                bits compared (notes/depth-frame.md)
 #   p0-baseline  experiments/p0_baseline.py alone (comfy_kitchen importable beside CuTe DSL; the
 #                quack column needs .whl installed: pip install --no-index --no-deps --target
 #                /tmp/site .whl/*.whl)

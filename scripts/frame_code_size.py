@@ -14,15 +14,14 @@ launched as (experiments._frame_studies.FrameStudyKernel):
   a tile, item 5, could save at most);
 * ``no_mma``: every body, the projection tiles' wgmmas left out (the compute item 3 reshapes);
 * ``no_page_wait``: every body, the tiles' waits on their weight pages left out (whether the
-  ring runs behind the tasks);
-* ``bulk_store`` / ``thread_store``: every body, each projection tile's outputs sent by one
-  bulk store (item 5's second half) / by a store a thread, whichever the plan's rule gives the
-  production build (schedules.plan.frame_bulk_store): exact arms, their outputs compared bit
-  for bit with the whole build's.
+  ring runs behind the tasks).
 
 Every arm is a traced build (six stamps a task), timed and traced alike. The ablated and
 partial builds' outputs are not the frame's: only their times mean anything; the whole build's
-codes are checked against a second run, and an exact arm's outputs against the whole build's.
+codes are checked against a second run. The stamps do not cost every arm alike: a change to
+the tiles' epilogue measured here as -117 µs at 1 row was -7 in untraced builds (session 29's
+bulk store, notes/depth-frame.md), so a candidate for production is confirmed untraced
+(scripts/ab_frame_option.py) before the plan takes it.
 
 For each: the launch's median µs (workbench.timing.bench), its SASS instruction count (where
 nvdisasm is installed: workbench.compile), the traced launch's critical chain and its per-type
@@ -40,7 +39,7 @@ import statistics
 import torch
 
 from configs.codepredictor import QWEN3_TTS_1P7B as CFG
-from experiments._frame_studies import FrameStudyRun, same_bits, snapshot_outputs
+from experiments._frame_studies import FrameStudyRun
 from experiments.frame_protocol import _tile_times, critical_chain
 from kernels.depth.frame import DepthFrame, compile_args
 from models.codepredictor import random_weights
@@ -51,13 +50,10 @@ from workbench.results import provenance_line, write_record
 from workbench.timing import bench
 
 PROJECTIONS = (F.QKV, F.GATEUP, F.HEAD, F.O, F.DOWN, F.PROJ)
-# arm: (bodies compiled (None: all), ablation of the projection tiles, the tiles' output store:
-# None the plan's, "bulk" one bulk store a tile, "thread" a store a thread)
-ARMS = {"whole": (None, "", None), "attention": ((F.ATTN,), "", None),
-        "projections": (PROJECTIONS, "", None), "o_down": ((F.O, F.DOWN), "", None),
-        "no_store": (None, "no_store", None), "no_mma": (None, "no_mma", None),
-        "no_page_wait": (None, "no_page_wait", None), "bulk_store": (None, "", "bulk"),
-        "thread_store": (None, "", "thread")}
+# arm: (bodies compiled (None: all), ablation of the projection tiles)
+ARMS = {"whole": (None, ""), "attention": ((F.ATTN,), ""), "projections": (PROJECTIONS, ""),
+        "o_down": ((F.O, F.DOWN), ""), "no_store": (None, "no_store"),
+        "no_mma": (None, "no_mma"), "no_page_wait": (None, "no_page_wait")}
 CHAIN = ("handoff_us", "landing_us", "compute_us", "epilogue_us", "signal_us")
 PREDICTION = {  # notes/depth-frame.md, session 28, each written before its run
     "code_size": "if code size is the cause: the attention body (waited -> ready) falls from "
@@ -68,13 +64,7 @@ PREDICTION = {  # notes/depth-frame.md, session 28, each written before its run
     "ablations": "64 rows, after item 4 (3.51-3.64 ms): no_store -80..-150 µs (the chain's "
                  "~1.1 µs of signal a task, of which the stores ~0.3-0.5); no_mma -450..-650 "
                  "µs (most of the chain's 980 µs of compute, the stage waits stay); "
-                 "no_page_wait within 3 % (the ring runs ahead of the tasks).",
-    "bulk_store": "against thread_store: the same bits on every real row; -0..-40 µs at 64 "
-                  "rows, +0..+20 at 1 row (session 29, before 995e356's run; bounded by "
-                  "ee088be's no_store, -104 µs at 64 rows)",
-    "bulk_store_32": "after 995e356 (bulk -117 / -69 / +50 µs at 1 / 16 / 64 rows): bulk "
-                     "-0..-50 µs at 32 rows (the crossover between 16 and 64, ~40-48 rows "
-                     "interpolated)"}
+                 "no_page_wait within 3 % (the ring runs ahead of the tasks)."}
 
 
 def _body_times(s, stamps) -> dict:
@@ -100,32 +90,12 @@ def _sass_count(kernel) -> int | None:
 
 def _run(frame: DepthFrame, arm: str, trace: bool):
     """The frame's launch as ``arm`` builds it (whole: the production run)."""
-    bodies, ablate, store = ARMS[arm]
-    if bodies is None and not ablate and store is None:
+    bodies, ablate = ARMS[arm]
+    if bodies is None and not ablate:
         return frame.run
-    bulk = frame.run.kernel.bulk_store if store is None else store == "bulk"
     return FrameStudyRun(frame.schedule, trace=trace, weights=frame.run.weights,
                          io=(frame.phases, frame.arena), fused=True, draw=frame.draw,
-                         bodies=bodies, ablate=ablate, bulk_store=bulk)
-
-
-def _exact(arm: str) -> bool:
-    """An arm that computes the frame's outputs (every body, nothing left out)."""
-    bodies, ablate, _ = ARMS[arm]
-    return bodies is None and not ablate
-
-
-def _outputs_of(frame: DepthFrame, run, h, g0):
-    """The outputs of ``run`` launched on ``frame``'s arena, poisoned first, with ``h`` and
-    ``g0`` as the frame's inputs."""
-    production, frame.run = frame.run, run
-    try:
-        frame.poison()
-        out = snapshot_outputs(frame(h, g0))
-        run.synchronize()
-    finally:
-        frame.run = production
-    return out
+                         bodies=bodies, ablate=ablate)
 
 
 def _case(fw, rows: int, arms: list, rounds: int, rep_ms: float, sass: bool) -> dict:
@@ -134,9 +104,8 @@ def _case(fw, rows: int, arms: list, rounds: int, rep_ms: float, sass: bool) -> 
     g0 = torch.randint(0, CFG.talker_vocab, (rows,), generator=g, device="cuda")
     # traced builds throughout (one compile an arm): the stamps cost every arm alike
     frame = DepthFrame(fw, rows, trace=True)
-    frame.poison()
-    first = snapshot_outputs(frame(h, g0))
-    out = {"rows": rows, "rerun_codes_equal": bool(torch.equal(first.codes, frame(h, g0).codes)),
+    first = frame(h, g0).codes.clone()
+    out = {"rows": rows, "rerun_codes_equal": bool(torch.equal(first, frame(h, g0).codes)),
            "arms": {}}
     runs = {}
     for name in arms:
@@ -158,16 +127,13 @@ def _case(fw, rows: int, arms: list, rounds: int, rep_ms: float, sass: bool) -> 
         stamps = run.task_stamps()
         out["arms"][name] = {
             "bodies": None if ARMS[name][0] is None else [TYPE_NAMES[t] for t in ARMS[name][0]],
-            "ablate": ARMS[name][1], "bulk_store": run.kernel.bulk_store,
-            "bits_equal_whole": (same_bits(_outputs_of(frame, run, h, g0), first)
-                                 if _exact(name) else None),
+            "ablate": ARMS[name][1],
             "frame_us": statistics.median(times[name]), "rounds_us": times[name],
             "sass": _sass_count(run.kernel) if sass else None,
             "tile_times": _tile_times(frame.schedule, stamps),
             "critical_chain": critical_chain(frame.schedule, stamps),
             "body_us": _body_times(frame.schedule, stamps)}
-        print(f"rows {rows} {name}: {out['arms'][name]['frame_us']:.0f} µs, bits equal the "
-              f"whole build's {out['arms'][name]['bits_equal_whole']}, SASS "
+        print(f"rows {rows} {name}: {out['arms'][name]['frame_us']:.0f} µs, SASS "
               f"{out['arms'][name]['sass']}, body µs "
               + ", ".join(f"{k} {v:.2f}" for k, v in sorted(out["arms"][name]["body_us"].items())),
               flush=True)
@@ -205,8 +171,7 @@ def main(argv=None) -> int:
                   + " ".join(f"{a['body_us'].get(t, float('nan')):5.2f}" for t in types)
                   + "  chain " + "/".join(f"{c[k]:.0f}" for k in CHAIN))
     print(f"wrote {path}")
-    exact = all(a["bits_equal_whole"] is not False for x in cases for a in x["arms"].values())
-    return 0 if exact and all(x["rerun_codes_equal"] for x in cases) else 1
+    return 0 if all(x["rerun_codes_equal"] for x in cases) else 1
 
 
 if __name__ == "__main__":

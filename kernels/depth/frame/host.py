@@ -38,7 +38,7 @@ from kernels.depth.frame.projection import MAX_ROWS, SSQ_TILES, rows8
 from kernels.depth.frame.table import phase_row
 from kernels.depth.frame.weights import from_chunk_major, pack_frame_weights
 from schedules import depth_frame as F
-from schedules.plan import FRAME_RING, frame_bulk_store, frame_chunk_waits, frame_norm_once
+from schedules.plan import FRAME_RING, frame_chunk_waits, frame_norm_once
 
 POISON = 0x7FC07FC0  # a bf16 NaN pair (and an fp32 NaN)
 
@@ -162,16 +162,13 @@ class DepthFrame:
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
     def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
-                 norm_once: bool | None = None, sampler=None, chunk_waits: bool | None = None,
-                 bulk_store: bool | None = None):
+                 norm_once: bool | None = None, sampler=None, chunk_waits: bool | None = None):
         """``norm_once``: normalise each qkv / gate-up / head input once in a norm phase
         (schedules.depth_frame.FrameOptions; None: the plan's rule by rows). The same bits
         either way. ``chunk_waits``: o and down wait per K stage for their chunk's producers
         (schedules.depth_frame.FrameOptions; None: the plan's rule, frame_chunk_waits); the
-        same bits either way. ``bulk_store``: the projection tiles' outputs by one bulk store
-        a tile (kernels.depth.frame.FrameBuild; None: the plan's rule, frame_bulk_store); the
-        same bits either way. ``sampler``: a models.sampler.Sampler on the weights' device
-        whose steps the frame can draw (:func:`sampler_refusal`, else FrameUnsupported)."""
+        same bits either way. ``sampler``: a models.sampler.Sampler on the weights' device whose steps
+        the frame can draw (:func:`sampler_refusal`, else FrameUnsupported)."""
         check_frame_inputs(fw, rows)
         if sampler is not None:
             why = sampler_refusal(sampler, rows)
@@ -181,7 +178,6 @@ class DepthFrame:
                 raise FrameUnsupported(why)
         norm_once = frame_norm_once(rows) if norm_once is None else norm_once
         chunk_waits = frame_chunk_waits(rows) if chunk_waits is None else chunk_waits
-        bulk_store = frame_bulk_store(rows) if bulk_store is None else bulk_store
         cfg = fw.config
         self.fw, self.cfg, self.rows, self.r8 = fw, cfg, rows, rows8(rows)
         self.teacher_forced, self.sampler = teacher_forced, sampler
@@ -202,8 +198,7 @@ class DepthFrame:
             "qkv": [w.index_select(0, order) for w in fw.qkv], "wo": fw.wo,
             "gate_up": fw.gate_up, "down": fw.down, "heads": fw.heads, "proj": fw.proj_w})
         self.run = ProtocolRun(self.schedule, trace=trace, weights=packed,
-                               io=(self.phases, self.arena), fused=True, draw=self.draw,
-                               bulk_store=bulk_store)
+                               io=(self.phases, self.arena), fused=True, draw=self.draw)
 
     def _put(self, key, t, offset: int = 0):
         flat = t.contiguous().view(torch.int32).reshape(-1)

@@ -92,9 +92,7 @@ class FrameBuild:
     step of that many rows (projection.py); ``fused`` also the attention and embedding bodies
     and the tiles' norm, residual and ssq steps (the real frame's data flow), ``draw`` the
     embedding's draw mode, for ``config``'s shapes (None: the 1.7B CodePredictor's);
-    ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once);
-    ``bulk_store``: the projection tiles' outputs by one bulk store a tile, not a store a
-    thread (the same bits on every real row; schedules.plan.frame_bulk_store chooses)."""
+    ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once)."""
     max_tasks: int
     combine_slots: int
     trace: bool = False
@@ -105,7 +103,6 @@ class FrameBuild:
     draw: str = "greedy"
     config: object = None
     norm_once: bool = False
-    bulk_store: bool = False
 
 
 class FrameTensors(NamedTuple):
@@ -257,7 +254,6 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         # the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once): compiled only
         # for such schedules, so the default build's code stays as measured
         self.norm_once = norm_once and self.fused
-        self.bulk_store = build.bulk_store and rows > 0
         self.act_buffers = 1
         self.k_stage = self._k_stage(rows)
         if rows:
@@ -605,7 +601,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                                                smem)
                     t_ready = cute.arch.globaltimer()
                     if cutlass.const_expr(f == 64):  # gate/up
-                        self._store_swiglu(mArena, io.y_word, tile, acc, smem.abuf)
+                        self._store_swiglu(mArena, io.y_word, tile, acc)
                     else:
                         split_types = [t for t in types if T.TASK_SHAPES[t][2]]
                         if cutlass.const_expr(len(split_types) > 0):
@@ -618,17 +614,16 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                     if io.resid_kind != RESID_NONE:
                                         self._store_residual(mArena, io.y_word, io.resid_word,
                                                              io.resid_kind, io.ssq_out_word,
-                                                             tile, y, smem.abuf)
+                                                             tile, y)
                                     else:
-                                        self._store_pairs(mArena, io.y_word, tile * f, y,
-                                                          smem.abuf)
+                                        self._store_pairs(mArena, io.y_word, tile * f, y)
                                 else:
-                                    self._store_pairs(mArena, io.y_word, tile * f, y, smem.abuf)
+                                    self._store_pairs(mArena, io.y_word, tile * f, y)
                             else:
-                                self._store_pairs(mArena, io.y_word, tile * f, acc, smem.abuf)
+                                self._store_pairs(mArena, io.y_word, tile * f, acc)
                             split = split + cutlass.select_(half >= 0, Int32(1), Int32(0))
                         else:
-                            self._store_pairs(mArena, io.y_word, tile * f, acc, smem.abuf)
+                            self._store_pairs(mArena, io.y_word, tile * f, acc)
                     at = at + f * k * 2 // self.page_bytes
                     au = au + stages
         for kind in cutlass.range_constexpr(len(T.PROJECTION_TYPES)):

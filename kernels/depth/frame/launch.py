@@ -88,8 +88,7 @@ class ProtocolRun:
     leave (every counter at its expected count, no combine mismatch)."""
 
     def __init__(self, schedule: F.Schedule, *, trace: bool = False, weights=False,
-                 table=None, io=None, fused: bool = False, draw: str = "greedy",
-                 bulk_store: bool = False):
+                 table=None, io=None, fused: bool = False, draw: str = "greedy"):
         """``weights``: stream every task's weight tile through the page ring. True: from a
         synthetic buffer laid out like the model's (one copy of each layer's and head's tiles,
         which every position reads again); a uint8 CUDA tensor: those bytes, packed by
@@ -119,7 +118,7 @@ class ProtocolRun:
         rows = opt.rows if io is not None else 0
         self.kernel = self._frame_kernel(FrameBuild(
             tasks, opt.combine_slots, trace, *pages, rows=rows, fused=fused, draw=draw,
-            config=schedule.config, norm_once=opt.norm_once, bulk_store=bulk_store))
+            config=schedule.config, norm_once=opt.norm_once))
         if rows and fused and (draw == "sample") != (opt.embed_rows == 1):
             raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
                              "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "
@@ -156,7 +155,7 @@ class ProtocolRun:
         key = ("frame_kernel", type(self.kernel).__qualname__, tasks, opt.combine_slots, trace,
                *pages, rows, fused, draw, self.kernel.talker_vocab, self.kernel.act_buffers,
                self.kernel.ablate, self.kernel.k_stage, self.kernel.norm_once,
-               self.kernel.bodies, self.kernel.bulk_store)
+               self.kernel.bodies)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 

@@ -93,7 +93,6 @@ def check_rows(rows: int) -> None:
 # ---- device -------------------------------------------------------------------------------------
 from kernels.depth.gemm_skinny_wgmma import descriptor  # noqa: E402
 from device.ptx import (bf16_hi, bf16_lo, bulk_copy_g2s,  # noqa: E402
-                                bulk_store_s2g, bulk_store_wait,
                                 fence_proxy_async_global, fence_proxy_async_shared_cta,
                                 ld_relaxed_gpu_f32,
                                 ld_relaxed_gpu_v4, ld_shared_v4,
@@ -322,7 +321,7 @@ class ProjectionBodies:
 
     @cute.jit
     def _store_residual(self, mArena: cute.Tensor, y_word: Int32, resid_word: Int32,
-                        resid_kind: Int32, ssq_out_word: Int32, tile: Int32, vals: list, abuf):
+                        resid_kind: Int32, ssq_out_word: Int32, tile: Int32, vals: list):
         """A split tile's combined sums (16 features) as the residual stream's new values:
         ``bf16(resid + bf16(y))``, the projection's rounding first, as ``x + proj(a)`` rounds
         (resid_kind 1: the old value at the same place, updated in place; 2: a bias a
@@ -342,7 +341,7 @@ class ProjectionBodies:
                 for e, part in ((0, bf16_lo), (1, bf16_hi)):
                     out[4 * j + 2 * h + e] = round_bf16(part(res) + round_bf16(
                         vals[4 * j + 2 * h + e]))
-        self._store_pairs(mArena, y_word, tile * 16, out, abuf)
+        self._store_pairs(mArena, y_word, tile * 16, out)
         if ssq_out_word >= 0:
             sS = cute.make_tensor(cute.recast_ptr(mArena.iterator + ssq_out_word,
                                                   dtype=Float32),
@@ -364,50 +363,27 @@ class ProjectionBodies:
         return r0, r0 + 8, 2 * (lane % 4)
 
     @cute.jit
-    def _store_pairs(self, mArena: cute.Tensor, y_word: Int32, f0, vals: list, abuf):
+    def _store_pairs(self, mArena: cute.Tensor, y_word: Int32, f0, vals: list):
         """bf16 pairs of ``vals`` (the fragment's order: per n8 block j, rows r0 and r1) at
-        output features f0 + 8j + c, chunk-major [N / 8][R8][8] from arena word ``y_word``.
-        ``bulk_store`` builds (FrameBuild.bulk_store; the plan's rule by rows) write the
-        tile's image ([len(vals) / 4][R8][8], one contiguous run of the output, padding
-        rows included) into activation buffer ``abuf`` (idle between a task's last stage and
-        the next task's first copies), and thread 0 sends it with one bulk store, complete
-        before the walk's proxy fence and signal (notes/depth-frame.md, session 29)."""
+        output features f0 + 8j + c, chunk-major [N / 8][R8][8] from arena word ``y_word``."""
         r0, r1, c = self._fragment_coords()
         r8 = self.r8
-        chunks = len(vals) // 4
         if cutlass.const_expr(self.ablate != "no_store"):  # (a study's ablation)
-            if cutlass.const_expr(self.bulk_store):
-                tidx, _, _ = cute.arch.thread_idx()
-                sY = cute.make_tensor(cute.recast_ptr(abuf, dtype=Uint32),
-                                      cute.make_layout(chunks * r8 * 4))
-                for j in cutlass.range_constexpr(chunks):
-                    for h, r in ((0, r0), (1, r1)):
-                        if r < r8:
-                            sY[(j * r8 + r) * 4 + c // 2] = bf16x2_rn(
-                                vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1])
-                # the image's generic writes precede thread 0's bulk read of it
-                fence_proxy_async_shared_cta()
-                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
-                if tidx == 0:
-                    bulk_store_s2g(mArena.iterator + y_word + (f0 // 8) * r8 * 4, abuf,
-                                   Int32(chunks * r8 * 16))
-                    bulk_store_wait()
-            else:
-                for j in cutlass.range_constexpr(chunks):
-                    feat = f0 + 8 * j  # a multiple of 8: the pair's chunk
-                    for h, r in ((0, r0), (1, r1)):
-                        if r < self.rows:
-                            mArena[y_word + ((feat // 8) * r8 + r) * 4 + c // 2] = bf16x2_rn(
-                                vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1])
+            for j in cutlass.range_constexpr(len(vals) // 4):
+                feat = f0 + 8 * j  # a multiple of 8: the pair's chunk
+                for h, r in ((0, r0), (1, r1)):
+                    if r < self.rows:
+                        mArena[y_word + ((feat // 8) * r8 + r) * 4 + c // 2] = bf16x2_rn(
+                            vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1])
 
     @cute.jit
-    def _store_swiglu(self, mArena: cute.Tensor, y_word: Int32, tile: Int32, acc: list, abuf):
+    def _store_swiglu(self, mArena: cute.Tensor, y_word: Int32, tile: Int32, acc: list):
         """gate/up tile: act features 32·tile + c from gate columns c and up columns 32 + c."""
         vals = [Float32(0.0)] * 16
         for j in cutlass.range_constexpr(4):
             for e in cutlass.range_constexpr(4):
                 vals[4 * j + e] = swiglu_value(acc[4 * j + e], acc[4 * (j + 4) + e])
-        self._store_pairs(mArena, y_word, tile * 32, vals, abuf)
+        self._store_pairs(mArena, y_word, tile * 32, vals)
 
     @cute.jit
     def _send_fragment(self, parts, slot: Int32, acc: list):
