@@ -84,7 +84,7 @@ FRAME_K_STAGE = ((32, 512), (64, 256))
 # the dispatch rule between the depth frame kernel and the fast loop
 # (FastLoop(depth_kernel="auto")): the frame from this many rows on, the loop below; None: the
 # loop at every row count, since the frame lost to it at 1, 8, 16, 32 and 64 rows
-# (results/depth-frame.json at 69d87e0, notes/depth-frame.md)
+# (results/depth-frame.json at 69d87e0, again at 129a606 and 6a58e70; notes/depth-frame.md)
 FRAME_KERNEL_FROM_ROWS = None
 
 
