@@ -110,6 +110,8 @@ def _case(w, fw, rows: int, quick: bool) -> dict:
            "weight_floor_us": weight_bytes / COPY_CEILING_BPS * 1e6,
            "checks": checks, "rows_with_other_codes_than_loop": differ,
            "traced_span_us": span, "critical_chain": chain,
+           # what the traced frame's schedule ran (experiments/frame_schedule.py fits to it)
+           "norm_once": s.options.norm_once, "chunk_waits": s.options.chunk_waits,
            "tile_times": _tile_times(s, stamps), "_timeline": stamps_timeline(s, stamps)}
     del traced, frame
     torch.cuda.empty_cache()
@@ -190,11 +192,14 @@ def _main(argv) -> int:
                            f"{x['frame_gbps']:.0f}", x["rows_with_other_codes_than_loop"],
                            "/".join(f"{x['critical_chain'][k]:.0f}" for k in
                                     ("handoff_us", "landing_us", "compute_us", "epilogue_us",
-                                     "signal_us", "program_order_us"))]
+                                     "signal_us", "program_order_us")),
+                           f"{x['critical_chain'].get('cta_busy_edges', 0)} / "
+                           f"{x['critical_chain'].get('cta_busy_us', 0.0):.0f}"]
                           for x in rows_out],
                          ["rows", "frame us", "loop us", "captured us", "dispatch us",
                           "frame GB/s", "rows other codes",
-                          "chain handoff/landing/compute/epilogue/signal/order us"]))
+                          "chain handoff/landing/compute/epilogue/signal/order us",
+                          "CTA busy steps / us"]))
     print(f"wrote {path} (verdict {summary['verdict']})")
     return 0
 

@@ -109,7 +109,14 @@ def critical_chain(s, stamps) -> dict:
     stores, their proxy fence, the barrier and the red.release, where the next task on the CTA
     waited for it; on a counter edge the signaller's stores fall in the waiter's handoff),
     program order (the gap between a task's end and the next's start). ``signal_tasks``: the
-    tasks whose signal span was counted."""
+    tasks whose signal span was counted. ``cta_busy_edges`` / ``cta_busy_us``: the program-order
+    steps of the chain where the previous task on the CTA signalled none of the counters the
+    task waits on (its CTA was busy, not its inputs late) and that could have started earlier,
+    and how much earlier those tasks
+    could have started had the CTA had a free second lane (#37 item 3's two consumer
+    warpgroups): from the later of the binding counter's last signaller being ready and the
+    previous task's start, to the previous task's end. An upper bound along this chain only
+    (another chain may bind once these start earlier)."""
     last_ready: dict[int, tuple] = {}
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
@@ -118,7 +125,8 @@ def critical_chain(s, stamps) -> dict:
     node = max(((c, i) for c, lst in enumerate(s.ctas) for i in range(len(lst))),
                key=lambda n: stamps[n[0]][n[1]][5])
     split = {"handoff_us": 0.0, "landing_us": 0.0, "compute_us": 0.0, "epilogue_us": 0.0,
-             "signal_us": 0.0, "program_order_us": 0.0}
+             "signal_us": 0.0, "program_order_us": 0.0, "cta_busy_us": 0.0}
+    busy_edges = 0
     tasks, signal_tasks, count_signal = 0, 0, True
     while node is not None:
         c, i = node
@@ -140,11 +148,18 @@ def critical_chain(s, stamps) -> dict:
         elif by_order is not None:
             split["handoff_us"] += (waited - start) / 1e3
             split["program_order_us"] += (start - by_order) / 1e3
+            inputs = by_counter[0] if by_counter is not None else 0
+            early = by_order - max(inputs, stamps[c][i - 1][0])
+            if early > 0 and not any(last_ready.get(w, (None, None, None))[1:] == (c, i - 1)
+                                     for w in _waited_counters(t)):
+                busy_edges += 1
+                split["cta_busy_us"] += early / 1e3
             node, count_signal = (c, i - 1), True
         else:
             split["handoff_us"] += (waited - start) / 1e3
             node = None
     split["tasks"], split["signal_tasks"] = tasks, signal_tasks
+    split["cta_busy_edges"] = busy_edges
     return split
 
 

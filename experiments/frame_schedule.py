@@ -27,7 +27,7 @@ from experiments._common import parser, progress, run_main
 from schedules import depth_frame as D
 from schedules import frame_sim as F
 from schedules.depth_frame import topological_order
-from schedules.plan import FRAME_RING
+from schedules.plan import FRAME_RING, frame_chunk_waits, frame_norm_once
 from workbench import results as R
 
 SEED_MEASURED_US = 2218.0  # 64 rows: the trace calibrate() fits
@@ -160,6 +160,22 @@ def _kernel_plan(built: dict, rows: int):
                            f"the {rows}-row frame kernel schedule")
 
 
+def _production_plan(built: dict, rows: int, measurement: dict):
+    """_frame_schedule of the whole frame as ``measurement`` (a depth-frame summary's row)
+    ran it: its norm_once and chunk_waits, else the plan's rules (summaries before 391987f
+    did not record them; the published one ran the plan's)."""
+    norm_once = measurement.get("norm_once", frame_norm_once(rows))
+    chunk_waits = measurement.get("chunk_waits", frame_chunk_waits(rows))
+    return _frame_schedule(built, D.FrameOptions(rows=rows, norm_once=norm_once,
+                                                 chunk_waits=chunk_waits, **FRAME_RING),
+                           f"the {rows}-row frame schedule (norm once {norm_once}, chunk waits "
+                           f"{chunk_waits})")
+
+
+# a chunked o task's stamped landing holds its wait for the first chunk (the attention tasks
+# of its first K stage): its copy is the one down's first stage makes (the same tile width and
+# stage), and down's first chunk (gate/up) is done long before it starts
+CHUNKED_LANDING_AS = {"o": "down"}
 KERNEL_FIT_ROWS = 64  # the frame kernel's traced run the costs come from; the rest held out
 
 
@@ -233,7 +249,9 @@ def _whole_frame_calibration(built: dict | None = None,
     already holds most of what the measured handoff (the waiter's wait minus the signaller's
     ready, 1.1-1.3 µs a counter edge) holds, so these stamps do not separate the two. The 8,
     16 and 32-row frames are held out: predicted, then compared with their measured frames.
-    ``coarse_to_fine`` (--quick) searches the handoff grid with :func:`_coarse_to_fine`
+    Each row count's schedule is the one its frame ran (:func:`_production_plan`), and a
+    chunked frame's o tasks take down's landing (CHUNKED_LANDING_AS). ``coarse_to_fine``
+    (--quick) searches the handoff grid with :func:`_coarse_to_fine`
     instead of trying every point; ``built`` as :func:`_kernel_calibration` takes it. None
     when no summary has the stamps."""
     built = {} if built is None else built
@@ -241,13 +259,14 @@ def _whole_frame_calibration(built: dict | None = None,
     lo, hi = WHOLE_FIT_ROWS
     if lo not in rows or hi not in rows:
         return None
-    fitted = {r: F.costs_from_stamps(rows[r]) for r in WHOLE_FIT_ROWS}
+    fitted = {r: F.costs_from_stamps(rows[r], landing_as=CHUNKED_LANDING_AS if rows[r].get(
+        "chunk_waits", frame_chunk_waits(r)) else None) for r in WHOLE_FIT_ROWS}
     so = F.SimOptions(producer_warp=True, cluster_wait_at_end=True)
     predicted: dict = {}  # (rows, handoff) -> SimResult: the fit's runs are reused below
 
     def predict(r: int, handoff: float) -> F.SimResult:
         if (r, handoff) not in predicted:
-            s, order = _kernel_plan(built, r)
+            s, order = _production_plan(built, r, rows[r])
             costs = F.costs_between((lo, fitted[lo]), (hi, fitted[hi]), r)
             predicted[r, handoff] = F.simulate(
                 s, dataclasses.replace(costs, handoff_us=handoff), so, order=order)

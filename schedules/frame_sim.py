@@ -217,18 +217,24 @@ def costs_between(lo: tuple, hi: tuple, rows: int) -> Costs:
     return dataclasses.replace(c0, fixed_us=fixed)
 
 
-def costs_from_stamps(measurement: dict, base: Costs = SEED_COSTS) -> Costs:
+def costs_from_stamps(measurement: dict, base: Costs = SEED_COSTS,
+                      landing_as: dict | None = None) -> Costs:
     """Costs from one row count of the frame kernel's traced run (a measurement of
     experiments/frame_protocol.py: ``tile_times``, the per-type medians of stage-0 landing,
     compute and epilogue; ``critical_chain``, whose signal time, the output stores included,
     is added to every body: per task that counted it (``signal_tasks``) where the chain says,
     else spread over all its tasks, as the 657793b summary's chain has it). The counter
     handoff keeps ``base``'s figure: the chain's handoff total also holds the acquire of waits
-    that did not bind. DSMEM hops are inside the epilogue medians."""
+    that did not bind. DSMEM hops are inside the epilogue medians. ``landing_as``: {type:
+    other type} whose landing median stands for the type's (a task that waits per chunk is
+    stamped "waited" before its chunk waits, so its landing holds the wait for its first
+    chunk, which the simulator models itself through the chunk counters)."""
     chain = measurement["critical_chain"]
     signal = chain["signal_us"] / chain.get("signal_tasks", chain["tasks"])
-    fixed = {k: v["landing_us"] + v["compute_us"] + v["epilogue_us"] + signal
-             for k, v in measurement["tile_times"].items()}
+    tiles = measurement["tile_times"]
+    landing = {k: tiles[(landing_as or {}).get(k, k)]["landing_us"] for k in tiles}
+    fixed = {k: landing[k] + v["compute_us"] + v["epilogue_us"] + signal
+             for k, v in tiles.items()}
     fixed.setdefault("norm", base.fixed_us["norm"] + signal)  # no norm tasks measured yet
     return dataclasses.replace(base, fixed_us=fixed, dsmem_us=0.0)
 

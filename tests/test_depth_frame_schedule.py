@@ -162,6 +162,10 @@ def test_costs_from_stamps_and_the_split_handoff_at_the_end():
     # (a traced run without norm tasks: the norm's predicted body plus the chain's signal)
     assert c.fixed_us == {**{k: 3.6 for k in types}, "norm": F.NORM_BODY_US + 0.1}
     assert c.dsmem_us == 0.0
+    # a chunked type's stamped landing holds its first chunk's wait: another type's stands in
+    m["tile_times"]["o"] = {"landing_us": 6.0, "compute_us": 2.0, "epilogue_us": 0.5}
+    assert S.costs_from_stamps(m).fixed_us["o"] == pytest.approx(8.6)
+    assert S.costs_from_stamps(m, landing_as={"o": "down"}).fixed_us["o"] == pytest.approx(3.6)
     s = D.validate(D.build(options=D.FrameOptions(rows=16)))
     start = S.simulate(s, c, S.SimOptions(producer_warp=True))
     end = S.simulate(s, c, S.SimOptions(producer_warp=True, cluster_wait_at_end=True))
