@@ -176,6 +176,13 @@ def _production_plan(built: dict, rows: int, measurement: dict):
 # of its first K stage): its copy is the one down's first stage makes (the same tile width and
 # stage), and down's first chunk (gate/up) is done long before it starts
 CHUNKED_LANDING_AS = {"o": "down"}
+
+
+def _whole_frame_costs(measured: dict) -> dict:
+    """{rows: Costs} from the depth-frame summary's traced runs at WHOLE_FIT_ROWS
+    (costs_from_stamps; a chunked frame's o tasks with down's landing)."""
+    return {r: F.costs_from_stamps(measured[r], landing_as=CHUNKED_LANDING_AS if measured[r].get(
+        "chunk_waits", frame_chunk_waits(r)) else None) for r in WHOLE_FIT_ROWS}
 KERNEL_FIT_ROWS = 64  # the frame kernel's traced run the costs come from; the rest held out
 
 
@@ -259,8 +266,7 @@ def _whole_frame_calibration(built: dict | None = None,
     lo, hi = WHOLE_FIT_ROWS
     if lo not in rows or hi not in rows:
         return None
-    fitted = {r: F.costs_from_stamps(rows[r], landing_as=CHUNKED_LANDING_AS if rows[r].get(
-        "chunk_waits", frame_chunk_waits(r)) else None) for r in WHOLE_FIT_ROWS}
+    fitted = _whole_frame_costs(rows)
     so = F.SimOptions(producer_warp=True, cluster_wait_at_end=True)
     predicted: dict = {}  # (rows, handoff) -> SimResult: the fit's runs are reused below
 

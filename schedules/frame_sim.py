@@ -60,6 +60,10 @@ class SimOptions:
     # mainloops at once and only the handoff waits (rank 0 for the partial, rank 1 for its
     # slot), so a cluster wait bounds the task's end, not its start (the seed's model: start)
     cluster_wait_at_end: bool = False
+    # consumer lanes a CTA: task i waits for task i - lanes on its CTA, not i - 1 (#37 item 3's
+    # two consumer warpgroups taking alternate tasks), each lane's body as long as alone (no
+    # sharing of the SM's tensor cores or copy engines: an upper bound on the gain)
+    lanes: int = 1
 
 
 @dataclass
@@ -94,7 +98,8 @@ def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = No
         t = s.ctas[c][i]
         name = TYPE_NAMES[t.type]
         body = costs.fixed_us[name]
-        cands = [(ends.get((c, i - 1), 0.0), "program", (c, i - 1) if i else None)]
+        lane_prev = (c, i - opt.lanes) if i >= opt.lanes else None
+        cands = [(ends.get(lane_prev, 0.0), "program", lane_prev)]
         if t.wait >= 0 and t.wait_chunks > 1:  # the schedule's own chunk counters
             n = t.wait_chunks
             ready, w = max((counter_done[t.wait + j] + costs.handoff_us - j * body / n,

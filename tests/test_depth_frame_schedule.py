@@ -173,6 +173,19 @@ def test_costs_from_stamps_and_the_split_handoff_at_the_end():
     assert end.makespan_us > 432 * c.handoff_us  # every phase still hands off once
 
 
+def test_more_lanes_never_lengthen_the_simulated_frame():
+    """SimOptions(lanes=n): task i waits for task i - n of its CTA instead of i - 1 (#37 item 3's
+    alternating warpgroups), a subset of the one-lane order's edges, so its topological order
+    still serves and the frame is never longer."""
+    from schedules import frame_sim as S
+
+    s = D.validate(D.build(options=D.FrameOptions(rows=16)))
+    order = D.topological_order(s)
+    spans = [S.simulate(s, S.SEED_COSTS, S.SimOptions(producer_warp=True, lanes=n),
+                        order=order).makespan_us for n in (1, 2, 4)]
+    assert spans[0] >= spans[1] >= spans[2] > 0
+
+
 def test_attention_at_position_1_waits_for_position_0s_kv():
     """Position 1 starts beside position 0 (its embedding has no head to wait for), so each of
     its attention tasks also waits for position 0's attention of the same layer, which
