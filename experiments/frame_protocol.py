@@ -101,8 +101,7 @@ def critical_chain(s, stamps) -> dict:
     """Walk back from the last task to end along whichever dependency released each task
     last (the previous task on its CTA, or its counter's last signaller; a chunked task's
     binding counter: the one of its chunks and wait2 whose last signaller was ready last) and
-    split that
-    chain's time: handoff (a signaller ready -> the waiter through its counter wait; with
+    split that chain's time: handoff (a signaller ready -> the waiter through its counter wait; with
     program order binding, the wait's own acquire), landing (waited -> stage 0's activations
     and weight pages landed), compute (-> the last wgmma retired: the other stages' waits
     included), epilogue (-> ready: the pair handoff), signal (ready -> signalled: the output
@@ -110,13 +109,13 @@ def critical_chain(s, stamps) -> dict:
     waited for it; on a counter edge the signaller's stores fall in the waiter's handoff),
     program order (the gap between a task's end and the next's start). ``signal_tasks``: the
     tasks whose signal span was counted. ``cta_busy_edges`` / ``cta_busy_us``: the program-order
-    steps of the chain where the previous task on the CTA signalled none of the counters the
-    task waits on (its CTA was busy, not its inputs late) and that could have started earlier,
-    and how much earlier those tasks
-    could have started had the CTA had a free second lane (#37 item 3's two consumer
-    warpgroups): from the later of the binding counter's last signaller being ready and the
-    previous task's start, to the previous task's end. An upper bound along this chain only
-    (another chain may bind once these start earlier)."""
+    steps of the chain where the previous task on the CTA signals none of the counters the task
+    waits on (its CTA was busy, not its inputs late) and a second lane (#37 item 3's two
+    consumer warpgroups) would have let it start earlier, and by how much: from the later of
+    its inputs being ready (its latest counter's last signaller; for a chunked task the latest
+    chunk, though stage 0 needs only the first) and task i - 2's end, to task i - 1's end.
+    Summed along this chain only: once these tasks start earlier another chain may bind, so
+    the frame gains at most this much."""
     last_ready: dict[int, tuple] = {}
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
@@ -124,6 +123,7 @@ def critical_chain(s, stamps) -> dict:
                 last_ready[t.signal] = (stamps[c][i][4], c, i)
     node = max(((c, i) for c, lst in enumerate(s.ctas) for i in range(len(lst))),
                key=lambda n: stamps[n[0]][n[1]][5])
+    t0 = min(st[0] for lst in stamps for st in lst)  # the launch's first task start
     split = {"handoff_us": 0.0, "landing_us": 0.0, "compute_us": 0.0, "epilogue_us": 0.0,
              "signal_us": 0.0, "program_order_us": 0.0, "cta_busy_us": 0.0}
     busy_edges = 0
@@ -148,10 +148,12 @@ def critical_chain(s, stamps) -> dict:
         elif by_order is not None:
             split["handoff_us"] += (waited - start) / 1e3
             split["program_order_us"] += (start - by_order) / 1e3
-            inputs = by_counter[0] if by_counter is not None else 0
-            early = by_order - max(inputs, stamps[c][i - 1][0])
-            if early > 0 and not any(last_ready.get(w, (None, None, None))[1:] == (c, i - 1)
-                                     for w in _waited_counters(t)):
+            # with two lanes the task could start once its inputs were ready and task i - 2
+            # had ended, unless task i - 1 produces one of its inputs (the data's own order)
+            inputs = by_counter[0] if by_counter is not None else t0
+            lane_free = stamps[c][i - 2][5] if i >= 2 else t0
+            early = by_order - max(inputs, lane_free)
+            if early > 0 and s.ctas[c][i - 1].signal not in _waited_counters(t):
                 busy_edges += 1
                 split["cta_busy_us"] += early / 1e3
             node, count_signal = (c, i - 1), True

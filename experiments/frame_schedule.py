@@ -162,8 +162,9 @@ def _kernel_plan(built: dict, rows: int):
 
 def _production_plan(built: dict, rows: int, measurement: dict):
     """_frame_schedule of the whole frame as ``measurement`` (a depth-frame summary's row)
-    ran it: its norm_once and chunk_waits, else the plan's rules (summaries before 391987f
-    did not record them; the published one ran the plan's)."""
+    ran it: its norm_once and chunk_waits, else the plan's rules (summaries made before
+    7ba4fc6 do not record them; the one published at 6a58e70 ran the plan's rules of today:
+    republish after a rule changes)."""
     norm_once = measurement.get("norm_once", frame_norm_once(rows))
     chunk_waits = measurement.get("chunk_waits", frame_chunk_waits(rows))
     return _frame_schedule(built, D.FrameOptions(rows=rows, norm_once=norm_once,
@@ -183,6 +184,8 @@ def _whole_frame_costs(measured: dict) -> dict:
     (costs_from_stamps; a chunked frame's o tasks with down's landing)."""
     return {r: F.costs_from_stamps(measured[r], landing_as=CHUNKED_LANDING_AS if measured[r].get(
         "chunk_waits", frame_chunk_waits(r)) else None) for r in WHOLE_FIT_ROWS}
+
+
 KERNEL_FIT_ROWS = 64  # the frame kernel's traced run the costs come from; the rest held out
 
 

@@ -67,13 +67,15 @@ FRAME_RING = {"ring_pages": 8, "page_bytes": 16384}
 FRAME_ACT_BUFFERS = 2
 # the frame kernel's normalised inputs published once by a norm phase
 # (schedules.depth_frame.FrameOptions.norm_once, issue #37 item 1) from this many rows on: the
-# 15fc61e A/B (scripts/ab_frame_option.py; notes/depth-frame.md, session 22) measured it -243 us
-# at 64 rows, +170 at 16 and +419 at 1 (the same bits); rows in between were not measured
+# 15fc61e A/B (scripts/ab_depth_frame.py, now ab_frame_option.py --option norm_once;
+# notes/depth-frame.md, session 22) measured it -243 us at 64 rows, +170 at 16 and +419 at 1
+# (the same bits); rows in between were not measured
 FRAME_NORM_ONCE_FROM_ROWS = 64
 # the frame kernel's per-chunk waits (schedules.depth_frame.FrameOptions.chunk_waits, issue #37
 # item 5: o and down wait per K stage for their chunk's producers) from this many rows on: the
-# 23c1df6 A/B (scripts/ab_frame_option.py) measured it faster at 1 and 64 rows with the same
-# bits; 8-32 rows were not measured (notes/depth-frame.md, session 28: per-chunk waits, built)
+# 23c1df6 A/B (scripts/ab_frame_chunks.py, now ab_frame_option.py --option chunk_waits)
+# measured it faster at 1 and 64 rows with the same bits; 8-32 rows were not measured
+# (notes/depth-frame.md, session 28: per-chunk waits, built)
 FRAME_CHUNK_WAITS_FROM_ROWS = 1
 # the frame kernel's activation stage (K elements) by the step's rows: (up to rows, K). 512
 # beat 256 at 1-32 rows in the projection study (notes/depth-frame.md, session 19); at 64 rows

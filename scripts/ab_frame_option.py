@@ -80,7 +80,9 @@ def _case(fw, option: str, rows: int, rounds: int, rep_ms: float) -> dict:
     off, on = names
     out = {"rows": rows, "option": option, "bits_equal": same_bits(outs[off], outs[on]),
            "prediction": prediction.get(rows, prediction.get("expected")),
-           "norm_once": frames[off].schedule.options.norm_once,
+           "options": {n: {"norm_once": f.schedule.options.norm_once,
+                           "chunk_waits": f.schedule.options.chunk_waits}
+                       for n, f in frames.items()},
            "counters": {n: len(f.schedule.counter_expect) for n, f in frames.items()}}
     for name in arms:
         out[f"{name}_us"] = statistics.median(times[name])

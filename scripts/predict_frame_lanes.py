@@ -9,7 +9,7 @@ schedule as its frame ran it. Each schedule is then simulated with one lane a CT
 long as it is alone, so the SM's tensor cores and copies are not shared; that makes the gain an
 upper bound.
 
-    python3 scripts/predict_frame_lanes.py [--rows 1 16 64]
+    python3 scripts/predict_frame_lanes.py [--rows 1 8 16 32 64]
 """
 import argparse
 import dataclasses
@@ -28,6 +28,8 @@ def main(argv=None) -> int:
         p.error(f"--rows: the published summary measured {sorted(measured)}")
     built: dict = {}
     fit = _whole_frame_calibration(built, coarse_to_fine=True)
+    if fit is None:
+        p.error(f"the published depth-frame summary has no traced runs at {WHOLE_FIT_ROWS} rows")
     lo, hi = WHOLE_FIT_ROWS
     fitted = _whole_frame_costs(measured)
     print(f"calibration: {source}, handoff {fit['handoff_us']} µs")

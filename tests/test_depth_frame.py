@@ -134,7 +134,6 @@ def test_frame_kernel_compiles_with_every_body(rows, draw):
     assert_small_frame_code(r)
 
 
-# ---- on the H200 -----------------------------------------------------------------------------
 def assert_small_frame_code(r) -> None:
     """A frame build's code as #37 item 4 asks: no stack frame, no spills, no calls, under 8k
     SASS instructions (skips where nvdisasm is missing, after the PTX-level checks)."""
@@ -145,6 +144,7 @@ def assert_small_frame_code(r) -> None:
     assert r.sass_instructions < 8000
 
 
+# ---- on the H200 -----------------------------------------------------------------------------
 def _weights():
     from models.codepredictor import random_weights
     from models.fast_loop import FastWeights
@@ -176,8 +176,9 @@ def _option_outputs(rows: int, teacher_forced: bool, option: str, codes_seed: in
                     rerun: bool = False):
     """The frame with DepthFrame keyword ``option`` off and on, each on a poisoned arena, on
     the same weights and inputs (given codes drawn from ``codes_seed``): ({False: outputs,
-    True: outputs}, {False: run, True: run}), every run leaving each counter at its count and
-    no combine mismatch. ``rerun``: the option's frame runs again and must repeat its bits."""
+    True: outputs}, {False: run, True: run}), each first run leaving every counter at its
+    count and no combine mismatch. ``rerun``: the option's frame runs again and must repeat its
+    outputs."""
     from kernels.depth.frame import DepthFrame
 
     _, fw = _weights()

@@ -84,34 +84,41 @@ def test_traced_chain_binds_a_chunked_task_to_its_latest_chunk():
 
 def test_traced_chain_counts_the_steps_a_second_lane_could_start_earlier():
     """A chain step bound by program order counts as a busy CTA (``cta_busy_edges``) only where
-    the previous task on the CTA signalled none of the task's counters; its ``cta_busy_us`` is
-    how much earlier a second lane could have started it (inputs ready -> previous task's end).
-    Where the previous task is the counter's last signaller, the order is the data's: 0."""
+    the previous task on the CTA signals none of the task's counters; its ``cta_busy_us`` is
+    how much earlier a second lane could have started it: from the later of its inputs ready
+    and task i - 2's end, to task i - 1's end. Where the previous task signals one of its
+    counters (even one whose last signaller is another task), the order is the data's: 0."""
     from experiments.frame_protocol import critical_chain
 
     s = D.validate(_schedule(1, chunk_waits=False))
-    # a task whose counter's last signaller is elsewhere, and which has a predecessor on its CTA
+    blank = [[(0,) * 6 for _ in lst] for lst in s.ctas]
+    # a task with two predecessors on its CTA, neither of which signals its counter
     c, i, t = next((c, i, t) for c, lst in enumerate(s.ctas) for i, t in enumerate(lst)
-                   if i and t.wait >= 0 and lst[i - 1].signal != t.wait)
+                   if i >= 2 and t.wait >= 0 and t.wait2 < 0 and lst[i - 1].signal != t.wait)
     lc, li = next((c2, i2) for c2, lst in enumerate(s.ctas) for i2, u in enumerate(lst)
-                  if u.signal == t.wait and (c2, i2) != (c, i - 1))
-    stamps = [[(0,) * 6 for _ in lst] for lst in s.ctas]
+                  if u.signal == t.wait and c2 != c)
+    stamps = [list(row) for row in blank]
     stamps[lc][li] = (0, 0, 0, 0, 2000, 2000)  # inputs ready at 2 µs
     stamps[c][i - 1] = (1000, 1000, 1000, 1000, 6000, 7000)  # the CTA busy until 7 µs
     stamps[c][i] = (7000, 7000, 7000, 7000, 8000, 20_000)  # the last task to end
     chain = critical_chain(s, stamps)
     assert chain["cta_busy_edges"] == 1
     assert chain["cta_busy_us"] == pytest.approx(5.0)  # could have started at 2, not 7
-    # the same shape where the previous task is the counter's last signaller: the data's order
-    stamps[lc][li] = (0,) * 6
+    stamps[c][i - 2] = (0, 0, 0, 0, 3000, 4000)  # the second lane free only at 4 µs
+    assert critical_chain(s, stamps)["cta_busy_us"] == pytest.approx(3.0)
+    # the previous task signals the counter, another signaller of it is ready later: data order
     d, j, u = next((d, j, u) for d, lst in enumerate(s.ctas) for j, u in enumerate(lst)
-                   if j and u.wait >= 0 and lst[j - 1].signal == u.wait)
-    stamps = [[(0,) * 6 for _ in lst] for lst in s.ctas]
-    stamps[d][j - 1] = (1000, 1000, 1000, 1000, 6000, 7000)
+                   if j and u.wait >= 0 and u.wait2 < 0 and lst[j - 1].signal == u.wait
+                   and sum(w.signal == u.wait for x in s.ctas for w in x) > 1)
+    other = next((d2, j2) for d2, lst in enumerate(s.ctas) for j2, w in enumerate(lst)
+                 if w.signal == u.wait and (d2, j2) != (d, j - 1))
+    stamps = [list(row) for row in blank]
+    stamps[other[0]][other[1]] = (0, 0, 0, 0, 3000, 3000)
+    stamps[d][j - 1] = (1000, 1000, 1000, 1000, 2000, 7000)
     stamps[d][j] = (7000, 7000, 7000, 7000, 8000, 20_000)
     chain = critical_chain(s, stamps)
-    assert chain["program_order_us"] == 0 and chain["cta_busy_edges"] == 0
-    assert chain["cta_busy_us"] == 0
+    assert chain["program_order_us"] == 0
+    assert chain["cta_busy_edges"] == 0 and chain["cta_busy_us"] == 0
 
 
 # ---- compile (CI) ----------------------------------------------------------------------------
