@@ -173,9 +173,11 @@ def _production_plan(built: dict, rows: int, measurement: dict):
                            f"{chunk_waits})")
 
 
-# a chunked o task's stamped landing holds its wait for the first chunk (the attention tasks
-# of its first K stage): its copy is the one down's first stage makes (the same tile width and
-# stage), and down's first chunk (gate/up) is done long before it starts
+# a chunked o task's stamped landing held its wait for the first chunk (the attention tasks
+# of its first K stage) in traced runs before session 30's stamp fix (published summaries up
+# to 14985c6); its copy is the one down's first stage makes (the same tile width and stage),
+# and down's first chunk (gate/up) is done long before it starts, so down's landing stands in
+# for both old and new stamps
 CHUNKED_LANDING_AS = {"o": "down"}
 
 

@@ -161,15 +161,18 @@ def _inputs(rows, seed):
 
 
 def _snapshot(out):
-    return type(out)(out.codes.clone(), out.talker_sum.clone(),
-                     [(k.clone(), v.clone()) for k, v in out.kv], out.logits.clone())
+    """A copy of a frame's outputs (experiments._frame_studies.snapshot_outputs)."""
+    from experiments._frame_studies import snapshot_outputs
+
+    return snapshot_outputs(out)
 
 
 def _same(a, b) -> bool:
-    return (torch.equal(a.codes, b.codes) and torch.equal(a.logits, b.logits)
-            and torch.equal(a.talker_sum, b.talker_sum)
-            and all(torch.equal(k, k1) and torch.equal(v, v1)
-                    for (k, v), (k1, v1) in zip(a.kv, b.kv)))
+    """Codes, logits, Talker sum and KV equal bit for bit (experiments._frame_studies.same_bits:
+    their bit patterns, so a NaN or a -0.0 counts too)."""
+    from experiments._frame_studies import same_bits
+
+    return same_bits(a, b)
 
 
 def _option_outputs(rows: int, teacher_forced: bool, option: str, codes_seed: int,
@@ -177,8 +180,8 @@ def _option_outputs(rows: int, teacher_forced: bool, option: str, codes_seed: in
     """The frame with DepthFrame keyword ``option`` off and on, each on a poisoned arena, on
     the same weights and inputs (given codes drawn from ``codes_seed``): ({False: outputs,
     True: outputs}, {False: run, True: run}), each first run leaving every counter at its
-    count and no combine mismatch. ``rerun``: the option's frame runs again and must repeat its
-    outputs."""
+    count and no combine mismatch. ``rerun``: the option's frame runs again on a poisoned arena
+    and must repeat its outputs bit for bit, its counters at their counts again."""
     from kernels.depth.frame import DepthFrame
 
     _, fw = _weights()
@@ -197,6 +200,7 @@ def _option_outputs(rows: int, teacher_forced: bool, option: str, codes_seed: in
             frame.poison()
             again = _snapshot(frame(h, g0, codes))
             frame.run.synchronize()
+            assert frame.run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
             assert _same(again, outs[on])
         runs[on] = frame.run
         del frame

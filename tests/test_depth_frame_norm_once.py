@@ -192,38 +192,10 @@ def test_norm_once_frame_bits_equal_the_in_tile_frame(rows, teacher_forced):
     """The frame with its inputs normalised once by norm phases gives the same bits as the
     in-tile build (codes, Talker sum, KV, logits; greedy draws and given codes), every
     counter at its count; a rerun of the norm_once frame is bit-identical too."""
-    from kernels.depth.frame import DepthFrame
-    from models.codepredictor import random_weights
-    from models.fast_loop import FastWeights
+    from tests.test_depth_frame import _option_outputs, _same
 
-    w = random_weights(CFG, seed=0, dtype=torch.bfloat16).to(device="cuda")
-    fw = FastWeights(w)
-    g = torch.Generator(device="cuda").manual_seed(rows)
-    h = torch.randn(rows, CFG.talker_hidden, generator=g, device="cuda").to(torch.bfloat16)
-    g0 = torch.randint(0, CFG.talker_vocab, (rows,), generator=g, device="cuda")
-    codes = (torch.randint(0, CFG.vocab, (rows, CFG.heads_drawn), generator=g, device="cuda")
-             if teacher_forced else None)
-    outs = []
-    for norm_once in (False, True):
-        frame = DepthFrame(fw, rows, teacher_forced=teacher_forced, norm_once=norm_once)
-        assert sum(ph.type == D.NORM for ph in frame.schedule.phases) == (175 if norm_once else 0)
-        frame.poison()
-        out = frame(h, g0, codes)
-        frame.run.synchronize()
-        assert frame.run.check() == {"counters_at_expected": True, "combine_mismatches": 0}
-        snap = (out.codes.clone(), out.talker_sum.clone(), out.logits.clone(),
-                [(k.clone(), v.clone()) for k, v in out.kv])
-        outs.append(snap)
-        if norm_once:
-            frame.poison()
-            again = frame(h, g0, codes)
-            frame.run.synchronize()
-            assert torch.equal(again.codes, snap[0]) and torch.equal(again.logits, snap[2])
-    (c0, s0, l0, kv0), (c1, s1, l1, kv1) = outs
-    assert torch.isfinite(l0).all()
-    assert torch.equal(c0, c1)
-    assert torch.equal(s0.view(torch.int16), s1.view(torch.int16))
-    assert torch.equal(l0.view(torch.int32), l1.view(torch.int32))
-    for (k0, v0), (k1, v1) in zip(kv0, kv1):
-        assert torch.equal(k0.view(torch.int16), k1.view(torch.int16))
-        assert torch.equal(v0.view(torch.int16), v1.view(torch.int16))
+    outs, runs = _option_outputs(rows, teacher_forced, "norm_once", 200 + rows, rerun=True)
+    for on, run in runs.items():
+        assert sum(ph.type == D.NORM for ph in run.schedule.phases) == (175 if on else 0)
+    assert torch.isfinite(outs[True].logits).all()
+    assert _same(outs[False], outs[True])

@@ -18,8 +18,9 @@ the cluster barriers):
    and the task, then traps; the first wait of the launch to time out writes the report). A
    chunked task (``wait_chunks`` > 1: o and down with ``FrameOptions.chunk_waits``) skips this
    wait in builds with tiles: its projection body waits for counter ``wait + s`` before it
-   copies K stage s (projection.py), so the task's "counter waited" stamp comes before its
-   first chunk's wait and the chunk waits fall in its "stage 0 landed" and compute stamps.
+   copies K stage s (projection.py). Traced builds also wait for the first chunk here, so
+   the task's "counter waited" stamp means its first chunk has come; the later chunks' waits
+   fall in its "stage 0 landed" and compute stamps.
 2. Split tiles (``half`` 0 / 1, the two CTAs of a cluster; their k-th split task uses combine
    slot k % S):
    * rank 1 (``local_wait`` LOCAL_SLOT from k >= S on) waits until rank 0 has consumed partial
@@ -417,6 +418,12 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             if tidx == 0:
                 if up_front:
                     wait_counter(g.mCounters, wait, wait_expect, i, mailbox, claim)
+                if cutlass.const_expr(self.trace and self.rows > 0):
+                    # a traced chunked task waits for its first chunk here too, so its
+                    # "counter waited" stamp means that chunk has come (the body's own wait
+                    # for it then passes at once); untraced builds keep the wait in the body
+                    if wait_chunks > 1:
+                        wait_counter(g.mCounters, wait, wait_expect, i, mailbox, claim)
                 if wait2 >= 0:  # attention at position 1: position 0's K and V too
                     wait_counter(g.mCounters, wait2, mTable[row + COL["wait2_expect"]], i,
                                  mailbox, claim)
@@ -441,25 +448,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 fence_proxy_async_global()
                 cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
             else:
-                if cutlass.const_expr(R > 0):  # the tile's weights have landed
-                    for j in cutlass.range(n, unroll=1):
-                        q, page_use = (at + j) % R, (at + j) // R
-                        wait_parity(smem.page_full + q, page_use & 1, Barrier.PAGE_FULL, q,
-                                    mailbox, claim)
-                # (the tile's wgmmas read the pages here: a split tile's half makes its partial)
-                if half == 1:
-                    t_ready = self._send_partial(task, split, None, g, smem)
-                    split = split + 1
-                elif half == 0:
-                    self._receive_partial(task, split, None, g, smem)
-                    t_ready = cute.arch.globaltimer()
-                    split = split + 1
-                else:
-                    t_ready = cute.arch.globaltimer()
-                if cutlass.const_expr(R > 0):  # (the epilogue has run) the pages go back
-                    for j in cutlass.range(n, unroll=1):
-                        cute.arch.mbarrier_arrive(smem.page_empty + (at + j) % R)
-                    at = at + n
+                at, split, t_ready = self._pages_only(task, n, at, split, g, smem)
             if tidx == 0:
                 signal = mTable[row + COL["signal"]]
                 if signal >= 0:
@@ -631,24 +620,27 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             if cutlass.const_expr(not self._compiles(t)):
                 if ty == t:
                     f, k, _ = T.TASK_SHAPES[t]
-                    at, split, t_ready = self._pages_only(task, f * k * 2 // self.page_bytes, at,
-                                                          split, g, smem)
+                    at, split, t_ready = self._pages_only(task, Int32(f * k * 2 // self.page_bytes),
+                                                          at, split, g, smem)
         return WalkCursor(at, au, split), t_landed, t_computed, t_ready
 
     @cute.jit
-    def _pages_only(self, task: FrameTask, n: cutlass.Constexpr[int], at: Int32, split: Int32,
+    def _pages_only(self, task: FrameTask, n: Int32, at: Int32, split: Int32,
                     g: FrameTensors, smem: FrameSmem):
-        """A projection task whose body a code-size study left out: its pages land and go
-        back, its split pair hands over (no fragment), as in the protocol alone. Returns the
-        advanced (at, split) and the "ready" stamp."""
+        """A task without a tile body (the protocol alone, or a projection whose body a
+        code-size study left out): its ``n`` pages land, its split pair hands over (no
+        fragment), and the pages go back. Returns the advanced (at, split) and the "ready"
+        stamp."""
         R = self.pages
         page_full, page_empty = smem.page_full, smem.page_empty
         mailbox, claim, half = g.mailbox, g.claim, task.half
         tidx, _, _ = cute.arch.thread_idx()
-        if tidx == 0:
-            for j in cutlass.range_constexpr(n):
-                wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1, Barrier.PAGE_FULL,
-                            (at + j) % R, mailbox, claim)
+        if cutlass.const_expr(R > 0):  # the tile's weights have landed
+            if tidx == 0:
+                for j in cutlass.range(n, unroll=1):
+                    wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1,
+                                Barrier.PAGE_FULL, (at + j) % R, mailbox, claim)
+        # (the tile's wgmmas would read the pages here: a split tile's half makes its partial)
         t_ready = cute.arch.globaltimer()
         if half == 1:
             t_ready = self._send_partial(task, split, None, g, smem)
@@ -657,10 +649,12 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             self._receive_partial(task, split, None, g, smem)
             t_ready = cute.arch.globaltimer()
             split = split + 1
-        if tidx == 0:
-            for j in cutlass.range_constexpr(n):
-                cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
-        return at + n, split, t_ready
+        if cutlass.const_expr(R > 0):  # (the epilogue has run) the pages go back
+            if tidx == 0:
+                for j in cutlass.range(n, unroll=1):
+                    cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
+            at = at + n
+        return at, split, t_ready
 
 
 def sample_smem_free(rows: int, combine_slots: int, ring_bytes: int, k_stage: int,
