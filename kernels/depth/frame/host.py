@@ -162,13 +162,16 @@ class DepthFrame:
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
     def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
-                 norm_once: bool | None = None, sampler=None, chunk_waits: bool | None = None):
+                 norm_once: bool | None = None, sampler=None, chunk_waits: bool | None = None,
+                 register_a: bool = False):
         """``norm_once``: normalise each qkv / gate-up / head input once in a norm phase
         (schedules.depth_frame.FrameOptions; None: the plan's rule by rows). The same bits
         either way. ``chunk_waits``: o and down wait per K stage for their chunk's producers
         (schedules.depth_frame.FrameOptions; None: the plan's rule, frame_chunk_waits); the
         same bits either way. ``sampler``: a models.sampler.Sampler on the weights' device whose steps
-        the frame can draw (:func:`sampler_refusal`, else FrameUnsupported)."""
+        the frame can draw (:func:`sampler_refusal`, else FrameUnsupported). ``register_a``:
+        the register-A projection tiles (issue #37 item 3, a study: projection_ra.py; other
+        sums of squares' order, so other bits than the default frame's)."""
         check_frame_inputs(fw, rows)
         if sampler is not None:
             why = sampler_refusal(sampler, rows)
@@ -185,7 +188,8 @@ class DepthFrame:
         sample = self.draw == "sample"
         self.schedule = F.build(cfg, F.FrameOptions(rows=rows, norm_once=norm_once,
                                                     embed_rows=1 if sample else 8,
-                                                    chunk_waits=chunk_waits, **FRAME_RING))
+                                                    chunk_waits=chunk_waits,
+                                                    register_a=register_a, **FRAME_RING))
         self.regions = frame_layout(cfg, rows, norm_once, sample)
         dev = fw.final_norm.device
         self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)

@@ -53,6 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from configs.arch import SMEM_PER_CTA_MAX
 from configs.codepredictor import QWEN3_TTS_1P7B
 from kernels.depth.draw import RowDraw
 from kernels.depth.frame import projection as T
@@ -60,6 +61,8 @@ from kernels.depth.frame.attention import AttentionBodies
 from kernels.depth.frame.embedding import (ARGMAX_PASSES, DRAW_NOISE, DRAWS, LANES_PER_ROW,
                                           EmbeddingBodies, frame_row_draw)
 from kernels.depth.frame.projection import ProjectionBodies
+from kernels.depth.frame.projection_ra import (RA_SLOT_FLOATS, RA_STAGE, RA_TASK_K,
+                                               RegisterAProjectionBodies, ra_parts_bytes)
 from kernels.depth.frame.table import PHASE_FIELDS, RESID_NONE
 from device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
                                 red_release_gpu_add, st_cluster_u32)
@@ -93,7 +96,10 @@ class FrameBuild:
     step of that many rows (projection.py); ``fused`` also the attention and embedding bodies
     and the tiles' norm, residual and ssq steps (the real frame's data flow), ``draw`` the
     embedding's draw mode, for ``config``'s shapes (None: the 1.7B CodePredictor's);
-    ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once)."""
+    ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once);
+    ``register_a``: the register-A projection tiles (projection_ra.py; the schedule's
+    FrameOptions.register_a), whose weights go to registers without a ring (``ring_pages``
+    0)."""
     max_tasks: int
     combine_slots: int
     trace: bool = False
@@ -104,6 +110,7 @@ class FrameBuild:
     draw: str = "greedy"
     config: object = None
     norm_once: bool = False
+    register_a: bool = False
 
 
 class FrameTensors(NamedTuple):
@@ -205,13 +212,15 @@ class PhaseIO(NamedTuple):
         return self.mPhases[self.ph * NPF + PCOL[name]]
 
 
-class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
+class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
+                  EmbeddingBodies):
     """Static config: a :class:`FrameBuild`. The K stage is the plan's
     (schedules.plan.frame_k_stage) and the activation buffers FRAME_ACT_BUFFERS.
 
     Roles with tiles (160 threads): warps 0-3 are one consumer warpgroup that walks the tasks
     together (thread 0 spins on the counters, issues the activation copies and signals; all 128
-    run the wgmmas and take part in the split handoff); warp 4's lane 0 is the loader. Thread
+    run the wgmmas and take part in the split handoff); warp 4's lane 0 is the loader (a
+    register-A build has no ring and no loader: 128 threads, each loading its own weights). Thread
     0 does every mbarrier wait and arrive of the walk (the pages, the activation stages, the
     pair's slots), and named barrier 1 (128 threads) passes them on. Arrive counts: ``partial``,
     ``slot_free``, ``page_full``, ``page_empty`` and ``act_full`` 1 (with transaction bytes on
@@ -237,6 +246,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         max_tasks, combine_slots, trace = build.max_tasks, build.combine_slots, build.trace
         ring_pages, page_bytes, rows = build.ring_pages, build.page_bytes, build.rows
         fused, draw, config, norm_once = build.fused, build.draw, build.config, build.norm_once
+        self.register_a = build.register_a
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
         cfg = config or QWEN3_TTS_1P7B
@@ -257,7 +267,19 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         self.norm_once = norm_once and self.fused
         self.act_buffers = 1
         self.k_stage = self._k_stage(rows)
-        if rows:
+        if self.register_a and (not rows or ring_pages):
+            raise ValueError("register-A tiles take a step's rows (rows >= 1) and no page ring")
+        if rows and self.register_a:
+            T.check_rows(rows)
+            self.act_buffers = FRAME_ACT_BUFFERS
+            used = (T.SMEM_RESERVE + ra_parts_bytes(combine_slots)
+                    + (T.MAX_ROWS + T.NORM_K // 2) * 4
+                    + self.act_buffers * (T.act_stage_bytes(rows, self.k_stage) + T.ACT_SLACK))
+            if draw == "sample":
+                used += RowDraw.smem_bytes(cfg.vocab, T.CONSUMERS, DRAW_NOISE)
+            if used > SMEM_PER_CTA_MAX:
+                raise ValueError(f"register-A build at {rows} rows: {used} B of shared memory")
+        elif rows:
             T.check_rows(rows)
             if page_bytes % T.STEP_BYTES_MAX or ring_pages == 0:
                 raise ValueError(f"projection tiles need the weight ring in pages of a multiple "
@@ -278,12 +300,14 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                                      cfg.vocab) < 0:
                 raise ValueError(f"the sampled draw's shared memory does not fit at {rows} rows")
         self.walkers = T.CONSUMERS if rows else 1
-        self.threads = T.CONSUMERS + 32 if rows else THREADS
+        self.threads = (T.CONSUMERS if self.register_a else T.CONSUMERS + 32) if rows else THREADS
         self.loader = T.CONSUMERS if rows else 32
 
     def _k_stage(self, rows: int) -> int:
         """K elements of an activation stage: the plan's (schedules.plan.frame_k_stage; a tile
         study may choose another, experiments._frame_studies.TileStudyKernel)."""
+        if self.register_a:
+            return RA_STAGE
         return frame_k_stage(rows) if rows else T.K_STAGE
 
     @cute.jit
@@ -332,7 +356,8 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         if cutlass.const_expr(self.rows > 0):
             abuf = alloc.allocate(self.act_buffers * (T.act_stage_bytes(self.rows, self.k_stage)
                                                       + T.ACT_SLACK), 1024)
-            parts = alloc.allocate_tensor(Float32, cute.make_layout(S * T.MAX_ROWS * 16),
+            slot_floats = RA_SLOT_FLOATS if self.register_a else T.MAX_ROWS * 16
+            parts = alloc.allocate_tensor(Float32, cute.make_layout(S * slot_floats),
                                           16).iterator
         rbuf = parts
         if cutlass.const_expr(self.fused):  # the RMSNorm factors of the task's rows
@@ -415,10 +440,15 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                 # (ProtocolRun refuses chunked schedules in builds without those bodies)
                 wait_chunks = mTable[row + COL["wait_chunks"]]
                 up_front = up_front & (wait_chunks <= 1)
+            if cutlass.const_expr(self.register_a):
+                # a register-A projection waits in its body, after its first weights are in
+                # flight (projection_ra.py)
+                ty0 = mTable[row + COL["type"]]
+                up_front = up_front & ((ty0 == F.ATTN) | (ty0 == F.EMBED) | (ty0 == F.NORM))
             if tidx == 0:
                 if up_front:
                     wait_counter(g.mCounters, wait, wait_expect, i, mailbox, claim)
-                if cutlass.const_expr(self.trace and self.rows > 0):
+                if cutlass.const_expr(self.trace and self.rows > 0 and not self.register_a):
                     # a traced chunked task waits for its first chunk here too, so its
                     # "counter waited" stamp means that chunk has come (the body's own wait
                     # for it then passes at once); untraced builds keep the wait in the body
@@ -441,8 +471,8 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             t_ready = t_start
             t_landed, t_computed = t_waited, t_waited
             if cutlass.const_expr(self.rows > 0):
-                cur, t_landed, t_computed, t_ready = self._tile_task(
-                    task, WalkCursor(at, au, split), g, smem)
+                cur, t_waited, t_landed, t_computed, t_ready = self._tile_task(
+                    task, WalkCursor(at, au, split), t_waited, g, smem)
                 at, au, split = cur
                 # every thread's output stores are ordered for the next phases' bulk copies
                 fence_proxy_async_global()
@@ -477,7 +507,10 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         t_ready = cute.arch.globaltimer()
         if cutlass.const_expr(acc is not None):
             cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
-            self._send_fragment(smem.parts, slot, acc)
+            if cutlass.const_expr(self.register_a):
+                self._ra_send_fragment(smem.parts, slot, acc)
+            else:
+                self._send_fragment(smem.parts, slot, acc)
             # every thread's fragment stores precede thread 0's release
             cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
         if tidx == 0:
@@ -500,7 +533,10 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         if cutlass.const_expr(acc is not None):
             # thread 0's acquire is every thread's: the barrier orders their reads after it
             cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
-            out = self._add_fragment(smem.parts, slot, acc)
+            if cutlass.const_expr(self.register_a):
+                out = self._ra_add_fragment(smem.parts, slot, acc)
+            else:
+                out = self._add_fragment(smem.parts, slot, acc)
             # every thread has read the slot before rank 1 may overwrite it
             cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
         if tidx == 0:
@@ -510,11 +546,13 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         return out
 
     @cute.jit
-    def _tile_task(self, task: FrameTask, cur: WalkCursor, g: FrameTensors, smem: FrameSmem):
+    def _tile_task(self, task: FrameTask, cur: WalkCursor, t_waited, g: FrameTensors,
+                   smem: FrameSmem):
         """One task's tile by its type (attention and embedding in ``fused`` builds whose phase
         table gives them inputs; otherwise those tasks only wait and signal). Returns the
-        advanced cursor, the stage-0 landed and last-wgmma stamps, and the task's "ready" stamp
-        (its tile done; rank 1: its slot free; rank 0: the pair's partial added)."""
+        advanced cursor, the "counter waited" stamp (``t_waited``, or a register-A
+        projection's own), the stage-0 landed and last-wgmma stamps, and the task's "ready"
+        stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial added)."""
         ty, half = task.ty, task.half
         mArena = g.mArena
         # the cursor as plain values: the type branches below are dynamic ifs that carry them
@@ -556,10 +594,14 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
                                              io.word("sum_word"), smem.dbuf)
                     t_ready = cute.arch.globaltimer()
                     t_landed, t_computed = t_ready, t_ready
+        if cutlass.const_expr(self.register_a):
+            at, au, split, t_waited, t_landed, t_computed, t_ready = self._ra_task(
+                task, io, at, au, split, t_waited, t_landed, t_computed, t_ready, g, smem)
         # one mainloop a tile width (its K stages a runtime loop) and the epilogue by type
         # within it; the first copies and the norm factors once for every width: the frame's
         # speed follows its code size (notes/depth-frame.md, session 28)
-        compiled = [t for t in T.PROJECTION_TYPES if self._compiles(t)]
+        compiled = [t for t in T.PROJECTION_TYPES if self._compiles(t)
+                    and not self.register_a]
         if cutlass.const_expr(len(compiled) > 0):
             is_projection = ty == compiled[0]
             k_task = Int32(T.TASK_SHAPES[compiled[0]][1])
@@ -577,7 +619,7 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
         for w in cutlass.range_constexpr(len(T.TILE_WIDTHS)):
             f = T.TILE_WIDTHS[w]
             types = [t for t in T.PROJECTION_TYPES if T.TASK_SHAPES[t][0] == f
-                     and self._compiles(t)]
+                     and self._compiles(t) and not self.register_a]
             if cutlass.const_expr(len(types) > 0):
                 is_f = ty == types[0]
                 for t in types[1:]:
@@ -620,9 +662,65 @@ class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
             if cutlass.const_expr(not self._compiles(t)):
                 if ty == t:
                     f, k, _ = T.TASK_SHAPES[t]
-                    at, split, t_ready = self._pages_only(task, Int32(f * k * 2 // self.page_bytes),
-                                                          at, split, g, smem)
-        return WalkCursor(at, au, split), t_landed, t_computed, t_ready
+                    n = 0 if self.register_a else f * k * 2 // self.page_bytes
+                    at, split, t_ready = self._pages_only(task, Int32(n), at, split, g, smem)
+        return WalkCursor(at, au, split), t_waited, t_landed, t_computed, t_ready
+
+    @cute.jit
+    def _ra_task(self, task: FrameTask, io: PhaseIO, at: Int32, au: Int32, split: Int32,
+                 t_waited, t_landed, t_computed, t_ready, g: FrameTensors, smem: FrameSmem):
+        """A register-A projection task (projection_ra.py; every one a split tile's half): its
+        first two register stages of weights, then (thread 0) its counter wait and first
+        activation copies, the norm factors, the mainloop, and the pair's combine and the
+        epilogue by type on rank 0. Other tasks pass their stamps through. Returns the
+        advanced (at, au, split) and the four stamps."""
+        ty, half = task.ty, task.half
+        compiled = [t for t in RA_TASK_K if self._compiles(t)]
+        if cutlass.const_expr(len(compiled) > 0):
+            is_projection = ty == compiled[0]
+            k_task = Int32(RA_TASK_K[compiled[0]])
+            for t in compiled[1:]:
+                is_projection = is_projection | (ty == t)
+                k_task = cutlass.select_(ty == t, Int32(RA_TASK_K[t]), k_task)
+            if is_projection:
+                mArena = g.mArena
+                tile = g.mTable[task.row + COL["tile"]]
+                wsrc = g.mWeights.iterator + g.mSources[task.row // NF]
+                wA = cute.make_rmem_tensor((4 * (RA_STAGE // 16),), Uint32)
+                wB = cute.make_rmem_tensor((4 * (RA_STAGE // 16),), Uint32)
+                self._ra_load_stage(wA, wsrc, Int32(0))
+                self._ra_load_stage(wB, wsrc, Int32(1))
+                t_waited = self._ra_wait_inputs(task, g)
+                stages = k_task // RA_STAGE
+                a0 = io.a_word + half * (k_task * self.r8 // 2)
+                self._first_stages(stages, a0, au, task, g, smem)
+                if cutlass.const_expr(self.fused):
+                    if io.gamma_word >= 0:  # the rows' norm factors, while stage 0 lands
+                        self._row_factors(mArena, io.ssq_in_word, io.gamma_word, smem.rbuf,
+                                          cute.recast_ptr(smem.rbuf + T.MAX_ROWS, dtype=Uint32))
+                acc, t_landed, t_computed = self._ra_mainloop(
+                    wsrc, wA, wB, stages, a0, au, half * k_task, io.gamma_word >= 0, task, g,
+                    smem)
+                t_ready = cute.arch.globaltimer()
+                if half == 1:
+                    t_ready = self._send_partial(task, split, acc, g, smem)
+                else:
+                    y = self._receive_partial(task, split, acc, g, smem)
+                    t_ready = cute.arch.globaltimer()
+                    if ty == F.GATEUP:
+                        self._ra_store_swiglu(mArena, io.y_word, tile, y)
+                    else:
+                        if cutlass.const_expr(self.fused):
+                            if io.resid_kind != RESID_NONE:
+                                self._ra_store_residual(mArena, io.y_word, io.resid_word,
+                                                        io.resid_kind, io.ssq_out_word, tile, y)
+                            else:
+                                self._ra_store_plain(mArena, io.y_word, tile, y)
+                        else:
+                            self._ra_store_plain(mArena, io.y_word, tile, y)
+                split = split + 1
+                au = au + stages
+        return at, au, split, t_waited, t_landed, t_computed, t_ready
 
     @cute.jit
     def _pages_only(self, task: FrameTask, n: Int32, at: Int32, split: Int32,

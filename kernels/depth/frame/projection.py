@@ -297,17 +297,18 @@ class ProjectionBodies:
                 mArena[y_word + (c * r8 + row) * 4 + i] = rmsnorm_pair(xs[n][i], gs[n][i], r)
 
     @cute.jit
-    def _normalize_stage(self, stage, st: Int32, rbuf, gbuf):
+    def _normalize_stage(self, stage, st: Int32, rbuf, gbuf, k_first=0):
         """Rewrite landed activation stage ``st`` in place as ``bf16(gamma · bf16(x · r))``
         (device.rounding.rmsnorm_pair: the reference's order), 16 bytes at a time,
         then make the writes visible to the wgmmas (async proxy) and meet. Unit u of the
         stage's [k_stage / 8][R8][8] image is row u % R8 of chunk u / R8 (8 features, gamma
-        words 4·(chunk + st·k_stage / 8) on in ``gbuf``)."""
+        words 4·(chunk + (k_first + st·k_stage) / 8) on in ``gbuf``; ``k_first``: the task's
+        first K element, where a split half starts)."""
         tidx, _, _ = cute.arch.thread_idx()
         r8, ks = self.r8, self.k_stage
         units = ks * r8 // 8  # 32 or 64 · R8: a multiple of 256
         sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
-        base, g_base = smem_u32(stage), smem_u32(gbuf) + st * ks * 2
+        base, g_base = smem_u32(stage), smem_u32(gbuf) + (k_first + st * ks) * 2
         # a loop, not unrolled: 26 stages of unrolled units tripled the kernel's code
         # (notes/depth-frame.md)
         for n in cutlass.range(units // CONSUMERS, unroll=2):
