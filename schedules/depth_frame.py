@@ -59,7 +59,7 @@ import numpy as np
 
 from configs.arch import SMEM_PER_CTA_MAX
 from configs.codepredictor import QWEN3_TTS_1P7B, CodePredictorConfig
-from schedules.plan import frame_k_stage
+from schedules.plan import FRAME_RA_STAGE, frame_k_stage
 
 PROJ, QKV, ATTN, O, GATEUP, DOWN, HEAD, EMBED, NORM = range(9)
 TYPE_NAMES = ("proj", "qkv", "attn", "o", "gateup", "down", "head", "embed", "norm")
@@ -231,12 +231,13 @@ def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
 
 def _chunk_k(cfg: CodePredictorConfig, opt: FrameOptions) -> int:
     """K elements of a chunk counter (``chunk_waits``: the consumer's activation stage,
-    schedules.plan.frame_k_stage), 0 without chunk waits. Every producer task must write
-    within one chunk and every consumer task (half) take whole chunks."""
+    schedules.plan.frame_k_stage, or FRAME_RA_STAGE for the register-A tiles), 0 without chunk
+    waits. Every producer task must write within one chunk and every consumer task (half) take
+    whole chunks."""
     if not opt.chunk_waits:
         return 0
     try:
-        ks = frame_k_stage(opt.rows)
+        ks = FRAME_RA_STAGE if opt.register_a else frame_k_stage(opt.rows)
     except ValueError as e:
         raise ScheduleError(f"chunk_waits: {e}") from None
     halves = 2 if opt.split_o_down or opt.register_a else 1
