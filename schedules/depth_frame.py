@@ -151,8 +151,7 @@ class Task:
     local_dep: tuple[int, int] | None = None  # (cta, index) the local wait refers to
     slot: int = -1
     # the u-th use of ``slot`` on this CTA (0-based: its mbarrier waits' parity source; with one
-    # lane k // combine_slots for the CTA's k-th split task). Not in FIELDS: the table's layout
-    # changes with the kernel work that runs two lanes, which will encode it
+    # lane k // combine_slots for the CTA's k-th split task; the two-lane kernel reads it)
     slot_use: int = -1
     signal: int = -1
     weight_bytes: int = 0
@@ -734,7 +733,7 @@ def _find_cycle(s: Schedule) -> str | None:
 # --- encoding -------------------------------------------------------------------------------
 FIELDS = ("type", "phase", "tile", "half", "wait", "wait_expect", "local_wait", "local_dep_cta",
           "local_dep_index", "slot", "signal", "page_first", "n_pages", "issue_before", "wait2",
-          "wait2_expect", "wait_chunks")
+          "wait2_expect", "wait_chunks", "slot_use")
 
 
 def encode(s: Schedule) -> tuple[np.ndarray, np.ndarray]:
@@ -750,7 +749,7 @@ def encode(s: Schedule) -> tuple[np.ndarray, np.ndarray]:
             dep = t.local_dep or (-1, -1)
             table[c, i] = (t.type, t.phase, t.tile, t.half, t.wait, t.wait_expect, t.local_wait,
                            dep[0], dep[1], t.slot, t.signal, t.page_first, t.n_pages,
-                           t.issue_before, t.wait2, t.wait2_expect, t.wait_chunks)
+                           t.issue_before, t.wait2, t.wait2_expect, t.wait_chunks, t.slot_use)
     return table, counts
 
 

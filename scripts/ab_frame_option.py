@@ -18,6 +18,9 @@ against the fast loop):
   registers loaded before the counter wait, the rows as wgmma's N, every tile split across the
   pair, no page ring) against the ring's tiles.
 
+And ``lanes`` (item 3; exact): the register-A frame on two consumer warpgroups taking alternate
+tasks against one.
+
 (Session 29's ``bulk_store``, one bulk store a projection tile, ran here too and lost: its
 code left, its record is notes/depth-frame.md's and git's, a66f7de.)
 
@@ -71,7 +74,14 @@ OPTIONS = {
         64: "-200..+100 µs (the page waits and wgmmas gained, a pair handoff added to every "
             "qkv / gate-up / head task lost)"}),
 }
-EXACT = ("norm_once", "chunk_waits")  # the options whose arms must give the same bits
+OPTIONS["lanes"] = ("depth-frame-lanes-ab", ("one_lane", "two_lanes"), {
+    # notes/depth-frame.md, session 30 (the delta is two lanes - one, register-A tiles both;
+    # written before the first run)
+    "expected": "-20..-150 µs (session 30's cta_busy_us, 99-144 µs, bounds it; the simulator "
+                "said -5..-13)"})
+# each arm's DepthFrame keywords (off, on); by default the option False / True
+ARMS = {"lanes": ({"register_a": True, "lanes": 1}, {"register_a": True, "lanes": 2})}
+EXACT = ("norm_once", "chunk_waits", "lanes")  # the options whose arms must give the same bits
 CHAIN = ("handoff_us", "landing_us", "compute_us", "epilogue_us", "signal_us")
 
 
@@ -80,10 +90,10 @@ def _case(fw, option: str, rows: int, rounds: int, rep_ms: float) -> dict:
     h = torch.randn(rows, CFG.talker_hidden, generator=g, device="cuda").to(torch.bfloat16)
     g0 = torch.randint(0, CFG.talker_vocab, (rows,), generator=g, device="cuda")
     _, names, prediction = OPTIONS[option]
-    arms = dict(zip(names, (False, True)))
+    arms = dict(zip(names, ARMS.get(option, ({option: False}, {option: True}))))
     frames, outs = {}, {}
-    for name, on in arms.items():
-        f = DepthFrame(fw, rows, **{option: on})
+    for name, kwargs in arms.items():
+        f = DepthFrame(fw, rows, **kwargs)
         f.poison()
         outs[name] = snapshot_outputs(f(h, g0))
         f.run.synchronize()
@@ -99,7 +109,8 @@ def _case(fw, option: str, rows: int, rounds: int, rep_ms: float) -> dict:
            "prediction": prediction.get(rows, prediction.get("expected")),
            "options": {n: {"norm_once": f.schedule.options.norm_once,
                            "chunk_waits": f.schedule.options.chunk_waits,
-                           "register_a": f.schedule.options.register_a}
+                           "register_a": f.schedule.options.register_a,
+                           "lanes": f.schedule.options.lanes}
                        for n, f in frames.items()},
            "counters": {n: len(f.schedule.counter_expect) for n, f in frames.items()},
            "tasks": {n: f.schedule.n_tasks for n, f in frames.items()}}
@@ -107,8 +118,8 @@ def _case(fw, option: str, rows: int, rounds: int, rep_ms: float) -> dict:
         out[f"{name}_us"] = statistics.median(times[name])
         out[f"{name}_rounds_us"] = times[name]
     del frames
-    for name, value in arms.items():
-        t = DepthFrame(fw, rows, trace=True, **{option: value})
+    for name, kwargs in arms.items():
+        t = DepthFrame(fw, rows, trace=True, **kwargs)
         t(h, g0)
         t.run.synchronize()
         stamps = t.run.task_stamps()

@@ -127,3 +127,51 @@ def test_register_a_frame_compiles_to_register_wgmma(rows, draw):
     assert "ld.global.nc.L1::no_allocate.v4.b32" in ptx
     assert "st.shared::cluster.v2.f32" in ptx
     assert_small_frame_code(r)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("rows", [1, 64])
+def test_two_lane_frame_compiles_with_a_barrier_a_lane(rows):
+    """Two consumer warpgroups (256 threads, #37 item 3's lanes): each meets at its own named
+    barrier (the id a register: 1 + lane), the same 32 register-A wgmmas, four combine slots'
+    worth of shared memory, no spills, under 8k SASS instructions."""
+    import re
+
+    from kernels.depth.frame import FrameBuild, FrameKernel, compile_args
+    from tests.test_depth_frame import assert_small_frame_code
+    from workbench.compile import compile_report
+
+    kernel = FrameKernel(FrameBuild(512, 4, False, 0, 0, rows=rows, fused=True, draw="given",
+                                    register_a=True, lanes=2))
+    assert kernel.threads == 256 and kernel.walkers == 256
+    r = compile_report(kernel, *compile_args())
+    assert r.ptx.count("wgmma.mma_async") == 32
+    assert re.search(r"bar\.sync\s+%r\d+, 128;", r.ptx)
+    assert not re.search(r"bar\.sync\s+1, 128;", r.ptx)
+    assert_small_frame_code(r)
+
+
+def test_two_lanes_need_register_a_and_no_sampled_draw():
+    from kernels.depth.frame import FrameBuild, FrameKernel
+
+    for kw in ({"register_a": False}, {"register_a": True, "draw": "sample"}):
+        build = dict(rows=8, fused=True, register_a=True, lanes=2) | kw
+        with pytest.raises(ValueError, match="lanes"):
+            FrameKernel(FrameBuild(512, 4, False, 0, 0, **build))
+
+
+@pytest.mark.parametrize("rows", [1, 13, 64])
+def test_two_lane_schedule_of_the_frame_validates(rows):
+    """The schedule DepthFrame(register_a=True, lanes=2) runs: one combine slot a pair of lanes,
+    with the plan's norm-once and chunk-wait rules; the table carries each slot's use."""
+    from schedules import depth_frame as F
+    from schedules.plan import FRAME_RING, frame_chunk_waits, frame_norm_once
+
+    s = F.validate(F.build(options=F.FrameOptions(
+        rows=rows, register_a=True, lanes=2, combine_slots=1, norm_once=frame_norm_once(rows),
+        chunk_waits=frame_chunk_waits(rows), **FRAME_RING)))
+    assert s.slot_count == 4
+    table, counts = F.encode(s)
+    rows_ = F.decode(table, counts)
+    assert all(r["slot_use"] == t.slot_use for lst, rl in zip(s.ctas, rows_)
+               for t, r in zip(lst, rl))

@@ -99,7 +99,8 @@ class FrameBuild:
     ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once);
     ``register_a``: the register-A projection tiles (projection_ra.py; the schedule's
     FrameOptions.register_a), whose weights go to registers without a ring (``ring_pages``
-    0)."""
+    0); ``lanes``: 2 consumer warpgroups taking alternate tasks (register-A builds; the
+    schedule's FrameOptions.lanes, ``combine_slots`` its combine_slot_count)."""
     max_tasks: int
     combine_slots: int
     trace: bool = False
@@ -111,6 +112,7 @@ class FrameBuild:
     config: object = None
     norm_once: bool = False
     register_a: bool = False
+    lanes: int = 1
 
 
 class FrameTensors(NamedTuple):
@@ -156,7 +158,8 @@ class FrameTask(NamedTuple):
     offset), ``ty``, ``half`` (-1 whole, 0 / 1 a split tile's), ``task_id`` (phase << 16 |
     tile: what the combine slot carries) and its counter wait (``wait``, ``wait_expect``,
     ``wait_chunks``: > 1, the projection body waits for counter wait + s before it copies K
-    stage s; schedules.depth_frame.FrameOptions.chunk_waits)."""
+    stage s; schedules.depth_frame.FrameOptions.chunk_waits); with two lanes its combine
+    ``slot`` and that slot's ``slot_use`` from the table (one lane: -1, the walk counts them)."""
     i: Int32
     row: Int32
     ty: Int32
@@ -165,6 +168,8 @@ class FrameTask(NamedTuple):
     wait: Int32
     wait_expect: Int32
     wait_chunks: Int32
+    slot: Int32 = None
+    slot_use: Int32 = None
 
 
 class WalkCursor(NamedTuple):
@@ -241,12 +246,34 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
     def _compiles(self, ty: int) -> bool:
         return self.bodies is None or ty in self.bodies
 
+    @cute.jit
+    def _thread(self):
+        """This thread's index in its lane's warpgroup (the bodies' ``tidx``)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        if cutlass.const_expr(self.lanes > 1):
+            tidx = tidx % T.CONSUMERS
+        return tidx
+
+    @cute.jit
+    def _sync(self):
+        """The lane's warpgroup meets (named barrier 1, or 1 + lane with two lanes)."""
+        if cutlass.const_expr(self.lanes > 1):
+            tidx, _, _ = cute.arch.thread_idx()
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER + tidx // T.CONSUMERS,
+                              number_of_threads=T.CONSUMERS)
+        else:
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
+
     def __init__(self, build: FrameBuild):
         self.build = build
         max_tasks, combine_slots, trace = build.max_tasks, build.combine_slots, build.trace
         ring_pages, page_bytes, rows = build.ring_pages, build.page_bytes, build.rows
         fused, draw, config, norm_once = build.fused, build.draw, build.config, build.norm_once
-        self.register_a = build.register_a
+        self.register_a, self.lanes = build.register_a, build.lanes
+        if self.lanes not in (1, 2) or (self.lanes == 2 and not (self.register_a and fused
+                                                                 and draw != "sample")):
+            raise ValueError(f"lanes {self.lanes}: 1, or 2 with the register-A tiles in a "
+                             "greedy or given fused build (each lane's draw buffers would not fit)")
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
         cfg = config or QWEN3_TTS_1P7B
@@ -273,8 +300,9 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
             T.check_rows(rows)
             self.act_buffers = FRAME_ACT_BUFFERS
             used = (T.SMEM_RESERVE + ra_parts_bytes(combine_slots)
-                    + (T.MAX_ROWS + T.NORM_K // 2) * 4
-                    + self.act_buffers * (T.act_stage_bytes(rows, self.k_stage) + T.ACT_SLACK))
+                    + self.lanes * (T.MAX_ROWS + T.NORM_K // 2) * 4
+                    + self.lanes * self.act_buffers * (T.act_stage_bytes(rows, self.k_stage)
+                                                       + T.ACT_SLACK))
             if draw == "sample":
                 used += RowDraw.smem_bytes(cfg.vocab, T.CONSUMERS, DRAW_NOISE)
             if used > SMEM_PER_CTA_MAX:
@@ -299,8 +327,9 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                                                      self.k_stage, self.act_buffers,
                                                      cfg.vocab) < 0:
                 raise ValueError(f"the sampled draw's shared memory does not fit at {rows} rows")
-        self.walkers = T.CONSUMERS if rows else 1
-        self.threads = (T.CONSUMERS if self.register_a else T.CONSUMERS + 32) if rows else THREADS
+        self.walkers = T.CONSUMERS * self.lanes if rows else 1
+        self.threads = (T.CONSUMERS * self.lanes if self.register_a else T.CONSUMERS + 32) \
+            if rows else THREADS
         self.loader = T.CONSUMERS if rows else 32
 
     def _k_stage(self, rows: int) -> int:
@@ -349,20 +378,23 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
         R = max(self.pages, 1)
         page_full = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
         page_empty = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
-        act_full = alloc.allocate_tensor(Int64, cute.make_layout(self.act_buffers), 8).iterator
+        L = self.lanes  # each lane its own activation buffers, barriers and norm buffers
+        act_full = alloc.allocate_tensor(Int64, cute.make_layout(L * self.act_buffers),
+                                         8).iterator
         ring = alloc.allocate(R * max(self.page_bytes, 16), 1024)
         abuf = ring
         parts = ring
+        lane_abuf = self.act_buffers * (T.act_stage_bytes(self.rows, self.k_stage) + T.ACT_SLACK)
         if cutlass.const_expr(self.rows > 0):
-            abuf = alloc.allocate(self.act_buffers * (T.act_stage_bytes(self.rows, self.k_stage)
-                                                      + T.ACT_SLACK), 1024)
+            abuf = alloc.allocate(L * lane_abuf, 1024)
             slot_floats = RA_SLOT_FLOATS if self.register_a else T.MAX_ROWS * 16
             parts = alloc.allocate_tensor(Float32, cute.make_layout(S * slot_floats),
                                           16).iterator
         rbuf = parts
         if cutlass.const_expr(self.fused):  # the RMSNorm factors of the task's rows
             # the row factors, then the task's gamma (NORM_K bf16) as words
-            rbuf = alloc.allocate_tensor(Float32, cute.make_layout(T.MAX_ROWS + T.NORM_K // 2),
+            rbuf = alloc.allocate_tensor(Float32,
+                                         cute.make_layout(L * (T.MAX_ROWS + T.NORM_K // 2)),
                                          16).iterator
         dbuf = None  # the sampled draw's histograms and survivors (RowDraw.allocate)
         if cutlass.const_expr(self.fused and self.draw == "sample"):
@@ -375,17 +407,23 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 for p in cutlass.range_constexpr(R):
                     cute.arch.mbarrier_init(page_full + p, 1)
                     cute.arch.mbarrier_init(page_empty + p, 1)
-            for b in cutlass.range_constexpr(self.act_buffers):
+            for b in cutlass.range_constexpr(L * self.act_buffers):
                 cute.arch.mbarrier_init(act_full + b, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
         g = FrameTensors(mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mWeights,
                          mSources, mPhases, mArena)
+        lane = tidx // T.CONSUMERS
+        if cutlass.const_expr(L > 1):  # this lane's buffers
+            act_full = act_full + lane * self.act_buffers
+            abuf = abuf + lane * lane_abuf
+            if cutlass.const_expr(self.fused):
+                rbuf = rbuf + lane * (T.MAX_ROWS + T.NORM_K // 2)
         smem = FrameSmem(partial, slot_free, combine, page_full, page_empty, ring, act_full,
                          abuf, parts, rbuf, dbuf)
         if tidx < self.walkers:
-            self._walk(cta, g, smem)
+            self._walk(cta, lane, g, smem)
         if cutlass.const_expr(self.pages > 0):
             if tidx == self.loader:
                 self._load(cta, g, smem)
@@ -414,9 +452,11 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 at = at + n
 
     @cute.jit
-    def _walk(self, cta: Int32, g: FrameTensors, smem: FrameSmem):
-        """This CTA's tasks in order (every walker thread; thread 0 waits and signals)."""
-        tidx, _, _ = cute.arch.thread_idx()
+    def _walk(self, cta: Int32, lane: Int32, g: FrameTensors, smem: FrameSmem):
+        """This CTA's tasks in order (every walker thread; thread 0 waits and signals); with
+        two lanes, lane ``lane``'s: tasks lane, lane + 2, ... (its thread 0 waits and
+        signals)."""
+        tidx = self._thread()
         R = self.pages
         g = g._replace(claim=cute.make_tensor(g.mErrors.iterator + 1, cute.make_layout(1)))
         # locals, not g's fields, in the loop: a tensor stored to in a dynamic loop is carried
@@ -426,7 +466,8 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
         at = Int32(0)  # pages consumed so far (unwrapped ring position)
         au = Int32(0)  # activation stages consumed so far (tiles)
         split = Int32(0)  # this CTA's split tasks so far: the k of the module docstring
-        for i in cutlass.range(g.mCounts[cta], unroll=1):
+        first = lane if cutlass.const_expr(self.lanes > 1) else 0
+        for i in cutlass.range(first, g.mCounts[cta], self.lanes, unroll=1):
             row = (cta * self.max_tasks + i) * NF
             stamp = (cta * self.max_tasks + i) * STAMPS
             t_start = cute.arch.globaltimer()
@@ -466,7 +507,11 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
             ty = mTable[row + COL["type"]]
             half = mTable[row + COL["half"]]
             task_id = (mTable[row + COL["phase"]] << TASK_ID_BITS) | mTable[row + COL["tile"]]
-            task = FrameTask(i, row, ty, half, task_id, wait, wait_expect, wait_chunks)
+            slot, slot_use = Int32(-1), Int32(-1)
+            if cutlass.const_expr(self.lanes > 1):
+                slot, slot_use = mTable[row + COL["slot"]], mTable[row + COL["slot_use"]]
+            task = FrameTask(i, row, ty, half, task_id, wait, wait_expect, wait_chunks, slot,
+                             slot_use)
             n = mTable[row + COL["n_pages"]]
             t_ready = t_start
             t_landed, t_computed = t_waited, t_waited
@@ -476,7 +521,7 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 at, au, split = cur
                 # every thread's output stores are ordered for the next phases' bulk copies
                 fence_proxy_async_global()
-                cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
+                self._sync()
             else:
                 at, split, t_ready = self._pages_only(task, n, at, split, g, smem)
             if tidx == 0:
@@ -492,27 +537,37 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                     mTrace[stamp + 5] = cute.arch.globaltimer()
 
     @cute.jit
+    def _slot(self, task: FrameTask, split: Int32):
+        """A split task's combine slot and its use of it: one lane, the walk's k-th split task
+        uses slot k % S for the (k // S)-th time; two lanes, the schedule's (each pair of lanes
+        its own slots, schedules.depth_frame._plan_combine)."""
+        S = self.slots
+        slot, use = split % S, split // S
+        if cutlass.const_expr(self.lanes > 1):
+            slot, use = task.slot, task.slot_use
+        return slot, use
+
+    @cute.jit
     def _send_partial(self, task: FrameTask, split: Int32, acc, g: FrameTensors,
                       smem: FrameSmem):
         """Rank 1 of a split tile: once rank 0 has consumed partial split - S from the slot,
         the fragment (with tiles) and the task's id into rank 0's slot, then arrive. Returns
         the %globaltimer when the slot was free (the task's "ready" stamp)."""
-        S = self.slots
-        slot, use = split % S, split // S
-        tidx, _, _ = cute.arch.thread_idx()
-        if split >= S:
+        slot, use = self._slot(task, split)
+        tidx = self._thread()
+        if use >= 1:
             if tidx == 0:
                 wait_cluster_parity(smem.slot_free + slot, (use - 1) & 1, Barrier.SLOT, slot,
                                     task.i, split, g.mailbox, g.claim)
         t_ready = cute.arch.globaltimer()
         if cutlass.const_expr(acc is not None):
-            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
+            self._sync()
             if cutlass.const_expr(self.register_a):
                 self._ra_send_fragment(smem.parts, slot, acc)
             else:
                 self._send_fragment(smem.parts, slot, acc)
             # every thread's fragment stores precede thread 0's release
-            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
+            self._sync()
         if tidx == 0:
             st_cluster_u32(smem.combine.iterator + slot, Int32(0), task.task_id)
             arrive_cluster_release(smem.partial + slot, Int32(0))
@@ -523,22 +578,21 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                          smem: FrameSmem):
         """Rank 0 of a split tile: wait for the pair's partial, add it (with tiles), check the
         slot's task id and free the slot. Returns the combined sums (tiles) or None."""
-        S = self.slots
-        slot, use = split % S, split // S
-        tidx, _, _ = cute.arch.thread_idx()
+        slot, use = self._slot(task, split)
+        tidx = self._thread()
         if tidx == 0:
             wait_cluster_parity(smem.partial + slot, use & 1, Barrier.PARTIAL, slot, task.i,
                                 split, g.mailbox, g.claim)
         out = acc
         if cutlass.const_expr(acc is not None):
             # thread 0's acquire is every thread's: the barrier orders their reads after it
-            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
+            self._sync()
             if cutlass.const_expr(self.register_a):
                 out = self._ra_add_fragment(smem.parts, slot, acc)
             else:
                 out = self._add_fragment(smem.parts, slot, acc)
             # every thread has read the slot before rank 1 may overwrite it
-            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
+            self._sync()
         if tidx == 0:
             if smem.combine[slot] != task.task_id:  # the pair ran its split tiles out of step
                 cute.arch.atomic_add(g.mErrors.iterator.llvm_ptr, Int32(1))
@@ -567,8 +621,7 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 if ty == F.ATTN:
                     if io.a_word >= 0:
                         # thread 0's counter wait is every thread's
-                        cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
-                                          number_of_threads=T.CONSUMERS)
+                        self._sync()
                         self._attention_task(tile, mArena, io.a_word, io.y_word, io.gamma_word,
                                              io.word("kv_word"), io.word("rope_word"),
                                              io.word("slot"))
@@ -576,8 +629,7 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                     t_landed, t_computed = t_ready, t_ready
             if cutlass.const_expr(self.norm_once and self._compiles(F.NORM)):
                 if ty == F.NORM:
-                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
-                                      number_of_threads=T.CONSUMERS)
+                    self._sync()
                     self._norm_task(tile, mArena, io.a_word, io.y_word, io.gamma_word,
                                     io.ssq_in_word, smem.rbuf)
                     t_ready = cute.arch.globaltimer()
@@ -586,8 +638,7 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 if ty == F.EMBED:
                     code_word = io.word("code_word")
                     if code_word >= 0:
-                        cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
-                                          number_of_threads=T.CONSUMERS)
+                        self._sync()
                         self._embedding_task(tile, mArena, io.a_word, io.y_word,
                                              io.ssq_out_word, code_word, io.word("group"),
                                              io.word("table_word"), io.word("talker_word"),
@@ -732,7 +783,7 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
         R = self.pages
         page_full, page_empty = smem.page_full, smem.page_empty
         mailbox, claim, half = g.mailbox, g.claim, task.half
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx = self._thread()
         if cutlass.const_expr(R > 0):  # the tile's weights have landed
             if tidx == 0:
                 for j in cutlass.range(n, unroll=1):

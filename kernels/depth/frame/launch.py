@@ -132,9 +132,11 @@ class ProtocolRun:
                              "weights): its weights take no ring")
         pages = (opt.ring_pages, opt.page_bytes) if streamed and not register_a else (0, 0)
         rows = opt.rows if io is not None else 0
+        lanes = getattr(opt, "lanes", 1)
         self.kernel = self._frame_kernel(FrameBuild(
-            tasks, opt.combine_slots, trace, *pages, rows=rows, fused=fused, draw=draw,
-            config=schedule.config, norm_once=opt.norm_once, register_a=register_a))
+            tasks, F.combine_slot_count(opt), trace, *pages, rows=rows, fused=fused, draw=draw,
+            config=schedule.config, norm_once=opt.norm_once, register_a=register_a,
+            lanes=lanes))
         if rows and fused and (draw == "sample") != (opt.embed_rows == 1):
             raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
                              "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "
@@ -173,10 +175,10 @@ class ProtocolRun:
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         # the kernel's class too: a study subclass never reuses the production build
-        key = ("frame_kernel", type(self.kernel).__qualname__, tasks, opt.combine_slots, trace,
+        key = ("frame_kernel", type(self.kernel).__qualname__, tasks, self.kernel.slots, trace,
                *pages, rows, fused, draw, self.kernel.talker_vocab, self.kernel.act_buffers,
                self.kernel.ablate, self.kernel.k_stage, self.kernel.norm_once,
-               self.kernel.bodies, self.kernel.register_a)
+               self.kernel.bodies, self.kernel.register_a, self.kernel.lanes)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 

@@ -95,7 +95,7 @@ class RegisterAProjectionBodies:
     def _ra_load_stage(self, w: cute.Tensor, wsrc: cute.Pointer, st: Int32):
         """This thread's A fragments of register stage ``st`` (RA_STEPS steps, 4 words each)
         into ``w`` from the task's packed weights at ``wsrc``."""
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx = self._thread()
         lt = tidx % CONSUMERS
         for s in cutlass.range_constexpr(RA_STEPS):
             words = ld_global_nc_v4(wsrc + ((st * RA_STEPS + s) * CONSUMERS + lt) * RA_UNIT)
@@ -107,7 +107,7 @@ class RegisterAProjectionBodies:
         """Thread 0, after the first weights are in flight: the task's counter wait (a chunked
         task's first chunk: its later chunks are waited stage by stage), then the proxy fence
         for its activation copies. Returns the %globaltimer after the wait."""
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx = self._thread()
         if tidx == 0:
             if task.wait >= 0:
                 wait_counter(g.mCounters, task.wait, task.wait_expect, task.i, g.mailbox,
@@ -127,7 +127,7 @@ class RegisterAProjectionBodies:
         %globaltimer when stage 0 had landed and when the last wgmma retired."""
         mArena, mailbox, claim = g.mArena, g.mailbox, g.claim
         act_full, abuf, rbuf = smem.act_full, smem.abuf, smem.rbuf
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx = self._thread()
         r8, nb = self.r8, self.act_buffers
         ab = act_stage_bytes(self.rows, RA_STAGE)
         buf = ab + ACT_SLACK
@@ -148,7 +148,7 @@ class RegisterAProjectionBodies:
                 if tidx == 0:
                     wait_parity(act_full + b, (n // nb) & 1, Barrier.ACT_FULL, b, mailbox,
                                 claim)
-                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+                self._sync()
                 if st == 0:
                     t_landed = cute.arch.globaltimer()
                 if cutlass.const_expr(self.fused):
@@ -165,7 +165,7 @@ class RegisterAProjectionBodies:
                 cute.nvgpu.warpgroup.commit_group()
                 cute.nvgpu.warpgroup.wait_group(0)
                 # every warp has retired the wgmmas that read buffer b and these registers
-                cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
+                self._sync()
                 if st + 2 < stages:
                     self._ra_load_stage(w, wsrc, st + 2)
                 if tidx == 0:
@@ -182,7 +182,7 @@ class RegisterAProjectionBodies:
     def _ra_send_fragment(self, parts, slot: Int32, acc: list):
         """Rank 1: its fp32 fragment into rank 0's combine slot, thread-major pairs
         ([pair][thread][2]: consecutive threads, consecutive 8 bytes)."""
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx = self._thread()
         lt = tidx % CONSUMERS
         for p in cutlass.range_constexpr(len(acc) // 2):
             st_cluster_f32x2(parts + slot * RA_SLOT_FLOATS + (p * CONSUMERS + lt) * 2, Int32(0),
@@ -191,7 +191,7 @@ class RegisterAProjectionBodies:
     @cute.jit
     def _ra_add_fragment(self, parts, slot: Int32, acc: list):
         """Rank 0: its own sums plus rank 1's (in that order) from the combine slot."""
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx = self._thread()
         lt = tidx % CONSUMERS
         sP = cute.make_tensor(parts, cute.make_layout(self.slots * RA_SLOT_FLOATS))
         out = [Float32(0.0)] * len(acc)
@@ -205,7 +205,7 @@ class RegisterAProjectionBodies:
     @cute.jit
     def _ra_coords(self):
         """(warp, g, q, parity of g) of this thread in the m64nR8 fragment."""
-        tidx, _, _ = cute.arch.thread_idx()
+        tidx = self._thread()
         lane = tidx % 32
         return (tidx % CONSUMERS) // 32, lane // 4, lane % 4, (lane // 4) % 2
 
