@@ -51,7 +51,7 @@ def check_tile_shapes(schedule: F.Schedule) -> None:
     the kernel would wait for a partial that never comes and count pages the loader does not."""
     if schedule.config != QWEN3_TTS_1P7B:
         raise ValueError("the frame's projection tiles take the 1.7B CodePredictor shapes only")
-    if getattr(schedule.options, "register_a", False):
+    if schedule.options.register_a:
         for c, lst in enumerate(schedule.ctas):
             for i, t in enumerate(lst):
                 if t.type in RA_TASK_K and (t.half < 0 or t.n_pages or
@@ -126,13 +126,13 @@ class ProtocolRun:
             raise ValueError("projection tiles (io) need the packed weights")
         if io is not None:
             check_tile_shapes(schedule)
-        register_a = getattr(opt, "register_a", False)
+        register_a = opt.register_a
         if register_a and io is None:
             raise ValueError("a register-A schedule runs with its tiles (io and the packed "
                              "weights): its weights take no ring")
         pages = (opt.ring_pages, opt.page_bytes) if streamed and not register_a else (0, 0)
         rows = opt.rows if io is not None else 0
-        lanes = getattr(opt, "lanes", 1)
+        lanes = opt.lanes
         self.kernel = self._frame_kernel(FrameBuild(
             tasks, F.combine_slot_count(opt), trace, *pages, rows=rows, fused=fused, draw=draw,
             config=schedule.config, norm_once=opt.norm_once, register_a=register_a,

@@ -70,7 +70,7 @@ def weight_regions(schedule: F.Schedule) -> tuple:
     owner is the layer, or the position for heads and proj); a split tile's halves are
     adjacent."""
     opt = schedule.options
-    register_a = getattr(opt, "register_a", False)
+    register_a = opt.register_a
     out = np.full((opt.grid, opt.max_tasks_per_cta), -1, dtype=np.int64)
     where: dict = {}
     size = 0
@@ -97,7 +97,7 @@ def pack_frame_weights(schedule, projections: dict):
     layer; gate_up [2N, K], gate rows first), "heads" (one a drawn group, for positions 1..15)
     and "proj" (the Talker-state projection, [1024, 2048])."""
     _, size, where = weight_regions(schedule)
-    register_a = getattr(schedule.options, "register_a", False)
+    register_a = schedule.options.register_a
     dev = projections["proj"].device
     out = torch.zeros(size, dtype=torch.uint8, device=dev)
     by_type = {F.QKV: "qkv", F.O: "wo", F.GATEUP: "gate_up", F.DOWN: "down"}
