@@ -269,18 +269,6 @@ def ld_relaxed_gpu_v4(ptr: cute.Pointer, *, loc=None, ip=None) -> list:
 
 
 @dsl_user_op
-def ld_global_nc_v4(ptr: cute.Pointer, *, loc=None, ip=None) -> list:
-    """``ld.global.nc.L1::no_allocate.v4.b32``: 16 bytes (16-byte aligned) that no one writes
-    during the launch (a projection's packed weights), as four 32-bit words, through the
-    non-coherent path without filling L1. Kept in program order (a side effect), so a load
-    placed before a counter wait is issued before it."""
-    res = _asm_effect(llvm.StructType.get_literal([T.i32()] * 4), [_gaddr(ptr, loc, ip)],
-                      "ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4];",
-                      "=r,=r,=r,=r,l", loc, ip)
-    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
-
-
-@dsl_user_op
 def ld_relaxed_gpu_u32(ptr: cute.Pointer, *, loc=None, ip=None) -> Uint32:
     """``ld.relaxed.gpu.global.b32``: :func:`ld_relaxed_gpu_f32`'s 32-bit word."""
     return Uint32(_asm_effect(T.i32(), [_gaddr(ptr, loc, ip)],

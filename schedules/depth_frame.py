@@ -17,10 +17,6 @@ qkv 32 output features x K 1024 (128 tiles, 16 per kv head: its 2 q heads, k, v)
 x 8 rows; o and down 16 features, K split across the two CTAs of a cluster (64 tiles, 128 tasks;
 rank 1 writes its partial into rank 0's shared memory, rank 0 adds the two in a fixed order,
 then stores and signals); gateup 64 weight rows (32 gate + 32 up); head 16 features; proj as o.
-With ``register_a`` (issue #37 item 3's geometry: the weights are wgmma's register A operand, the
-step's rows N) every projection (proj, qkv, o, gateup, down, head) is tiles of 64 weight rows
-(gateup: 32 gate + 32 up), all split across the pair like o (rank 0 combines and signals, so
-every projection's counter counts tiles), and no weights go through the ring.
 
 Global counters (zeroed by the host before each launch), one per (phase, group):
 
@@ -42,14 +38,6 @@ embed p            every embed task               qkv of layer 0 at p           
 Cluster-local waits (shared-memory mbarriers, not global counters): rank 0's split task k waits
 for rank 1's partial k; rank 1's split task k waits until rank 0 has consumed partial k - S
 (S = ``combine_slots`` buffers), so a live partial is never overwritten.
-
-With ``lanes`` = 2 (issue #37 item 3: two consumer warpgroups taking alternate tasks) task i of a
-CTA runs on lane i % 2, after task i - 2 of its CTA rather than i - 1. An mbarrier's parity wait
-passes early if the barrier is two phases behind, so a combine slot's uses on a CTA must come
-from one lane, in order: each (rank-0 lane, rank-1 lane) pair has its own S slots (S · lanes²
-in all, :func:`combine_slot_count`), and "partial k - S" above becomes the previous use of the
-same slot (``Task.slot_use``). The page ring's barriers have the same hazard, so two lanes need
-``register_a``.
 """
 from __future__ import annotations
 
@@ -59,7 +47,7 @@ import numpy as np
 
 from configs.arch import SMEM_PER_CTA_MAX
 from configs.codepredictor import QWEN3_TTS_1P7B, CodePredictorConfig
-from schedules.plan import FRAME_RA_STAGE, frame_k_stage
+from schedules.plan import frame_k_stage
 
 PROJ, QKV, ATTN, O, GATEUP, DOWN, HEAD, EMBED, NORM = range(9)
 TYPE_NAMES = ("proj", "qkv", "attn", "o", "gateup", "down", "head", "embed", "norm")
@@ -67,9 +55,7 @@ TYPE_NAMES = ("proj", "qkv", "attn", "o", "gateup", "down", "head", "embed", "no
 NORMALISED = (QKV, GATEUP, HEAD)
 SPLIT_TYPES = (PROJ, O, DOWN)
 CHUNKED = (O, DOWN)  # the consumers that may wait per chunk (their inputs are not normalised)
-PROJECTIONS = (PROJ, QKV, O, GATEUP, DOWN, HEAD)
 LOCAL_NONE, LOCAL_PARTIAL, LOCAL_SLOT = 0, 1, 2
-REGISTER_A_ROWS = 64  # weight rows a register-A tile: one warpgroup's wgmma M
 MAX_COLOCATED = 132  # H200: 132 SMs, one ~213 KB CTA per SM
 SMEM_OTHER = 85 * 1024  # activation tiles, combine buffers, barriers (the seed used 213 KB in all)
 
@@ -103,13 +89,6 @@ class FrameOptions:
     # K stage waits for its own chunk only, so the tile starts while the rest of the producer
     # phase finishes (notes/depth-frame.md, session 28)
     chunk_waits: bool = False
-    # consumer lanes a CTA (issue #37 item 3, 1 or 2): task i of a CTA runs on lane i % lanes,
-    # after task i - lanes of its CTA; the combine slots are planned per pair of lanes
-    lanes: int = 1
-    # issue #37 item 3's geometry: every projection in tiles of REGISTER_A_ROWS weight rows
-    # (gate/up: 32 gate + 32 up), K split across the pair, its weights loaded into registers
-    # rather than streamed through the page ring
-    register_a: bool = False
 
 
 @dataclass
@@ -150,9 +129,6 @@ class Task:
     local_wait: int = LOCAL_NONE
     local_dep: tuple[int, int] | None = None  # (cta, index) the local wait refers to
     slot: int = -1
-    # the u-th use of ``slot`` on this CTA (0-based: its mbarrier waits' parity source; with one
-    # lane k // combine_slots for the CTA's k-th split task; the two-lane kernel reads it)
-    slot_use: int = -1
     signal: int = -1
     weight_bytes: int = 0
     page_first: int = -1
@@ -177,16 +153,6 @@ class Schedule:
     def n_tasks(self) -> int:
         return sum(len(t) for t in self.ctas)
 
-    @property
-    def slot_count(self) -> int:
-        return combine_slot_count(self.options)
-
-
-def combine_slot_count(opt: FrameOptions) -> int:
-    """Combine slots (each a ``partial`` and a ``slot_free`` mbarrier and a buffer) a CTA
-    allocates: ``combine_slots`` for each (rank-0 lane, rank-1 lane) pair."""
-    return opt.combine_slots * opt.lanes * opt.lanes
-
 
 def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
     rg = -(-opt.rows // 8)
@@ -202,10 +168,6 @@ def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
         EMBED: (rg if opt.embed_rows == 8 else opt.rows, h, 0, False),
         NORM: (rg, h, 0, False),  # one task an 8-row group: all 1024 features of its rows
     }
-    if opt.register_a:  # (_check_register_a: every count divides)
-        for t in PROJECTIONS:
-            _, out, k, _ = specs[t]
-            specs[t] = (out // REGISTER_A_ROWS, out, k, True)
     phases = []
 
     def add(t, layer=-1, pos=-1):
@@ -230,16 +192,15 @@ def _phase_list(cfg: CodePredictorConfig, opt: FrameOptions) -> list[Phase]:
 
 def _chunk_k(cfg: CodePredictorConfig, opt: FrameOptions) -> int:
     """K elements of a chunk counter (``chunk_waits``: the consumer's activation stage,
-    schedules.plan.frame_k_stage, or FRAME_RA_STAGE for the register-A tiles), 0 without chunk
-    waits. Every producer task must write within one chunk and every consumer task (half) take
-    whole chunks."""
+    schedules.plan.frame_k_stage), 0 without chunk waits. Every producer task must write
+    within one chunk and every consumer task (half) take whole chunks."""
     if not opt.chunk_waits:
         return 0
     try:
-        ks = FRAME_RA_STAGE if opt.register_a else frame_k_stage(opt.rows)
+        ks = frame_k_stage(opt.rows)
     except ValueError as e:
         raise ScheduleError(f"chunk_waits: {e}") from None
-    halves = 2 if opt.split_o_down or opt.register_a else 1
+    halves = 2 if opt.split_o_down else 1
     if ks % cfg.head_dim or ks % 32 or cfg.q_dim % (halves * ks) or \
             cfg.intermediate % (halves * ks):
         raise ScheduleError(f"chunk_waits: chunks of {ks} K elements do not divide the o / "
@@ -274,30 +235,6 @@ def _chunk_of_tile(ph: Phase, cfg: CodePredictorConfig, tile: int, ks: int) -> i
     return lo // ks
 
 
-def _check_register_a(cfg: CodePredictorConfig, opt: FrameOptions) -> None:
-    """The register-A geometry's divisibility: whole tiles of REGISTER_A_ROWS weight rows in
-    every projection (and in each kv head's qkv rows, which per-head waits count), and K halves
-    of whole 16-element wgmma steps."""
-    if not opt.split_o_down:
-        raise ScheduleError("register_a splits every projection across the pair; "
-                            "split_o_down=False contradicts it")
-    n = REGISTER_A_ROWS
-    rows = {"proj": cfg.hidden, "qkv": cfg.qkv_dim, "o": cfg.hidden,
-            "gateup": 2 * cfg.intermediate, "down": cfg.hidden, "head": cfg.vocab}
-    if opt.per_head_waits:
-        rows["a kv head's qkv"] = cfg.qkv_dim // cfg.kv_heads
-    for name, m in rows.items():
-        if m % n:
-            raise ScheduleError(f"register_a: {name}'s {m} weight rows do not divide into tiles "
-                                f"of {n}")
-    ks = {"proj": cfg.talker_hidden, "qkv": cfg.hidden, "o": cfg.q_dim, "gateup": cfg.hidden,
-          "down": cfg.intermediate, "head": cfg.hidden}
-    for name, k in ks.items():
-        if k % 32:
-            raise ScheduleError(f"register_a: {name}'s K of {k} does not split into two halves "
-                                "of whole 16-element wgmma steps")
-
-
 def _weight_bytes(ph: Phase, half: int) -> int:
     if ph.type in (ATTN, EMBED, NORM):
         return 0
@@ -317,16 +254,7 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
                             "CTAs that spin on each other must all be resident")
     if not 1 <= opt.rows <= 128:
         raise ScheduleError(f"rows {opt.rows}: buckets are 1..128")
-    if opt.lanes not in (1, 2):
-        raise ScheduleError(f"lanes {opt.lanes}: 1, or 2 (issue #37 item 3's two consumer "
-                            "warpgroups)")
-    if opt.lanes > 1 and not opt.register_a:
-        raise ScheduleError("lanes=2 needs register_a: with the page ring a page's mbarriers "
-                            "would be waited on from both lanes, and a parity wait could pass "
-                            "two phases early")
-    if opt.register_a:
-        _check_register_a(cfg, opt)
-    elif opt.ring_pages * opt.page_bytes + SMEM_OTHER > SMEM_PER_CTA_MAX:
+    if opt.ring_pages * opt.page_bytes + SMEM_OTHER > SMEM_PER_CTA_MAX:
         raise ScheduleError(f"ring of {opt.ring_pages} x {opt.page_bytes} B plus "
                             f"{SMEM_OTHER // 1024} KB of other shared memory exceeds "
                             f"{SMEM_PER_CTA_MAX // 1024} KB")
@@ -339,7 +267,6 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
     counter_names: list[str] = []
 
     def new_counter(name, expect):
-        """``expect``: the tasks that signal it, one per tile (a split tile's rank 0)."""
         counter_expect.append(expect)
         counter_names.append(name)
         return len(counter_expect) - 1
@@ -427,6 +354,10 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
                 kv_src = next(q for q in phases if q.type == ATTN and q.pos == 0 and
                               q.layer == ph.layer)
                 task.wait2 = kv_src.counters[0]
+    # fix signals of split phases: expected count is tiles, signalled by rank 0 only
+    for ph in phases:
+        if ph.split:
+            counter_expect[ph.counters[0]] = ph.n_tiles
     for lst in ctas:
         for task in lst:
             if task.wait >= 0:
@@ -436,33 +367,20 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
             if task.wait2 >= 0:
                 task.wait2_expect = counter_expect[task.wait2]
     _plan_combine(ctas, opt)
-    if not opt.register_a:  # (its tasks keep weight_bytes: what each loads into registers)
-        _plan_ring(ctas, opt)
+    _plan_ring(ctas, opt)
     return Schedule(cfg, opt, phases, ctas, counter_expect, counter_names)
 
 
 def _plan_combine(ctas: list[list[Task]], opt: FrameOptions) -> None:
-    """Slots and cluster-local waits of split tiles (rank 0 <- rank 1 partials). A slot's
-    mbarriers are waited on by parity, which passes early if the barrier is two phases
-    behind, so every use of a slot on a CTA must come from one lane, in order: the split
-    tiles of each (rank-0 lane, rank-1 lane) pair take turns in that pair's own
-    ``combine_slots`` slots. With one lane: slot k % S, use k // S for the k-th tile."""
-    lanes, per = opt.lanes, opt.combine_slots
+    """Slots and cluster-local waits of split tiles (rank 0 <- rank 1 partials)."""
     for c in range(len(ctas) // 2):
         r0 = [(i, t) for i, t in enumerate(ctas[2 * c]) if t.half == 0]
         r1 = [(i, t) for i, t in enumerate(ctas[2 * c + 1]) if t.half == 1]
-        tiles_of_pair = [0] * (lanes * lanes)
-        consumed_by: dict[int, int] = {}  # slot -> rank 0's task that consumed its last use
-        for (i0, t0), (i1, t1) in zip(r0, r1):
-            pair = (i0 % lanes) * lanes + i1 % lanes
-            m = tiles_of_pair[pair]
-            tiles_of_pair[pair] += 1
-            t0.slot = t1.slot = pair * per + m % per
-            t0.slot_use = t1.slot_use = m // per
+        for k, ((i0, t0), (i1, t1)) in enumerate(zip(r0, r1)):
+            t0.slot = t1.slot = k % opt.combine_slots
             t0.local_wait, t0.local_dep = LOCAL_PARTIAL, (2 * c + 1, i1)
-            if t1.slot in consumed_by:
-                t1.local_wait, t1.local_dep = LOCAL_SLOT, (2 * c, consumed_by[t1.slot])
-            consumed_by[t1.slot] = i0
+            if k >= opt.combine_slots:
+                t1.local_wait, t1.local_dep = LOCAL_SLOT, (2 * c, r0[k - opt.combine_slots][0])
 
 
 def _plan_ring(ctas: list[list[Task]], opt: FrameOptions) -> None:
@@ -496,8 +414,6 @@ def violations(s: Schedule) -> list[str]:
     opt = s.options
     if opt.grid < 2 or opt.grid % 2 or opt.grid > opt.max_coresident:
         out.append(f"grid {opt.grid} is not an even number of CTAs within co-residency")
-    if opt.lanes not in (1, 2):
-        out.append(f"lanes {opt.lanes}: a CTA has 1 or 2 consumer lanes")
     for c, lst in enumerate(s.ctas):
         if len(lst) > opt.max_tasks_per_cta:
             out.append(f"CTA {c} has {len(lst)} tasks; the table holds {opt.max_tasks_per_cta} "
@@ -548,24 +464,17 @@ def violations(s: Schedule) -> list[str]:
     # task waiting on one waits, stage by stage, on exactly the chunks of its own K range;
     # nothing waits on part of a phase otherwise
     out += _chunk_violations(s)
-    # 2. weight copies never land on pages a running or waiting task still reads: a task's
-    # start orders it only after the earlier tasks of its own lane, and a page's barriers, like
-    # a combine slot's, are waited on by parity, so its uses on a CTA come from one lane
-    lanes = opt.lanes
+    # 2. weight copies never land on pages a running or waiting task still reads
     for c, lst in enumerate(s.ctas):
         last_user = {}
         for i, t in enumerate(lst):
             if t.n_pages == 0:
                 continue
-            if not 0 <= t.issue_before <= i or t.issue_before % lanes != i % lanes:
+            if not 0 <= t.issue_before <= i:
                 out.append(f"CTA {c} task {i}: copy issued before task {t.issue_before}")
             for p in task_pages(t, opt.ring_pages):
                 u = last_user.get(p, -1)
-                if u >= 0 and u % lanes != i % lanes:
-                    out.append(f"CTA {c}: page {p} is used from lanes {u % lanes} and "
-                               f"{i % lanes} (an mbarrier parity wait could pass two phases "
-                               "early)")
-                elif u >= t.issue_before:
+                if u >= t.issue_before:
                     out.append(f"CTA {c} task {i}: its copy (issued before task {t.issue_before})"
                                f" overwrites page {p} that task {u} still reads")
                 last_user[p] = i
@@ -578,43 +487,19 @@ def violations(s: Schedule) -> list[str]:
     for (ph, tile), h in halves.items():
         if set(h) != {0, 1} or h[0] // 2 != h[1] // 2 or h[0] % 2 != 0 or h[1] % 2 != 1:
             out.append(f"split tile {tile} of phase {ph} is not on ranks 0/1 of one cluster: {h}")
-    # (a slot's mbarriers are waited on by parity, which passes early if the barrier is two
-    # phases behind: on each CTA a slot's uses come from one lane, numbered in order)
-    for c, lst in enumerate(s.ctas):
-        uses: dict[int, list[int]] = {}
-        for i, t in enumerate(lst):
-            if t.half >= 0:
-                uses.setdefault(t.slot, []).append(i)
-        for slot, idx in sorted(uses.items()):
-            if not 0 <= slot < s.slot_count:
-                out.append(f"CTA {c}: slot {slot} is not one of its {s.slot_count} combine slots")
-            used_from = sorted({i % lanes for i in idx})
-            if len(used_from) > 1:
-                out.append(f"CTA {c}: slot {slot} is used from lanes "
-                           f"{' and '.join(map(str, used_from))} (an mbarrier parity wait could "
-                           "pass two phases early)")
-            numbered = [lst[i].slot_use for i in idx]
-            if numbered != list(range(len(idx))):
-                out.append(f"CTA {c}: slot {slot}'s uses are numbered {numbered[:8]}, not "
-                           "0, 1, ... in order")
     for c in range(len(s.ctas) // 2):
         r0 = [(i, t) for i, t in enumerate(s.ctas[2 * c]) if t.half == 0]
         r1 = [(i, t) for i, t in enumerate(s.ctas[2 * c + 1]) if t.half == 1]
         if [(t.phase, t.tile) for _, t in r0] != [(t.phase, t.tile) for _, t in r1]:
             out.append(f"cluster {c}: ranks run their split tiles in different orders")
             continue
-        last_use: dict[int, int] = {}  # slot -> the partial that used it last
-        for k, ((i0, t0), (i1, t1)) in enumerate(zip(r0, r1)):
-            if (t0.slot, t0.slot_use) != (t1.slot, t1.slot_use):
-                out.append(f"cluster {c}: ranks put partial {k} in slot {t0.slot} use "
-                           f"{t0.slot_use} and slot {t1.slot} use {t1.slot_use}")
-            prev = last_use.get(t1.slot)
-            if prev is not None and (t1.local_wait != LOCAL_SLOT or
-                                     t1.local_dep != (2 * c, r0[prev][0])):
+        for k, (_, t1) in enumerate(r1):
+            if k >= opt.combine_slots and (t1.local_wait != LOCAL_SLOT or t1.local_dep !=
+                                            (2 * c, r0[k - opt.combine_slots][0])):
                 out.append(f"cluster {c}: partial {k} may overwrite slot {t1.slot} while partial "
-                           f"{prev} is live")
-            last_use[t1.slot] = k
-            if t0.local_wait != LOCAL_PARTIAL or t0.local_dep != (2 * c + 1, i1):
+                           f"{k - opt.combine_slots} is live")
+        for k, (_, t0) in enumerate(r0):
+            if t0.local_wait != LOCAL_PARTIAL or t0.local_dep != (2 * c + 1, r1[k][0]):
                 out.append(f"cluster {c}: rank 0 adds partial {k} without waiting for it")
     # 5. no deadlock for the static per-CTA order
     cyc = _find_cycle(s)
@@ -673,16 +558,13 @@ def validate(s: Schedule) -> Schedule:
     return s
 
 
-def dependency_edges(s: Schedule, lanes: int | None = None):
+def dependency_edges(s: Schedule):
     """(from, to) pairs over task nodes (cta, index) and counter nodes ("ctr", id): program
-    order (task i after task i - lanes of its CTA: the lane's previous task; ``lanes``: the
-    schedule's unless given), signal -> counter -> wait, and cluster-local waits. Linear in
-    the number of tasks."""
-    lanes = s.options.lanes if lanes is None else lanes
+    order, signal -> counter -> wait, and cluster-local waits. Linear in the number of tasks."""
     for c, lst in enumerate(s.ctas):
         for i, t in enumerate(lst):
-            if i >= lanes:
-                yield (c, i - lanes), (c, i)
+            if i:
+                yield (c, i - 1), (c, i)
             if t.signal >= 0:
                 yield (c, i), ("ctr", t.signal)
             for j in range(max(t.wait_chunks, 1) if t.wait >= 0 else 0):
@@ -693,13 +575,12 @@ def dependency_edges(s: Schedule, lanes: int | None = None):
                 yield t.local_dep, (c, i)
 
 
-def topological_order(s: Schedule, lanes: int | None = None) -> list | None:
-    """Task nodes (cta, index) in an order every dependency respects (``lanes``: as
-    :func:`dependency_edges`); None if there is a cycle."""
+def topological_order(s: Schedule) -> list | None:
+    """Task nodes (cta, index) in an order every dependency respects; None if there is a cycle."""
     indeg: dict = {(c, i): 0 for c, lst in enumerate(s.ctas) for i in range(len(lst))}
     indeg.update({("ctr", k): 0 for k in range(len(s.counter_expect))})
     succ: dict = {n: [] for n in indeg}
-    for a, b in dependency_edges(s, lanes):
+    for a, b in dependency_edges(s):
         if a not in indeg or b not in indeg:
             continue
         succ[a].append(b)
@@ -721,11 +602,9 @@ def topological_order(s: Schedule, lanes: int | None = None) -> list | None:
 def _find_cycle(s: Schedule) -> str | None:
     if topological_order(s) is not None:
         return None
-    lanes = s.options.lanes
-    for c, lst in enumerate(s.ctas):  # the common case: waiting on work later on its own lane
+    for c, lst in enumerate(s.ctas):  # the common case: waiting on work later on the same CTA
         for i, t in enumerate(lst):
-            if t.local_dep and t.local_dep[0] == c and t.local_dep[1] >= i and \
-                    t.local_dep[1] % lanes == i % lanes:
+            if t.local_dep and t.local_dep[0] == c and t.local_dep[1] >= i:
                 return f"CTA {c} task {i} waits on its own later task {t.local_dep[1]}"
     return "the wait graph has a cycle (some CTA waits on work that transitively waits on it)"
 
@@ -733,7 +612,7 @@ def _find_cycle(s: Schedule) -> str | None:
 # --- encoding -------------------------------------------------------------------------------
 FIELDS = ("type", "phase", "tile", "half", "wait", "wait_expect", "local_wait", "local_dep_cta",
           "local_dep_index", "slot", "signal", "page_first", "n_pages", "issue_before", "wait2",
-          "wait2_expect", "wait_chunks", "slot_use")
+          "wait2_expect", "wait_chunks")
 
 
 def encode(s: Schedule) -> tuple[np.ndarray, np.ndarray]:
@@ -749,7 +628,7 @@ def encode(s: Schedule) -> tuple[np.ndarray, np.ndarray]:
             dep = t.local_dep or (-1, -1)
             table[c, i] = (t.type, t.phase, t.tile, t.half, t.wait, t.wait_expect, t.local_wait,
                            dep[0], dep[1], t.slot, t.signal, t.page_first, t.n_pages,
-                           t.issue_before, t.wait2, t.wait2_expect, t.wait_chunks, t.slot_use)
+                           t.issue_before, t.wait2, t.wait2_expect, t.wait_chunks)
     return table, counts
 
 

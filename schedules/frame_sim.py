@@ -1,8 +1,7 @@
 """Discrete-event model of a depth-frame schedule: critical path, its split, ring stalls.
 
-Every CTA runs its task list in order, on ``lanes`` consumer lanes (the schedule's
-``FrameOptions.lanes`` unless ``SimOptions.lanes`` says otherwise). A task starts when
-  * its lane finished its previous task (task i - lanes of its CTA),
+Every CTA runs its task list in order. A task starts when
+  * the CTA finished its previous task,
   * its global counter is complete (the last signaller's end) plus the handoff latency,
   * its cluster-local dependency finished (plus a DSMEM hop), and
   * its weight tile has landed: issued at the start of task ``issue_before`` (or, with a producer
@@ -63,9 +62,8 @@ class SimOptions:
     cluster_wait_at_end: bool = False
     # consumer lanes a CTA: task i waits for task i - lanes on its CTA, not i - 1 (#37 item 3's
     # two consumer warpgroups taking alternate tasks), each lane's body as long as alone (no
-    # sharing of the SM's tensor cores or copy engines: an upper bound on the gain); None: the
-    # schedule's FrameOptions.lanes
-    lanes: int | None = None
+    # sharing of the SM's tensor cores or copy engines: an upper bound on the gain)
+    lanes: int = 1
 
 
 @dataclass
@@ -82,11 +80,9 @@ class SimResult:
 def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = None, *,
              order: list | None = None) -> SimResult:
     """``order``: ``topological_order(s)`` when the caller has it (it is most of a simulation's
-    time, and the same for every costs and options: repeated simulations pass it once made;
-    an order made for one lane serves any number of lanes)."""
+    time, and the same for every costs and options: repeated simulations pass it once made)."""
     opt = opt or SimOptions()
-    lanes = s.options.lanes if opt.lanes is None else opt.lanes
-    order = topological_order(s, lanes) if order is None else order
+    order = topological_order(s) if order is None else order
     if order is None:
         raise ValueError("schedule has a dependency cycle; validate it first")
     ends: dict = {}
@@ -102,10 +98,7 @@ def simulate(s: Schedule, costs: Costs = SEED_COSTS, opt: SimOptions | None = No
         t = s.ctas[c][i]
         name = TYPE_NAMES[t.type]
         body = costs.fixed_us[name]
-        lane_prev = (c, i - lanes) if i >= lanes else None
-        if lane_prev is not None and lane_prev not in ends:
-            raise ValueError(f"order puts task {node} before {lane_prev}, its lane's previous "
-                             f"task with {lanes} lane(s): pass topological_order(s, {lanes})")
+        lane_prev = (c, i - opt.lanes) if i >= opt.lanes else None
         cands = [(ends.get(lane_prev, 0.0), "program", lane_prev)]
         if t.wait >= 0 and t.wait_chunks > 1:  # the schedule's own chunk counters
             n = t.wait_chunks

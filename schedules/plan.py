@@ -81,10 +81,6 @@ FRAME_CHUNK_WAITS_FROM_ROWS = 1
 # beat 256 at 1-32 rows in the projection study (notes/depth-frame.md, session 19); at 64 rows
 # two stages of 512 do not fit beside the ring
 FRAME_K_STAGE = ((32, 512), (64, 256))
-# the register-A projection tiles' K stage (issue #37 item 3, FrameOptions.register_a): one
-# activation stage and one register stage of weights (16 k16 steps, 64 registers a thread);
-# with chunk waits it is also the chunk
-FRAME_RA_STAGE = 256
 
 
 # the dispatch rule between the depth frame kernel and the fast loop

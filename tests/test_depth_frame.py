@@ -216,19 +216,12 @@ def _close(frame, loop) -> dict:
     return {"kv": kv, "logits": lg}
 
 
-# the projection tiles: the ring's, the register-A ones (#37 item 3), and those on two lanes
-TILES = pytest.mark.parametrize("register_a,lanes", [(False, 1), (True, 1), (True, 2)],
-                                ids=["ring", "register_a", "register_a_2lanes"])
-
-
 @pytest.mark.gpu
-@TILES
 @pytest.mark.parametrize("rows", [1, 13, 64])
-def test_frame_matches_the_fast_loop_with_given_codes(rows, register_a, lanes):
+def test_frame_matches_the_fast_loop_with_given_codes(rows):
     """Teacher forcing (the codes of a greedy reference run): codes and Talker sums exactly the
     fast loop's, KV and logits within the issue's tolerances; a second run (outputs poisoned
-    first) and a CUDA-graph replay bit-identical to the first. With the ring's projection
-    tiles and with the register-A ones (#37 item 3), on one lane and on two."""
+    first) and a CUDA-graph replay bit-identical to the first."""
     from kernels.depth.frame import DepthFrame
     from models.codepredictor import depth_loop
     from models.fast_loop import FastLoop
@@ -237,7 +230,7 @@ def test_frame_matches_the_fast_loop_with_given_codes(rows, register_a, lanes):
     h, g0 = _inputs(rows, seed=rows)
     codes = depth_loop(w, h, g0).codes
     loop = _snapshot(FastLoop(fw, rows, teacher_forced=True)(h, g0, codes=codes))
-    frame = DepthFrame(fw, rows, teacher_forced=True, register_a=register_a, lanes=lanes)
+    frame = DepthFrame(fw, rows, teacher_forced=True)
     frame.poison()
     first = _snapshot(frame(h, g0, codes))
     frame.run.synchronize()
@@ -259,12 +252,11 @@ def test_frame_matches_the_fast_loop_with_given_codes(rows, register_a, lanes):
 
 
 @pytest.mark.gpu
-@TILES
 @pytest.mark.parametrize("rows", [1, 13, 64])
-def test_frame_greedy_codes_match_the_fast_loop_but_near_ties(rows, register_a, lanes):
+def test_frame_greedy_codes_match_the_fast_loop_but_near_ties(rows):
     """Greedy: each row's codes equal the fast loop's up to its first difference, and every
     first difference is a near tie (the two codes' logits, in the loop's frame, within the
-    logits' tolerance of each other). The rate is printed. Both projection tiles."""
+    logits' tolerance of each other). The rate is printed."""
     from kernels.depth.frame import DepthFrame
     from models.fast_loop import FastLoop
 
@@ -273,7 +265,7 @@ def test_frame_greedy_codes_match_the_fast_loop_but_near_ties(rows, register_a, 
     w, fw = _weights()
     h, g0 = _inputs(rows, seed=100 + rows)
     loop = _snapshot(FastLoop(fw, rows)(h, g0))
-    frame = _snapshot(DepthFrame(fw, rows, register_a=register_a, lanes=lanes)(h, g0))
+    frame = _snapshot(DepthFrame(fw, rows)(h, g0))
     assert ((frame.codes >= 0) & (frame.codes < CFG.vocab)).all()
     # exact self-consistency: each draw is the greedy rule on the frame's own bf16 logits, and
     # the Talker sum is the fp32 slot-order sum of its own codes' rows, rounded once
@@ -294,8 +286,7 @@ def test_frame_greedy_codes_match_the_fast_loop_but_near_ties(rows, register_a, 
         lg = loop.logits[r, s]
         gap = float(lg[loop.codes[r, s]] - lg[frame.codes[r, s]])
         assert 0 <= gap <= 0.015 * scale, (r, s, gap, scale)
-    print(f"rows {rows} ({'register-A' if register_a else 'ring'} tiles, {lanes} lane(s)): "
-          f"{differ} of {rows} rows differ from the fast loop (near ties)")
+    print(f"rows {rows}: {differ} of {rows} rows differ from the fast loop (near ties)")
 
 
 @pytest.mark.gpu

@@ -87,7 +87,7 @@ class AttentionBodies:
     def _attention_task(self, tile: Int32, mArena: cute.Tensor, qkv_word: Int32,
                         out_word: Int32, norm_word: Int32, kv_word: Int32, rope_word: Int32,
                         slot: Int32):
-        tidx = self._thread()
+        tidx, _, _ = cute.arch.thread_idx()
         r8 = self.r8
         hq, group = tile % Q_HEADS, tile // Q_HEADS
         kvh, sub = hq // 2, hq % 2

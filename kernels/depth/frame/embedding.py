@@ -92,7 +92,7 @@ class EmbeddingBodies:
                                 table_word: Int32, talker_word: Int32, sum_word: Int32, dbuf):
         """One row (``tile``): its code drawn by all 128 threads (g0 at p = 1), then its
         gather or Talker sum by threads 0..15."""
-        tidx = self._thread()
+        tidx, _, _ = cute.arch.thread_idx()
         row = tile
         at_code = code_word + row * 16 + group
         code = Int32(mArena[at_code])
@@ -145,7 +145,7 @@ class EmbeddingBodies:
                         h_word: Int32, ssq_word: Int32, code_word: Int32, group: Int32,
                         table_word: Int32, talker_word: Int32, sum_word: Int32):
         """The greedy and given builds' task: 8 rows, 16 threads a row."""
-        tidx = self._thread()
+        tidx, _, _ = cute.arch.thread_idx()
         r8 = self.r8
         j = tidx % LANES_PER_ROW
         row = tile * ROWS_PER_TASK + tidx // LANES_PER_ROW

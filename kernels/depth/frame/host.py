@@ -69,12 +69,6 @@ def check_frame_inputs(fw, rows: int) -> None:
                                "its occupancy check must be on the weights' GPU")
 
 
-def _lane_slots(lanes: int) -> dict:
-    """Two lanes take one combine slot a pair of lanes (four in all): the register-A
-    fragments' 16 KB slots beside two lanes' activation buffers fill the shared memory."""
-    return {"combine_slots": 1} if lanes > 1 else {}
-
-
 def sampler_refusal(sampler, rows: int) -> str | None:
     """Why the frame cannot draw a step of ``sampler`` in place (None: it can): the sampler's
     own contract first (``fused_draw_args()`` is None for an eager step, a repetition penalty,
@@ -168,17 +162,13 @@ class DepthFrame:
     resident (not sm_90, too few SMs, MPS, the occupancy API)."""
 
     def __init__(self, fw, rows: int, *, teacher_forced: bool = False, trace: bool = False,
-                 norm_once: bool | None = None, sampler=None, chunk_waits: bool | None = None,
-                 register_a: bool = False, lanes: int = 1):
+                 norm_once: bool | None = None, sampler=None, chunk_waits: bool | None = None):
         """``norm_once``: normalise each qkv / gate-up / head input once in a norm phase
         (schedules.depth_frame.FrameOptions; None: the plan's rule by rows). The same bits
         either way. ``chunk_waits``: o and down wait per K stage for their chunk's producers
         (schedules.depth_frame.FrameOptions; None: the plan's rule, frame_chunk_waits); the
         same bits either way. ``sampler``: a models.sampler.Sampler on the weights' device whose steps
-        the frame can draw (:func:`sampler_refusal`, else FrameUnsupported). ``register_a``:
-        the register-A projection tiles (issue #37 item 3, a study: projection_ra.py; other
-        sums of squares' order, so other bits than the default frame's); ``lanes``: 2 consumer
-        warpgroups taking alternate tasks (with ``register_a``; the same bits as one)."""
+        the frame can draw (:func:`sampler_refusal`, else FrameUnsupported)."""
         check_frame_inputs(fw, rows)
         if sampler is not None:
             why = sampler_refusal(sampler, rows)
@@ -195,9 +185,7 @@ class DepthFrame:
         sample = self.draw == "sample"
         self.schedule = F.build(cfg, F.FrameOptions(rows=rows, norm_once=norm_once,
                                                     embed_rows=1 if sample else 8,
-                                                    chunk_waits=chunk_waits,
-                                                    register_a=register_a, lanes=lanes,
-                                                    **FRAME_RING, **_lane_slots(lanes)))
+                                                    chunk_waits=chunk_waits, **FRAME_RING))
         self.regions = frame_layout(cfg, rows, norm_once, sample)
         dev = fw.final_norm.device
         self.arena = torch.full((self.regions.words,), POISON, dtype=torch.int32, device=dev)

@@ -53,7 +53,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from configs.arch import SMEM_PER_CTA_MAX
 from configs.codepredictor import QWEN3_TTS_1P7B
 from kernels.depth.draw import RowDraw
 from kernels.depth.frame import projection as T
@@ -61,8 +60,6 @@ from kernels.depth.frame.attention import AttentionBodies
 from kernels.depth.frame.embedding import (ARGMAX_PASSES, DRAW_NOISE, DRAWS, LANES_PER_ROW,
                                           EmbeddingBodies, frame_row_draw)
 from kernels.depth.frame.projection import ProjectionBodies
-from kernels.depth.frame.projection_ra import (RA_SLOT_FLOATS, RA_STAGE, RA_TASK_K,
-                                               RegisterAProjectionBodies, ra_parts_bytes)
 from kernels.depth.frame.table import PHASE_FIELDS, RESID_NONE
 from device.ptx import (arrive_cluster_release, bulk_copy_g2s, fence_proxy_async_global,
                                 red_release_gpu_add, st_cluster_u32)
@@ -96,11 +93,7 @@ class FrameBuild:
     step of that many rows (projection.py); ``fused`` also the attention and embedding bodies
     and the tiles' norm, residual and ssq steps (the real frame's data flow), ``draw`` the
     embedding's draw mode, for ``config``'s shapes (None: the 1.7B CodePredictor's);
-    ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once);
-    ``register_a``: the register-A projection tiles (projection_ra.py; the schedule's
-    FrameOptions.register_a), whose weights go to registers without a ring (``ring_pages``
-    0); ``lanes``: 2 consumer warpgroups taking alternate tasks (register-A builds; the
-    schedule's FrameOptions.lanes, ``combine_slots`` its combine_slot_count)."""
+    ``norm_once``: the norm tasks' body (schedules.depth_frame.FrameOptions.norm_once)."""
     max_tasks: int
     combine_slots: int
     trace: bool = False
@@ -111,8 +104,6 @@ class FrameBuild:
     draw: str = "greedy"
     config: object = None
     norm_once: bool = False
-    register_a: bool = False
-    lanes: int = 1
 
 
 class FrameTensors(NamedTuple):
@@ -158,8 +149,7 @@ class FrameTask(NamedTuple):
     offset), ``ty``, ``half`` (-1 whole, 0 / 1 a split tile's), ``task_id`` (phase << 16 |
     tile: what the combine slot carries) and its counter wait (``wait``, ``wait_expect``,
     ``wait_chunks``: > 1, the projection body waits for counter wait + s before it copies K
-    stage s; schedules.depth_frame.FrameOptions.chunk_waits); with two lanes its combine
-    ``slot`` and that slot's ``slot_use`` from the table (one lane: -1, the walk counts them)."""
+    stage s; schedules.depth_frame.FrameOptions.chunk_waits)."""
     i: Int32
     row: Int32
     ty: Int32
@@ -168,8 +158,6 @@ class FrameTask(NamedTuple):
     wait: Int32
     wait_expect: Int32
     wait_chunks: Int32
-    slot: Int32 = None
-    slot_use: Int32 = None
 
 
 class WalkCursor(NamedTuple):
@@ -217,15 +205,13 @@ class PhaseIO(NamedTuple):
         return self.mPhases[self.ph * NPF + PCOL[name]]
 
 
-class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
-                  EmbeddingBodies):
+class FrameKernel(ProjectionBodies, AttentionBodies, EmbeddingBodies):
     """Static config: a :class:`FrameBuild`. The K stage is the plan's
     (schedules.plan.frame_k_stage) and the activation buffers FRAME_ACT_BUFFERS.
 
     Roles with tiles (160 threads): warps 0-3 are one consumer warpgroup that walks the tasks
     together (thread 0 spins on the counters, issues the activation copies and signals; all 128
-    run the wgmmas and take part in the split handoff); warp 4's lane 0 is the loader (a
-    register-A build has no ring and no loader: 128 threads, each loading its own weights). Thread
+    run the wgmmas and take part in the split handoff); warp 4's lane 0 is the loader. Thread
     0 does every mbarrier wait and arrive of the walk (the pages, the activation stages, the
     pair's slots), and named barrier 1 (128 threads) passes them on. Arrive counts: ``partial``,
     ``slot_free``, ``page_full``, ``page_empty`` and ``act_full`` 1 (with transaction bytes on
@@ -246,34 +232,11 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
     def _compiles(self, ty: int) -> bool:
         return self.bodies is None or ty in self.bodies
 
-    @cute.jit
-    def _thread(self):
-        """This thread's index in its lane's warpgroup (the bodies' ``tidx``)."""
-        tidx, _, _ = cute.arch.thread_idx()
-        if cutlass.const_expr(self.lanes > 1):
-            tidx = tidx % T.CONSUMERS
-        return tidx
-
-    @cute.jit
-    def _sync(self):
-        """The lane's warpgroup meets (named barrier 1, or 1 + lane with two lanes)."""
-        if cutlass.const_expr(self.lanes > 1):
-            tidx, _, _ = cute.arch.thread_idx()
-            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER + tidx // T.CONSUMERS,
-                              number_of_threads=T.CONSUMERS)
-        else:
-            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
-
     def __init__(self, build: FrameBuild):
         self.build = build
         max_tasks, combine_slots, trace = build.max_tasks, build.combine_slots, build.trace
         ring_pages, page_bytes, rows = build.ring_pages, build.page_bytes, build.rows
         fused, draw, config, norm_once = build.fused, build.draw, build.config, build.norm_once
-        self.register_a, self.lanes = build.register_a, build.lanes
-        if self.lanes not in (1, 2) or (self.lanes == 2 and not (self.register_a and fused
-                                                                 and draw != "sample")):
-            raise ValueError(f"lanes {self.lanes}: 1, or 2 with the register-A tiles in a "
-                             "greedy or given fused build (each lane's draw buffers would not fit)")
         if draw not in DRAWS:
             raise ValueError(f"draw {draw!r}: choose from {DRAWS}")
         cfg = config or QWEN3_TTS_1P7B
@@ -294,20 +257,7 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
         self.norm_once = norm_once and self.fused
         self.act_buffers = 1
         self.k_stage = self._k_stage(rows)
-        if self.register_a and (not rows or ring_pages):
-            raise ValueError("register-A tiles take a step's rows (rows >= 1) and no page ring")
-        if rows and self.register_a:
-            T.check_rows(rows)
-            self.act_buffers = FRAME_ACT_BUFFERS
-            used = (T.SMEM_RESERVE + ra_parts_bytes(combine_slots)
-                    + self.lanes * (T.MAX_ROWS + T.NORM_K // 2) * 4
-                    + self.lanes * self.act_buffers * (T.act_stage_bytes(rows, self.k_stage)
-                                                       + T.ACT_SLACK))
-            if draw == "sample":
-                used += RowDraw.smem_bytes(cfg.vocab, T.CONSUMERS, DRAW_NOISE)
-            if used > SMEM_PER_CTA_MAX:
-                raise ValueError(f"register-A build at {rows} rows: {used} B of shared memory")
-        elif rows:
+        if rows:
             T.check_rows(rows)
             if page_bytes % T.STEP_BYTES_MAX or ring_pages == 0:
                 raise ValueError(f"projection tiles need the weight ring in pages of a multiple "
@@ -327,16 +277,13 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                                                      self.k_stage, self.act_buffers,
                                                      cfg.vocab) < 0:
                 raise ValueError(f"the sampled draw's shared memory does not fit at {rows} rows")
-        self.walkers = T.CONSUMERS * self.lanes if rows else 1
-        self.threads = (T.CONSUMERS * self.lanes if self.register_a else T.CONSUMERS + 32) \
-            if rows else THREADS
+        self.walkers = T.CONSUMERS if rows else 1
+        self.threads = T.CONSUMERS + 32 if rows else THREADS
         self.loader = T.CONSUMERS if rows else 32
 
     def _k_stage(self, rows: int) -> int:
         """K elements of an activation stage: the plan's (schedules.plan.frame_k_stage; a tile
         study may choose another, experiments._frame_studies.TileStudyKernel)."""
-        if self.register_a:
-            return RA_STAGE
         return frame_k_stage(rows) if rows else T.K_STAGE
 
     @cute.jit
@@ -378,23 +325,19 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
         R = max(self.pages, 1)
         page_full = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
         page_empty = alloc.allocate_tensor(Int64, cute.make_layout(R), 8).iterator
-        L = self.lanes  # each lane its own activation buffers, barriers and norm buffers
-        act_full = alloc.allocate_tensor(Int64, cute.make_layout(L * self.act_buffers),
-                                         8).iterator
+        act_full = alloc.allocate_tensor(Int64, cute.make_layout(self.act_buffers), 8).iterator
         ring = alloc.allocate(R * max(self.page_bytes, 16), 1024)
         abuf = ring
         parts = ring
-        lane_abuf = self.act_buffers * (T.act_stage_bytes(self.rows, self.k_stage) + T.ACT_SLACK)
         if cutlass.const_expr(self.rows > 0):
-            abuf = alloc.allocate(L * lane_abuf, 1024)
-            slot_floats = RA_SLOT_FLOATS if self.register_a else T.MAX_ROWS * 16
-            parts = alloc.allocate_tensor(Float32, cute.make_layout(S * slot_floats),
+            abuf = alloc.allocate(self.act_buffers * (T.act_stage_bytes(self.rows, self.k_stage)
+                                                      + T.ACT_SLACK), 1024)
+            parts = alloc.allocate_tensor(Float32, cute.make_layout(S * T.MAX_ROWS * 16),
                                           16).iterator
         rbuf = parts
         if cutlass.const_expr(self.fused):  # the RMSNorm factors of the task's rows
             # the row factors, then the task's gamma (NORM_K bf16) as words
-            rbuf = alloc.allocate_tensor(Float32,
-                                         cute.make_layout(L * (T.MAX_ROWS + T.NORM_K // 2)),
+            rbuf = alloc.allocate_tensor(Float32, cute.make_layout(T.MAX_ROWS + T.NORM_K // 2),
                                          16).iterator
         dbuf = None  # the sampled draw's histograms and survivors (RowDraw.allocate)
         if cutlass.const_expr(self.fused and self.draw == "sample"):
@@ -407,23 +350,17 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 for p in cutlass.range_constexpr(R):
                     cute.arch.mbarrier_init(page_full + p, 1)
                     cute.arch.mbarrier_init(page_empty + p, 1)
-            for b in cutlass.range_constexpr(L * self.act_buffers):
+            for b in cutlass.range_constexpr(self.act_buffers):
                 cute.arch.mbarrier_init(act_full + b, 1)
             cute.arch.mbarrier_init_fence()
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
         g = FrameTensors(mTable, mCounts, mCounters, mErrors, mTrace, mailbox, mWeights,
                          mSources, mPhases, mArena)
-        lane = tidx // T.CONSUMERS
-        if cutlass.const_expr(L > 1):  # this lane's buffers
-            act_full = act_full + lane * self.act_buffers
-            abuf = abuf + lane * lane_abuf
-            if cutlass.const_expr(self.fused):
-                rbuf = rbuf + lane * (T.MAX_ROWS + T.NORM_K // 2)
         smem = FrameSmem(partial, slot_free, combine, page_full, page_empty, ring, act_full,
                          abuf, parts, rbuf, dbuf)
         if tidx < self.walkers:
-            self._walk(cta, lane, g, smem)
+            self._walk(cta, g, smem)
         if cutlass.const_expr(self.pages > 0):
             if tidx == self.loader:
                 self._load(cta, g, smem)
@@ -452,11 +389,9 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 at = at + n
 
     @cute.jit
-    def _walk(self, cta: Int32, lane: Int32, g: FrameTensors, smem: FrameSmem):
-        """This CTA's tasks in order (every walker thread; thread 0 waits and signals); with
-        two lanes, lane ``lane``'s: tasks lane, lane + 2, ... (its thread 0 waits and
-        signals)."""
-        tidx = self._thread()
+    def _walk(self, cta: Int32, g: FrameTensors, smem: FrameSmem):
+        """This CTA's tasks in order (every walker thread; thread 0 waits and signals)."""
+        tidx, _, _ = cute.arch.thread_idx()
         R = self.pages
         g = g._replace(claim=cute.make_tensor(g.mErrors.iterator + 1, cute.make_layout(1)))
         # locals, not g's fields, in the loop: a tensor stored to in a dynamic loop is carried
@@ -466,8 +401,7 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
         at = Int32(0)  # pages consumed so far (unwrapped ring position)
         au = Int32(0)  # activation stages consumed so far (tiles)
         split = Int32(0)  # this CTA's split tasks so far: the k of the module docstring
-        first = lane if cutlass.const_expr(self.lanes > 1) else 0
-        for i in cutlass.range(first, g.mCounts[cta], self.lanes, unroll=1):
+        for i in cutlass.range(g.mCounts[cta], unroll=1):
             row = (cta * self.max_tasks + i) * NF
             stamp = (cta * self.max_tasks + i) * STAMPS
             t_start = cute.arch.globaltimer()
@@ -481,15 +415,10 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 # (ProtocolRun refuses chunked schedules in builds without those bodies)
                 wait_chunks = mTable[row + COL["wait_chunks"]]
                 up_front = up_front & (wait_chunks <= 1)
-            if cutlass.const_expr(self.register_a):
-                # a register-A projection waits in its body, after its first weights are in
-                # flight (projection_ra.py)
-                ty0 = mTable[row + COL["type"]]
-                up_front = up_front & ((ty0 == F.ATTN) | (ty0 == F.EMBED) | (ty0 == F.NORM))
             if tidx == 0:
                 if up_front:
                     wait_counter(g.mCounters, wait, wait_expect, i, mailbox, claim)
-                if cutlass.const_expr(self.trace and self.rows > 0 and not self.register_a):
+                if cutlass.const_expr(self.trace and self.rows > 0):
                     # a traced chunked task waits for its first chunk here too, so its
                     # "counter waited" stamp means that chunk has come (the body's own wait
                     # for it then passes at once); untraced builds keep the wait in the body
@@ -507,21 +436,17 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
             ty = mTable[row + COL["type"]]
             half = mTable[row + COL["half"]]
             task_id = (mTable[row + COL["phase"]] << TASK_ID_BITS) | mTable[row + COL["tile"]]
-            slot, slot_use = Int32(-1), Int32(-1)
-            if cutlass.const_expr(self.lanes > 1):
-                slot, slot_use = mTable[row + COL["slot"]], mTable[row + COL["slot_use"]]
-            task = FrameTask(i, row, ty, half, task_id, wait, wait_expect, wait_chunks, slot,
-                             slot_use)
+            task = FrameTask(i, row, ty, half, task_id, wait, wait_expect, wait_chunks)
             n = mTable[row + COL["n_pages"]]
             t_ready = t_start
             t_landed, t_computed = t_waited, t_waited
             if cutlass.const_expr(self.rows > 0):
-                cur, t_waited, t_landed, t_computed, t_ready = self._tile_task(
-                    task, WalkCursor(at, au, split), t_waited, g, smem)
+                cur, t_landed, t_computed, t_ready = self._tile_task(
+                    task, WalkCursor(at, au, split), g, smem)
                 at, au, split = cur
                 # every thread's output stores are ordered for the next phases' bulk copies
                 fence_proxy_async_global()
-                self._sync()
+                cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
             else:
                 at, split, t_ready = self._pages_only(task, n, at, split, g, smem)
             if tidx == 0:
@@ -537,37 +462,24 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                     mTrace[stamp + 5] = cute.arch.globaltimer()
 
     @cute.jit
-    def _slot(self, task: FrameTask, split: Int32):
-        """A split task's combine slot and its use of it: one lane, the walk's k-th split task
-        uses slot k % S for the (k // S)-th time; two lanes, the schedule's (each pair of lanes
-        its own slots, schedules.depth_frame._plan_combine)."""
-        S = self.slots
-        slot, use = split % S, split // S
-        if cutlass.const_expr(self.lanes > 1):
-            slot, use = task.slot, task.slot_use
-        return slot, use
-
-    @cute.jit
     def _send_partial(self, task: FrameTask, split: Int32, acc, g: FrameTensors,
                       smem: FrameSmem):
         """Rank 1 of a split tile: once rank 0 has consumed partial split - S from the slot,
         the fragment (with tiles) and the task's id into rank 0's slot, then arrive. Returns
         the %globaltimer when the slot was free (the task's "ready" stamp)."""
-        slot, use = self._slot(task, split)
-        tidx = self._thread()
-        if use >= 1:
+        S = self.slots
+        slot, use = split % S, split // S
+        tidx, _, _ = cute.arch.thread_idx()
+        if split >= S:
             if tidx == 0:
                 wait_cluster_parity(smem.slot_free + slot, (use - 1) & 1, Barrier.SLOT, slot,
                                     task.i, split, g.mailbox, g.claim)
         t_ready = cute.arch.globaltimer()
         if cutlass.const_expr(acc is not None):
-            self._sync()
-            if cutlass.const_expr(self.register_a):
-                self._ra_send_fragment(smem.parts, slot, acc)
-            else:
-                self._send_fragment(smem.parts, slot, acc)
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
+            self._send_fragment(smem.parts, slot, acc)
             # every thread's fragment stores precede thread 0's release
-            self._sync()
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
         if tidx == 0:
             st_cluster_u32(smem.combine.iterator + slot, Int32(0), task.task_id)
             arrive_cluster_release(smem.partial + slot, Int32(0))
@@ -578,21 +490,19 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                          smem: FrameSmem):
         """Rank 0 of a split tile: wait for the pair's partial, add it (with tiles), check the
         slot's task id and free the slot. Returns the combined sums (tiles) or None."""
-        slot, use = self._slot(task, split)
-        tidx = self._thread()
+        S = self.slots
+        slot, use = split % S, split // S
+        tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:
             wait_cluster_parity(smem.partial + slot, use & 1, Barrier.PARTIAL, slot, task.i,
                                 split, g.mailbox, g.claim)
         out = acc
         if cutlass.const_expr(acc is not None):
             # thread 0's acquire is every thread's: the barrier orders their reads after it
-            self._sync()
-            if cutlass.const_expr(self.register_a):
-                out = self._ra_add_fragment(smem.parts, slot, acc)
-            else:
-                out = self._add_fragment(smem.parts, slot, acc)
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
+            out = self._add_fragment(smem.parts, slot, acc)
             # every thread has read the slot before rank 1 may overwrite it
-            self._sync()
+            cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER, number_of_threads=T.CONSUMERS)
         if tidx == 0:
             if smem.combine[slot] != task.task_id:  # the pair ran its split tiles out of step
                 cute.arch.atomic_add(g.mErrors.iterator.llvm_ptr, Int32(1))
@@ -600,13 +510,11 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
         return out
 
     @cute.jit
-    def _tile_task(self, task: FrameTask, cur: WalkCursor, t_waited, g: FrameTensors,
-                   smem: FrameSmem):
+    def _tile_task(self, task: FrameTask, cur: WalkCursor, g: FrameTensors, smem: FrameSmem):
         """One task's tile by its type (attention and embedding in ``fused`` builds whose phase
         table gives them inputs; otherwise those tasks only wait and signal). Returns the
-        advanced cursor, the "counter waited" stamp (``t_waited``, or a register-A
-        projection's own), the stage-0 landed and last-wgmma stamps, and the task's "ready"
-        stamp (its tile done; rank 1: its slot free; rank 0: the pair's partial added)."""
+        advanced cursor, the stage-0 landed and last-wgmma stamps, and the task's "ready" stamp
+        (its tile done; rank 1: its slot free; rank 0: the pair's partial added)."""
         ty, half = task.ty, task.half
         mArena = g.mArena
         # the cursor as plain values: the type branches below are dynamic ifs that carry them
@@ -621,7 +529,8 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 if ty == F.ATTN:
                     if io.a_word >= 0:
                         # thread 0's counter wait is every thread's
-                        self._sync()
+                        cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                          number_of_threads=T.CONSUMERS)
                         self._attention_task(tile, mArena, io.a_word, io.y_word, io.gamma_word,
                                              io.word("kv_word"), io.word("rope_word"),
                                              io.word("slot"))
@@ -629,7 +538,8 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                     t_landed, t_computed = t_ready, t_ready
             if cutlass.const_expr(self.norm_once and self._compiles(F.NORM)):
                 if ty == F.NORM:
-                    self._sync()
+                    cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                      number_of_threads=T.CONSUMERS)
                     self._norm_task(tile, mArena, io.a_word, io.y_word, io.gamma_word,
                                     io.ssq_in_word, smem.rbuf)
                     t_ready = cute.arch.globaltimer()
@@ -638,21 +548,18 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
                 if ty == F.EMBED:
                     code_word = io.word("code_word")
                     if code_word >= 0:
-                        self._sync()
+                        cute.arch.barrier(barrier_id=T.CONSUMER_BARRIER,
+                                          number_of_threads=T.CONSUMERS)
                         self._embedding_task(tile, mArena, io.a_word, io.y_word,
                                              io.ssq_out_word, code_word, io.word("group"),
                                              io.word("table_word"), io.word("talker_word"),
                                              io.word("sum_word"), smem.dbuf)
                     t_ready = cute.arch.globaltimer()
                     t_landed, t_computed = t_ready, t_ready
-        if cutlass.const_expr(self.register_a):
-            at, au, split, t_waited, t_landed, t_computed, t_ready = self._ra_task(
-                task, io, at, au, split, t_waited, t_landed, t_computed, t_ready, g, smem)
         # one mainloop a tile width (its K stages a runtime loop) and the epilogue by type
         # within it; the first copies and the norm factors once for every width: the frame's
         # speed follows its code size (notes/depth-frame.md, session 28)
-        compiled = [t for t in T.PROJECTION_TYPES if self._compiles(t)
-                    and not self.register_a]
+        compiled = [t for t in T.PROJECTION_TYPES if self._compiles(t)]
         if cutlass.const_expr(len(compiled) > 0):
             is_projection = ty == compiled[0]
             k_task = Int32(T.TASK_SHAPES[compiled[0]][1])
@@ -670,7 +577,7 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
         for w in cutlass.range_constexpr(len(T.TILE_WIDTHS)):
             f = T.TILE_WIDTHS[w]
             types = [t for t in T.PROJECTION_TYPES if T.TASK_SHAPES[t][0] == f
-                     and self._compiles(t) and not self.register_a]
+                     and self._compiles(t)]
             if cutlass.const_expr(len(types) > 0):
                 is_f = ty == types[0]
                 for t in types[1:]:
@@ -713,65 +620,9 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
             if cutlass.const_expr(not self._compiles(t)):
                 if ty == t:
                     f, k, _ = T.TASK_SHAPES[t]
-                    n = 0 if self.register_a else f * k * 2 // self.page_bytes
-                    at, split, t_ready = self._pages_only(task, Int32(n), at, split, g, smem)
-        return WalkCursor(at, au, split), t_waited, t_landed, t_computed, t_ready
-
-    @cute.jit
-    def _ra_task(self, task: FrameTask, io: PhaseIO, at: Int32, au: Int32, split: Int32,
-                 t_waited, t_landed, t_computed, t_ready, g: FrameTensors, smem: FrameSmem):
-        """A register-A projection task (projection_ra.py; every one a split tile's half): its
-        first two register stages of weights, then (thread 0) its counter wait and first
-        activation copies, the norm factors, the mainloop, and the pair's combine and the
-        epilogue by type on rank 0. Other tasks pass their stamps through. Returns the
-        advanced (at, au, split) and the four stamps."""
-        ty, half = task.ty, task.half
-        compiled = [t for t in RA_TASK_K if self._compiles(t)]
-        if cutlass.const_expr(len(compiled) > 0):
-            is_projection = ty == compiled[0]
-            k_task = Int32(RA_TASK_K[compiled[0]])
-            for t in compiled[1:]:
-                is_projection = is_projection | (ty == t)
-                k_task = cutlass.select_(ty == t, Int32(RA_TASK_K[t]), k_task)
-            if is_projection:
-                mArena = g.mArena
-                tile = g.mTable[task.row + COL["tile"]]
-                wsrc = g.mWeights.iterator + g.mSources[task.row // NF]
-                wA = cute.make_rmem_tensor((4 * (RA_STAGE // 16),), Uint32)
-                wB = cute.make_rmem_tensor((4 * (RA_STAGE // 16),), Uint32)
-                self._ra_load_stage(wA, wsrc, Int32(0))
-                self._ra_load_stage(wB, wsrc, Int32(1))
-                t_waited = self._ra_wait_inputs(task, g)
-                stages = k_task // RA_STAGE
-                a0 = io.a_word + half * (k_task * self.r8 // 2)
-                self._first_stages(stages, a0, au, task, g, smem)
-                if cutlass.const_expr(self.fused):
-                    if io.gamma_word >= 0:  # the rows' norm factors, while stage 0 lands
-                        self._row_factors(mArena, io.ssq_in_word, io.gamma_word, smem.rbuf,
-                                          cute.recast_ptr(smem.rbuf + T.MAX_ROWS, dtype=Uint32))
-                acc, t_landed, t_computed = self._ra_mainloop(
-                    wsrc, wA, wB, stages, a0, au, half * k_task, io.gamma_word >= 0, task, g,
-                    smem)
-                t_ready = cute.arch.globaltimer()
-                if half == 1:
-                    t_ready = self._send_partial(task, split, acc, g, smem)
-                else:
-                    y = self._receive_partial(task, split, acc, g, smem)
-                    t_ready = cute.arch.globaltimer()
-                    if ty == F.GATEUP:
-                        self._ra_store_swiglu(mArena, io.y_word, tile, y)
-                    else:
-                        if cutlass.const_expr(self.fused):
-                            if io.resid_kind != RESID_NONE:
-                                self._ra_store_residual(mArena, io.y_word, io.resid_word,
-                                                        io.resid_kind, io.ssq_out_word, tile, y)
-                            else:
-                                self._ra_store_plain(mArena, io.y_word, tile, y)
-                        else:
-                            self._ra_store_plain(mArena, io.y_word, tile, y)
-                split = split + 1
-                au = au + stages
-        return at, au, split, t_waited, t_landed, t_computed, t_ready
+                    at, split, t_ready = self._pages_only(task, Int32(f * k * 2 // self.page_bytes),
+                                                          at, split, g, smem)
+        return WalkCursor(at, au, split), t_landed, t_computed, t_ready
 
     @cute.jit
     def _pages_only(self, task: FrameTask, n: Int32, at: Int32, split: Int32,
@@ -783,7 +634,7 @@ class FrameKernel(ProjectionBodies, RegisterAProjectionBodies, AttentionBodies,
         R = self.pages
         page_full, page_empty = smem.page_full, smem.page_empty
         mailbox, claim, half = g.mailbox, g.claim, task.half
-        tidx = self._thread()
+        tidx, _, _ = cute.arch.thread_idx()
         if cutlass.const_expr(R > 0):  # the tile's weights have landed
             if tidx == 0:
                 for j in cutlass.range(n, unroll=1):

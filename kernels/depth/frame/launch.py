@@ -12,7 +12,6 @@ from device.runtime import (cached_compile, cute_modules, current_stream, pointe
                             require_hopper, sm_count)
 from device.waits import diagnostics_mailbox, synchronize
 from kernels.depth.frame import projection as T
-from kernels.depth.frame.projection_ra import RA_TASK_K, ra_weight_bytes
 from kernels.depth.frame.kernel import PTRS, STAMPS, FrameBuild, FrameKernel
 from kernels.depth.frame.weights import weight_regions
 from schedules import depth_frame as F
@@ -51,17 +50,6 @@ def check_tile_shapes(schedule: F.Schedule) -> None:
     the kernel would wait for a partial that never comes and count pages the loader does not."""
     if schedule.config != QWEN3_TTS_1P7B:
         raise ValueError("the frame's projection tiles take the 1.7B CodePredictor shapes only")
-    if schedule.options.register_a:
-        for c, lst in enumerate(schedule.ctas):
-            for i, t in enumerate(lst):
-                if t.type in RA_TASK_K and (t.half < 0 or t.n_pages or
-                                            t.weight_bytes != ra_weight_bytes(t.type)):
-                    raise ValueError(
-                        f"CTA {c} task {i} ({F.TYPE_NAMES[t.type]}, half {t.half}, "
-                        f"{t.weight_bytes} B, {t.n_pages} pages) is not the register-A tile "
-                        f"the kernel is built for (64 rows x K {RA_TASK_K[t.type]}, split, "
-                        "no pages)")
-        return
     P = schedule.options.page_bytes
     for c, lst in enumerate(schedule.ctas):
         for i, t in enumerate(lst):
@@ -88,7 +76,7 @@ def check_chunk_waits(schedule: F.Schedule, kernel: FrameKernel) -> None:
         raise ValueError("a schedule with chunk waits needs the frame built with its o and "
                          "down bodies (they wait per K stage): build it without chunk_waits")
     for ty, n in chunked:
-        k = RA_TASK_K[ty] if kernel.register_a else T.TASK_SHAPES[ty][1]
+        k = T.TASK_SHAPES[ty][1]
         if k != n * kernel.k_stage:
             raise ValueError(f"{F.TYPE_NAMES[ty]} waits on {n} chunks of its K {k}; the kernel's "
                              f"K stage is {kernel.k_stage}")
@@ -126,17 +114,11 @@ class ProtocolRun:
             raise ValueError("projection tiles (io) need the packed weights")
         if io is not None:
             check_tile_shapes(schedule)
-        register_a = opt.register_a
-        if register_a and io is None:
-            raise ValueError("a register-A schedule runs with its tiles (io and the packed "
-                             "weights): its weights take no ring")
-        pages = (opt.ring_pages, opt.page_bytes) if streamed and not register_a else (0, 0)
+        pages = (opt.ring_pages, opt.page_bytes) if streamed else (0, 0)
         rows = opt.rows if io is not None else 0
-        lanes = opt.lanes
         self.kernel = self._frame_kernel(FrameBuild(
-            tasks, F.combine_slot_count(opt), trace, *pages, rows=rows, fused=fused, draw=draw,
-            config=schedule.config, norm_once=opt.norm_once, register_a=register_a,
-            lanes=lanes))
+            tasks, opt.combine_slots, trace, *pages, rows=rows, fused=fused, draw=draw,
+            config=schedule.config, norm_once=opt.norm_once))
         if rows and fused and (draw == "sample") != (opt.embed_rows == 1):
             raise ValueError(f"draw {draw!r} with embedding tasks of {opt.embed_rows} rows: the "
                              "sampled draw takes one row a task (FrameOptions.embed_rows = 1), "
@@ -146,13 +128,8 @@ class ProtocolRun:
             raise ValueError("a norm_once schedule needs the fused frame (its norm tasks "
                              "write the projections' inputs)")
         sources, total, _ = weight_regions(schedule)
-        if register_a:
-            self.weight_bytes_per_frame = int(sum(t.weight_bytes for lst in schedule.ctas
-                                                  for t in lst))
-        else:
-            self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas
-                                                  for t in lst) * opt.page_bytes) if streamed \
-                else 0
+        self.weight_bytes_per_frame = int(sum(t.n_pages for lst in schedule.ctas for t in lst)
+                                          * opt.page_bytes) if streamed else 0
         self.sources = torch.from_numpy(sources).to(dev)
         if torch.is_tensor(weights):
             if weights.dtype != torch.uint8 or weights.numel() != total:
@@ -175,10 +152,10 @@ class ProtocolRun:
         self.scalars = (Int32(grid), Int32(len(schedule.counter_expect)),
                         Int32(self.phases.numel()), Int32(self.arena.numel()))
         # the kernel's class too: a study subclass never reuses the production build
-        key = ("frame_kernel", type(self.kernel).__qualname__, tasks, self.kernel.slots, trace,
+        key = ("frame_kernel", type(self.kernel).__qualname__, tasks, opt.combine_slots, trace,
                *pages, rows, fused, draw, self.kernel.talker_vocab, self.kernel.act_buffers,
                self.kernel.ablate, self.kernel.k_stage, self.kernel.norm_once,
-               self.kernel.bodies, self.kernel.register_a, self.kernel.lanes)
+               self.kernel.bodies)
         self.compiled = cached_compile(key, lambda: cute.compile(
             self.kernel, *self.ptrs, *self.scalars, current_stream()))
 
@@ -204,10 +181,9 @@ class ProtocolRun:
         """Per CTA, per task: STAMPS %globaltimer ns (start, counter waited, stage 0 landed,
         last wgmma retired, ready to signal, signalled; trace builds). "Ready": the tile and
         the cluster handoff are done (rank 1: its slot is free, before it sends). A chunked
-        task (FrameOptions.chunk_waits) waits for its first chunk before its "counter waited"
-        stamp (traced builds), so its later chunk waits fall in "landing" (the first stages')
-        and "compute" (the later stages'). A register-A projection stamps "counter waited"
-        after its own wait, which follows its first weight loads."""
+        task (FrameOptions.chunk_waits) has no up-front wait: its "counter waited" is taken
+        where the wait would be, so its chunk waits fall in "landing" (the first stages') and
+        "compute" (the later stages')."""
         if self.trace is None:
             raise ValueError("built without trace=True")
         host = self.trace.cpu().numpy()

@@ -150,7 +150,7 @@ class ProjectionBodies:
         (kernel.py's FrameTask) waits for each stage's chunk first. ``g``, ``smem``: the
         kernel's FrameTensors and FrameSmem (kernel.py)."""
         mArena, act_full, abuf = g.mArena, smem.act_full, smem.abuf
-        tidx = self._thread()
+        tidx, _, _ = cute.arch.thread_idx()
         nb = self.act_buffers
         ab = act_stage_bytes(self.rows, self.k_stage)
         if tidx == 0:
@@ -180,7 +180,7 @@ class ProjectionBodies:
         mArena, mailbox, claim = g.mArena, g.mailbox, g.claim
         ring, page_full, page_empty = smem.ring, smem.page_full, smem.page_empty
         act_full, abuf, rbuf = smem.act_full, smem.abuf, smem.rbuf
-        tidx = self._thread()
+        tidx, _, _ = cute.arch.thread_idx()
         R, r8, nb, ks = self.pages, self.r8, self.act_buffers, self.k_stage
         ab = act_stage_bytes(self.rows, ks)
         buf = ab + ACT_SLACK
@@ -208,7 +208,7 @@ class ProjectionBodies:
                     for j in cutlass.range(w0, w1, unroll=1):
                         wait_parity(page_full + (at + j) % R, ((at + j) // R) & 1,
                                     Barrier.PAGE_FULL, (at + j) % R, mailbox, claim)
-            self._sync()
+            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if st == 0:
                 t_landed = cute.arch.globaltimer()
             if cutlass.const_expr(self.fused):
@@ -227,7 +227,7 @@ class ProjectionBodies:
             cute.nvgpu.warpgroup.commit_group()
             cute.nvgpu.warpgroup.wait_group(0)
             # every warp has retired the wgmmas that read buffer b and the stage's pages
-            self._sync()
+            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
             if tidx == 0:
                 for j in cutlass.range(r0, r1, unroll=1):
                     cute.arch.mbarrier_arrive(page_empty + (at + j) % R)
@@ -249,19 +249,19 @@ class ProjectionBodies:
         acquired by thread 0's counter wait; the relaxed gpu-scope loads read them at L2,
         never from a stale L1 line. Also the task's gamma (K bf16, host data) into ``gbuf``,
         so the stage rewrite reads it from shared memory."""
-        tidx = self._thread()
+        tidx, _, _ = cute.arch.thread_idx()
         r8 = self.r8
         sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
         sG = cute.make_tensor(gbuf, cute.make_layout(NORM_K // 2))
         for i in cutlass.range_constexpr(NORM_K // 2 // CONSUMERS):
             sG[i * CONSUMERS + tidx] = Uint32(mArena[gamma_word + i * CONSUMERS + tidx])
-        self._sync()
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
         if tidx < r8:
             ssq = cute.recast_ptr(mArena.iterator + ssq_in_word, dtype=Float32)
             parts = [ld_relaxed_gpu_f32(ssq + j * r8 + tidx) for j in range(SSQ_TILES)]
             total = _sum_in_order(parts)
             sR[tidx] = rms_factor(total, SSQ_TILES * 16, self.eps)
-        self._sync()
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
 
     @cute.jit
     def _norm_task(self, group: Int32, mArena: cute.Tensor, a_word: Int32, y_word: Int32,
@@ -275,7 +275,7 @@ class ProjectionBodies:
         t % 8 of chunks t / 8 + 16n (n < 8): its 8 units of h and gamma are loaded first, all
         in flight while the factors are summed. The walk's proxy fence, barrier and signal
         publish the stores."""
-        tidx = self._thread()
+        tidx, _, _ = cute.arch.thread_idx()
         r8 = self.r8
         sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
         row = group * 8 + tidx % 8
@@ -289,7 +289,7 @@ class ProjectionBodies:
             ssq = cute.recast_ptr(mArena.iterator + ssq_in_word, dtype=Float32)
             parts = [ld_relaxed_gpu_f32(ssq + j * r8 + row) for j in range(SSQ_TILES)]
             sR[tidx] = rms_factor(_sum_in_order(parts), SSQ_TILES * 16, self.eps)
-        self._sync()
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
         r = sR[tidx % 8]
         for n in cutlass.range_constexpr(units):
             c = n * (CONSUMERS // 8) + tidx // 8
@@ -297,18 +297,17 @@ class ProjectionBodies:
                 mArena[y_word + (c * r8 + row) * 4 + i] = rmsnorm_pair(xs[n][i], gs[n][i], r)
 
     @cute.jit
-    def _normalize_stage(self, stage, st: Int32, rbuf, gbuf, k_first=0):
+    def _normalize_stage(self, stage, st: Int32, rbuf, gbuf):
         """Rewrite landed activation stage ``st`` in place as ``bf16(gamma · bf16(x · r))``
         (device.rounding.rmsnorm_pair: the reference's order), 16 bytes at a time,
         then make the writes visible to the wgmmas (async proxy) and meet. Unit u of the
         stage's [k_stage / 8][R8][8] image is row u % R8 of chunk u / R8 (8 features, gamma
-        words 4·(chunk + (k_first + st·k_stage) / 8) on in ``gbuf``; ``k_first``: the task's
-        first K element, where a split half starts)."""
-        tidx = self._thread()
+        words 4·(chunk + st·k_stage / 8) on in ``gbuf``)."""
+        tidx, _, _ = cute.arch.thread_idx()
         r8, ks = self.r8, self.k_stage
         units = ks * r8 // 8  # 32 or 64 · R8: a multiple of 256
         sR = cute.make_tensor(rbuf, cute.make_layout(MAX_ROWS))
-        base, g_base = smem_u32(stage), smem_u32(gbuf) + (k_first + st * ks) * 2
+        base, g_base = smem_u32(stage), smem_u32(gbuf) + st * ks * 2
         # a loop, not unrolled: 26 stages of unrolled units tripled the kernel's code
         # (notes/depth-frame.md)
         for n in cutlass.range(units // CONSUMERS, unroll=2):
@@ -318,7 +317,7 @@ class ProjectionBodies:
             r = sR[u % r8]
             st_shared_v4(base + 16 * u, [rmsnorm_pair(x[i], g[i], r) for i in range(4)])
         fence_proxy_async_shared_cta()
-        self._sync()
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMERS)
 
     @cute.jit
     def _store_residual(self, mArena: cute.Tensor, y_word: Int32, resid_word: Int32,
@@ -358,7 +357,7 @@ class ProjectionBodies:
     def _fragment_coords(self):
         """(row of registers 0-1 of each n8 block, row of registers 2-3, column pair) of this
         thread in the m64nF fragment."""
-        tidx = self._thread()
+        tidx, _, _ = cute.arch.thread_idx()
         lane = tidx % 32
         r0 = (tidx // 32) * 16 + lane // 4
         return r0, r0 + 8, 2 * (lane % 4)
