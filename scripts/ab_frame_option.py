@@ -11,7 +11,9 @@ plan's rule, and each promising the same bits):
   chunked task's chunk waits fall in its landing and compute: ProtocolRun.task_stamps).
 
 (Session 29's ``bulk_store``, one bulk store a projection tile, ran here too and lost: its
-code left, its record is notes/depth-frame.md's and git's, a66f7de.)
+code left, its record is notes/depth-frame.md's and git's, a66f7de. So did session 30's
+``register_a`` (#37 item 3's register-A projection tiles, against the ring's; other bits) and
+``lanes`` (two consumer warpgroups on them, against one): 13f9403.)
 
 For each: the launch (counter reset + kernel) of each arm, timed in alternating rounds
 (workbench.timing.bench, median of each round), so drift hits both alike; the bits (codes,

@@ -181,9 +181,9 @@ class ProtocolRun:
         """Per CTA, per task: STAMPS %globaltimer ns (start, counter waited, stage 0 landed,
         last wgmma retired, ready to signal, signalled; trace builds). "Ready": the tile and
         the cluster handoff are done (rank 1: its slot is free, before it sends). A chunked
-        task (FrameOptions.chunk_waits) has no up-front wait: its "counter waited" is taken
-        where the wait would be, so its chunk waits fall in "landing" (the first stages') and
-        "compute" (the later stages')."""
+        task (FrameOptions.chunk_waits) waits for its first chunk before its "counter waited"
+        stamp (traced builds), so its later chunk waits fall in "landing" (the first stages')
+        and "compute" (the later stages')."""
         if self.trace is None:
             raise ValueError("built without trace=True")
         host = self.trace.cpu().numpy()
