@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import json
 import re
 from pathlib import Path
 
@@ -126,7 +127,10 @@ def test_readme_names_the_test_file_that_checks_each_claim(claim, test):
 def test_readme_covers_the_depth_frame():
     text = " ".join(_readme().split())  # lines joined: the layout block wraps its text
     assert "| `depth-frame` | `experiments/depth_frame.py`" in text  # the device step
-    assert "`depth-frame.json` (69d87e0), `depth-frame.png`" in text
+    # the results table names the published summary's commit
+    commit = json.loads((REPO / "results" / "depth-frame.json").read_text())["provenance"][
+        "commit"][:7]
+    assert f"`depth-frame.json` ({commit}), `depth-frame.png`" in text
     assert "frame/ " in text and "host (host side: DepthFrame" in text
     assert (REPO / "kernels" / "depth" / "frame" / "__init__.py").is_file()
     for module in ("kernel", "launch", "host", "table", "projection", "attention", "embedding",
