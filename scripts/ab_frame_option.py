@@ -37,7 +37,7 @@ from kernels.depth.frame import DepthFrame
 from models.codepredictor import random_weights
 from models.fast_loop import FastWeights
 from workbench.results import provenance_line, write_record
-from workbench.timing import bench
+from workbench.timing import alternating_rounds
 
 # option: (record, the arms' names off / on, the predictions written before the runs, by key)
 OPTIONS = {
@@ -74,11 +74,8 @@ def _case(fw, option: str, rows: int, rounds: int, rep_ms: float) -> dict:
         f.run.synchronize()
         assert f.run.check() == {"counters_at_expected": True, "combine_mismatches": 0}, name
         frames[name] = f
-    times = {name: [] for name in arms}
-    for _ in range(rounds):  # alternating rounds: drift hits both arms alike
-        for name, f in frames.items():
-            times[name].append(bench(f.launch, warmup_ms=50, rep_ms=rep_ms,
-                                     repeat=False).median_us)
+    times = alternating_rounds({name: f.launch for name, f in frames.items()}, rounds,
+                               warmup_ms=50, rep_ms=rep_ms)
     off, on = names
     out = {"rows": rows, "option": option, "bits_equal": same_bits(outs[off], outs[on]),
            "prediction": prediction.get(rows, prediction.get("expected")),

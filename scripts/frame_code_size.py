@@ -47,7 +47,7 @@ from models.fast_loop import FastWeights
 from schedules import depth_frame as F
 from schedules.depth_frame import TYPE_NAMES
 from workbench.results import provenance_line, write_record
-from workbench.timing import bench
+from workbench.timing import alternating_rounds
 
 PROJECTIONS = (F.QKV, F.GATEUP, F.HEAD, F.O, F.DOWN, F.PROJ)
 # arm: (bodies compiled (None: all), ablation of the projection tiles)
@@ -115,11 +115,8 @@ def _case(fw, rows: int, arms: list, rounds: int, rep_ms: float, sass: bool) -> 
         check = run.check()
         assert check == {"counters_at_expected": True, "combine_mismatches": 0}, (name, check)
         runs[name] = run
-    times = {name: [] for name in arms}
-    for _ in range(rounds):  # alternating rounds: drift hits every arm alike
-        for name, run in runs.items():
-            times[name].append(bench(run.launch, warmup_ms=50, rep_ms=rep_ms,
-                                     repeat=False).median_us)
+    times = alternating_rounds({name: run.launch for name, run in runs.items()}, rounds,
+                               warmup_ms=50, rep_ms=rep_ms)
     for name, run in runs.items():
         frame(h, g0)  # the production run refills the arena; a partial build reuses it
         run.launch()

@@ -153,3 +153,16 @@ def compare(cases: dict[str, Callable], arg_sets: dict[str, Sequence[tuple]] | N
     for row in out.values():
         row["ratio_vs_baseline"] = base / row["median_us"]
     return out
+
+
+def alternating_rounds(cases: dict[str, Callable], rounds: int,
+                       **bench_kwargs) -> dict[str, list[float]]:
+    """Each case's median µs in each of ``rounds`` rounds (one :func:`bench` each, without its
+    repeat), the cases taking turns within a round, so slow drift (clocks, temperature) hits
+    them alike: an A/B's arms."""
+    bench_kwargs.setdefault("repeat", False)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            times[name].append(bench(fn, **bench_kwargs).median_us)
+    return times
