@@ -354,9 +354,11 @@ def build(cfg: CodePredictorConfig = QWEN3_TTS_1P7B, options: FrameOptions | Non
                 kv_src = next(q for q in phases if q.type == ATTN and q.pos == 0 and
                               q.layer == ph.layer)
                 task.wait2 = kv_src.counters[0]
-    # fix signals of split phases: expected count is tiles, signalled by rank 0 only
+    # fix signals of split phases: expected count is tiles, signalled by rank 0 only (a split
+    # phase has one counter: per-head or chunk counters would need each its own count)
     for ph in phases:
         if ph.split:
+            assert len(ph.counters) == 1, f"{ph.name}: a split phase with several counters"
             counter_expect[ph.counters[0]] = ph.n_tiles
     for lst in ctas:
         for task in lst:

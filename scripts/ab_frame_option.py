@@ -8,7 +8,8 @@ plan's rule, and each promising the same bits):
   ``tile_times["norm"]``);
 * ``chunk_waits`` (item 5): each K stage of an o / down task waits only for the attention or
   gate/up tasks that write its K range, against waiting for the whole producer phase (a
-  chunked task's chunk waits fall in its landing and compute: ProtocolRun.task_stamps).
+  traced chunked task's later chunk waits fall in its landing and compute:
+  ProtocolRun.task_stamps).
 
 (Session 29's ``bulk_store``, one bulk store a projection tile, ran here too and lost: its
 code left, its record is notes/depth-frame.md's and git's, a66f7de. So did session 30's
